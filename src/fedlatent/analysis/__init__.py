@@ -1,0 +1,1 @@
+"""Diagnostics, tables and plots: they read models and tensors and never train."""

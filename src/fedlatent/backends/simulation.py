@@ -1,0 +1,206 @@
+"""The embedded backend (default): one process, clients trained in turn, state on the CPU.
+
+The backend owns the round loop: sample clients, send the global model, run each client's local
+update (``federated.client``), aggregate (``federated.server``), evaluate, write metrics and a
+checkpoint. Every random choice is derived from (seed, round, client), never from a global RNG
+reseeded in the loop, so a run killed after round r and resumed gives exactly the numbers of the
+uninterrupted run.
+"""
+from __future__ import annotations
+
+import copy
+import json
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+from fedlatent.config import RunConfig, TrainConfig
+from fedlatent.data.types import Federation
+from fedlatent.federated import calibrate
+from fedlatent.federated.client import LocalSettings, Workspace, local_update
+from fedlatent.federated.evaluation import evaluate
+from fedlatent.federated.personal import personalized_report
+from fedlatent.federated.server import Server
+from fedlatent.federated.state import has_checkpoint, load_checkpoint, save_checkpoint
+from fedlatent.methods.head import apply_head
+from fedlatent.methods.parts import ClientRound, MethodSpec, Tensors, trainable_names
+from fedlatent.models import FedModel, build_model
+from fedlatent.seeding import (CALIBRATION, CLIENT_SAMPLING, FINETUNE, HEAD_INIT, LOCAL_TRAINING,
+                               MODEL_INIT, derive_seed)
+
+
+def round_lr(cfg: TrainConfig, rnd: int) -> float:
+    """The learning rate of round ``rnd`` (0-based): constant, or cosine-annealed over the rounds."""
+    if cfg.lr_schedule == "cosine":
+        return cfg.lr_min + 0.5 * (cfg.lr - cfg.lr_min) * (1 + math.cos(math.pi * rnd / cfg.rounds))
+    return cfg.lr
+
+
+def sample_clients(seed: int, rnd: int, num_clients: int, participation: float) -> list[int]:
+    """max(1, round(ρ·n)) distinct clients, seeded by (seed, round)."""
+    m = max(1, int(round(participation * num_clients)))
+    if m >= num_clients:
+        return list(range(num_clients))
+    rng = np.random.default_rng(derive_seed(seed, CLIENT_SAMPLING, rnd))
+    return sorted(int(c) for c in rng.choice(num_clients, m, replace=False))
+
+
+def nbytes(state: Tensors) -> int:
+    return sum(t.numel() * t.element_size() for t in state.values())
+
+
+@dataclass
+class Setup:
+    """Everything built once per run."""
+
+    config: RunConfig
+    federation: Federation
+    spec: MethodSpec
+    workspace: Workspace
+    server: Server
+    client_states: list[Tensors]
+    device: torch.device
+    metrics: list[dict[str, Any]] = field(default_factory=list)
+
+
+def make_model(config: RunConfig, federation: Federation, spec: MethodSpec) -> FedModel:
+    """The initial global model: seeded construction, then the method's head policy."""
+    torch.manual_seed(derive_seed(config.seed, MODEL_INIT))
+    model = build_model(config.model, federation.input_shape, federation.num_classes, federation.name)
+    apply_head(model, spec.head, torch.Generator().manual_seed(derive_seed(config.seed, HEAD_INIT)))
+    return model
+
+
+def setup(config: RunConfig, federation: Federation, spec: MethodSpec) -> Setup:
+    device = torch.device(config.train.device)
+    model = make_model(config, federation, spec).to(device)
+    parts = spec.all_parts()
+    ws = Workspace(model=model,
+                   global_copy=copy.deepcopy(model) if any(p.needs_global_out for p in parts) else None,
+                   previous=copy.deepcopy(model) if any(p.needs_prev_out for p in parts) else None,
+                   personal=copy.deepcopy(model) if spec.personalization.kind == "ditto" else None)
+    state = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
+    server = Server(spec, state, [n for n, _ in model.named_parameters()], trainable_names(model),
+                    config.server, len(federation.clients))
+    return Setup(config, federation, spec, ws, server, [{} for _ in federation.clients], device)
+
+
+def local_settings(s: Setup, lr: float, epochs: int) -> LocalSettings:
+    t = s.config.train
+    return LocalSettings(epochs, t.batch_size, lr, t.momentum, t.weight_decay, t.drop_last, s.federation.augment,
+                         s.federation.num_classes, s.device)
+
+
+def calibrated(s: Setup, state: Tensors) -> Tensors:
+    generator = torch.Generator().manual_seed(derive_seed(s.config.seed, CALIBRATION))
+    return calibrate.calibrate(s.workspace.model, s.federation, state, s.spec.calibration,
+                               s.config.eval.batch_size, s.device, generator)
+
+
+def run_round(s: Setup, rnd: int) -> dict[str, Any]:
+    """One communication round; returns its metrics line."""
+    cfg, fed = s.config, s.federation
+    started = time.perf_counter()
+    lr = round_lr(cfg.train, rnd)
+    selected = sample_clients(cfg.seed, rnd, len(fed.clients), cfg.train.participation)
+    payload = s.server.payload()
+    settings = local_settings(s, lr, cfg.train.local_epochs)
+    total = sum(len(c.train) for c in fed.clients)
+    uploads = []
+    for cid in selected:
+        rc = ClientRound(cid, s.workspace.model, {}, s.client_states[cid],
+                         {k: v for name, p in payload.items() for k, v in p.items()}, lr,
+                         len(fed.clients[cid].train), len(fed.clients), total, cfg.train.momentum)
+        generator = torch.Generator().manual_seed(derive_seed(cfg.seed, LOCAL_TRAINING, rnd, cid))
+        uploads.append(local_update(s.workspace, s.server.global_state, fed.clients[cid].train, s.spec, rc,
+                                    settings, generator))
+    down = nbytes(s.server.global_state) + sum(nbytes(p) for p in payload.values())
+    s.server.aggregate(uploads)
+    if s.spec.calibration.kind == "ffc" and s.spec.calibration.every and (rnd + 1) % s.spec.calibration.every == 0:
+        s.server.global_state = calibrated(s, s.server.global_state)
+    line: dict[str, Any] = {
+        "round": rnd + 1, "lr": lr, "clients": selected,
+        "train_loss": float(np.mean([u.metrics["train_loss"] for u in uploads])),
+        "client_train_loss": [u.metrics["train_loss"] for u in uploads],
+        "bytes_down": down * len(selected),
+        "bytes_up": sum(nbytes(u.state) + sum(nbytes(e) for e in u.extras.values()) for u in uploads),
+    }
+    for key in sorted({k for u in uploads for k in u.metrics if k.startswith(("term_", "personal_"))}):
+        line[key] = float(np.mean([u.metrics[key] for u in uploads if key in u.metrics]))
+    line["time_train_s"] = sum(u.metrics["train_seconds"] for u in uploads)
+    if (rnd + 1) % cfg.eval.every == 0 or rnd + 1 == cfg.train.rounds:
+        line.update(evaluate_global(s))
+    line["time_round_s"] = time.perf_counter() - started
+    return line
+
+
+def global_model(s: Setup, state: Tensors | None = None) -> FedModel:
+    model = s.workspace.model
+    model.load_state_dict(s.server.global_state if state is None else state)
+    return model
+
+
+def evaluate_global(s: Setup, state: Tensors | None = None) -> dict[str, float]:
+    """Global model on the global test set and (mean over clients) on the validation splits."""
+    fed, out = s.federation, {}
+    model = global_model(s, state)
+    if fed.test is not None:
+        out.update({f"test_{k}": v for k, v in evaluate(model, fed.test, fed.num_classes,
+                                                          s.config.eval.batch_size, s.device).items()})
+    vals = [evaluate(model, c.val, fed.num_classes, s.config.eval.batch_size, s.device)["accuracy"]
+            for c in fed.clients if c.val is not None and len(c.val)]
+    if vals:
+        out["val_accuracy"] = float(np.mean(vals))
+    return out
+
+
+def run(config: RunConfig, federation: Federation, spec: MethodSpec, out: Path, *, resume: bool = False,
+        progress: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+    """Train for ``config.train.rounds`` rounds, writing metrics and checkpoints under ``out``;
+    return the final evaluation (global, calibrated and personalised)."""
+    torch.set_num_threads(config.train.threads)
+    s = setup(config, federation, spec)
+    ckpt = out / "checkpoints"
+    start = 0
+    if resume and has_checkpoint(ckpt):
+        s.server.global_state, s.server.state, s.client_states, info = load_checkpoint(ckpt, len(federation.clients))
+        start = info["round"]
+    metrics_path = out / "metrics.jsonl"
+    kept = [l for l in metrics_path.read_text().splitlines() if json.loads(l)["round"] <= start] \
+        if start and metrics_path.exists() else []
+    metrics_path.write_text("".join(l + "\n" for l in kept))
+    with metrics_path.open("a") as sink:
+        for rnd in range(start, config.train.rounds):
+            line = run_round(s, rnd)
+            sink.write(json.dumps(line) + "\n")
+            sink.flush()
+            save_checkpoint(ckpt, global_state=s.server.global_state, server_state=s.server.state,
+                            client_states=s.client_states, info={"round": rnd + 1})
+            if progress:
+                progress(line)
+    return finish(s)
+
+
+def finish(s: Setup) -> dict[str, Any]:
+    """Final evaluation: the global model, after calibration when the method has one, and per client."""
+    final: dict[str, Any] = {}
+    before = evaluate_global(s)
+    state = s.server.global_state
+    if s.spec.calibration.kind != "none":
+        state = calibrated(s, state)
+        final.update({f"uncalibrated_{k.removeprefix('test_')}": v for k, v in before.items()})
+        before = evaluate_global(s, state)
+    final.update({k.removeprefix("test_"): v for k, v in before.items()})
+    cfg = s.config
+    final.update(personalized_report(
+        s.workspace, s.spec, s.federation, s.client_states, state, mode=cfg.eval.personalized,
+        batch_size=cfg.eval.batch_size, device=s.device,
+        settings=local_settings(s, round_lr(cfg.train, cfg.train.rounds - 1), s.spec.personalization.epochs),
+        seed_for=lambda cid: derive_seed(cfg.seed, FINETUNE, cid)))
+    global_model(s, state)
+    return final

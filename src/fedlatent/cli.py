@@ -1,0 +1,83 @@
+"""The command line: ``fedlatent run | partition | methods | config``.
+
+Exit codes: 0 success, 2 invalid input (one line on stderr, no traceback), 1 anything else.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+from fedlatent.errors import UserInputError
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="fedlatent", description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="train one configuration and print its result table")
+    run.add_argument("config", help="TOML run configuration")
+    run.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                     help="override one key (repeatable), e.g. --set train.rounds=5")
+    run.add_argument("--out", help="run directory (default runs/<dataset>-<algorithm>-seed<seed>)")
+    run.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
+    run.add_argument("--no-progress", action="store_true", help="no progress bar")
+    part = sub.add_parser("partition", help="print the partition table of a configuration")
+    part.add_argument("config")
+    part.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
+    part.add_argument("--plot", metavar="PNG", help="save a client × class heatmap to this file")
+    sub.add_parser("methods", help="list the method presets and parts with their keys")
+    sub.add_parser("config", help="list every configuration key with its default")
+    return parser
+
+
+def _run(args: argparse.Namespace) -> None:
+    from fedlatent.analysis.tables import summary_table
+    from fedlatent.config import load_config
+    from fedlatent.experiment import default_out, run
+    config = load_config(args.config, args.overrides)
+    out = Path(args.out) if args.out else default_out(config)
+    summary = run(config, out, resume=args.resume, progress=not args.no_progress)
+    print(f"\n{summary['method']} on {summary['dataset']} ({out}):")
+    print(summary_table(summary))
+
+
+def _partition(args: argparse.Namespace) -> None:
+    from fedlatent.analysis.plots import partition_heatmap
+    from fedlatent.analysis.tables import partition_table
+    from fedlatent.config import load_config
+    from fedlatent.data.federation import build_federation, counts_table
+    config = load_config(args.config, args.overrides)
+    federation = build_federation(config.data, config.data_seed)
+    counts = counts_table(federation)
+    print(partition_table(counts))
+    if args.plot:
+        print(f"saved {partition_heatmap(counts, Path(args.plot))}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
+    args = _parser().parse_args(argv)
+    try:
+        if args.command == "run":
+            _run(args)
+        elif args.command == "partition":
+            _partition(args)
+        elif args.command == "methods":
+            from fedlatent.methods import catalogue
+            print(catalogue())
+        elif args.command == "config":
+            from fedlatent.config import describe
+            print(describe())
+    except UserInputError as err:
+        print(f"fedlatent: error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("fedlatent: interrupted; continue with --resume", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,319 @@
+"""Typed run configuration: TOML in, validated dataclasses out, one clear line on bad input.
+
+Every key has a default and a one-line ``doc``; unknown keys, wrong types and out-of-range
+values raise :class:`~fedlatent.errors.ConfigError` naming the key and what is allowed. Method
+keys (``[algorithm]`` beside ``name``, and each ``[[terms]]`` table) are free-form here and are
+validated by the method registry, which knows each method's parameters.
+"""
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+from fedlatent.errors import ConfigError
+
+
+def _key(default: Any, doc: str, *, choices: Iterable[str] | None = None,
+         low: float | None = None, high: float | None = None, low_open: bool = False) -> Any:
+    """A config field with its documentation and the values it allows."""
+    meta = {"doc": doc, "choices": tuple(choices) if choices else None, "low": low, "high": high,
+            "low_open": low_open}
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda: type(default)(default), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+DATASETS = ("digits", "synthetic", "arrays", "cifar10", "cifar100", "stl10", "tinyimagenet",
+            "domains", "ham10000")
+
+
+@dataclass
+class DataConfig:
+    dataset: str = _key("digits", "data set", choices=DATASETS)
+    root: str = _key("data", "folder holding the data set files (image data sets)")
+    path: str = _key("", "per-client arrays file (.npz) for dataset = 'arrays'")
+    partition: str = _key("iid", "how samples are split over clients ('given' = the data set's own "
+                          "clients: synthetic, arrays)",
+                          choices=("iid", "dirichlet", "shards", "domains", "given"))
+    alpha: float = _key(0.5, "Dirichlet concentration (label skew; smaller = more skewed)",
+                        low=0.0, low_open=True)
+    num_clients: int = _key(10, "number of clients", low=1)
+    classes_per_client: int = _key(2, "classes per client for partition = 'shards'", low=1)
+    min_size: int = _key(10, "Dirichlet: smallest client size accepted (the seeds' retry rule)", low=0)
+    balance: bool = _key(True, "Dirichlet: stop giving a class to clients holding >= N/n samples")
+    max_retries: int = _key(1000, "Dirichlet: passes tried before giving up", low=1)
+    test_fraction: float = _key(0.2, "held-out global test fraction for data sets without a test "
+                                "split (digits: stratified, fixed)", low=0.0, high=0.9, low_open=True)
+    val_fraction: float = _key(0.0, "per-client validation split of each client's training data "
+                               "(FedUV protocol: 0.1)", low=0.0, high=0.9)
+    local_test_fraction: float = _key(0.0, "per-client test split of each client's data, for "
+                                      "personalised evaluation", low=0.0, high=0.9)
+    augment: bool = _key(False, "random crop (pad 4) + horizontal flip on image batches")
+    normalize: bool = _key(True, "standardise inputs with the training set's channel mean/std")
+    image_size: int = _key(32, "side length images are resized to (domains, ham10000)", low=8)
+    synthetic_alpha: float = _key(0.0, "Synthetic(α, β): model heterogeneity α", low=0.0)
+    synthetic_beta: float = _key(0.0, "Synthetic(α, β): feature heterogeneity β", low=0.0)
+    synthetic_model: str = _key("two_layer", "Synthetic label map: 'one_layer' (FedProx) or "
+                                "'two_layer' (Ditto+MMD paper)", choices=("one_layer", "two_layer"))
+    samples_per_client: int = _key(5000, "Synthetic: samples per client (split 64/16/20 "
+                                   "train/val/test)", low=10)
+    seed: int = _key(-1, "seed of the data (generation and partition); -1 = the run seed")
+
+
+MODELS = ("mlp", "cnn", "resnet18", "resnet50", "mobilenetv2")
+
+
+@dataclass
+class ModelConfig:
+    arch: str = _key("mlp", "network", choices=MODELS)
+    hidden: list = _key([128], "mlp: hidden layer widths (the last one is z)")
+    width: str = _key("release", "cnn: channel widths 16/32/64 ('release') or 64/128/256 ('paper')",
+                      choices=("release", "paper"))
+    projector: int = _key(0, "width of a 2-layer FC-BN-ReLU projector before the classifier (0 = none)",
+                          low=0)
+    softmax_output: bool = _key(False, "feed the model's softmax output to the loss (the Ditto+MMD "
+                                "release's double softmax; for faithful runs only)")
+
+
+@dataclass
+class TrainConfig:
+    rounds: int = _key(20, "communication rounds", low=1)
+    local_epochs: int = _key(1, "local epochs per round", low=1)
+    batch_size: int = _key(32, "local mini-batch size", low=1)
+    lr: float = _key(0.05, "local learning rate", low=0.0, low_open=True)
+    momentum: float = _key(0.0, "local SGD momentum", low=0.0, high=0.999)
+    weight_decay: float = _key(0.0, "local weight decay", low=0.0)
+    participation: float = _key(1.0, "fraction of clients sampled each round", low=0.0, high=1.0,
+                                low_open=True)
+    drop_last: bool = _key(False, "drop each epoch's last incomplete batch")
+    lr_schedule: str = _key("constant", "learning rate over rounds", choices=("constant", "cosine"))
+    lr_min: float = _key(0.0, "cosine schedule: final learning rate", low=0.0)
+    threads: int = _key(1, "torch intra-op threads (1 is fastest for small models on few cores)",
+                        low=1)
+    device: str = _key("cpu", "torch device for training ('cpu', 'cuda', 'cuda:1', ...)")
+
+
+@dataclass
+class ServerConfig:
+    optimizer: str = _key("auto", "server optimiser on the pseudo-gradient ('auto' = the method's: "
+                          "sgd with lr 1 is FedAvg)", choices=("auto", "sgd", "momentum", "adam", "adagrad", "yogi"))
+    lr: float = _key(-1.0, "server learning rate η (-1 = 1.0 for sgd/momentum, 0.01 for adam/adagrad/yogi)")
+    momentum: float = _key(0.9, "momentum β (optimizer = 'momentum')", low=0.0, high=0.999)
+    momentum_form: str = _key("hsu", "'hsu': m = βm + Δ; 'ema': m = βm + (1-β)Δ (FedDecorr release)",
+                              choices=("hsu", "ema"))
+    beta1: float = _key(0.9, "FedOpt β1", low=0.0, high=0.999)
+    beta2: float = _key(0.99, "FedOpt β2", low=0.0, high=0.9999)
+    tau: float = _key(1e-3, "FedOpt adaptivity τ", low=0.0, low_open=True)
+
+
+@dataclass
+class EvalConfig:
+    every: int = _key(1, "evaluate every k rounds (the last round always)", low=1)
+    batch_size: int = _key(500, "evaluation batch size", low=1)
+    personalized: str = _key("auto", "evaluate each client's model on its own splits: 'auto' (when "
+                             "the method personalises or clients have test splits), 'always', 'never'",
+                             choices=("auto", "always", "never"))
+
+
+@dataclass
+class RunConfig:
+    seed: int = _key(0, "seed of every random choice of the run")
+    backend: str = _key("simulation", "who drives the rounds",
+                        choices=("simulation", "vectorized", "flower"))
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    algorithm: dict = field(default_factory=lambda: {"name": "fedavg"})
+    terms: list = field(default_factory=list)
+    server: ServerConfig = field(default_factory=ServerConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+
+    @property
+    def data_seed(self) -> int:
+        return self.seed if self.data.seed < 0 else self.data.seed
+
+
+SECTIONS = {f.name: f.type for f in dataclasses.fields(RunConfig)}
+
+
+def _type_name(tp: Any) -> str:
+    return {bool: "true/false", int: "an integer", float: "a number", str: "a string",
+            list: "a list", dict: "a table"}.get(tp, str(tp))
+
+
+def _coerce(key: str, value: Any, tp: Any, meta: dict) -> Any:
+    """Check one value against its field's type and allowed range; return it in that type."""
+    tp = {"int": int, "float": float, "str": str, "bool": bool, "list": list, "dict": dict}.get(tp, tp)
+    ok = (isinstance(value, bool) if tp is bool else
+          isinstance(value, int) and not isinstance(value, bool) if tp is int else
+          isinstance(value, (int, float)) and not isinstance(value, bool) if tp is float else
+          isinstance(value, tp))
+    if not ok:
+        raise ConfigError(f"{key} = {value!r}: expected {_type_name(tp)}")
+    if tp is float:
+        value = float(value)
+    if meta.get("choices") and value not in meta["choices"]:
+        raise ConfigError(f"{key} = {value!r}: allowed values are {', '.join(meta['choices'])}")
+    low, high = meta.get("low"), meta.get("high")
+    if low is not None and (value < low or (meta.get("low_open") and value == low)):
+        bound = f"> {low}" if meta.get("low_open") else f">= {low}"
+        raise ConfigError(f"{key} = {value!r}: must be {bound}" + (f" and <= {high}" if high is not None else ""))
+    if high is not None and value > high:
+        raise ConfigError(f"{key} = {value!r}: must be <= {high}")
+    return value
+
+
+def _build_section(name: str, cls: type, raw: Any) -> Any:
+    if not isinstance(raw, dict):
+        raise ConfigError(f"[{name}] must be a table of keys")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(raw) - set(fields))
+    if unknown:
+        raise ConfigError(f"unknown key {name}.{unknown[0]}; known keys of [{name}]: {', '.join(fields)}")
+    values = {k: _coerce(f"{name}.{k}", v, fields[k].type, dict(fields[k].metadata)) for k, v in raw.items()}
+    return cls(**values)
+
+
+def from_dict(raw: dict) -> RunConfig:
+    """Build and validate a :class:`RunConfig` from a parsed TOML document."""
+    unknown = sorted(set(raw) - set(SECTIONS))
+    if unknown:
+        raise ConfigError(f"unknown key {unknown[0]}; known top-level keys: {', '.join(SECTIONS)}")
+    top = {f.name: f for f in dataclasses.fields(RunConfig)}
+    kwargs: dict[str, Any] = {}
+    for name, value in raw.items():
+        tp = top[name].type
+        if name == "algorithm":
+            if not isinstance(value, dict):
+                raise ConfigError("[algorithm] must be a table with at least name = '...'")
+            kwargs[name] = {"name": "fedavg", **value}
+            if not isinstance(kwargs[name]["name"], str):
+                raise ConfigError(f"algorithm.name = {kwargs[name]['name']!r}: expected a string")
+        elif name == "terms":
+            if not isinstance(value, list) or not all(isinstance(t, dict) and isinstance(t.get("name"), str)
+                                                      for t in value):
+                raise ConfigError("terms must be an array of tables, each with name = '...' ([[terms]])")
+            kwargs[name] = value
+        elif tp in ("int", "str"):
+            kwargs[name] = _coerce(name, value, tp, dict(top[name].metadata))
+        else:
+            kwargs[name] = _build_section(name, typing.get_type_hints(RunConfig)[name], value)
+    config = RunConfig(**kwargs)
+    _check_consistency(config)
+    return config
+
+
+def _check_consistency(config: RunConfig) -> None:
+    """Rules that involve more than one key."""
+    d = config.data
+    if d.partition == "shards" and d.dataset in ("synthetic", "arrays"):
+        raise ConfigError(f"data.partition = 'shards' needs a labelled pool; data.dataset = "
+                          f"'{d.dataset}' comes with its own clients (use data.partition = 'given')")
+    if d.dataset in ("synthetic", "arrays") and d.partition not in ("given", "iid"):
+        raise ConfigError(f"data.partition = '{d.partition}': data.dataset = '{d.dataset}' has its own "
+                          f"clients; use data.partition = 'given'")
+    if d.dataset == "arrays" and not d.path:
+        raise ConfigError("data.path: data.dataset = 'arrays' needs the .npz file of per-client arrays")
+    if d.val_fraction + d.local_test_fraction >= 0.95:
+        raise ConfigError("data.val_fraction + data.local_test_fraction must leave training data (< 0.95)")
+    if config.server.lr <= 0 and config.server.lr != -1.0:
+        raise ConfigError(f"server.lr = {config.server.lr}: must be > 0 (or -1 for the optimiser's default)")
+    if not all(isinstance(h, int) and not isinstance(h, bool) and h > 0 for h in config.model.hidden) \
+            or not config.model.hidden:
+        raise ConfigError(f"model.hidden = {config.model.hidden!r}: expected a non-empty list of positive integers")
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """``section.key=value`` → (path, value); the value is read as TOML, else taken as a string."""
+    if "=" not in text:
+        raise ConfigError(f"--set {text!r}: expected section.key=value")
+    key, _, value = text.partition("=")
+    path = key.strip().split(".")
+    if not all(path):
+        raise ConfigError(f"--set {text!r}: expected section.key=value")
+    try:
+        parsed = tomllib.loads(f"v = {value.strip()}")["v"]
+    except tomllib.TOMLDecodeError:
+        parsed = value.strip()
+    return path, parsed
+
+
+def apply_overrides(raw: dict, overrides: Iterable[str]) -> dict:
+    """Apply ``--set`` overrides to a parsed TOML document (a new dict is returned)."""
+    out = {k: (dict(v) if isinstance(v, dict) else v) for k, v in raw.items()}
+    for text in overrides:
+        path, value = parse_override(text)
+        node = out
+        for part in path[:-1]:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"--set {text!r}: {part} is not a section")
+        node[path[-1]] = value
+    return out
+
+
+def load_config(path: str | Path | None = None, overrides: Iterable[str] = ()) -> RunConfig:
+    """Read a TOML run configuration (or the defaults when ``path`` is None) and apply overrides."""
+    raw: dict = {}
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"config file {p} not found")
+        try:
+            raw = tomllib.loads(p.read_text(encoding="utf-8"))
+        except tomllib.TOMLDecodeError as err:
+            raise ConfigError(f"{p}: not valid TOML ({err})") from None
+    return from_dict(apply_overrides(raw, overrides))
+
+
+def to_dict(config: RunConfig) -> dict:
+    """The fully resolved configuration as plain data (TOML-writable)."""
+    return dataclasses.asdict(config)
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, str):
+        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    raise TypeError(f"cannot write {type(value).__name__} to TOML")
+
+
+def to_toml(config: RunConfig) -> str:
+    """Write the resolved configuration as TOML that :func:`load_config` reads back unchanged."""
+    data = to_dict(config)
+    lines = [f"{k} = {_toml_value(v)}" for k, v in data.items() if not isinstance(v, (dict, list))]
+    for name, value in data.items():
+        if isinstance(value, dict):
+            lines += ["", f"[{name}]"] + [f"{k} = {_toml_value(v)}" for k, v in value.items()]
+    for term in data["terms"]:
+        lines += ["", "[[terms]]"] + [f"{k} = {_toml_value(v)}" for k, v in term.items()]
+    return "\n".join(lines) + "\n"
+
+
+def describe() -> str:
+    """Every key with its default and documentation (for ``fedlatent run --help-config`` and the README)."""
+    rows = []
+    for top in dataclasses.fields(RunConfig):
+        if top.name in ("seed", "backend"):
+            rows.append(f"{top.name} = {top.default!r}  # {top.metadata['doc']}")
+    hints = typing.get_type_hints(RunConfig)
+    for name in ("data", "model", "train", "server", "eval"):
+        rows.append(f"\n[{name}]")
+        for f in dataclasses.fields(hints[name]):
+            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+            choices = f" ({' | '.join(f.metadata['choices'])})" if f.metadata.get("choices") else ""
+            rows.append(f"{f.name} = {default!r}  # {f.metadata['doc']}{choices}")
+    return "\n".join(rows)
+
+
+__all__ = ["RunConfig", "DataConfig", "ModelConfig", "TrainConfig", "ServerConfig", "EvalConfig",
+           "load_config", "from_dict", "to_dict", "to_toml", "apply_overrides", "describe", "ConfigError"]

@@ -1,0 +1,107 @@
+"""From a data configuration to a :class:`Federation`: load, hold out, partition, split, normalise."""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from fedlatent.config import DataConfig
+from fedlatent.data import partition as P
+from fedlatent.data.sources import GivenClients, Pool, load_source
+from fedlatent.data.types import ClientData, Federation, Split
+from fedlatent.errors import ConfigError
+
+
+def build_federation(cfg: DataConfig, seed: int) -> Federation:
+    """The federation a run trains on; every random choice flows from ``seed`` (the data seed)."""
+    source = load_source(cfg, seed)
+    if isinstance(source, GivenClients):
+        return _from_given(cfg, source)
+    return _from_pool(cfg, source, seed)
+
+
+def _split(x: np.ndarray, y: np.ndarray) -> Split:
+    return Split(torch.from_numpy(np.ascontiguousarray(x)), torch.from_numpy(np.ascontiguousarray(y)))
+
+
+def _from_given(cfg: DataConfig, source: GivenClients) -> Federation:
+    if cfg.partition not in ("given", "iid"):
+        raise ConfigError(f"data.partition = '{cfg.partition}': data.dataset = '{cfg.dataset}' comes "
+                          f"with its own clients; use 'given'")
+    clients = [ClientData(*(None if c[s] is None else _split(*c[s]) for s in ("train", "val", "test")))
+               for c in source.clients]
+    tests = [c.test for c in clients if c.test is not None]
+    test = Split(torch.cat([t.x for t in tests]), torch.cat([t.y for t in tests])) if tests else None
+    shape = tuple(clients[0].train.x.shape[1:])
+    return Federation(clients, test, source.num_classes, shape, name=cfg.dataset, augment=False)
+
+
+def _holdout(pool: Pool, fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Indices of (train, test) when a data set has no official test split: a stratified hold-out
+    (per domain and class when the pool has domains)."""
+    strata = pool.y if pool.groups is None else pool.groups * pool.num_classes + pool.y
+    rng = np.random.default_rng([seed, 1])
+    test = [idx for s in np.unique(strata)
+            for idx in [rng.permutation(np.where(strata == s)[0])[: int(round(fraction * (strata == s).sum()))]]]
+    test_idx = np.sort(np.concatenate(test)) if test else np.zeros(0, np.int64)
+    return np.setdiff1d(np.arange(len(pool.y)), test_idx), test_idx
+
+
+def _partition(cfg: DataConfig, labels: np.ndarray, groups: np.ndarray | None, seed: int) -> list[np.ndarray]:
+    if cfg.partition == "iid":
+        return P.iid(len(labels), cfg.num_clients, seed=seed)
+    if cfg.partition == "dirichlet":
+        return P.dirichlet(labels, cfg.num_clients, cfg.alpha, seed=seed, min_size=cfg.min_size,
+                           balance=cfg.balance, max_retries=cfg.max_retries)
+    if cfg.partition == "shards":
+        return P.shards(labels, cfg.num_clients, cfg.classes_per_client, seed=seed)
+    if cfg.partition == "domains":
+        if groups is None:
+            raise ConfigError(f"data.partition = 'domains': data set '{cfg.dataset}' has no domains "
+                              f"(use 'domains' or 'ham10000')")
+        parts = P.by_group(groups)
+        if cfg.num_clients != len(parts):
+            raise ConfigError(f"data.num_clients = {cfg.num_clients}: partition 'domains' gives one "
+                              f"client per domain, {len(parts)} here")
+        return parts
+    raise ConfigError(f"data.partition = '{cfg.partition}': data set '{cfg.dataset}' is a pool to "
+                      f"partition (iid, dirichlet, shards, domains)")
+
+
+def _from_pool(cfg: DataConfig, pool: Pool, seed: int) -> Federation:
+    x, y, groups = pool.x, pool.y, pool.groups
+    held_out: np.ndarray | None = None
+    if pool.test_x is None:
+        train_idx, held_out = _holdout(pool, cfg.test_fraction, seed)
+        test_x, test_y = x[held_out], y[held_out]
+    else:
+        train_idx, test_x, test_y = np.arange(len(y)), pool.test_x, pool.test_y
+    parts = _partition(cfg, y[train_idx], None if groups is None else groups[train_idx], seed)
+    mean, std = _channel_stats(x[train_idx]) if cfg.normalize else (0.0, 1.0)
+    norm = lambda a: (a - mean) / std  # noqa: E731
+    clients = []
+    for i, part in enumerate(parts):
+        idx = train_idx[part]
+        train, val, local_test = P.split_fractions(idx, (cfg.val_fraction, cfg.local_test_fraction),
+                                                   seed=seed * 7919 + i)
+        test = _split(norm(x[local_test]), y[local_test]) if len(local_test) else None
+        if cfg.partition == "domains" and held_out is not None and test is None:
+            own = held_out[groups[held_out] == np.unique(groups)[i]]  # this domain's held-out test
+            test = _split(norm(x[own]), y[own])
+        clients.append(ClientData(_split(norm(x[train]), y[train]),
+                                  _split(norm(x[val]), y[val]) if len(val) else None, test))
+    return Federation(clients, _split(norm(test_x), test_y), pool.num_classes, tuple(x.shape[1:]),
+                      name=cfg.dataset, augment=cfg.augment)
+
+
+def _channel_stats(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per-channel mean and std of N×C×H×W images (or per-feature for flat data)."""
+    axes = (0, 2, 3) if x.ndim == 4 else (0,)
+    mean = x.mean(axis=axes, keepdims=True)[0]
+    std = x.std(axis=axes, keepdims=True)[0]
+    return mean.astype(np.float32), np.maximum(std, 1e-6).astype(np.float32)
+
+
+def counts_table(federation: Federation) -> np.ndarray:
+    """Training samples per client × class."""
+    return np.stack([np.bincount(c.train.y.numpy(), minlength=federation.num_classes)
+                     for c in federation.clients])

@@ -1,0 +1,62 @@
+"""Plain containers for data: what readers return and what a federation is made of."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from torch import Tensor
+
+
+@dataclass
+class ImageSet:
+    """Images as read from disk: ``x`` uint8 N×C×H×W, ``y`` int64 N, optional per-sample
+    ``domain`` (int64 N, an index into ``domain_names``) for feature-shift datasets."""
+
+    x: np.ndarray
+    y: np.ndarray
+    class_names: list[str] = field(default_factory=list)
+    domain: np.ndarray | None = None
+    domain_names: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if len(self.x) != len(self.y):
+            raise ValueError(f"x has {len(self.x)} samples but y has {len(self.y)}")
+        if self.domain is not None and len(self.domain) != len(self.y):
+            raise ValueError(f"domain has {len(self.domain)} entries but y has {len(self.y)}")
+
+
+@dataclass
+class Split:
+    """Tensors for one split: ``x`` float32 (N×…), ``y`` int64 (N)."""
+
+    x: Tensor
+    y: Tensor
+
+    def __len__(self) -> int:
+        return int(self.y.shape[0])
+
+    def subset(self, indices: np.ndarray | Tensor) -> "Split":
+        idx = torch.as_tensor(np.asarray(indices), dtype=torch.long)
+        return Split(self.x[idx], self.y[idx])
+
+
+@dataclass
+class ClientData:
+    """One client's splits; ``val`` and ``test`` are optional."""
+
+    train: Split
+    val: Split | None = None
+    test: Split | None = None
+
+
+@dataclass
+class Federation:
+    """Everything a run trains and evaluates on."""
+
+    clients: list[ClientData]
+    test: Split | None
+    num_classes: int
+    input_shape: tuple[int, ...]
+    name: str = ""
+    augment: bool = False

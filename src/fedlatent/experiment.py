@@ -1,0 +1,114 @@
+"""One run end to end: resolve the method, build the federation, hand the loop to a backend, and
+write the run directory (config.toml, partition table, metrics.jsonl, summary.json, plots/)."""
+from __future__ import annotations
+
+import json
+import time
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from fedlatent.analysis.plots import learning_curves, partition_heatmap
+from fedlatent.analysis.tables import partition_table
+from fedlatent.backends import simulation
+from fedlatent.config import RunConfig, to_toml
+from fedlatent.data.federation import build_federation, counts_table
+from fedlatent.data.types import Federation
+from fedlatent.errors import ConfigError
+from fedlatent.methods import resolve
+from fedlatent.methods.parts import MethodSpec
+
+BACKENDS = {"simulation": simulation.run}
+
+
+def fedlatent_version() -> str:
+    try:
+        return version("fedlatent")
+    except PackageNotFoundError:
+        return "0+unknown"
+
+
+def default_out(config: RunConfig) -> Path:
+    return Path("runs") / f"{config.data.dataset}-{config.algorithm['name']}-seed{config.seed}"
+
+
+def prepare(config: RunConfig) -> tuple[Federation, MethodSpec]:
+    """Resolve the method first (cheap, catches typos), then build the federation."""
+    spec = resolve(config.algorithm, config.terms)
+    if config.backend not in BACKENDS:
+        raise ConfigError(f"backend = '{config.backend}': not available in this version; use 'simulation'")
+    return build_federation(config.data, config.data_seed), spec
+
+
+def write_partition(federation: Federation, out: Path) -> str:
+    counts = counts_table(federation)
+    table = partition_table(counts)
+    (out / "partition.txt").write_text(table + "\n")
+    (out / "partition.json").write_text(json.dumps({"counts": counts.tolist()}))
+    partition_heatmap(counts, out / "plots" / "partition.png",
+                      f"{federation.name}: samples per client and class")
+    return table
+
+
+def run(config: RunConfig, out: str | Path | None = None, *, resume: bool = False, progress: bool = False,
+        echo=print) -> dict[str, Any]:
+    """Run ``config`` and return the summary (the content of ``summary.json``)."""
+    started = time.perf_counter()
+    out = Path(out) if out is not None else default_out(config)
+    federation, spec = prepare(config)
+    if (out / "checkpoints").exists() and not resume:
+        raise ConfigError(f"--out {out}: holds a run already; pass --resume to continue it or choose another --out")
+    if resume and (out / "config.toml").exists() and (out / "config.toml").read_text() != to_toml(config):
+        raise ConfigError(f"--resume: the configuration differs from the one in {out / 'config.toml'}")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.toml").write_text(to_toml(config))
+    table = write_partition(federation, out)
+    if echo:
+        echo(f"partition ({config.data.partition}, {len(federation.clients)} clients):\n{table}")
+    done_before = _rounds_time(out) if resume else 0.0
+    bar = _progress_bar(config) if progress else None
+    final = BACKENDS[config.backend](config, federation, spec, out, resume=resume,
+                                     progress=bar.update_line if bar else None)
+    if bar:
+        bar.close()
+    metrics = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines()]
+    learning_curves(metrics, out / "plots" / "curves.png")
+    summary = {"final": final, "rounds_completed": len(metrics), "seed": config.seed,
+               "method": spec.name, "dataset": config.data.dataset,
+               "wall_seconds": done_before + time.perf_counter() - started,
+               "fedlatent_version": fedlatent_version()}
+    (out / "summary.json").write_text(json.dumps(summary, indent=1))
+    return summary
+
+
+def _rounds_time(out: Path) -> float:
+    """Seconds spent in the rounds already recorded (a resumed run's earlier part)."""
+    path = out / "metrics.jsonl"
+    if not path.exists():
+        return 0.0
+    return float(np.sum([json.loads(l)["time_round_s"] for l in path.read_text().splitlines()]))
+
+
+class _Bar:
+    """A tqdm bar over rounds showing the latest loss and accuracy."""
+
+    def __init__(self, total: int, desc: str) -> None:
+        from tqdm.auto import tqdm
+        self.bar = tqdm(total=total, desc=desc, unit="round", dynamic_ncols=True)
+
+    def update_line(self, line: dict[str, Any]) -> None:
+        self.bar.n = line["round"]
+        shown = {"loss": f"{line['train_loss']:.3f}"}
+        if "test_accuracy" in line:
+            shown["acc"] = f"{line['test_accuracy']:.3f}"
+        self.bar.set_postfix(shown)
+        self.bar.refresh()
+
+    def close(self) -> None:
+        self.bar.close()
+
+
+def _progress_bar(config: RunConfig) -> _Bar:
+    return _Bar(config.train.rounds, f"{config.algorithm['name']} on {config.data.dataset}")

@@ -1,0 +1,64 @@
+"""Per-client evaluation of personalised (and global) models, beside each client's majority-class rate.
+
+Ditto evaluates each client's personal model; ``finetune`` fine-tunes the global model on the
+client's training split first; otherwise the global model is evaluated on every client's own
+test split, so tables compare like with like.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from fedlatent.data.types import Federation
+from fedlatent.federated.client import PERSONAL, LocalSettings, Workspace, local_update, prefixed
+from fedlatent.federated.evaluation import evaluate, fairness, majority_rate
+from fedlatent.methods.parts import ClientRound, MethodSpec, Tensors
+from fedlatent.models.base import FedModel
+
+
+def client_model(ws: Workspace, spec: MethodSpec, client_state: Tensors, global_state: Tensors, cid: int,
+                 fed: Federation, settings: LocalSettings | None, generator: torch.Generator) -> FedModel:
+    """The model client ``cid`` would use: personal (Ditto), fine-tuned, or the global one."""
+    own = prefixed(client_state, PERSONAL)
+    if spec.personalization.kind == "ditto" and own:
+        ws.model.load_state_dict(own)
+        return ws.model
+    if spec.personalization.kind == "finetune" and settings is not None:
+        plain = MethodSpec("finetune", loss=spec.loss)
+        rc = ClientRound(cid, ws.model, {}, {}, {}, settings.lr, len(fed.clients[cid].train), len(fed.clients),
+                         0, settings.momentum)
+        upload = local_update(ws, global_state, fed.clients[cid].train, plain, rc, settings, generator)
+        ws.model.load_state_dict(upload.state)
+        return ws.model
+    ws.model.load_state_dict(global_state)
+    return ws.model
+
+
+def personalized_report(ws: Workspace, spec: MethodSpec, fed: Federation, client_states: list[Tensors],
+                        global_state: Tensors, *, mode: str, batch_size: int, device: torch.device,
+                        settings: LocalSettings | None, seed_for: Any) -> dict[str, Any]:
+    """``personalized_accuracy`` (mean, std, worst), balanced accuracy and the majority baseline
+    over clients with a test split; empty when there is nothing to report."""
+    has_tests = any(c.test is not None and len(c.test) for c in fed.clients)
+    if mode == "never" or not has_tests:
+        return {}
+    rows = []
+    for cid, client in enumerate(fed.clients):
+        if client.test is None or not len(client.test):
+            continue
+        generator = torch.Generator().manual_seed(seed_for(cid))
+        model = client_model(ws, spec, client_states[cid], global_state, cid, fed, settings, generator)
+        test = evaluate(model, client.test, fed.num_classes, batch_size, device)
+        row = {"client": cid, "accuracy": test["accuracy"], "balanced_accuracy": test["balanced_accuracy"],
+               "majority_baseline": majority_rate(client.train.y, client.test.y, fed.num_classes)}
+        if client.val is not None and len(client.val):
+            row["val_accuracy"] = evaluate(model, client.val, fed.num_classes, batch_size, device)["accuracy"]
+        rows.append(row)
+    acc = fairness([r["accuracy"] for r in rows])
+    return {"personalized_accuracy": acc["mean"], "personalized_accuracy_std": acc["std"],
+            "personalized_accuracy_worst": acc["worst"],
+            "personalized_balanced_accuracy": float(np.mean([r["balanced_accuracy"] for r in rows])),
+            "majority_baseline_accuracy": float(np.mean([r["majority_baseline"] for r in rows])),
+            "per_client": rows}

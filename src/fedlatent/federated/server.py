@@ -1,0 +1,110 @@
+"""The server role every backend shares: aggregation, the server optimiser, the parts' server state.
+
+FedAvg weights clients by sample count over every parameter and buffer (BatchNorm statistics
+too). A part that ``owns_aggregation`` (FedNova, FedDyn) replaces the mean. The server optimiser
+then acts on the pseudo-gradient Δ = aggregate − w_old of the trainable parameters (FedOpt,
+Reddi et al. 2021); plain SGD with η = 1 takes the aggregate as it is, which is FedAvg.
+"""
+from __future__ import annotations
+
+import torch
+
+from fedlatent.config import ServerConfig
+from fedlatent.methods.parts import MethodSpec, Tensors, Upload
+
+OPT = "server_opt."  # server-state prefix of the optimiser's buffers
+
+
+def weighted_mean(uploads: list[Upload], keys: list[str] | None = None) -> Tensors:
+    """Sample-count-weighted mean of the uploaded states; integer buffers are rounded back."""
+    total = float(sum(u.num_samples for u in uploads))
+    keys = list(uploads[0].state) if keys is None else keys
+    out: Tensors = {}
+    for key in keys:
+        first = uploads[0].state[key]
+        acc = torch.zeros_like(first, dtype=torch.float64 if first.dtype == torch.float64 else torch.float32)
+        for u in uploads:
+            acc += u.state[key].to(acc.dtype) * (u.num_samples / total)
+        out[key] = acc.round().to(first.dtype) if not first.is_floating_point() else acc.to(first.dtype)
+    return out
+
+
+def server_step(kind: str, old: Tensors, new: Tensors, names: list[str], state: Tensors, cfg: ServerConfig,
+                lr: float) -> Tensors:
+    """Apply the server optimiser to the pseudo-gradient Δ = new − old of ``names``.
+
+    momentum: m = βm + Δ (Hsu et al. 2019) or m = βm + (1−β)Δ ('ema', the FedDecorr release);
+    w = w_old + η·m. adam / adagrad / yogi: Reddi et al. 2021, Algorithm 2, with τ, β1, β2.
+    """
+    if kind == "sgd" and lr == 1.0:
+        return new
+    out = dict(new)
+    for name in names:
+        delta = new[name] - old[name]
+        if kind == "sgd":
+            step = delta
+        elif kind == "momentum":
+            m = state.get(f"{OPT}m.{name}", torch.zeros_like(delta))
+            m = cfg.momentum * m + (delta if cfg.momentum_form == "hsu" else (1 - cfg.momentum) * delta)
+            state[f"{OPT}m.{name}"] = m
+            step = m
+        else:
+            m = state.get(f"{OPT}m.{name}", torch.zeros_like(delta))
+            v = state.get(f"{OPT}v.{name}", torch.full_like(delta, cfg.tau ** 2))
+            m = cfg.beta1 * m + (1 - cfg.beta1) * delta
+            d2 = delta * delta
+            if kind == "adam":
+                v = cfg.beta2 * v + (1 - cfg.beta2) * d2
+            elif kind == "adagrad":
+                v = v + d2
+            elif kind == "yogi":
+                v = v - (1 - cfg.beta2) * d2 * torch.sign(v - d2)
+            else:
+                raise ValueError(f"unknown server optimiser {kind!r}")
+            state[f"{OPT}m.{name}"], state[f"{OPT}v.{name}"] = m, v
+            step = m / (v.sqrt() + cfg.tau)
+        out[name] = old[name] + lr * step
+    return out
+
+
+def resolve_server(cfg: ServerConfig, spec: MethodSpec) -> tuple[str, float]:
+    """The optimiser and learning rate in force: 'auto' takes the method's choice; lr −1 means
+    1.0 for sgd/momentum and 0.01 for the adaptive optimisers (Reddi et al.'s typical range)."""
+    kind = spec.server_optimizer if cfg.optimizer == "auto" else cfg.optimizer
+    lr = cfg.lr if cfg.lr > 0 else (1.0 if kind in ("sgd", "momentum") else 0.01)
+    return kind, lr
+
+
+class Server:
+    """Holds the global model's state and the server state; turns uploads into the next model."""
+
+    def __init__(self, spec: MethodSpec, global_state: Tensors, parameters: list[str], trainable: list[str],
+                 cfg: ServerConfig, num_clients: int) -> None:
+        self.spec = spec
+        self.frozen = [k for k in parameters if k not in set(trainable)]
+        self.global_state = global_state
+        self.trainable = trainable
+        self.cfg = cfg
+        self.num_clients = num_clients
+        self.state: Tensors = {}
+        self.kind, self.lr = resolve_server(cfg, spec)
+
+    def payload(self) -> dict[str, Tensors]:
+        """What each part sends down with the global model."""
+        return {part.name: part.payload(self.state) for part in self.spec.all_parts()}
+
+    def aggregate(self, uploads: list[Upload]) -> None:
+        """One server round: aggregate, apply the server optimiser, update the parts' state."""
+        old = self.global_state
+        aggregator = self.spec.aggregator
+        if aggregator is not None:
+            new = aggregator.aggregate(old, uploads, self.state, set(self.trainable))
+        else:
+            new = weighted_mean(uploads)
+        for key in self.frozen:  # parameters outside training (a fixed head) are not aggregated
+            new[key] = old[key]
+        new = server_step(self.kind, old, new, self.trainable, self.state, self.cfg, self.lr)
+        for part in self.spec.all_parts():
+            part.server_update(uploads, self.state, self.num_clients)
+        self.global_state = new
+

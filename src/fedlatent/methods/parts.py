@@ -1,0 +1,186 @@
+"""The pieces a method is composed of (ARCHITECTURE.md, "How a method is composed").
+
+A method is a :class:`MethodSpec`: a task loss, a list of :class:`Part` objects, a head policy,
+an optional personalisation and an optional after-training calibration. A ``Part`` declares what
+it needs (taps, the frozen global model's output, the previous local model's output, the round's
+global weights) and implements only the hooks it uses; the client and server in
+``federated/`` call the hooks, so methods never own a loop. Parts keep no per-client state on
+themselves: state lives in flat ``dict[str, Tensor]`` stores the backend owns and checkpoints.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor
+from torch.nn import functional as F
+
+from fedlatent.models.base import FedModel, ModelOutput
+
+Tensors = dict[str, Tensor]
+
+
+@dataclass
+class TermContext:
+    """What a loss term may read for one mini-batch (tensors only, nothing to mutate)."""
+
+    out: ModelOutput
+    y: Tensor
+    params: dict[str, Tensor]
+    global_params: dict[str, Tensor]
+    global_out: ModelOutput | None
+    prev_out: ModelOutput | None
+    num_classes: int
+    state: Tensors
+    payload: Tensors
+
+
+@dataclass
+class ClientRound:
+    """One client's round as the hooks see it: the model being trained, its stores and settings."""
+
+    client_id: int
+    model: FedModel
+    global_params: dict[str, Tensor]
+    state: Tensors
+    payload: Tensors
+    lr: float
+    num_samples: int
+    num_clients: int
+    total_samples: int
+    momentum: float
+    steps: int = 0
+    extra_weight_decay: float = 0.0
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class Upload:
+    """What one client sends back: its weights, sample count, local steps and each part's extras."""
+
+    client_id: int
+    state: Tensors
+    num_samples: int
+    steps: int
+    lr: float
+    momentum: float
+    extras: dict[str, Tensors] = field(default_factory=dict)
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+class Part:
+    """One composable piece of a method; every hook is optional.
+
+    ``weight`` scales the value returned by :meth:`loss`. ``needs_global_out`` /
+    ``needs_prev_out`` make the client run the frozen global / previous local model on the
+    batch (MOON, feature-drift constraints); ``taps`` names intermediate features to return;
+    ``needs_global_params`` keeps a snapshot of the round's global weights (FedProx, SCAFFOLD).
+    """
+
+    name: str = "part"
+    weight: float = 1.0
+    taps: frozenset[str] = frozenset()
+    needs_global_out: bool = False
+    needs_prev_out: bool = False
+    needs_global_params: bool = False
+    owns_aggregation: bool = False
+
+    # client side -------------------------------------------------------------------------------
+    def begin(self, rc: ClientRound) -> None:
+        """Before local training (read state/payload, set ``rc.extra_weight_decay``)."""
+
+    def loss(self, ctx: TermContext) -> Tensor | None:
+        """This part's loss term for one batch (unweighted), or None."""
+        return None
+
+    def after_step(self, rc: ClientRound) -> None:
+        """After each optimiser step (e.g. SCAFFOLD's control-variate correction)."""
+
+    def finish(self, rc: ClientRound) -> Tensors | None:
+        """After local training: update ``rc.state`` and return extras to upload, or None."""
+        return None
+
+    # server side -------------------------------------------------------------------------------
+    def payload(self, server_state: Tensors) -> Tensors:
+        """What the server sends every client for this part (e.g. SCAFFOLD's c)."""
+        return {}
+
+    def aggregate(self, global_state: Tensors, uploads: list[Upload], server_state: Tensors,
+                  trainable: set[str]) -> Tensors:
+        """Replace the weighted mean (only for a part with ``owns_aggregation``)."""
+        raise NotImplementedError
+
+    def server_update(self, uploads: list[Upload], server_state: Tensors, num_clients: int) -> None:
+        """Update this part's entries of ``server_state`` from the uploads' extras."""
+
+    def describe(self) -> dict[str, Any]:
+        return {"name": self.name, "weight": self.weight}
+
+
+@dataclass
+class HeadPolicy:
+    """The classifier: learned, or fixed at init (random or orthonormal rows, no bias);
+    ``normalize_z`` L2-normalises features before it (SphereFed's switches, separable)."""
+
+    fixed: bool = False
+    init: str = "default"  # default | orthogonal (rows orthonormal, SphereFed / Freeze option)
+    bias: bool = True
+    normalize_z: bool = False
+
+
+@dataclass
+class Personalization:
+    """``ditto``: a personal model per client trained beside the global copy with
+    (λ/2)‖w_L − w̄‖² and the constraint parts; ``finetune``: the global model fine-tuned locally
+    for ``epochs`` at evaluation time."""
+
+    kind: str = "none"  # none | ditto | finetune
+    lam: float = 0.0
+    parts: list[Part] = field(default_factory=list)
+    epochs: int = 1
+
+
+@dataclass
+class Calibration:
+    """After-training classifier calibration: ``ffc`` (SphereFed) or ``ccvr``."""
+
+    kind: str = "none"  # none | ffc | ccvr
+    ridge: float = 0.0
+    every: int = 0  # FFC every R rounds (0 = only after training)
+    personal: bool = False
+    virtual_per_class: int = 100
+    epochs: int = 5
+    lr: float = 0.01
+
+
+@dataclass
+class MethodSpec:
+    """A resolved method: everything the client and server need to run it."""
+
+    name: str
+    loss: str = "ce"  # ce | mse
+    server_optimizer: str = "sgd"  # the preset's choice when [server] optimizer = "auto"
+    parts: list[Part] = field(default_factory=list)
+    head: HeadPolicy = field(default_factory=HeadPolicy)
+    personalization: Personalization = field(default_factory=Personalization)
+    calibration: Calibration = field(default_factory=Calibration)
+
+    @property
+    def aggregator(self) -> Part | None:
+        owners = [p for p in self.parts if p.owns_aggregation]
+        return owners[0] if owners else None
+
+    def all_parts(self) -> list[Part]:
+        return self.parts + self.personalization.parts
+
+
+def task_loss(kind: str, logits: Tensor, y: Tensor, num_classes: int) -> Tensor:
+    """Cross-entropy, or SphereFed's MSE (1/C)‖logits − onehot(y)‖² averaged over the batch."""
+    if kind == "mse":
+        return F.mse_loss(logits, F.one_hot(y, num_classes).to(logits.dtype))
+    return F.cross_entropy(logits, y)
+
+
+def trainable_names(model: torch.nn.Module) -> list[str]:
+    return [n for n, p in model.named_parameters() if p.requires_grad]

@@ -1,0 +1,135 @@
+"""Names → method parts and presets; the only place a method's name is looked up.
+
+``register_part("prox", mu=0.01)`` declares a part (usable as ``[[terms]] name = "prox"``) and its
+keys with defaults; ``register_preset("fedprox", mu=0.01)`` declares an ``algorithm.name`` value.
+Keys are validated against the defaults' types, so a typo or a wrong type is one clear line.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from fedlatent.errors import ConfigError
+from fedlatent.methods.parts import Calibration, HeadPolicy, MethodSpec, Part, Personalization
+
+# keys every preset accepts (None = the preset's own choice)
+COMMON_KEYS: dict[str, Any] = {
+    "loss": "",                 # "" (preset) | ce | mse
+    "head": "",                 # "" | learned | fixed
+    "head_init": "",            # "" | default | orthogonal
+    "normalize_z": "",          # "" | "true" | "false" (tri-state, TOML has no null)
+    "calibration": "",          # "" | none | ffc | ccvr
+    "calibration_ridge": 0.0,
+    "calibration_every": 0,
+    "calibration_personal": False,
+    "finetune_epochs": 0,
+}
+CHOICES = {"loss": ("", "ce", "mse"), "head": ("", "learned", "fixed"),
+           "head_init": ("", "default", "orthogonal"), "normalize_z": ("", "true", "false"),
+           "calibration": ("", "none", "ffc", "ccvr")}
+
+
+@dataclass
+class Entry:
+    defaults: dict[str, Any]
+    build: Callable[[dict[str, Any]], Any]
+    doc: str
+
+
+PARTS: dict[str, Entry] = {}
+PRESETS: dict[str, Entry] = {}
+
+
+def register_part(name: str, **defaults: Any) -> Callable:
+    def wrap(factory: Callable[[dict[str, Any]], Part]) -> Callable:
+        PARTS[name] = Entry(defaults, factory, (factory.__doc__ or "").strip().split("\n")[0])
+        return factory
+    return wrap
+
+
+def register_preset(name: str, **defaults: Any) -> Callable:
+    def wrap(build: Callable[[dict[str, Any]], MethodSpec]) -> Callable:
+        PRESETS[name] = Entry(defaults, build, (build.__doc__ or "").strip().split("\n")[0])
+        return build
+    return wrap
+
+
+def _validated(where: str, given: dict[str, Any], defaults: dict[str, Any]) -> dict[str, Any]:
+    out = dict(defaults)
+    for key, value in given.items():
+        if key == "name":
+            continue
+        if key not in defaults:
+            raise ConfigError(f"{where}.{key} is not a key of '{given.get('name')}'; its keys: "
+                              f"{', '.join(k for k in defaults) or '(none)'}")
+        default = defaults[key]
+        ok = (isinstance(value, bool) if isinstance(default, bool) else
+              isinstance(value, (int, float)) and not isinstance(value, bool) if isinstance(default, float) else
+              isinstance(value, int) and not isinstance(value, bool) if isinstance(default, int) else
+              isinstance(value, type(default)))
+        if not ok:
+            raise ConfigError(f"{where}.{key} = {value!r}: expected {type(default).__name__} like {default!r}")
+        if key in CHOICES and value not in CHOICES[key]:
+            raise ConfigError(f"{where}.{key} = {value!r}: allowed values are "
+                              f"{', '.join(c for c in CHOICES[key] if c)}")
+        if isinstance(default, (int, float)) and not isinstance(default, bool) and value < 0:
+            raise ConfigError(f"{where}.{key} = {value!r}: must be >= 0")
+        out[key] = float(value) if isinstance(default, float) else value
+    return out
+
+
+def build_part(table: dict[str, Any], where: str = "terms") -> Part:
+    name = table.get("name")
+    if name not in PARTS:
+        raise ConfigError(f"{where}.name = {name!r}: unknown part; known: {', '.join(sorted(PARTS))}")
+    return PARTS[name].build(_validated(where, table, PARTS[name].defaults))
+
+
+def resolve(algorithm: dict[str, Any], terms: list[dict[str, Any]] = ()) -> MethodSpec:
+    """The method a configuration names: a preset with its keys, plus any extra ``[[terms]]``."""
+    name = algorithm.get("name", "fedavg")
+    if name not in PRESETS:
+        raise ConfigError(f"algorithm.name = {name!r}: unknown; known: {', '.join(sorted(PRESETS))}")
+    entry = PRESETS[name]
+    opts = _validated("algorithm", algorithm, {**COMMON_KEYS, **entry.defaults})
+    spec: MethodSpec = entry.build(opts)
+    spec.name = name
+    _apply_common(spec, opts)
+    spec.parts += [build_part(t, f"terms[{i}]") for i, t in enumerate(terms)]
+    owners = [p.name for p in spec.parts if p.owns_aggregation]
+    if len(owners) > 1:
+        raise ConfigError(f"terms: {' and '.join(owners)} both replace the aggregation; use one")
+    return spec
+
+
+def _apply_common(spec: MethodSpec, opts: dict[str, Any]) -> None:
+    """Universal switches override the preset's choices when given."""
+    if opts["loss"]:
+        spec.loss = opts["loss"]
+    head: HeadPolicy = spec.head
+    if opts["head"]:
+        head.fixed = opts["head"] == "fixed"
+    if opts["head_init"]:
+        head.init = opts["head_init"]
+    if opts["normalize_z"]:
+        head.normalize_z = opts["normalize_z"] == "true"
+    if opts["calibration"]:
+        spec.calibration = Calibration(kind=opts["calibration"])
+    if spec.calibration.kind != "none":
+        spec.calibration.ridge = opts["calibration_ridge"] or spec.calibration.ridge
+        spec.calibration.every = opts["calibration_every"] or spec.calibration.every
+        spec.calibration.personal = opts["calibration_personal"] or spec.calibration.personal
+    if opts["finetune_epochs"]:
+        if spec.personalization.kind == "ditto":
+            raise ConfigError("algorithm.finetune_epochs: a Ditto method already personalises")
+        spec.personalization = Personalization(kind="finetune", epochs=opts["finetune_epochs"])
+
+
+def catalogue() -> str:
+    """Every preset and part with its keys and defaults (for ``fedlatent methods``)."""
+    rows = ["presets (algorithm.name):"]
+    rows += [f"  {n:12s} {e.doc}  keys: {e.defaults or '-'}" for n, e in sorted(PRESETS.items())]
+    rows += ["parts ([[terms]] name):"]
+    rows += [f"  {n:12s} {e.doc}  keys: {e.defaults or '-'}" for n, e in sorted(PARTS.items())]
+    rows += [f"keys every preset accepts: {COMMON_KEYS}"]
+    return "\n".join(rows)

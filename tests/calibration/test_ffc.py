@@ -76,6 +76,25 @@ def test_rank_deficient_columns_give_minimum_norm() -> None:
     np.testing.assert_allclose(w.numpy(), expected, rtol=1e-6, atol=1e-6)
 
 
+def test_collapsed_float32_features_drop_rounding_noise_directions() -> None:
+    """Features of rank 20 in 64 dimensions, rounded to float32: the rounding makes the pooled
+    matrix full rank with singular values ~1e-7 relative. lstsq with its default cutoff fits
+    that noise with a huge classifier; FFC drops directions below sqrt(rtol) = 1e-5 relative,
+    which is lstsq with rcond=1e-5, with (almost) the same residual."""
+    g = torch.Generator().manual_seed(0)
+    z = torch.nn.functional.normalize(torch.randn(3000, 20, generator=g) @ torch.randn(20, 64, generator=g), dim=1)
+    y = torch.randint(0, 10, (3000,), generator=g)
+    zz, onehot = z.double().numpy(), np.eye(10)[y.numpy()]
+    stats = [ffc_statistics(z[i::3], y[i::3], 10, dtype=torch.float64) for i in range(3)]
+    w = ffc_solve(stats).numpy()
+    truncated = np.linalg.lstsq(zz, onehot, rcond=1e-5)[0].T
+    np.testing.assert_allclose(w, truncated, rtol=1e-6, atol=1e-8)
+    noisy = np.linalg.lstsq(zz, onehot, rcond=None)[0].T
+    assert np.linalg.norm(w) < 1e-3 * np.linalg.norm(noisy)
+    residual = np.linalg.norm(zz @ w.T - onehot)
+    assert residual < 1.01 * np.linalg.norm(zz @ noisy.T - onehot)
+
+
 def test_single_pair_and_personalised_variant() -> None:
     z, y, onehot = pooled_problem(80, 5, 3, 7)
     stats = three_client_statistics(z, y, 3, 7)

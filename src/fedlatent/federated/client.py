@@ -95,7 +95,6 @@ def local_update(ws: Workspace, global_state: Tensors, data: Split, spec: Method
     model.train()
     personal_parts = spec.personalization.parts if spec.personalization.kind == "ditto" else []
     every = parts + personal_parts
-    taps = frozenset().union(*(p.taps for p in every)) if every else frozenset()
     if any(p.needs_global_params for p in every) or personal_parts or spec.personalization.kind == "ditto":
         rc.global_params = {n: p.detach().clone() for n, p in model.named_parameters()}
     need_global = any(p.needs_global_out for p in every)
@@ -108,6 +107,8 @@ def local_update(ws: Workspace, global_state: Tensors, data: Split, spec: Method
         ws.previous.eval()
     for part in every:
         part.begin(rc)
+    # after begin: a part may resolve its taps from rc.model.tap_names (feature-drift depth)
+    taps = frozenset().union(*(p.taps for p in every)) if every else frozenset()
     optimizer = _sgd(model, s, rc.extra_weight_decay)
     personal = _personal_setup(ws, rc, global_state, s) if spec.personalization.kind == "ditto" else None
 

@@ -10,23 +10,10 @@ from __future__ import annotations
 import torch
 
 from fedlatent.config import ServerConfig
+from fedlatent.methods.aggregation import weighted_mean
 from fedlatent.methods.parts import MethodSpec, Tensors, Upload
 
 OPT = "server_opt."  # server-state prefix of the optimiser's buffers
-
-
-def weighted_mean(uploads: list[Upload], keys: list[str] | None = None) -> Tensors:
-    """Sample-count-weighted mean of the uploaded states; integer buffers are rounded back."""
-    total = float(sum(u.num_samples for u in uploads))
-    keys = list(uploads[0].state) if keys is None else keys
-    out: Tensors = {}
-    for key in keys:
-        first = uploads[0].state[key]
-        acc = torch.zeros_like(first, dtype=torch.float64 if first.dtype == torch.float64 else torch.float32)
-        for u in uploads:
-            acc += u.state[key].to(acc.dtype) * (u.num_samples / total)
-        out[key] = acc.round().to(first.dtype) if not first.is_floating_point() else acc.to(first.dtype)
-    return out
 
 
 def server_step(kind: str, old: Tensors, new: Tensors, names: list[str], state: Tensors, cfg: ServerConfig,
@@ -98,7 +85,7 @@ class Server:
         old = self.global_state
         aggregator = self.spec.aggregator
         if aggregator is not None:
-            new = aggregator.aggregate(old, uploads, self.state, set(self.trainable))
+            new = aggregator.aggregate(old, uploads, self.state, set(self.trainable), self.num_clients)
         else:
             new = weighted_mean(uploads)
         for key in self.frozen:  # parameters outside training (a fixed head) are not aggregated

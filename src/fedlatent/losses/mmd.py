@@ -295,7 +295,7 @@ def _solve_power_qp(m: np.ndarray, a: np.ndarray) -> np.ndarray | None:
                    bounds=[(0.0, None)] * m.shape[0],
                    constraints=[{"type": "eq", "fun": lambda u: np.array([u @ mt - 1.0]),
                                  "jac": lambda u: mt[None, :]}],
-                   options={"ftol": 1e-14, "maxiter": 1000})
+                   options={"ftol": 1e-12, "maxiter": 1000})
     u = np.asarray(res.x, dtype=np.float64)
     if not res.success or not np.all(np.isfinite(u)) or u.min() < -1e-6 or abs(u @ mt - 1.0) > 1e-6:
         return None

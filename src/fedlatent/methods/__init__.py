@@ -1,5 +1,7 @@
 """Methods as compositions of parts; importing this package registers every preset and part."""
-from fedlatent.methods import fedavg, fedprox  # noqa: F401  (registration)
+from fedlatent.methods import (ccvr, feddecorr, feddyn, fedavg, fednova, fedopt, fedprox,  # noqa: F401
+                               fedproto, feduv, freeze, moon, scaffold, spherefed)
+from fedlatent.methods import ditto  # noqa: F401  (registration)
 from fedlatent.methods.registry import PARTS, PRESETS, catalogue, resolve
 
 __all__ = ["resolve", "catalogue", "PRESETS", "PARTS"]

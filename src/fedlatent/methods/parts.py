@@ -86,6 +86,10 @@ class Part:
     needs_global_params: bool = False
     owns_aggregation: bool = False
 
+    def configure(self, spec: "MethodSpec") -> None:
+        """Adjust the method's head, task loss or calibration (SphereFed's part does); called once
+        when the method is resolved."""
+
     # client side -------------------------------------------------------------------------------
     def begin(self, rc: ClientRound) -> None:
         """Before local training (read state/payload, set ``rc.extra_weight_decay``)."""
@@ -107,7 +111,7 @@ class Part:
         return {}
 
     def aggregate(self, global_state: Tensors, uploads: list[Upload], server_state: Tensors,
-                  trainable: set[str]) -> Tensors:
+                  trainable: set[str], num_clients: int) -> Tensors:
         """Replace the weighted mean (only for a part with ``owns_aggregation``)."""
         raise NotImplementedError
 

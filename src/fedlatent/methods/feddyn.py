@@ -1,0 +1,69 @@
+"""FedDyn (Acar et al. 2021), in the formulation of the authors' release.
+
+Client k: weight w_k = n_k·K/Σn, α_k = α/w_k; loss += α_k⟨θ, λ_k − θ_srv⟩ and weight decay
++= α_k (the (α_k/2)‖θ‖² term); after training λ_k += θ_k − θ_srv. Server: θ_srv = mean of the
+participating θ_k + mean over *all* clients of λ_k (kept incrementally as h). Buffers
+(BatchNorm statistics) take the sample-weighted mean.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from fedlatent.methods.aggregation import weighted_mean
+from fedlatent.methods.parts import ClientRound, MethodSpec, Part, TermContext, Tensors, Upload
+from fedlatent.methods.registry import register_part, register_preset
+
+LAM, H = "feddyn.lambda.", "feddyn.h."
+
+
+class FedDyn(Part):
+    name = "feddyn"
+    needs_global_params = True
+    owns_aggregation = True
+
+    def __init__(self, alpha: float) -> None:
+        self.alpha = alpha
+
+    def begin(self, rc: ClientRound) -> None:
+        client_weight = rc.num_samples * rc.num_clients / rc.total_samples
+        self.alpha_k = self.alpha / client_weight
+        rc.extra_weight_decay = self.alpha_k
+        self._linear = {n: (rc.state.get(LAM + n, torch.zeros_like(p.cpu())).to(p.device) - rc.global_params[n])
+                        for n, p in rc.model.named_parameters() if p.requires_grad}
+
+    def loss(self, ctx: TermContext) -> Tensor:
+        return self.alpha_k * sum((ctx.params[n] * lin).sum() for n, lin in self._linear.items())
+
+    @torch.no_grad()
+    def finish(self, rc: ClientRound) -> Tensors:
+        deltas = {}
+        for name in self._linear:
+            delta = (dict(rc.model.named_parameters())[name] - rc.global_params[name]).cpu()
+            rc.state[LAM + name] = rc.state.get(LAM + name, torch.zeros_like(delta)) + delta
+            deltas[name] = delta
+        return deltas
+
+    def aggregate(self, global_state: Tensors, uploads: list[Upload], server_state: Tensors,
+                  trainable: set[str], num_clients: int) -> Tensors:
+        out = weighted_mean(uploads)
+        for name in trainable:
+            h = server_state.get(H + name, torch.zeros_like(global_state[name]))
+            h = h + sum(u.extras[self.name][name] for u in uploads) / num_clients
+            server_state[H + name] = h
+            out[name] = sum(u.state[name] for u in uploads) / len(uploads) + h
+        return out
+
+
+@register_part("feddyn", alpha=0.01)
+def feddyn_part(opts: dict[str, Any]) -> Part:
+    """FedDyn dynamic regulariser and server state (α)."""
+    return FedDyn(opts["alpha"])
+
+
+@register_preset("feddyn", alpha=0.01)
+def feddyn(opts: dict[str, Any]) -> MethodSpec:
+    """FedDyn: dynamic regulariser (α = 0.01), the release's server update."""
+    return MethodSpec("feddyn", parts=[FedDyn(opts["alpha"])])

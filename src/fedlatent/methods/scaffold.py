@@ -1,0 +1,62 @@
+"""SCAFFOLD (Karimireddy et al. 2020), option II control variates.
+
+After each local step w ← w − lr·(c − c_i); after K steps c_i⁺ = c_i − c + (w_global − w_i)/(K·lr);
+the server adds (1/N)·Σ(c_i⁺ − c_i) to c. Controls start at zero (a popular benchmark release
+starts them from a random model's weights). c_i is client state; c is server state.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from fedlatent.methods.parts import ClientRound, MethodSpec, Part, Tensors, Upload
+from fedlatent.methods.registry import register_part, register_preset
+
+C, CI = "scaffold.c.", "scaffold.ci."
+
+
+class Scaffold(Part):
+    name = "scaffold"
+    needs_global_params = True
+
+    def begin(self, rc: ClientRound) -> None:
+        self._params = [(n, p) for n, p in rc.model.named_parameters() if p.requires_grad]
+        self._correction = [(p, rc.payload.get(C + n, torch.zeros_like(p)).to(p.device)
+                             - rc.state.get(CI + n, torch.zeros_like(p)).to(p.device)) for n, p in self._params]
+
+    @torch.no_grad()
+    def after_step(self, rc: ClientRound) -> None:
+        for p, correction in self._correction:
+            p.sub_(rc.lr * correction)
+
+    @torch.no_grad()
+    def finish(self, rc: ClientRound) -> Tensors:
+        deltas = {}
+        for name, p in self._params:
+            c = rc.payload.get(C + name, torch.zeros_like(p)).cpu()
+            ci = rc.state.get(CI + name, torch.zeros_like(p)).cpu()
+            ci_new = ci - c + (rc.global_params[name].cpu() - p.cpu()) / (max(rc.steps, 1) * rc.lr)
+            deltas[name] = ci_new - ci
+            rc.state[CI + name] = ci_new
+        return deltas
+
+    def payload(self, server_state: Tensors) -> Tensors:
+        return {k: v for k, v in server_state.items() if k.startswith(C)}
+
+    def server_update(self, uploads: list[Upload], server_state: Tensors, num_clients: int) -> None:
+        for name in uploads[0].extras.get(self.name, {}):
+            total = sum(u.extras[self.name][name] for u in uploads)
+            server_state[C + name] = server_state.get(C + name, torch.zeros_like(total)) + total / num_clients
+
+
+@register_part("scaffold")
+def scaffold_part(opts: dict[str, Any]) -> Part:
+    """SCAFFOLD control-variate correction."""
+    return Scaffold()
+
+
+@register_preset("scaffold")
+def scaffold(opts: dict[str, Any]) -> MethodSpec:
+    """SCAFFOLD: drift correction with client and server control variates (zero init)."""
+    return MethodSpec("scaffold", parts=[Scaffold()])

@@ -1,0 +1,24 @@
+"""Shared test settings: no Flower telemetry, one torch thread (fast and deterministic on few cores)."""
+from __future__ import annotations
+
+import os
+
+os.environ["FLWR_TELEMETRY_ENABLED"] = "0"
+os.environ.setdefault("MPLBACKEND", "Agg")
+
+from pathlib import Path  # noqa: E402
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+torch.set_num_threads(1)
+
+ROOT = Path(__file__).resolve().parents[1]
+DIGITS_CONFIG = ROOT / "configs" / "digits_fedavg.toml"
+
+
+@pytest.fixture
+def digits_config() -> Path:
+    """The shipped FedAvg-on-digits configuration (10 IID clients, MLP, 20 rounds)."""
+    assert DIGITS_CONFIG.is_file(), DIGITS_CONFIG
+    return DIGITS_CONFIG

@@ -1,0 +1,162 @@
+"""End-to-end runs on digits: accuracy, determinism, crash + resume, the run directory."""
+from __future__ import annotations
+
+import json
+import tomllib
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import fedlatent
+from fedlatent import load_config
+from fedlatent.backends import simulation
+from fedlatent.config import to_toml
+from fedlatent.errors import ConfigError
+
+pytestmark = pytest.mark.slow
+
+SHORT = ["train.rounds=4", "train.participation=0.5", "server.optimizer=momentum"]
+
+
+def _metrics(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def _untimed(rows: list[dict]) -> list[dict]:
+    return [{k: v for k, v in row.items() if not k.startswith("time_")} for row in rows]
+
+
+def _final_weights(out: Path) -> dict[str, torch.Tensor]:
+    folder = json.loads((out / "checkpoints" / "latest.json").read_text())["folder"]
+    return load_file(str(out / "checkpoints" / folder / "global.safetensors"))
+
+
+@pytest.fixture(scope="module")
+def full_run(tmp_path_factory) -> tuple[dict, Path]:
+    """configs/digits_fedavg.toml as shipped: 10 IID clients, 20 rounds."""
+    from conftest import DIGITS_CONFIG
+    out = tmp_path_factory.mktemp("full") / "run"
+    return fedlatent.run(load_config(DIGITS_CONFIG), out), out
+
+
+@pytest.fixture(scope="module")
+def short_run(tmp_path_factory) -> tuple[dict, Path]:
+    """4 rounds, half the clients per round, server momentum (so there is server state to resume)."""
+    from conftest import DIGITS_CONFIG
+    out = tmp_path_factory.mktemp("short") / "run"
+    return fedlatent.run(load_config(DIGITS_CONFIG, SHORT), out), out
+
+
+def test_digits_fedavg_reaches_90_percent(full_run) -> None:
+    summary, out = full_run
+    assert summary["rounds_completed"] == 20
+    assert summary["final"]["accuracy"] >= 0.9
+    assert summary["final"]["balanced_accuracy"] >= 0.9
+    rows = _metrics(out)
+    assert [r["round"] for r in rows] == list(range(1, 21))
+    # it learned: accuracy after the last round well above the first, loss went down
+    assert rows[-1]["test_accuracy"] > rows[0]["test_accuracy"]
+    assert rows[-1]["train_loss"] < 0.5 * rows[0]["train_loss"]
+    # the summary's final accuracy is the last round's test accuracy (not the best over rounds)
+    assert summary["final"]["accuracy"] == rows[-1]["test_accuracy"]
+
+
+def test_summary_and_run_directory(full_run) -> None:
+    summary, out = full_run
+    for name in ("config.toml", "metrics.jsonl", "summary.json", "checkpoints", "plots/partition.png"):
+        assert (out / name).exists(), name
+    assert (out / "plots" / "partition.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    on_disk = json.loads((out / "summary.json").read_text())
+    assert on_disk == json.loads(json.dumps(summary))
+    final = on_disk["final"]
+    assert 0.0 <= final["accuracy"] <= 1.0 and 0.0 <= final["balanced_accuracy"] <= 1.0
+    assert on_disk["rounds_completed"] == 20
+    assert on_disk["seed"] == 0
+    assert on_disk["wall_seconds"] > 0
+    assert on_disk["fedlatent_version"] == fedlatent.__version__
+    # config.toml is the fully resolved configuration and loads back to the same config
+    from conftest import DIGITS_CONFIG
+    assert load_config(out / "config.toml") == load_config(DIGITS_CONFIG)
+    assert (out / "config.toml").read_text() == to_toml(load_config(DIGITS_CONFIG))
+    assert "lr_schedule" in tomllib.loads((out / "config.toml").read_text())["train"]
+    # checkpoint: safetensors weights + JSON state of the last round
+    latest = json.loads((out / "checkpoints" / "latest.json").read_text())["folder"]
+    assert json.loads((out / "checkpoints" / latest / "state.json").read_text())["round"] == 20
+    weights = _final_weights(out)
+    assert weights and all(isinstance(v, torch.Tensor) for v in weights.values())
+    assert len(list((out / "checkpoints").glob("round*"))) == 1   # older rounds are removed
+
+
+def test_same_config_and_seed_give_identical_metrics(short_run, tmp_path: Path) -> None:
+    from conftest import DIGITS_CONFIG
+    summary, out = short_run
+    again = fedlatent.run(load_config(DIGITS_CONFIG, SHORT), tmp_path / "again")
+    assert _untimed(_metrics(tmp_path / "again")) == _untimed(_metrics(out))
+    assert again["final"] == summary["final"]
+    a, b = _final_weights(out), _final_weights(tmp_path / "again")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    # partial participation really sampled different clients over the rounds
+    assert len({tuple(r["clients"]) for r in _metrics(out)}) > 1
+    assert all(len(r["clients"]) == 5 for r in _metrics(out))
+
+
+def test_another_seed_gives_other_numbers(short_run, tmp_path: Path) -> None:
+    from conftest import DIGITS_CONFIG
+    _, out = short_run
+    fedlatent.run(load_config(DIGITS_CONFIG, SHORT + ["seed=1", "train.rounds=1"]), tmp_path / "other")
+    assert _metrics(tmp_path / "other")[0]["train_loss"] != _metrics(out)[0]["train_loss"]
+
+
+def test_resume_after_a_crash_reproduces_the_uninterrupted_run(short_run, tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    from conftest import DIGITS_CONFIG
+    summary, reference = short_run
+    config = load_config(DIGITS_CONFIG, SHORT)
+    out = tmp_path / "crashed"
+    real_round = simulation.run_round
+
+    def crash_at_round_2(s, rnd):
+        if rnd == 2:
+            raise KeyboardInterrupt
+        return real_round(s, rnd)
+
+    monkeypatch.setattr(simulation, "run_round", crash_at_round_2)
+    with pytest.raises(KeyboardInterrupt):
+        fedlatent.run(config, out)
+    monkeypatch.undo()
+    assert [r["round"] for r in _metrics(out)] == [1, 2]
+    assert not (out / "summary.json").exists()
+    # without --resume the directory is refused; with it the run continues from round 2
+    with pytest.raises(ConfigError, match="--resume"):
+        fedlatent.run(config, out)
+    resumed = fedlatent.run(load_config(DIGITS_CONFIG, SHORT), out, resume=True)
+    assert resumed["final"] == summary["final"]
+    assert resumed["rounds_completed"] == 4
+    assert _untimed(_metrics(out)) == _untimed(_metrics(reference))
+    a, b = _final_weights(out), _final_weights(reference)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    server_a = load_file(str(next((out / "checkpoints").glob("round*")) / "server.safetensors"))
+    assert any(k.startswith("server_opt.") for k in server_a)            # momentum state was resumed
+
+
+def test_resume_with_a_different_config_is_refused(short_run, tmp_path: Path) -> None:
+    from conftest import DIGITS_CONFIG
+    out = tmp_path / "run"
+    fedlatent.run(load_config(DIGITS_CONFIG, ["train.rounds=1"]), out)
+    with pytest.raises(ConfigError, match="configuration differs"):
+        fedlatent.run(load_config(DIGITS_CONFIG, ["train.rounds=2"]), out, resume=True)
+    with pytest.raises(ConfigError, match="--out"):
+        fedlatent.run(load_config(DIGITS_CONFIG, ["train.rounds=1"]), out)
+
+
+def test_resume_of_a_finished_run_changes_nothing(short_run, tmp_path: Path) -> None:
+    from conftest import DIGITS_CONFIG
+    out = tmp_path / "run"
+    config = load_config(DIGITS_CONFIG, ["train.rounds=2"])
+    first = fedlatent.run(config, out)
+    before = _metrics(out)
+    again = fedlatent.run(config, out, resume=True)
+    assert again["final"] == first["final"]
+    assert _metrics(out) == before

@@ -17,6 +17,7 @@ from fedlatent.errors import ConfigError
 
 pytestmark = pytest.mark.slow
 
+DIGITS_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "digits_fedavg.toml"
 SHORT = ["train.rounds=4", "train.participation=0.5", "server.optimizer=momentum"]
 
 
@@ -36,7 +37,6 @@ def _final_weights(out: Path) -> dict[str, torch.Tensor]:
 @pytest.fixture(scope="module")
 def full_run(tmp_path_factory) -> tuple[dict, Path]:
     """configs/digits_fedavg.toml as shipped: 10 IID clients, 20 rounds."""
-    from conftest import DIGITS_CONFIG
     out = tmp_path_factory.mktemp("full") / "run"
     return fedlatent.run(load_config(DIGITS_CONFIG), out), out
 
@@ -44,7 +44,6 @@ def full_run(tmp_path_factory) -> tuple[dict, Path]:
 @pytest.fixture(scope="module")
 def short_run(tmp_path_factory) -> tuple[dict, Path]:
     """4 rounds, half the clients per round, server momentum (so there is server state to resume)."""
-    from conftest import DIGITS_CONFIG
     out = tmp_path_factory.mktemp("short") / "run"
     return fedlatent.run(load_config(DIGITS_CONFIG, SHORT), out), out
 
@@ -77,7 +76,6 @@ def test_summary_and_run_directory(full_run) -> None:
     assert on_disk["wall_seconds"] > 0
     assert on_disk["fedlatent_version"] == fedlatent.__version__
     # config.toml is the fully resolved configuration and loads back to the same config
-    from conftest import DIGITS_CONFIG
     assert load_config(out / "config.toml") == load_config(DIGITS_CONFIG)
     assert (out / "config.toml").read_text() == to_toml(load_config(DIGITS_CONFIG))
     assert "lr_schedule" in tomllib.loads((out / "config.toml").read_text())["train"]
@@ -90,7 +88,6 @@ def test_summary_and_run_directory(full_run) -> None:
 
 
 def test_same_config_and_seed_give_identical_metrics(short_run, tmp_path: Path) -> None:
-    from conftest import DIGITS_CONFIG
     summary, out = short_run
     again = fedlatent.run(load_config(DIGITS_CONFIG, SHORT), tmp_path / "again")
     assert _untimed(_metrics(tmp_path / "again")) == _untimed(_metrics(out))
@@ -103,7 +100,6 @@ def test_same_config_and_seed_give_identical_metrics(short_run, tmp_path: Path) 
 
 
 def test_another_seed_gives_other_numbers(short_run, tmp_path: Path) -> None:
-    from conftest import DIGITS_CONFIG
     _, out = short_run
     fedlatent.run(load_config(DIGITS_CONFIG, SHORT + ["seed=1", "train.rounds=1"]), tmp_path / "other")
     assert _metrics(tmp_path / "other")[0]["train_loss"] != _metrics(out)[0]["train_loss"]
@@ -111,7 +107,6 @@ def test_another_seed_gives_other_numbers(short_run, tmp_path: Path) -> None:
 
 def test_resume_after_a_crash_reproduces_the_uninterrupted_run(short_run, tmp_path: Path,
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
-    from conftest import DIGITS_CONFIG
     summary, reference = short_run
     config = load_config(DIGITS_CONFIG, SHORT)
     out = tmp_path / "crashed"
@@ -131,7 +126,15 @@ def test_resume_after_a_crash_reproduces_the_uninterrupted_run(short_run, tmp_pa
     # without --resume the directory is refused; with it the run continues from round 2
     with pytest.raises(ConfigError, match="--resume"):
         fedlatent.run(config, out)
+    rounds_run = []
+
+    def counting(s, rnd):
+        rounds_run.append(rnd)
+        return real_round(s, rnd)
+
+    monkeypatch.setattr(simulation, "run_round", counting)
     resumed = fedlatent.run(load_config(DIGITS_CONFIG, SHORT), out, resume=True)
+    assert rounds_run == [2, 3]                                          # continued, not restarted
     assert resumed["final"] == summary["final"]
     assert resumed["rounds_completed"] == 4
     assert _untimed(_metrics(out)) == _untimed(_metrics(reference))
@@ -142,7 +145,6 @@ def test_resume_after_a_crash_reproduces_the_uninterrupted_run(short_run, tmp_pa
 
 
 def test_resume_with_a_different_config_is_refused(short_run, tmp_path: Path) -> None:
-    from conftest import DIGITS_CONFIG
     out = tmp_path / "run"
     fedlatent.run(load_config(DIGITS_CONFIG, ["train.rounds=1"]), out)
     with pytest.raises(ConfigError, match="configuration differs"):
@@ -152,7 +154,6 @@ def test_resume_with_a_different_config_is_refused(short_run, tmp_path: Path) ->
 
 
 def test_resume_of_a_finished_run_changes_nothing(short_run, tmp_path: Path) -> None:
-    from conftest import DIGITS_CONFIG
     out = tmp_path / "run"
     config = load_config(DIGITS_CONFIG, ["train.rounds=2"])
     first = fedlatent.run(config, out)

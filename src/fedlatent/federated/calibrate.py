@@ -24,8 +24,7 @@ def _head_keys(model: FedModel) -> tuple[str, str | None]:
     return "classifier.weight", bias
 
 
-def ffc_head(model: FedModel, split: Split, num_classes: int, ridge: float, batch_size: int,
-             device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+def ffc_head(model: FedModel, split: Split, num_classes: int, batch_size: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """One client's FFC statistics (V, U) under ``model``'s encoder."""
     return ffc_statistics(features(model, split, batch_size, device).double(), split.y, num_classes)
 
@@ -34,7 +33,7 @@ def ffc(model: FedModel, fed: Federation, state: Tensors, cal: Calibration, batc
         device: torch.device) -> Tensors:
     """FFC (SphereFed Sec. 3.3): W* = (Σ V_k + λI)⁻¹ Σ U_k from every client's sums; bias set to 0."""
     model.load_state_dict(state)
-    stats = [ffc_head(model, c.train, fed.num_classes, cal.ridge, batch_size, device) for c in fed.clients]
+    stats = [ffc_head(model, c.train, fed.num_classes, batch_size, device) for c in fed.clients]
     weight_key, bias_key = _head_keys(model)
     out = dict(state)
     out[weight_key] = ffc_solve(stats, ridge=cal.ridge).to(state[weight_key].dtype)

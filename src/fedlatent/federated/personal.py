@@ -11,7 +11,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from fedlatent.calibration.ffc import ffc_solve
 from fedlatent.data.types import Federation
+from fedlatent.federated.calibrate import ffc_head
 from fedlatent.federated.client import PERSONAL, LocalSettings, Workspace, local_update, prefixed
 from fedlatent.federated.evaluation import evaluate, fairness, majority_rate
 from fedlatent.methods.parts import ClientRound, MethodSpec, Tensors
@@ -36,6 +38,16 @@ def client_model(ws: Workspace, spec: MethodSpec, client_state: Tensors, global_
     return ws.model
 
 
+@torch.no_grad()
+def personal_ffc(model: FedModel, train, num_classes: int, ridge: float, batch_size: int,
+                 device: torch.device) -> None:
+    """Personalised FFC (SphereFed): the client's head solved from its own (V_k, U_k) only."""
+    weight = ffc_solve(ffc_head(model, train, num_classes, batch_size, device), ridge=ridge)
+    model.classifier.weight.copy_(weight.to(model.classifier.weight))
+    if model.classifier.bias is not None:
+        model.classifier.bias.zero_()
+
+
 def personalized_report(ws: Workspace, spec: MethodSpec, fed: Federation, client_states: list[Tensors],
                         global_state: Tensors, *, mode: str, batch_size: int, device: torch.device,
                         settings: LocalSettings | None, seed_for: Any) -> dict[str, Any]:
@@ -50,6 +62,8 @@ def personalized_report(ws: Workspace, spec: MethodSpec, fed: Federation, client
             continue
         generator = torch.Generator().manual_seed(seed_for(cid))
         model = client_model(ws, spec, client_states[cid], global_state, cid, fed, settings, generator)
+        if spec.calibration.kind == "ffc" and spec.calibration.personal:
+            personal_ffc(model, client.train, fed.num_classes, spec.calibration.ridge, batch_size, device)
         test = evaluate(model, client.test, fed.num_classes, batch_size, device)
         row = {"client": cid, "accuracy": test["accuracy"], "balanced_accuracy": test["balanced_accuracy"],
                "majority_baseline": majority_rate(client.train.y, client.test.y, fed.num_classes)}

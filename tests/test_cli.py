@@ -1,0 +1,148 @@
+"""The command line: exit codes, one-line errors, the run and partition commands."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from fedlatent.cli import main
+
+FAST = ["--set", "train.rounds=2", "--no-progress"]
+
+
+def _console_script() -> str:
+    beside = Path(sys.executable).parent / "fedlatent"
+    found = str(beside) if beside.exists() else shutil.which("fedlatent")
+    if not found:
+        pytest.skip("the fedlatent console script is not installed")
+    return found
+
+
+def _one_error_line(err: str) -> str:
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("fedlatent: error:"), err
+    assert "Traceback" not in err
+    return lines[0]
+
+
+def test_run_exits_0_and_prints_the_result_table(digits_config: Path, tmp_path: Path, capsys) -> None:
+    out = tmp_path / "run"
+    assert main(["run", str(digits_config), *FAST, "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    summary = json.loads((out / "summary.json").read_text())
+    assert "fedavg on digits" in printed
+    rows = {line.split()[0]: line.split()[1] for line in printed.splitlines()
+            if len(line.split()) == 2 and line.split()[0] in ("accuracy", "balanced_accuracy", "rounds_completed")}
+    assert float(rows["accuracy"]) == pytest.approx(summary["final"]["accuracy"], abs=5e-5)
+    assert float(rows["balanced_accuracy"]) == pytest.approx(summary["final"]["balanced_accuracy"], abs=5e-5)
+    assert rows["rounds_completed"] == "2"
+    assert summary["rounds_completed"] == 2
+    # the partition table was printed too: 10 clients and a total of the 1437 training samples
+    assert any(line.split()[:1] == ["total"] and line.split()[-1] == "1437" for line in printed.splitlines())
+
+
+def test_out_holding_a_run_needs_resume(digits_config: Path, tmp_path: Path, capsys) -> None:
+    out = tmp_path / "run"
+    args = ["run", str(digits_config), "--set", "train.rounds=1", "--no-progress", "--out", str(out)]
+    assert main(args) == 0
+    before = (out / "metrics.jsonl").read_text()
+    capsys.readouterr()
+    assert main(args) == 2
+    line = _one_error_line(capsys.readouterr().err)
+    assert "--resume" in line
+    assert (out / "metrics.jsonl").read_text() == before        # nothing overwritten
+    assert main(args + ["--resume"]) == 0
+
+
+@pytest.mark.parametrize("overrides,key", [
+    (["train.epochs=3"], "train.epochs"),
+    (["data.alpha=0"], "data.alpha"),
+    (["algorithm.name=fedprox", "algorithm.mux=0.1"], "algorithm.mux"),
+    (["algorithm.name=nosuch"], "algorithm.name"),
+])
+def test_bad_config_exits_2_with_one_line(digits_config: Path, tmp_path: Path, capsys,
+                                          overrides: list[str], key: str) -> None:
+    sets = [a for o in overrides for a in ("--set", o)]
+    out = tmp_path / "run"
+    assert main(["run", str(digits_config), *sets, "--no-progress", "--out", str(out)]) == 2
+    captured = capsys.readouterr()
+    assert key in _one_error_line(captured.err)
+    assert not out.exists()
+
+
+def test_missing_config_file_exits_2(tmp_path: Path, capsys) -> None:
+    missing = tmp_path / "nope.toml"
+    assert main(["run", str(missing), "--no-progress", "--out", str(tmp_path / "run")]) == 2
+    assert "nope.toml" in _one_error_line(capsys.readouterr().err)
+    assert main(["partition", str(missing)]) == 2
+    assert "nope.toml" in _one_error_line(capsys.readouterr().err)
+
+
+def test_bad_data_file_exits_2(digits_config: Path, tmp_path: Path, capsys) -> None:
+    path = tmp_path / "fed.npz"
+    np.savez(path, client0_train_x=np.zeros((3, 2)), client0_train_y=np.zeros(3))   # float labels
+    code = main(["run", str(digits_config), "--set", "data.dataset=arrays", "--set", "data.partition=given",
+                 "--set", f"data.path={path}", *FAST, "--out", str(tmp_path / "run")])
+    assert code == 2
+    assert "client0_train_y" in _one_error_line(capsys.readouterr().err)
+
+
+def test_partition_prints_the_table_and_writes_the_plot(digits_config: Path, tmp_path: Path, capsys) -> None:
+    png = tmp_path / "figs" / "partition.png"
+    code = main(["partition", str(digits_config), "--set", "data.partition=dirichlet", "--set", "data.alpha=0.1",
+                 "--set", "data.num_clients=5", "--plot", str(png)])
+    assert code == 0
+    printed = capsys.readouterr().out.splitlines()
+    header = printed[0].split()
+    assert header == ["client"] + [str(c) for c in range(10)] + ["total"]
+    body = [line.split() for line in printed[2:] if line.split() and line.split()[0].isdigit()]
+    assert [int(r[0]) for r in body] == list(range(5))
+    assert all(int(r[-1]) == sum(int(v) for v in r[1:-1]) for r in body)        # row totals
+    totals = next(line.split() for line in printed if line.split()[:1] == ["total"])
+    assert int(totals[-1]) == 1437
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    import matplotlib.image
+    assert matplotlib.image.imread(png).ndim == 3
+
+
+def test_argument_errors_exit_2(capsys) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["fly"])
+    assert info.value.code == 2
+    with pytest.raises(SystemExit) as info:
+        main(["run"])
+    assert info.value.code == 2
+
+
+def test_methods_and_config_listings(capsys) -> None:
+    assert main(["methods"]) == 0
+    assert "fedprox" in capsys.readouterr().out
+    assert main(["config"]) == 0
+    listing = capsys.readouterr().out
+    assert "[train]" in listing and "participation" in listing
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "FLWR_TELEMETRY_ENABLED": "0", "OMP_NUM_THREADS": "1", "MPLBACKEND": "Agg"}
+
+
+def test_console_script_runs_and_fails_cleanly(digits_config: Path, tmp_path: Path) -> None:
+    script = _console_script()
+    out = tmp_path / "run"
+    done = subprocess.run([script, "run", str(digits_config), "--set", "train.rounds=1", "--no-progress",
+                           "--out", str(out)], capture_output=True, text=True, env=_env(), timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "rounds_completed" in done.stdout
+    assert json.loads((out / "summary.json").read_text())["rounds_completed"] == 1
+    bad = subprocess.run([script, "run", str(digits_config), "--set", "train.rounds=-1", "--no-progress",
+                          "--out", str(tmp_path / "bad")], capture_output=True, text=True, env=_env(), timeout=120)
+    assert bad.returncode == 2
+    assert "train.rounds" in _one_error_line(bad.stderr)
+    assert bad.stdout == ""

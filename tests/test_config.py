@@ -223,6 +223,10 @@ BAD = [
     (["model.hidden=[0]"], "model.hidden"),
     (["model.hidden=[]"], "model.hidden"),
     (["seed=1.5"], "seed"),
+    (["seed=-5"], "seed"),                                   # numpy seeds are non-negative ...
+    (["seed=4294967296"], "seed"),                           # ... and < 2**32 for the legacy generator
+    (["data.seed=-2"], "data.seed"),
+    (["data.seed=4294967296"], "data.seed"),
     (["backend=\"gpu\""], "backend"),
     (["data.alpha=0"], "data.alpha"),                        # alpha <= 0
     (["data.alpha=-0.5"], "data.alpha"),
@@ -261,8 +265,10 @@ def test_server_lr_minus_one_means_default() -> None:
 
 
 def test_boundaries_that_are_allowed() -> None:
-    config = load_config(None, ["train.participation=1", "data.num_clients=1", "data.alpha=1e-6"])
+    config = load_config(None, ["train.participation=1", "data.num_clients=1", "data.alpha=1e-6",
+                                "seed=4294967295", "data.seed=-1"])
     assert (config.train.participation, config.data.num_clients, config.data.alpha) == (1.0, 1, 1e-6)
+    assert (config.seed, config.data_seed) == (2**32 - 1, 2**32 - 1)
 
 
 def test_errors_from_a_file_name_the_key(tmp_path: Path) -> None:

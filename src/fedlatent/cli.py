@@ -33,10 +33,10 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _run(args: argparse.Namespace) -> None:
-    from fedlatent.analysis.tables import summary_table
     from fedlatent.config import load_config
+    config = load_config(args.config, args.overrides)  # before importing torch: bad input fails fast
+    from fedlatent.analysis.tables import summary_table
     from fedlatent.experiment import default_out, run
-    config = load_config(args.config, args.overrides)
     out = Path(args.out) if args.out else default_out(config)
     summary = run(config, out, resume=args.resume, progress=not args.no_progress)
     print(f"\n{summary['method']} on {summary['dataset']} ({out}):")

@@ -61,7 +61,8 @@ class DataConfig:
                                 "'two_layer' (Ditto+MMD paper)", choices=("one_layer", "two_layer"))
     samples_per_client: int = _key(5000, "Synthetic: samples per client (split 64/16/20 "
                                    "train/val/test)", low=10)
-    seed: int = _key(-1, "seed of the data (generation and partition); -1 = the run seed")
+    seed: int = _key(-1, "seed of the data (generation and partition); -1 = the run seed",
+                     low=-1, high=2**32 - 1)
 
 
 MODELS = ("mlp", "cnn", "resnet18", "resnet50", "mobilenetv2")
@@ -121,7 +122,8 @@ class EvalConfig:
 
 @dataclass
 class RunConfig:
-    seed: int = _key(0, "seed of every random choice of the run")
+    seed: int = _key(0, "seed of every random choice of the run (numpy's legacy generator, used by "
+                     "the Dirichlet partition, takes 0 .. 2**32 - 1)", low=0, high=2**32 - 1)
     backend: str = _key("simulation", "who drives the rounds",
                         choices=("simulation", "vectorized", "flower"))
     data: DataConfig = field(default_factory=DataConfig)

@@ -67,28 +67,21 @@ def run(config: RunConfig, out: str | Path | None = None, *, resume: bool = Fals
     table = write_partition(federation, out)
     if echo:
         echo(f"partition ({config.data.partition}, {len(federation.clients)} clients):\n{table}")
-    done_before = _rounds_time(out) if resume else 0.0
     bar = _progress_bar(config) if progress else None
-    final = BACKENDS[config.backend](config, federation, spec, out, resume=resume,
+    backend_started = time.perf_counter()
+    final, wall = BACKENDS[config.backend](config, federation, spec, out, resume=resume,
                                      progress=bar.update_line if bar else None)
+    backend_seconds = time.perf_counter() - backend_started
     if bar:
         bar.close()
     metrics = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines()]
     learning_curves(metrics, out / "plots" / "curves.png")
     summary = {"final": final, "rounds_completed": len(metrics), "seed": config.seed,
                "method": spec.name, "dataset": config.data.dataset,
-               "wall_seconds": done_before + time.perf_counter() - started,
+               "wall_seconds": wall + time.perf_counter() - started - backend_seconds,
                "fedlatent_version": fedlatent_version()}
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     return summary
-
-
-def _rounds_time(out: Path) -> float:
-    """Seconds spent in the rounds already recorded (a resumed run's earlier part)."""
-    path = out / "metrics.jsonl"
-    if not path.exists():
-        return 0.0
-    return float(np.sum([json.loads(l)["time_round_s"] for l in path.read_text().splitlines()]))
 
 
 class _Bar:

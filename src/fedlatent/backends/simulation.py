@@ -160,16 +160,18 @@ def evaluate_global(s: Setup, state: Tensors | None = None) -> dict[str, float]:
 
 
 def run(config: RunConfig, federation: Federation, spec: MethodSpec, out: Path, *, resume: bool = False,
-        progress: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+        progress: Callable[[dict[str, Any]], None] | None = None) -> tuple[dict[str, Any], float]:
     """Train for ``config.train.rounds`` rounds, writing metrics and checkpoints under ``out``;
-    return the final evaluation (global, calibrated and personalised)."""
+    return the final evaluation (global, calibrated and personalised) and the run's wall seconds
+    (including the part before a resume)."""
+    clock = time.perf_counter()
     torch.set_num_threads(config.train.threads)
     s = setup(config, federation, spec)
     ckpt = out / "checkpoints"
-    start = 0
+    start, before = 0, 0.0
     if resume and has_checkpoint(ckpt):
         s.server.global_state, s.server.state, s.client_states, info = load_checkpoint(ckpt, len(federation.clients))
-        start = info["round"]
+        start, before = info["round"], info["elapsed_s"]
     metrics_path = out / "metrics.jsonl"
     kept = [l for l in metrics_path.read_text().splitlines() if json.loads(l)["round"] <= start] \
         if start and metrics_path.exists() else []
@@ -177,13 +179,16 @@ def run(config: RunConfig, federation: Federation, spec: MethodSpec, out: Path, 
     with metrics_path.open("a") as sink:
         for rnd in range(start, config.train.rounds):
             line = run_round(s, rnd)
+            line["time_elapsed_s"] = before + time.perf_counter() - clock
             sink.write(json.dumps(line) + "\n")
             sink.flush()
             save_checkpoint(ckpt, global_state=s.server.global_state, server_state=s.server.state,
-                            client_states=s.client_states, info={"round": rnd + 1})
+                            client_states=s.client_states,
+                            info={"round": rnd + 1, "elapsed_s": before + time.perf_counter() - clock})
             if progress:
                 progress(line)
-    return finish(s)
+    final = finish(s)
+    return final, before + time.perf_counter() - clock
 
 
 def finish(s: Setup) -> dict[str, Any]:

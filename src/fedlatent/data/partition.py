@@ -83,6 +83,10 @@ def shards(labels: np.ndarray, num_clients: int, classes_per_client: int, *, see
     if classes_per_client > len(classes):
         raise ConfigError(f"data.classes_per_client = {classes_per_client}: the data set has only "
                           f"{len(classes)} classes")
+    if num_clients * classes_per_client < len(classes):
+        raise ConfigError(f"data.classes_per_client = {classes_per_client}: {num_clients} clients × "
+                          f"{classes_per_client} classes cannot hold all {len(classes)} classes; raise "
+                          f"data.num_clients or data.classes_per_client")
     rng = np.random.default_rng(seed)
     deck = np.concatenate([rng.permutation(classes) for _ in range(
         -(-num_clients * classes_per_client // len(classes)))])

@@ -173,7 +173,7 @@ def optimize_kernel_weights(estimates: Tensor, covariance: Tensor, *, eps: float
     """Test-power kernel weights: argmin βᵀ(Q + εI)β s.t. βᵀm̂ = 1, β ≥ 0 (Gretton et al. 2012, NeurIPS).
 
     Solved with ``scipy.optimize.minimize(method="SLSQP")`` on a rescaled but equivalent problem
-    (m̂ / max|m̂|, (Q + εI) / mean diag) from the feasible start m̂₊/‖m̂₊‖². ε = 1e-3 is the paper's
+    (m̂ / max m̂, (Q + εI) / mean diag) from the feasible start m̂₊/‖m̂₊‖². ε = 1e-3 is the paper's
     value, 1e-5 the release's. Inputs are detached; the solve runs in float64 on the CPU.
 
     Fallback (returns a one-hot β, weight 1, in both modes): when no m̂_j > 0 (the constraint is
@@ -281,26 +281,28 @@ def _linear_h(x: Tensor, y: Tensor, scales: Tensor) -> Tensor:
 
 
 def _solve_power_qp(m: np.ndarray, a: np.ndarray) -> np.ndarray | None:
-    """Raw β (βᵀm = 1, β ≥ 0) minimising βᵀAβ, or None when infeasible or the solver fails."""
+    """Raw β (βᵀm = 1, β ≥ 0) minimising βᵀAβ, or None when infeasible or the solver fails.
+
+    Solves the equivalent problem in u = β·max(m₊): uᵀ(m/max(m₊)) = 1, objective uᵀ(A/mean diag A)u;
+    SLSQP with ftol 1e-12, retried once at 1e-9 when it stops on a line-search failure.
+    """
     if not np.any(m > 0):
         return None
-    m_scale = float(np.max(np.abs(m)))
+    m_scale = float(np.max(m))
     a_scale = float(np.mean(np.diag(a)))
-    if not a_scale > 0:
+    if not (a_scale > 0 and math.isfinite(a_scale)):
         a_scale = 1.0
-    mt, at = m / m_scale, a / a_scale  # β = u / m_scale with uᵀmt = 1; objective scaled by a positive constant
+    mt, at = m / m_scale, a / a_scale
     pos = np.clip(mt, 0.0, None)
     u0 = pos / float(pos @ pos)
-    res = minimize(lambda u: float(u @ at @ u), u0, jac=lambda u: 2.0 * (at @ u), method="SLSQP",
-                   bounds=[(0.0, None)] * m.shape[0],
-                   constraints=[{"type": "eq", "fun": lambda u: np.array([u @ mt - 1.0]),
-                                 "jac": lambda u: mt[None, :]}],
-                   options={"ftol": 1e-12, "maxiter": 1000})
-    u = np.asarray(res.x, dtype=np.float64)
-    if not res.success or not np.all(np.isfinite(u)) or u.min() < -1e-6 or abs(u @ mt - 1.0) > 1e-6:
-        return None
-    u = np.clip(u, 0.0, None)
-    if not u.sum() > 0 or not math.isfinite(float(u.sum())):
-        return None
-    u = u / float(u @ mt)  # restore βᵀm = 1 exactly after clipping
-    return u / m_scale
+    for ftol in (1e-12, 1e-9):
+        res = minimize(lambda u: float(u @ at @ u), u0, jac=lambda u: 2.0 * (at @ u), method="SLSQP",
+                       bounds=[(0.0, None)] * m.shape[0],
+                       constraints=[{"type": "eq", "fun": lambda u: np.array([u @ mt - 1.0]),
+                                     "jac": lambda u: mt[None, :]}],
+                       options={"ftol": ftol, "maxiter": 1000})
+        u = np.asarray(res.x, dtype=np.float64)
+        if res.success and np.all(np.isfinite(u)) and u.min() >= -1e-6 and abs(u @ mt - 1.0) <= 1e-6:
+            u = np.clip(u, 0.0, None)
+            return u / float(u @ mt) / m_scale  # βᵀm = 1 exactly after the clip
+    return None

@@ -94,10 +94,10 @@ def resolve(algorithm: dict[str, Any], terms: list[dict[str, Any]] = ()) -> Meth
     opts = _validated("algorithm", algorithm, {**COMMON_KEYS, **entry.defaults})
     spec: MethodSpec = entry.build(opts)
     spec.name = name
-    _apply_common(spec, opts)
     spec.parts += [build_part(t, f"terms[{i}]") for i, t in enumerate(terms)]
     for part in spec.all_parts():
         part.configure(spec)
+    _apply_common(spec, opts)  # after configure: a switch given explicitly wins over a part's choice
     owners = [p.name for p in spec.parts if p.owns_aggregation]
     if len(owners) > 1:
         raise ConfigError(f"terms: {' and '.join(owners)} both replace the aggregation; use one")

@@ -1,0 +1,256 @@
+"""MMD-D deep kernel (Liu et al. 2020): kernel values, estimators and power vs float64 loop references."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+from torch.func import functional_call
+
+from fedlatent.losses.mmd_d import DeepKernel, deep_kernel_matrix, mmd_d, mmd_d_power, train_deep_kernel
+
+SEMANTICS = ["official", "paper"]
+
+# ------------------------------------------------------------------ independent float64 references
+
+
+def _phi_ref(kernel: DeepKernel, row: np.ndarray) -> np.ndarray:
+    linears = [m for m in kernel.featurizer if isinstance(m, nn.Linear)]
+    h = row
+    for i, lin in enumerate(linears):
+        w = lin.weight.detach().double().numpy()
+        b = lin.bias.detach().double().numpy()
+        out = np.zeros(w.shape[0])
+        for o in range(w.shape[0]):
+            acc = b[o]
+            for j in range(w.shape[1]):
+                acc += w[o, j] * h[j]
+            out[o] = acc
+        h = out if i == len(linears) - 1 else np.array([math.log1p(math.exp(v)) for v in out])
+    return h
+
+
+def _k_ref(kernel: DeepKernel, a: np.ndarray, b: np.ndarray, semantics: str) -> float:
+    fa, fb = _phi_ref(kernel, a), _phi_ref(kernel, b)
+    s_phi, s_q = math.exp(kernel.log_sigma_phi.item()), math.exp(kernel.log_sigma_q.item())
+    eps = 1.0 / (1.0 + math.exp(-kernel.eps_logit.item()))
+    kappa = math.exp(-sum((u - v) ** 2 for u, v in zip(fa, fb)) / s_phi ** 2)
+    q = math.exp(-sum((u - v) ** 2 for u, v in zip(a, b)) / s_q ** 2)
+    if semantics == "official":
+        return ((1 - eps) * kappa + eps) * q
+    return (1 - eps) * kappa + eps * q
+
+
+def _gram_ref(kernel, a, b, semantics):
+    return [[_k_ref(kernel, ai, bj, semantics) for bj in b] for ai in a]
+
+
+def _rows(t: torch.Tensor) -> list[np.ndarray]:
+    return list(t.detach().double().reshape(t.shape[0], -1).numpy())
+
+
+def _mmd_ref(kernel, x, y, semantics, estimator):
+    xs, ys = _rows(x), _rows(y)
+    n, m = len(xs), len(ys)
+    kxx, kyy, kxy = (_gram_ref(kernel, xs, xs, semantics), _gram_ref(kernel, ys, ys, semantics),
+                     _gram_ref(kernel, xs, ys, semantics))
+    if estimator == "biased":
+        return (sum(map(sum, kxx)) / n ** 2 + sum(map(sum, kyy)) / m ** 2 - 2 * sum(map(sum, kxy)) / (n * m))
+    if estimator == "unbiased_two_sample":
+        sxx = sum(kxx[i][j] for i in range(n) for j in range(n) if i != j) / (n * (n - 1))
+        syy = sum(kyy[i][j] for i in range(m) for j in range(m) if i != j) / (m * (m - 1))
+        return sxx + syy - 2 * sum(map(sum, kxy)) / (n * m)
+    h = [[kxx[i][j] + kyy[i][j] - kxy[i][j] - kxy[j][i] for j in range(n)] for i in range(n)]
+    return sum(h[i][j] for i in range(n) for j in range(n) if i != j) / (n * (n - 1))
+
+
+def _power_ref(kernel, x, y, semantics):
+    xs, ys = _rows(x), _rows(y)
+    n = len(xs)
+    kxx, kyy, kxy = (_gram_ref(kernel, xs, xs, semantics), _gram_ref(kernel, ys, ys, semantics),
+                     _gram_ref(kernel, xs, ys, semantics))
+    h = [[kxx[i][j] + kyy[i][j] - kxy[i][j] - kxy[j][i] for j in range(n)] for i in range(n)]
+    mmd_u = sum(h[i][j] for i in range(n) for j in range(n) if i != j) / (n * (n - 1))
+    var = 4 / n ** 3 * sum(sum(h[i]) ** 2 for i in range(n)) - 4 / n ** 4 * sum(map(sum, h)) ** 2
+    return mmd_u / math.sqrt(var + 1e-8)
+
+
+def _kernel(seed: int = 0, in_dim: int = 3, **kw) -> DeepKernel:
+    return DeepKernel(in_dim, 6, 4, torch.Generator().manual_seed(seed), dtype=torch.float64, **kw)
+
+
+def _data(n: int, m: int, d: int = 3, seed: int = 0, shift: float = 0.6):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(n, d, generator=g, dtype=torch.float64),
+            torch.randn(m, d, generator=g, dtype=torch.float64) + shift)
+
+
+# ------------------------------------------------------------------ construction
+
+
+def test_architecture_and_parameters() -> None:
+    k = DeepKernel(5, 8, 3, torch.Generator().manual_seed(0))
+    linears = [m for m in k.featurizer if isinstance(m, nn.Linear)]
+    assert [(lin.in_features, lin.out_features) for lin in linears] == [(5, 8), (8, 8), (8, 8), (8, 3)]
+    assert [type(m) for m in k.featurizer] == [nn.Linear, nn.Softplus] * 3 + [nn.Linear]
+    assert 0 < k.eps.item() < 1 and k.eps.item() == pytest.approx(0.01, rel=1e-5)
+    assert k.sigma_q.item() == pytest.approx(math.sqrt(10), rel=1e-6)
+    assert k.sigma_phi.item() == pytest.approx(math.sqrt(6), rel=1e-6)
+    names = {n for n, _ in k.named_parameters()}
+    assert {"log_sigma_phi", "log_sigma_q", "eps_logit"} <= names
+    for lin in linears:
+        bound = 1 / math.sqrt(lin.in_features)
+        assert lin.weight.abs().max() <= bound and lin.bias.abs().max() <= bound
+    with pytest.raises(ValueError):
+        DeepKernel(5, 8, 3, torch.Generator(), eps=1.5)
+
+
+def test_init_is_deterministic_and_leaves_global_rng_alone() -> None:
+    state = torch.get_rng_state()
+    a = DeepKernel(7, 16, 5, torch.Generator().manual_seed(123))
+    b = DeepKernel(7, 16, 5, torch.Generator().manual_seed(123))
+    c = DeepKernel(7, 16, 5, torch.Generator().manual_seed(124))
+    assert torch.equal(torch.get_rng_state(), state)
+    for (na, pa), (nb, pb) in zip(a.state_dict().items(), b.state_dict().items()):
+        assert na == nb and torch.equal(pa, pb)
+    assert not torch.equal(a.featurizer[0].weight, c.featurizer[0].weight)
+
+
+# ------------------------------------------------------------------ values vs loops
+
+
+@pytest.mark.parametrize("semantics", SEMANTICS)
+def test_kernel_matrix_matches_loop(semantics: str) -> None:
+    k = _kernel(eps=0.3)
+    a, b = _data(4, 5, seed=1)
+    got = deep_kernel_matrix(k, a, b, semantics=semantics)
+    np.testing.assert_allclose(got.detach().numpy(), _gram_ref(k, _rows(a), _rows(b), semantics), rtol=1e-10)
+    self_gram = deep_kernel_matrix(k, a, semantics=semantics)
+    np.testing.assert_allclose(self_gram.detach().numpy(), _gram_ref(k, _rows(a), _rows(a), semantics), rtol=1e-10)
+    assert torch.all(self_gram.diagonal() == 1.0)
+
+
+def test_semantics_differ() -> None:
+    k = _kernel(eps=0.3)
+    a, b = _data(4, 5, seed=1)
+    assert not torch.allclose(deep_kernel_matrix(k, a, b, semantics="official"),
+                              deep_kernel_matrix(k, a, b, semantics="paper"))
+    with pytest.raises(ValueError, match="semantics"):
+        deep_kernel_matrix(k, a, b, semantics="liu")
+
+
+@pytest.mark.parametrize("semantics", SEMANTICS)
+@pytest.mark.parametrize("estimator,sizes", [("unbiased", (6, 6)), ("unbiased_two_sample", (6, 4)),
+                                             ("biased", (5, 7)), ("unbiased_two_sample", (5, 5))])
+def test_mmd_d_matches_loop(semantics: str, estimator: str, sizes: tuple[int, int]) -> None:
+    k = _kernel(seed=2, eps=0.2)
+    x, y = _data(*sizes, seed=3)
+    got = mmd_d(x, y, k, semantics=semantics, estimator=estimator)
+    assert got.item() == pytest.approx(_mmd_ref(k, x, y, semantics, estimator), rel=1e-9, abs=1e-12)
+
+
+@pytest.mark.parametrize("semantics", SEMANTICS)
+def test_power_matches_loop(semantics: str) -> None:
+    k = _kernel(seed=4, eps=0.2)
+    x, y = _data(7, 7, seed=5)
+    got = mmd_d_power(x, y, k, semantics=semantics)
+    assert got.item() == pytest.approx(_power_ref(k, x, y, semantics), rel=1e-8)
+
+
+def test_extra_dims_are_flattened() -> None:
+    k = _kernel(in_dim=6)
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(5, 2, 3, generator=g, dtype=torch.float64), torch.randn(5, 2, 3, generator=g, dtype=torch.float64)
+    torch.testing.assert_close(mmd_d(x, y, k), mmd_d(x.reshape(5, 6), y.reshape(5, 6), k))
+    with pytest.raises(ValueError, match="expects 6 features"):
+        mmd_d(x[:, :1], y[:, :1], k)
+
+
+def test_unequal_sizes() -> None:
+    k = _kernel()
+    x, y = _data(6, 4)
+    with pytest.raises(ValueError, match="equal batch sizes"):
+        mmd_d(x, y, k)
+    with pytest.raises(ValueError, match="equal batch sizes"):
+        mmd_d_power(x, y, k)
+    with pytest.raises(ValueError, match="estimator"):
+        mmd_d(x, y, k, estimator="linear")
+    assert torch.isfinite(mmd_d(x, y, k, estimator="unbiased_two_sample"))
+
+
+def test_same_sample_and_distribution() -> None:
+    k = _kernel()
+    x, _ = _data(8, 8)
+    assert mmd_d(x, x, k, estimator="biased").abs().item() < 1e-12
+    g = torch.Generator().manual_seed(9)
+    vals = torch.stack([mmd_d(*torch.randn(2, 12, 3, generator=g, dtype=torch.float64), k).detach()
+                        for _ in range(200)])
+    assert vals.mean().abs() <= 4 * vals.std() / math.sqrt(len(vals))  # unbiased: mean ~ 0
+
+
+# ------------------------------------------------------------------ gradients
+
+
+@pytest.mark.parametrize("semantics", SEMANTICS)
+def test_gradcheck_inputs(semantics: str) -> None:
+    k = _kernel(seed=6, eps=0.2)
+    x, y = _data(5, 5, seed=7)
+    x.requires_grad_(True)
+    y.requires_grad_(True)
+    assert torch.autograd.gradcheck(lambda a, b: mmd_d(a, b, k, semantics=semantics), (x, y))
+    assert torch.autograd.gradcheck(lambda a, b: mmd_d(a, b, k, semantics=semantics, estimator="biased"), (x, y))
+    assert torch.autograd.gradcheck(lambda a, b: mmd_d_power(a, b, k, semantics=semantics), (x, y))
+
+
+class _Wrap(nn.Module):
+    def __init__(self, kernel: DeepKernel, semantics: str) -> None:
+        super().__init__()
+        self.k, self.semantics = kernel, semantics
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return torch.stack([mmd_d(x, y, self.k, semantics=self.semantics),
+                            mmd_d_power(x, y, self.k, semantics=self.semantics)])
+
+
+@pytest.mark.parametrize("semantics", SEMANTICS)
+def test_gradcheck_kernel_parameters(semantics: str) -> None:
+    wrap = _Wrap(_kernel(seed=8, eps=0.2), semantics)
+    x, y = _data(5, 5, seed=9)
+    names, params = zip(*[(n, p.detach().clone().requires_grad_(True)) for n, p in wrap.named_parameters()])
+    assert {"k.log_sigma_phi", "k.log_sigma_q", "k.eps_logit"} <= set(names)
+    assert torch.autograd.gradcheck(lambda *ps: functional_call(wrap, dict(zip(names, ps)), (x, y)), params)
+
+
+# ------------------------------------------------------------------ training
+
+
+def test_train_deep_kernel_increases_power() -> None:
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(64, 5, generator=gen)
+    y = torch.randn(64, 5, generator=gen) * 1.3 + 0.4
+    x_test = torch.randn(64, 5, generator=gen)
+    y_test = torch.randn(64, 5, generator=gen) * 1.3 + 0.4
+    kernel = DeepKernel(5, 16, 5, torch.Generator().manual_seed(1))
+    before_train = mmd_d_power(x, y, kernel).item()
+    before_test = mmd_d_power(x_test, y_test, kernel).item()
+    xr = x.clone().requires_grad_(True)
+    values = train_deep_kernel(kernel, xr, y, steps=200, lr=1e-2)
+    assert len(values) == 200 and all(math.isfinite(v) for v in values)
+    assert values[0] == pytest.approx(before_train, rel=1e-5)
+    assert xr.grad is None
+    after_train = mmd_d_power(x, y, kernel).item()
+    assert after_train > before_train
+    assert mmd_d_power(x_test, y_test, kernel).item() > before_test
+    assert train_deep_kernel(kernel, x, y, steps=0) == []
+
+
+def test_train_deep_kernel_default_lr_moves_parameters() -> None:
+    gen = torch.Generator().manual_seed(2)
+    x, y = torch.randn(32, 4, generator=gen), torch.randn(32, 4, generator=gen) + 0.5
+    kernel = DeepKernel(4, 8, 4, torch.Generator().manual_seed(3))
+    start = {n: p.detach().clone() for n, p in kernel.named_parameters()}
+    values = train_deep_kernel(kernel, x, y, steps=25)
+    assert len(values) == 25 and values[-1] > values[0]
+    assert any(not torch.equal(start[n], p) for n, p in kernel.named_parameters())

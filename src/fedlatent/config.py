@@ -102,7 +102,7 @@ class TrainConfig:
 class ServerConfig:
     optimizer: str = _key("auto", "server optimiser on the pseudo-gradient ('auto' = the method's: "
                           "sgd with lr 1 is FedAvg)", choices=("auto", "sgd", "momentum", "adam", "adagrad", "yogi"))
-    lr: float = _key(-1.0, "server learning rate η (-1 = 1.0 for sgd/momentum, 0.01 for adam/adagrad/yogi)")
+    lr: float = _key(-1.0, "server learning rate η (-1 = 1.0 for sgd/momentum, 0.1 for adagrad, 0.01 for adam/yogi)")
     momentum: float = _key(0.9, "momentum β (optimizer = 'momentum')", low=0.0, high=0.999)
     momentum_form: str = _key("hsu", "'hsu': m = βm + Δ; 'ema': m = βm + (1-β)Δ (FedDecorr release)",
                               choices=("hsu", "ema"))

@@ -56,9 +56,10 @@ def server_step(kind: str, old: Tensors, new: Tensors, names: list[str], state: 
 
 def resolve_server(cfg: ServerConfig, spec: MethodSpec) -> tuple[str, float]:
     """The optimiser and learning rate in force: 'auto' takes the method's choice; lr −1 means
-    1.0 for sgd/momentum and 0.01 for the adaptive optimisers (Reddi et al.'s typical range)."""
+    1.0 for sgd/momentum, 0.1 for adagrad and 0.01 for adam/yogi (Reddi et al.'s typical ranges;
+    Adagrad's accumulated v makes its steps about 10× smaller than Adam's at the same η)."""
     kind = spec.server_optimizer if cfg.optimizer == "auto" else cfg.optimizer
-    lr = cfg.lr if cfg.lr > 0 else (1.0 if kind in ("sgd", "momentum") else 0.01)
+    lr = cfg.lr if cfg.lr > 0 else {"sgd": 1.0, "momentum": 1.0, "adagrad": 0.1}.get(kind, 0.01)
     return kind, lr
 
 

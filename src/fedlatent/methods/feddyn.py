@@ -4,6 +4,11 @@ Client k: weight w_k = n_k·K/Σn, α_k = α/w_k; loss += α_k⟨θ, λ_k − θ
 += α_k (the (α_k/2)‖θ‖² term); after training λ_k += θ_k − θ_srv. Server: θ_srv = mean of the
 participating θ_k + mean over *all* clients of λ_k (kept incrementally as h). Buffers
 (BatchNorm statistics) take the sample-weighted mean.
+
+As α → 0 the client term vanishes but the server correction (mean of λ_k) does not: it is
+independent of α in the paper (θ = avg − h/α with h ∝ α) and the release alike, so FedDyn does
+not reduce to FedAvg. fedlatent sends and evaluates θ_srv; the release also reports the plain
+average of the participants.
 """
 from __future__ import annotations
 

@@ -18,5 +18,5 @@ def _preset(name: str, optimizer: str, doc: str) -> None:
 
 _preset("fedavgm", "momentum", "FedAvgM: server momentum (server.momentum 0.9, server.lr 1; 'ema' form optional).")
 _preset("fedadam", "adam", "FedAdam: server Adam (server.lr 0.01, β1 0.9, β2 0.99, τ 1e-3).")
-_preset("fedadagrad", "adagrad", "FedAdagrad: server Adagrad (server.lr 0.01, τ 1e-3).")
+_preset("fedadagrad", "adagrad", "FedAdagrad: server Adagrad (server.lr 0.1, τ 1e-3).")
 _preset("fedyogi", "yogi", "FedYogi: server Yogi (server.lr 0.01, β1 0.9, β2 0.99, τ 1e-3).")

@@ -56,7 +56,9 @@ def batches(num_samples: int, batch_size: int, drop_last: bool, generator: torch
     dropped too (BatchNorm cannot train on it)."""
     order = torch.randperm(num_samples, generator=generator)
     chunks = list(order.split(batch_size))
-    if chunks and (drop_last and len(chunks[-1]) < batch_size or len(chunks[-1]) == 1 and len(chunks) > 1):
+    incomplete = drop_last and len(chunks[-1]) < batch_size if chunks else False
+    single = len(chunks) > 1 and len(chunks[-1]) == 1
+    if incomplete or single:
         chunks.pop()
     return chunks
 
@@ -95,7 +97,7 @@ def local_update(ws: Workspace, global_state: Tensors, data: Split, spec: Method
     model.train()
     personal_parts = spec.personalization.parts if spec.personalization.kind == "ditto" else []
     every = parts + personal_parts
-    if any(p.needs_global_params for p in every) or personal_parts or spec.personalization.kind == "ditto":
+    if any(p.needs_global_params for p in every) or spec.personalization.kind == "ditto":
         rc.global_params = {n: p.detach().clone() for n, p in model.named_parameters()}
     need_global = any(p.needs_global_out for p in every)
     if need_global:

@@ -281,7 +281,7 @@ def _broken(arrays: dict[str, np.ndarray], change: str) -> dict[str, np.ndarray]
     elif change == "stray":
         arrays["client3_val_x"] = arrays["client0_val_x"]
     elif change == "stray_name":
-        arrays["labels"] = arrays["client0_val_y"]
+        arrays["client0_labels"] = arrays["client0_val_y"]
     elif change == "no_clients":
         arrays = {"x": arrays["client0_val_x"]}
     elif change == "strings":
@@ -292,7 +292,7 @@ def _broken(arrays: dict[str, np.ndarray], change: str) -> dict[str, np.ndarray]
 @pytest.mark.parametrize("change,key", [
     ("missing_train_y", "client1_train_y"), ("missing_val_y", "client0_val_y"),
     ("lengths", "client1_val_y"), ("float_labels", "client0_test_y"),
-    ("negative_labels", "client1_train_y"), ("stray", "client3_val_x"), ("stray_name", "labels"),
+    ("negative_labels", "client1_train_y"), ("stray", "client3_val_x"), ("stray_name", "client0_labels"),
     ("no_clients", "client0_train_x"), ("strings", "client0_train_x"),
 ])
 def test_read_client_arrays_errors_name_the_key(tmp_path: Path, change: str, key: str) -> None:
@@ -301,6 +301,16 @@ def test_read_client_arrays_errors_name_the_key(tmp_path: Path, change: str, key
         read_client_arrays(path)
     assert key in str(info.value)
     assert "\n" not in str(info.value)
+
+
+def test_read_client_arrays_ignores_metadata_keys(tmp_path: Path) -> None:
+    """The shared file carries meta_alpha, meta_beta, ...: metadata, not clients."""
+    arrays = _arrays(np.random.default_rng(3))
+    plain = read_client_arrays(_npz(tmp_path / "plain.npz", arrays))
+    with_meta = read_client_arrays(_npz(tmp_path / "meta.npz", {**arrays, "meta_alpha": np.array(0.5),
+                                                                 "meta_n_clients": np.array(2)}))
+    assert len(with_meta.clients) == len(plain.clients)
+    assert np.array_equal(with_meta.clients[0]["train"][0], plain.clients[0]["train"][0])
 
 
 def test_read_client_arrays_missing_or_unreadable_file(tmp_path: Path) -> None:

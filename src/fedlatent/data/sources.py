@@ -77,7 +77,10 @@ def _synthetic(cfg: DataConfig, seed: int) -> GivenClients:
 
 
 def read_client_arrays(path: str | Path) -> GivenClients:
-    """Per-client arrays from an .npz: keys ``client{i}_{train,val,test}_{x,y}`` (val/test optional)."""
+    """Per-client arrays from an .npz: keys ``client{i}_{train,val,test}_{x,y}`` (val/test optional).
+
+    Keys not starting with ``client`` (e.g. the shared file's ``meta_alpha``) are metadata and
+    ignored; a ``client...`` key outside that layout is an error."""
     path = Path(path)
     if not path.is_file():
         raise DataError(f"data.path = '{path}': file not found (expected an .npz with keys "
@@ -93,7 +96,7 @@ def read_client_arrays(path: str | Path) -> GivenClients:
     if count == 0:
         raise DataError(f"{path}: no key client0_train_x; expected keys client{{i}}_{{train,val,test}}_{{x,y}}")
     known = {f"client{i}_{s}_{v}" for i in range(count) for s in ("train", "val", "test") for v in "xy"}
-    stray = sorted(set(arrays) - known)
+    stray = sorted(k for k in set(arrays) - known if k.startswith("client"))  # other keys: metadata
     if stray:
         raise DataError(f"{path}: unexpected key {stray[0]} (clients must be numbered 0..n-1 with keys "
                         f"client{{i}}_{{train,val,test}}_{{x,y}})")

@@ -70,6 +70,9 @@ def paper_jobs(seeds: list[int], settings: list[str]) -> list[tuple[str, str, li
 
 
 def per_client_table(rows: list[tuple[str, Path]]) -> str:
+    rows = [(n, p) for n, p in rows if (p / "summary.json").exists()]
+    if not rows:
+        return "(not run yet)"
     clients = [r["client"] for r in final(rows[0][1])["per_client"]]
     lines = ["| client | majority rate | " + " | ".join(n for n, _ in rows) + " |",
              "|---|---|" + "---|" * len(rows)]
@@ -106,13 +109,15 @@ def main() -> None:
     parser.add_argument("--settings", nargs="+", default=["00", "05"], choices=["00", "05"])
     parser.add_argument("--methods", nargs="+", help="restrict the paper rows to these")
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--report-only", action="store_true", help="tabulate the finished runs, start none")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     if args.methods:
         PAPER[:] = [m for m in PAPER if m in args.methods]
     jobs = release_jobs() if args.which == "release" else paper_jobs(args.seeds, args.settings)
-    with ThreadPoolExecutor(args.workers) as pool:
-        list(pool.map(run, jobs))
+    if not args.report_only:
+        with ThreadPoolExecutor(args.workers) as pool:
+            list(pool.map(run, jobs))
     if args.which == "release":
         text = ("## Release-faithful (double softmax, lr 1e-3, λ 0.01, μ 0.1) on the shared data file\n\n"
                 + per_client_table([(m, RUNS / f"release-{m}") for m in RELEASE])

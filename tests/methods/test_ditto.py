@@ -155,18 +155,26 @@ def test_depth_reads_the_model_tap_names_and_bad_keys_are_config_errors() -> Non
     ("ditto_mkmmd", "mk_mmd.beta.z", {"beta_every": 5, "beta_batches": 4, "stale_first_step": True}),
     ("ditto_mmdd", "mmd_d.kernel.z.featurizer.0.weight", {"kernel_every": 5, "kernel_batches": 4}),
 ])
-def test_constraint_state_survives_checkpoint_and_resume(tmp_path: Path, name: str, key: str, algorithm) -> None:
-    full, resumed = small_config(name, rounds=3, **algorithm), small_config(name, rounds=1, **algorithm)
-    fed = build_federation(full.data, full.data_seed)
-    for run in ("full", "resumed"):
-        (tmp_path / run).mkdir()
-    final_full = simulation.run(full, fed, resolve(full.algorithm), tmp_path / "full")
-    simulation.run(resumed, fed, resolve(resumed.algorithm), tmp_path / "resumed")
-    final_resumed = simulation.run(full, fed, resolve(full.algorithm), tmp_path / "resumed", resume=True)
+def test_constraint_state_survives_checkpoint_and_resume(tmp_path: Path, monkeypatch, name: str, key: str,
+                                                         algorithm) -> None:
+    config = small_config(name, rounds=3, **algorithm)
+    final_full = fedlatent.run(config, tmp_path / "full")["final"]
+    real_round = simulation.run_round
+
+    def crash_in_round_two(s, rnd):
+        if rnd == 1:
+            raise KeyboardInterrupt("killed")
+        return real_round(s, rnd)
+
+    monkeypatch.setattr(simulation, "run_round", crash_in_round_two)
+    with pytest.raises(KeyboardInterrupt):
+        fedlatent.run(config, tmp_path / "resumed")
+    monkeypatch.setattr(simulation, "run_round", real_round)
+    final_resumed = fedlatent.run(config, tmp_path / "resumed", resume=True)["final"]
 
     def states(run: str):
         from fedlatent.federated.state import load_checkpoint
-        return load_checkpoint(tmp_path / run / "checkpoints", len(fed.clients))
+        return load_checkpoint(tmp_path / run / "checkpoints", config.data.num_clients)
 
     g1, _, clients1, _ = states("full")
     g2, _, clients2, _ = states("resumed")

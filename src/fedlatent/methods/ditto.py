@@ -103,8 +103,6 @@ def refresh_due(step: int, every: int, stale_first_step: bool) -> bool:
     return (step - 1) % every == 0
 
 
-_CACHE = {}
-
 class FeatureDrift(Part):
     """Common ground of the constraints: the layers they compare, read from the model at ``begin``.
 
@@ -187,7 +185,7 @@ class MkMmd(FeatureDrift):
         self._rc, self._step = rc, 0
         self._buffer = {l: deque(maxlen=self.window) for l in self.layers}
         for l in self.layers:
-            rc.state[self.key(l)] = _CACHE.get((rc.client_id, l), torch.full((self.num_kernels,), 1.0 / self.num_kernels))
+            rc.state.setdefault(self.key(l), torch.full((self.num_kernels,), 1.0 / self.num_kernels))
 
     def loss(self, ctx: TermContext) -> Tensor:
         self._step += 1
@@ -211,7 +209,6 @@ class MkMmd(FeatureDrift):
             m = mmd_estimates(x, y, **est)
             q = mmd_estimates_covariance(x, y, quadruples=self.quadruples, **est)
             state[self.key(l)] = optimize_kernel_weights(m, q, eps=self.eps).to("cpu", torch.float32)
-            _CACHE[(self._rc.client_id, l)] = state[self.key(l)]
         if self._rc is not None:
             metrics = self._rc.metrics
             metrics["personal_beta_seconds"] = metrics.get("personal_beta_seconds", 0.0) + \

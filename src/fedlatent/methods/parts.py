@@ -92,7 +92,8 @@ class Part:
 
     # client side -------------------------------------------------------------------------------
     def begin(self, rc: ClientRound) -> None:
-        """Before local training (read state/payload, set ``rc.extra_weight_decay``)."""
+        """Before local training (read state/payload, set ``rc.extra_weight_decay``; a part may
+        still set its ``taps`` here from ``rc.model.tap_names``: the client reads them afterwards)."""
 
     def loss(self, ctx: TermContext) -> Tensor | None:
         """This part's loss term for one batch (unweighted), or None."""

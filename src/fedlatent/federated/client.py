@@ -77,15 +77,15 @@ def _sgd(model: FedModel, s: LocalSettings, extra_weight_decay: float) -> torch.
                            weight_decay=s.weight_decay + extra_weight_decay)
 
 
-def _weighted_terms(parts: list[Part], ctx: TermContext, sums: dict[str, Tensor]) -> Tensor | float:
-    total: Tensor | float = 0.0
+def _add_terms(loss: Tensor, parts: list[Part], ctx: TermContext, sums: dict[str, Tensor]) -> Tensor:
+    """``loss`` plus each part's weighted term (no extra autograd node when no part contributes)."""
     for part in parts:
         value = part.loss(ctx)
         if value is None:
             continue
         sums[part.name] = sums.get(part.name, 0.0) + value.detach()
-        total = total + part.weight * value
-    return total
+        loss = loss + part.weight * value
+    return loss
 
 
 def local_update(ws: Workspace, global_state: Tensors, data: Split, spec: MethodSpec, rc: ClientRound,
@@ -135,7 +135,7 @@ def local_update(ws: Workspace, global_state: Tensors, data: Split, spec: Method
             task = task_loss(spec.loss, out.logits, y, s.num_classes)
             ctx = TermContext(out, y, params, rc.global_params, global_out,
                               prev_out, s.num_classes, rc.state, rc.payload)
-            loss = task + _weighted_terms(parts, ctx, term_sums)
+            loss = _add_terms(task, parts, ctx, term_sums)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
@@ -187,7 +187,7 @@ def _personal_step(personal: FedModel, optimizer: torch.optim.SGD, spec: MethodS
         loss = loss + 0.5 * lam * sum(((params[n] - rc.global_params[n]) ** 2).sum()
                                       for n in trainable_names(personal))
     ctx = TermContext(out, y, params, rc.global_params, global_out, None, s.num_classes, rc.state, rc.payload)
-    loss = loss + _weighted_terms(spec.personalization.parts, ctx, term_sums)
+    loss = _add_terms(loss, spec.personalization.parts, ctx, term_sums)
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     optimizer.step()

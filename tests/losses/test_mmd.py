@@ -368,3 +368,14 @@ def test_weights_dtype_and_validation() -> None:
         optimize_kernel_weights(m, torch.eye(3))
     with pytest.raises(ValueError):
         optimize_kernel_weights(torch.tensor([float("nan"), 1.0]), q)
+
+
+@pytest.mark.parametrize("estimator,quadruples", [("biased", "all"), ("biased", "paired"), ("linear", "all")])
+def test_fused_estimates_and_covariance_equal_the_separate_functions(estimator, quadruples):
+    from fedlatent.losses.mmd import mmd_estimates_with_covariance
+    gen = torch.Generator().manual_seed(5)
+    x, y = torch.randn(12, 4, generator=gen, dtype=torch.float64), torch.randn(12, 4, generator=gen, dtype=torch.float64) + 0.5
+    m, q = mmd_estimates_with_covariance(x, y, kernel="official", estimator=estimator, quadruples=quadruples)
+    assert torch.allclose(m, mmd_estimates(x, y, kernel="official", estimator=estimator), atol=1e-12)
+    assert torch.allclose(q, mmd_estimates_covariance(x, y, kernel="official", estimator=estimator,
+                                                      quadruples=quadruples), atol=1e-12)

@@ -136,6 +136,15 @@ def mmd_estimates_covariance(x: Tensor, y: Tensor, *, gammas: Tensor | None = No
 
     Differentiable, though the kernel-weight program uses it detached.
     """
+    return mmd_estimates_with_covariance(x, y, gammas=gammas, kernel=kernel, estimator=estimator,
+                                         normalize=normalize, quadruples=quadruples)[1]
+
+
+def mmd_estimates_with_covariance(x: Tensor, y: Tensor, *, gammas: Tensor | None = None,
+                                  kernel: str = "paper", estimator: str = "biased", normalize: bool = False,
+                                  quadruples: str = "all") -> tuple[Tensor, Tensor]:
+    """(m̂, Q) of :func:`mmd_estimates` and :func:`mmd_estimates_covariance` from one pass over the
+    kernel matrices (what a kernel-weight refresh needs; half the work of calling both)."""
     _check_choice("quadruples", quadruples, _QUADRUPLES)
     x, y, scales = _prepare(x, y, gammas, kernel, estimator, normalize)
     if estimator == "linear":
@@ -143,16 +152,17 @@ def mmd_estimates_covariance(x: Tensor, y: Tensor, *, gammas: Tensor | None = No
         if h.shape[1] < 2:
             raise ValueError(f"linear-time covariance needs at least 2 quadruples (batch ≥ 4), got {x.shape[0]}")
         hc = h - h.mean(1, keepdim=True)
-        return hc @ hc.T / (h.shape[1] - 1)
+        return h.mean(1), hc @ hc.T / (h.shape[1] - 1)
     kxx, kyy, kxy = _kernel_blocks(x, y, scales)
     n, m = x.shape[0], y.shape[0]
+    ma, mb, mc = kxx.mean((1, 2)), kyy.mean((1, 2)), kxy.mean((1, 2))
+    estimates = ma + mb - 2.0 * mc
     if quadruples == "paired":
         if n != m or n < 2:
             raise ValueError(f"quadruples='paired' needs equal batch sizes ≥ 2, got {n} and {m}")
         h = kxx + kyy - kxy - kxy.transpose(1, 2)
         hc = (h - h.mean((1, 2), keepdim=True)).reshape(h.shape[0], -1)
-        return hc @ hc.T / (n * n - 1)
-    ma, mb, mc = kxx.mean((1, 2)), kyy.mean((1, 2)), kxy.mean((1, 2))
+        return estimates, hc @ hc.T / (n * n - 1)
 
     def second_moment(k: Tensor) -> Tensor:  # E[k_i k_j] over the entries of a (K, p, q) stack
         flat = k.reshape(k.shape[0], -1)
@@ -165,7 +175,7 @@ def mmd_estimates_covariance(x: Tensor, y: Tensor, *, gammas: Tensor | None = No
     cov_ac = kxx.mean(2) @ kxy.mean(2).T / n - torch.outer(ma, mc)
     # B and C share the y-index v: E_v[mean_u B_uv · mean_s C_sv]
     cov_bc = kyy.mean(1) @ kxy.mean(1).T / m - torch.outer(mb, mc)
-    return cov_aa + cov_bb + 2.0 * cov_cc - 2.0 * (cov_ac + cov_ac.T) - 2.0 * (cov_bc + cov_bc.T)
+    return estimates, cov_aa + cov_bb + 2.0 * cov_cc - 2.0 * (cov_ac + cov_ac.T) - 2.0 * (cov_bc + cov_bc.T)
 
 
 def optimize_kernel_weights(estimates: Tensor, covariance: Tensor, *, eps: float = 1e-3,

@@ -52,8 +52,7 @@ from torch import Tensor
 from torch.nn import functional as F
 
 from fedlatent.errors import ConfigError
-from fedlatent.losses.mmd import (kernel_bandwidths, mk_mmd, mmd_estimates, mmd_estimates_covariance,
-                                  optimize_kernel_weights)
+from fedlatent.losses.mmd import kernel_bandwidths, mk_mmd, mmd_estimates_with_covariance, optimize_kernel_weights
 from fedlatent.losses.mmd_d import DeepKernel, mmd_d, train_deep_kernel
 from fedlatent.methods.parts import ClientRound, MethodSpec, Part, Personalization, TermContext
 from fedlatent.methods.registry import register_part, register_preset
@@ -206,8 +205,8 @@ class MkMmd(FeatureDrift):
             if self.estimator == "linear" and x.shape[0] < 4:
                 continue
             est = dict(kernel=self.kernel, estimator=self.estimator, normalize=self.normalize)
-            m = mmd_estimates(x, y, **est)
-            q = mmd_estimates_covariance(x, y, quadruples=self.quadruples, **est)
+            with torch.no_grad():  # β is a constant of the loss: no graph for its statistics
+                m, q = mmd_estimates_with_covariance(x, y, quadruples=self.quadruples, **est)
             state[self.key(l)] = optimize_kernel_weights(m, q, eps=self.eps).to("cpu", torch.float32)
         if self._rc is not None:
             metrics = self._rc.metrics

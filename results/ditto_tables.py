@@ -97,7 +97,7 @@ def paper_table(seeds: list[int], settings: list[str]) -> str:
             acc = [100 * f["personalized_accuracy"] for f in done]
             base = [100 * f["majority_baseline_accuracy"] for f in done]
             spread = f" ± {statistics.stdev(acc):.2f}" if len(acc) > 1 else ""
-            lines.append(f"| ({s[0]}.{s[1]}) | {m} | {statistics.mean(acc):.2f}{spread} | {PUBLISHED[s][m]:.2f} | "
+            lines.append(f"| ({s[0]}.{s[1]}, {s[0]}.{s[1]}) | {m} | {statistics.mean(acc):.2f}{spread} | {PUBLISHED[s][m]:.2f} | "
                          f"{statistics.mean(base):.2f} | {len(done)} |")
     return "\n".join(lines)
 

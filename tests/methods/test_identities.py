@@ -25,14 +25,6 @@ BASE = ["data.partition=\"iid\"", "data.num_clients=3", "model.hidden=[32]", "tr
 CLASSIFIER = ("classifier.weight", "classifier.bias")
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _no_plots():
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(experiment, "learning_curves", lambda *a, **k: None)
-        mp.setattr(experiment, "partition_heatmap", lambda *a, **k: None)
-        yield
-
-
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("identities")

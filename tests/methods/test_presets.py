@@ -27,14 +27,6 @@ DIGITS_MIN = 0.5  # chance is 0.1; FedAvg reaches ~0.8 here
 # it learns (test below). A finding about the default, kept visible here.
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _no_plots():
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(experiment, "learning_curves", lambda *a, **k: None)
-        mp.setattr(experiment, "partition_heatmap", lambda *a, **k: None)
-        yield
-
-
 @pytest.fixture(scope="module")
 def synthetic_majority() -> float:
     """Accuracy of always predicting the test set's most frequent class."""

@@ -111,10 +111,10 @@ def run_round(s: Setup, rnd: int) -> dict[str, Any]:
     payload = s.server.payload()
     settings = local_settings(s, lr, cfg.train.local_epochs)
     total = sum(len(c.train) for c in fed.clients)
+    flat_payload = {k: v for part_payload in payload.values() for k, v in part_payload.items()}  # keys are prefixed per part
     uploads = []
     for cid in selected:
-        rc = ClientRound(cid, s.workspace.model, {}, s.client_states[cid],
-                         {k: v for name, p in payload.items() for k, v in p.items()}, lr,
+        rc = ClientRound(cid, s.workspace.model, {}, s.client_states[cid], dict(flat_payload), lr,
                          len(fed.clients[cid].train), len(fed.clients), total, cfg.train.momentum)
         generator = torch.Generator().manual_seed(derive_seed(cfg.seed, LOCAL_TRAINING, rnd, cid))
         uploads.append(local_update(s.workspace, s.server.global_state, fed.clients[cid].train, s.spec, rc,

@@ -263,8 +263,9 @@ def test_same_distribution() -> None:
 
 
 @pytest.mark.parametrize("estimator", ["biased", "linear"])
-def test_mk_mmd_is_weighted_sum(estimator: str) -> None:
-    x, y = _data(8, 8, seed=9)
+@pytest.mark.parametrize("n,m,d", [(8, 8, 3), (60, 60, 20)])  # mk_mmd's direct and Gram-matrix paths
+def test_mk_mmd_is_weighted_sum(estimator: str, n: int, m: int, d: int) -> None:
+    x, y = _data(n, m, d=d, seed=9)
     est = mmd_estimates(x, y, kernel="official", estimator=estimator, normalize=True)
     betas = torch.linspace(0.0, 1.0, 19, dtype=torch.float64)
     betas = betas / betas.sum()
@@ -291,6 +292,16 @@ def test_gradcheck(kernel: str, normalize: bool, estimator: str) -> None:
     assert torch.autograd.gradcheck(
         lambda a, b: mmd_estimates_covariance(a, b, kernel=kernel, normalize=normalize,
                                               estimator=estimator)[::6, ::6], (x, y))
+
+
+@pytest.mark.parametrize("sizes", [(5, 4, 3), (40, 30, 48)])  # mk_mmd's direct and Gram-matrix paths
+def test_mk_mmd_gradient_equals_weighted_estimates_gradient(sizes: tuple[int, int, int]) -> None:
+    x, y = _data(*sizes, seed=12)
+    x.requires_grad_(True)
+    betas = torch.rand(19, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    (got,) = torch.autograd.grad(mk_mmd(x, y, betas=betas, kernel="paper", normalize=True), x)
+    (want,) = torch.autograd.grad((betas * mmd_estimates(x, y, kernel="paper", normalize=True)).sum(), x)
+    torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-13)
 
 
 # ------------------------------------------------------------------ kernel weights
@@ -345,6 +356,33 @@ def test_weights_active_bound_two_kernels() -> None:
     best = min(objs)
     assert got.min() >= 0 and float(got @ m) == pytest.approx(1.0, abs=1e-9)
     assert _objective(got, q, 1e-3) <= best + 1e-9
+
+
+@pytest.mark.parametrize("quadprog_fails", [False, True])
+def test_weights_singular_covariance_without_ridge(quadprog_fails: bool, monkeypatch) -> None:
+    # ε = 0 and a rank-1 Q (not positive definite); with quadprog out of the way SLSQP must answer.
+    # Reference: a grid over the feasible segment β = (t/m0, (1−t)/m1)
+    import fedlatent.losses.mmd as mmd
+    if quadprog_fails:
+        monkeypatch.setattr(mmd, "_quadprog", lambda mt, at: None)
+    m = np.array([0.5, 0.25])
+    q = np.array([[1.0, 1.0], [1.0, 1.0]])
+    got = optimize_kernel_weights(torch.tensor(m), torch.tensor(q), eps=0.0, normalize=False).numpy()
+    grid = [_objective(np.array([t / m[0], (1 - t) / m[1]]), q, 0.0) for t in np.linspace(0, 1, 2001)]
+    assert got.min() >= 0 and float(got @ m) == pytest.approx(1.0, abs=1e-9)
+    assert _objective(got, q, 0.0) <= min(grid) + 1e-7
+
+
+def test_weights_quadprog_and_slsqp_agree() -> None:
+    from fedlatent.losses.mmd import _quadprog, _slsqp
+    x, y = _data(24, 24, seed=5, shift=0.4)
+    m = mmd_estimates(x, y, kernel="official", normalize=True).numpy()
+    q = mmd_estimates_covariance(x, y, kernel="official", normalize=True).numpy()
+    mt, at = m / m.max(), (q + 1e-3 * np.eye(19)) / np.mean(np.diag(q + 1e-3 * np.eye(19)))
+    exact = _quadprog(mt, at)
+    iterative = next(u for u in _slsqp(mt, at) if u is not None)
+    assert exact is not None and float(exact @ mt) == pytest.approx(1.0, abs=1e-9) and exact.min() >= -1e-12
+    assert float(exact @ at @ exact) <= float(iterative @ at @ iterative) + 1e-9
 
 
 def test_weights_fallback_when_no_positive_estimate() -> None:

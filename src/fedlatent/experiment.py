@@ -12,7 +12,7 @@ import numpy as np
 
 from fedlatent.analysis.plots import learning_curves, partition_heatmap
 from fedlatent.analysis.tables import partition_table
-from fedlatent.backends import simulation
+from fedlatent.backends import simulation, vectorized
 from fedlatent.config import RunConfig, to_toml
 from fedlatent.data.federation import build_federation, counts_table
 from fedlatent.data.types import Federation
@@ -20,7 +20,7 @@ from fedlatent.errors import ConfigError
 from fedlatent.methods import resolve
 from fedlatent.methods.parts import MethodSpec
 
-BACKENDS = {"simulation": simulation.run}
+BACKENDS = {"simulation": simulation.run, "vectorized": vectorized.run}
 
 
 def fedlatent_version() -> str:
@@ -38,8 +38,12 @@ def prepare(config: RunConfig) -> tuple[Federation, MethodSpec]:
     """Resolve the method first (cheap, catches typos), then build the federation."""
     spec = resolve(config.algorithm, config.terms)
     if config.backend not in BACKENDS:
-        raise ConfigError(f"backend = '{config.backend}': not available in this version; use 'simulation'")
-    return build_federation(config.data, config.data_seed), spec
+        raise ConfigError(f"backend = '{config.backend}': not available in this version; "
+                          f"use {' or '.join(repr(b) for b in BACKENDS)}")
+    federation = build_federation(config.data, config.data_seed)
+    if config.backend == "vectorized":
+        vectorized.check(config, federation, spec)
+    return federation, spec
 
 
 def write_partition(federation: Federation, out: Path) -> str:

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from fedlatent.config import RunConfig, TrainConfig
-from fedlatent.data.types import Federation
+from fedlatent.data.types import Federation, Split
 from fedlatent.federated import calibrate
 from fedlatent.federated.client import LocalSettings, Workspace, local_update
 from fedlatent.federated.evaluation import evaluate
@@ -28,7 +28,7 @@ from fedlatent.federated.personal import personalized_report
 from fedlatent.federated.server import Server
 from fedlatent.federated.state import has_checkpoint, load_checkpoint, save_checkpoint
 from fedlatent.methods.head import apply_head
-from fedlatent.methods.parts import ClientRound, MethodSpec, Tensors, trainable_names
+from fedlatent.methods.parts import ClientRound, MethodSpec, Tensors, Upload, trainable_names
 from fedlatent.models import FedModel, build_model
 from fedlatent.seeding import (CALIBRATION, CLIENT_SAMPLING, FINETUNE, HEAD_INIT, LOCAL_TRAINING,
                                MODEL_INIT, derive_seed)
@@ -54,9 +54,20 @@ def nbytes(state: Tensors) -> int:
     return sum(t.numel() * t.element_size() for t in state.values())
 
 
+def train_in_turn(ws: Workspace, global_state: Tensors, datas: list[Split], spec: MethodSpec,
+                  rcs: list[ClientRound], settings: LocalSettings, generators: list[torch.Generator]) -> list[Upload]:
+    """This backend's trainer: the selected clients' local updates one after another."""
+    return [local_update(ws, global_state, data, spec, rc, settings, generator)
+            for data, rc, generator in zip(datas, rcs, generators)]
+
+
+Trainer = Callable[[Workspace, Tensors, list[Split], MethodSpec, list[ClientRound], LocalSettings,
+                    list[torch.Generator]], list[Upload]]
+
+
 @dataclass
 class Setup:
-    """Everything built once per run."""
+    """Everything built once per run; ``trainer`` runs the selected clients' local updates."""
 
     config: RunConfig
     federation: Federation
@@ -65,6 +76,7 @@ class Setup:
     server: Server
     client_states: list[Tensors]
     device: torch.device
+    trainer: Trainer = train_in_turn
     metrics: list[dict[str, Any]] = field(default_factory=list)
 
 
@@ -76,7 +88,7 @@ def make_model(config: RunConfig, federation: Federation, spec: MethodSpec) -> F
     return model
 
 
-def setup(config: RunConfig, federation: Federation, spec: MethodSpec) -> Setup:
+def setup(config: RunConfig, federation: Federation, spec: MethodSpec, trainer: Trainer = train_in_turn) -> Setup:
     device = torch.device(config.train.device)
     model = make_model(config, federation, spec).to(device)
     parts = spec.all_parts()
@@ -87,7 +99,7 @@ def setup(config: RunConfig, federation: Federation, spec: MethodSpec) -> Setup:
     state = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
     server = Server(spec, state, [n for n, _ in model.named_parameters()], trainable_names(model),
                     config.server, len(federation.clients))
-    return Setup(config, federation, spec, ws, server, [{} for _ in federation.clients], device)
+    return Setup(config, federation, spec, ws, server, [{} for _ in federation.clients], device, trainer)
 
 
 def local_settings(s: Setup, lr: float, epochs: int) -> LocalSettings:
@@ -112,13 +124,11 @@ def run_round(s: Setup, rnd: int) -> dict[str, Any]:
     settings = local_settings(s, lr, cfg.train.local_epochs)
     total = sum(len(c.train) for c in fed.clients)
     flat_payload = {k: v for part_payload in payload.values() for k, v in part_payload.items()}  # keys are prefixed per part
-    uploads = []
-    for cid in selected:
-        rc = ClientRound(cid, s.workspace.model, {}, s.client_states[cid], dict(flat_payload), lr,
-                         len(fed.clients[cid].train), len(fed.clients), total, cfg.train.momentum)
-        generator = torch.Generator().manual_seed(derive_seed(cfg.seed, LOCAL_TRAINING, rnd, cid))
-        uploads.append(local_update(s.workspace, s.server.global_state, fed.clients[cid].train, s.spec, rc,
-                                    settings, generator))
+    rcs = [ClientRound(cid, s.workspace.model, {}, s.client_states[cid], dict(flat_payload), lr,
+                       len(fed.clients[cid].train), len(fed.clients), total, cfg.train.momentum) for cid in selected]
+    generators = [torch.Generator().manual_seed(derive_seed(cfg.seed, LOCAL_TRAINING, rnd, cid)) for cid in selected]
+    uploads = s.trainer(s.workspace, s.server.global_state, [fed.clients[cid].train for cid in selected], s.spec,
+                        rcs, settings, generators)
     down = nbytes(s.server.global_state) + sum(nbytes(p) for p in payload.values())
     s.server.aggregate(uploads)
     if s.spec.calibration.kind == "ffc" and s.spec.calibration.every and (rnd + 1) % s.spec.calibration.every == 0:
@@ -160,13 +170,14 @@ def evaluate_global(s: Setup, state: Tensors | None = None) -> dict[str, float]:
 
 
 def run(config: RunConfig, federation: Federation, spec: MethodSpec, out: Path, *, resume: bool = False,
-        progress: Callable[[dict[str, Any]], None] | None = None) -> tuple[dict[str, Any], float]:
+        progress: Callable[[dict[str, Any]], None] | None = None,
+        trainer: Trainer = train_in_turn) -> tuple[dict[str, Any], float]:
     """Train for ``config.train.rounds`` rounds, writing metrics and checkpoints under ``out``;
     return the final evaluation (global, calibrated and personalised) and the run's wall seconds
     (including the part before a resume)."""
     clock = time.perf_counter()
     torch.set_num_threads(config.train.threads)
-    s = setup(config, federation, spec)
+    s = setup(config, federation, spec, trainer)
     ckpt = out / "checkpoints"
     start, before = 0, 0.0
     if resume and has_checkpoint(ckpt):

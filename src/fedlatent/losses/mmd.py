@@ -55,6 +55,8 @@ __all__ = [
     "squared_distances",
     "mmd_estimates",
     "mmd_estimates_covariance",
+    "mmd_estimates_with_covariance",
+    "mmd_estimates_with_covariance_batch",
     "optimize_kernel_weights",
     "mk_mmd",
 ]
@@ -161,7 +163,8 @@ def mmd_estimates_with_covariance(x: Tensor, y: Tensor, *, gammas: Tensor | None
     if quadruples == "paired":
         if n != m or n < 2:
             raise ValueError(f"quadruples='paired' needs equal batch sizes ≥ 2, got {n} and {m}")
-        return _paired_moments(x, y, scales)
+        m_hat, q = _paired_moments(x[None], y[None], scales)
+        return m_hat[0], q[0]
     kxx, kyy, kxy = _kernel_blocks(x, y, scales)
     ma, mb, mc = kxx.mean((1, 2)), kyy.mean((1, 2)), kxy.mean((1, 2))
     estimates = ma + mb - 2.0 * mc
@@ -178,6 +181,23 @@ def mmd_estimates_with_covariance(x: Tensor, y: Tensor, *, gammas: Tensor | None
     # B and C share the y-index v: E_v[mean_u B_uv · mean_s C_sv]
     cov_bc = kyy.mean(1) @ kxy.mean(1).T / m - torch.outer(mb, mc)
     return estimates, cov_aa + cov_bb + 2.0 * cov_cc - 2.0 * (cov_ac + cov_ac.T) - 2.0 * (cov_bc + cov_bc.T)
+
+
+def mmd_estimates_with_covariance_batch(xs: Tensor, ys: Tensor, *, gammas: Tensor | None = None,
+                                        kernel: str = "paper", estimator: str = "biased", normalize: bool = False,
+                                        quadruples: str = "all") -> tuple[Tensor, Tensor]:
+    """:func:`mmd_estimates_with_covariance` for B problems at once: (B, n, …) and (B, m, …) ↦
+    (B, K), (B, K, K). The paired definition runs as one batched computation (several clients'
+    kernel-weight refreshes together); the others loop over the batch."""
+    if xs.ndim < 3 or ys.ndim < 3 or xs.shape[0] != ys.shape[0]:
+        raise ValueError(f"expected (B, n, …) and (B, m, …) stacks, got {tuple(xs.shape)} and {tuple(ys.shape)}")
+    opts = dict(gammas=gammas, kernel=kernel, estimator=estimator, normalize=normalize, quadruples=quadruples)
+    if quadruples == "paired" and estimator == "biased" and xs.shape[1] == ys.shape[1] >= 2:
+        _check_choice("kernel", kernel, _KERNELS)
+        x, y, scales = _prepare(xs.flatten(0, 1), ys.flatten(0, 1), gammas, kernel, estimator, normalize)
+        return _paired_moments(x.unflatten(0, xs.shape[:2]), y.unflatten(0, ys.shape[:2]), scales)
+    stats = [mmd_estimates_with_covariance(x, y, **opts) for x, y in zip(xs, ys)]
+    return torch.stack([m for m, _ in stats]), torch.stack([q for _, q in stats])
 
 
 def optimize_kernel_weights(estimates: Tensor, covariance: Tensor, *, eps: float = 1e-3,
@@ -318,42 +338,57 @@ def _kernel_blocks(x: Tensor, y: Tensor, scales: Tensor) -> tuple[Tensor, Tensor
     return k[:, :n, :n], k[:, n:, n:], k[:, :n, n:]
 
 
-def _paired_moments(x: Tensor, y: Tensor, scales: Tensor, chunk: int = 8192) -> tuple[Tensor, Tensor]:
-    """(m̂, Q) over the n² paired h-statistics H_st = k(x_s, x_t) + k(y_s, y_t) − k(x_s, y_t) − k(x_t, y_s).
+def _paired_moments(x: Tensor, y: Tensor, scales: Tensor, chunk_elements: int = 1 << 20) -> tuple[Tensor, Tensor]:
+    """(m̂, Q) over the n² paired h-statistics H_st = k(x_s, x_t) + k(y_s, y_t) − k(x_s, y_t) − k(x_t, y_s),
+    for a batch of problems: x, y (B, n, d) ↦ m̂ (B, K), Q (B, K, K).
 
     H is symmetric in (s, t), so the sums run over the n(n − 1)/2 pairs s < t (counted twice) and
     the diagonal H_ss = 2 − 2k(x_s, y_s): half the kernel evaluations of the full n × n stacks, in
-    chunks of ``chunk`` pairs that stay in cache, with the kernels of doubled bandwidth scale
-    obtained by squaring (:func:`_gaussians`, whose kernel order is undone on the K-sized
-    results only). The second moment is accumulated around a shift (the first chunk's mean) so
-    that float32 keeps its digits when Q ≪ m̂m̂ᵀ.
+    chunks of about ``chunk_elements`` kernel values, with the kernels of doubled bandwidth scale
+    obtained by squaring (:func:`_gaussians`, whose kernel order is undone on the K-sized results
+    only). The second moment is accumulated around a shift (the first chunk's mean) so that
+    float32 keeps its digits when Q ≪ m̂m̂ᵀ.
     """
-    n = x.shape[0]
-    dxy = squared_distances(x, y)
+    batch, n = x.shape[:2]
+    dxy = _cross_distances(x, y)
     upper, lower = _upper_pairs(n, x.device)  # flat indices s·n + t and t·n + s of the pairs s < t
-    pair_d2 = torch.stack([squared_distances(x).flatten().index_select(0, upper),
-                           squared_distances(y).flatten().index_select(0, upper),
-                           dxy.flatten().index_select(0, upper), dxy.flatten().index_select(0, lower)])
-    plan = _squaring_plan(scales)
-    diag, order = _gaussians(scales, torch.diagonal(dxy), plan)
-    diag = 2.0 - 2.0 * diag  # (K, n), kernels in ``order``
-    shift = diag.mean(1, keepdim=True)
-    total, second = torch.zeros_like(shift), torch.zeros(scales.shape[0], scales.shape[0], dtype=x.dtype,
-                                                        device=x.device)
-    for start in range(0, pair_d2.shape[1], chunk):
-        k, _ = _gaussians(scales, pair_d2[:, start:start + chunk], plan)  # (K, 4, c)
-        h = k[:, 0] + k[:, 1] - k[:, 2] - k[:, 3]
-        if start == 0:
-            shift = h.mean(1, keepdim=True)
-        hc = h - shift
-        total, second = total + 2.0 * hc.sum(1, keepdim=True), torch.addmm(second, hc, hc.T, alpha=2.0)
+    flat_xy = dxy.flatten(1)
+    pair_d2 = torch.stack([_cross_distances(x, x).flatten(1).index_select(1, upper),
+                           _cross_distances(y, y).flatten(1).index_select(1, upper),
+                           flat_xy.index_select(1, upper), flat_xy.index_select(1, lower)], 1)  # (B, 4, P)
+    levels = _squaring_levels(tuple(scales.detach().to("cpu", torch.float64).tolist()))
+    diag, order = _gaussians(scales, torch.diagonal(dxy, dim1=1, dim2=2), levels, dim=1)
+    diag = 2.0 - 2.0 * diag  # (B, K, n), kernels in ``order``
+    num_kernels = scales.shape[0]
+    chunk = max(1, chunk_elements // (num_kernels * batch * 4))
+    shift = total = second = None
+    for start in range(0, pair_d2.shape[2], chunk):
+        k, _ = _gaussians(scales, pair_d2[:, :, start:start + chunk], levels, dim=1)  # (B, K, 4, c)
+        h = torch.add(k[:, :, 0], k[:, :, 1])
+        h.sub_(k[:, :, 2]).sub_(k[:, :, 3])  # (B, K, c)
+        if shift is None:
+            shift = h.mean(2, keepdim=True)
+            total = torch.zeros_like(shift)
+            second = torch.zeros(batch, num_kernels, num_kernels, dtype=x.dtype, device=x.device)
+        h = h.sub_(shift) if not h.requires_grad else h - shift
+        total = total + 2.0 * h.sum(2, keepdim=True)
+        second = torch.baddbmm(second, h, h.transpose(1, 2), alpha=2.0)
     dc = diag - shift
-    total, second = total + dc.sum(1, keepdim=True), second + dc @ dc.T
+    total = total + dc.sum(2, keepdim=True)
+    second = torch.baddbmm(second, dc, dc.transpose(1, 2))
     count = n * n
-    centered_mean = total / count  # (K, 1): m̂ − shift
-    covariance = (second - count * centered_mean @ centered_mean.T) / (count - 1)
+    centered = (total / count).squeeze(2)  # (B, K): m̂ − shift
+    covariance = (second - count * centered[:, :, None] * centered[:, None, :]) / (count - 1)
     back = torch.as_tensor(order, device=x.device).argsort()
-    return (centered_mean + shift).reshape(-1)[back], covariance[back][:, back]
+    estimates = centered + shift.squeeze(2)
+    return estimates[:, back], covariance[:, back][:, :, back]
+
+
+def _cross_distances(a: Tensor, b: Tensor) -> Tensor:
+    """(B, n, m) squared distances ‖a_s − b_t‖² of batched rows, clamped at 0 (no diagonal fix-up:
+    :func:`_paired_moments` reads self-distances only off the diagonal)."""
+    sq_a, sq_b = (a * a).sum(2), (b * b).sum(2)
+    return torch.baddbmm(sq_a[:, :, None] + sq_b[:, None, :], a, b.transpose(1, 2), alpha=-2.0).clamp_min(0.0)
 
 
 @functools.lru_cache(maxsize=8)
@@ -362,49 +397,61 @@ def _upper_pairs(n: int, device: torch.device) -> tuple[Tensor, Tensor]:
     return s * n + t, t * n + s
 
 
-def _squaring_plan(scales: Tensor) -> list[int]:
-    """For each kernel j, the kernel i with s_j = 2·s_i (so exp(−s_j d²) = exp(−s_i d²)²), or −1.
+@functools.lru_cache(maxsize=16)
+def _squaring_levels(scales: tuple[float, ...]) -> tuple[tuple[tuple[int, ...], tuple[int, ...]], ...]:
+    """How :func:`_gaussians` obtains the kernels: level by level, as (kernels, rows) pairs.
 
-    The default grid (γ_j = 2^e in steps of 1/4) has 15 such pairs among its 19 kernels, so 4
-    exponentials and 15 squarings give all of them. Relative tolerance 1e-9 on the scales.
+    The first level's kernels come from one exponential (rows is empty); each later level's
+    kernels have exactly twice the scale of the kernels in the given rows of the level before, so
+    that exp(−2s·d²) = exp(−s·d²)². The default grid (γ_j = 2^e in steps of 1/4) gives levels of
+    4, 4, 4, 4, 3: 4 exponentials and 4 squarings for 19 kernels. Relative tolerance 1e-9.
     """
-    values = scales.detach().to("cpu", torch.float64).tolist()
-    plan = []
-    for j, sj in enumerate(values):
-        source = [i for i, si in enumerate(values) if i != j and abs(sj - 2.0 * si) <= 1e-9 * sj]
-        plan.append(source[0] if source else -1)
-    return plan
+    def double_of(j: int) -> int | None:
+        return next((i for i, si in enumerate(scales) if i != j and abs(scales[j] - 2.0 * si) <= 1e-9 * scales[j]),
+                    None)
 
-
-def _gaussians(scales: Tensor, d2: Tensor, plan: list[int]) -> tuple[Tensor, list[int]]:
-    """exp(−s_j d2) stacked over a leading kernel axis, squaring where ``plan`` allows; returns
-    the stack and the kernel index of each of its rows (``stack[r] = exp(−s_order[r] d2)``).
-
-    One exponential for the kernels without a source, then one squaring per doubling level
-    (4 on the default grid), so the operator count does not grow with K. Each squaring doubles the
-    relative rounding error of its source (~1e-6 in float32 after 4 levels), far below the
-    sampling noise of the statistics it feeds.
-    """
-    level = [j for j, i in enumerate(plan) if i < 0]
-    inplace = not (torch.is_grad_enabled() and (d2.requires_grad or scales.requires_grad))
-    stack = torch.empty((len(plan), *d2.shape), dtype=d2.dtype, device=d2.device) if inplace else None
-    values = torch.exp(-scales[level].reshape(-1, *([1] * d2.ndim)) * d2[None],
-                       **({"out": stack[:len(level)]} if inplace else {}))
-    blocks, order = [values], list(level)
+    sources = {j: double_of(j) for j in range(len(scales))}
+    levels = [(tuple(j for j, i in sources.items() if i is None), ())]
     while True:
-        following = [j for j, i in enumerate(plan) if i in level]
-        if not following:
-            break
-        sources = [level.index(plan[j]) for j in following]
-        source = values if sources == list(range(len(level))) else values[sources]
-        values = torch.mul(source, source, **({"out": stack[len(order):len(order) + len(following)]}
-                                              if inplace else {}))
+        previous = levels[-1][0]
+        rows = tuple(r for r, i in enumerate(previous) if any(src == i for src in sources.values()))
+        if not rows:
+            return tuple(levels)
+        kernels = tuple(next(j for j, src in sources.items() if src == previous[r]) for r in rows)
+        levels.append((kernels, rows))
+
+
+def _gaussians(scales: Tensor, d2: Tensor, levels: tuple[tuple[tuple[int, ...], tuple[int, ...]], ...],
+               dim: int = 0) -> tuple[Tensor, list[int]]:
+    """exp(−s_j d2) stacked along a new kernel axis at ``dim``, in the order of ``levels``
+    (:func:`_squaring_levels`); returns the stack and the kernel index at each position.
+
+    One exponential for the first level, then one squaring per level, so the operator count
+    does not grow with K. Each squaring doubles the relative rounding error of its source (~1e-6
+    in float32 after 4 levels), far below the sampling noise of the statistics it feeds.
+    """
+    inplace = not (torch.is_grad_enabled() and (d2.requires_grad or scales.requires_grad))
+    total = sum(len(kernels) for kernels, _ in levels)
+    shape = list(d2.shape)
+    shape.insert(dim, total)
+    stack = torch.empty(shape, dtype=d2.dtype, device=d2.device) if inplace else None
+    first = list(levels[0][0])
+    scale_shape = [1] * (d2.ndim + 1)
+    scale_shape[dim] = len(first)
+    values = torch.exp(-scales[first].reshape(scale_shape) * d2.unsqueeze(dim),
+                       **({"out": stack.narrow(dim, 0, len(first))} if inplace else {}))
+    blocks, done = [values], len(first)
+    for kernels, rows in levels[1:]:
+        contiguous = rows == tuple(range(rows[0], rows[0] + len(rows)))
+        source = values.narrow(dim, rows[0], len(rows)) if contiguous else \
+            values.index_select(dim, torch.tensor(rows, device=d2.device))
+        values = torch.mul(source, source, **({"out": stack.narrow(dim, done, len(kernels))} if inplace else {}))
         blocks.append(values)
-        order += following
-        level = following
+        done += len(kernels)
+    order = [j for kernels, _ in levels for j in kernels]
     if inplace:  # written in place: no graph to keep, no concatenation to pay for
         return stack, order
-    return (torch.cat(blocks) if len(blocks) > 1 else blocks[0]), order
+    return (torch.cat(blocks, dim) if len(blocks) > 1 else blocks[0]), order
 
 
 def _linear_h(x: Tensor, y: Tensor, scales: Tensor) -> Tensor:

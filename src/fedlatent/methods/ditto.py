@@ -23,7 +23,8 @@ per-layer distances are summed.
 
 Per-client state (checkpointed with the client's other tensors): β under ``mk_mmd.beta.<layer>``,
 the deep kernel's weights under ``mmd_d.kernel.<layer>.``. The accumulated feature batches and the
-step counter are per round and live on the part (reset in :meth:`Part.begin`; clients train in turn).
+step counter are per client and round (a window opened in :meth:`Part.begin`); MK-MMD keeps one per
+client so that the vectorized backend can train several clients at once (its ``lockstep_loss``).
 
 Where the authors' release differs (options for faithful runs, defaults follow the paper):
 
@@ -52,7 +53,8 @@ from torch import Tensor
 from torch.nn import functional as F
 
 from fedlatent.errors import ConfigError
-from fedlatent.losses.mmd import kernel_bandwidths, mk_mmd, mmd_estimates_with_covariance, optimize_kernel_weights
+from fedlatent.losses.mmd import (kernel_bandwidths, mk_mmd, mmd_estimates_with_covariance_batch,
+                                  optimize_kernel_weights)
 from fedlatent.losses.mmd_d import DeepKernel, mmd_d, train_deep_kernel
 from fedlatent.methods.parts import ClientRound, MethodSpec, Part, Personalization, TermContext
 from fedlatent.methods.registry import register_part, register_preset
@@ -80,9 +82,9 @@ def _choice(part: str, key: str, value: str, allowed: tuple[str, ...]) -> str:
     return value
 
 
-def _features(out: ModelOutput, layer: str) -> Tensor:
-    """The named feature of one forward pass, flattened to (N, d)."""
-    return (out.z if layer == "z" else out.features[layer]).flatten(1)
+def _features(out: ModelOutput, layer: str, batch_dims: int = 1) -> Tensor:
+    """The named feature of one forward pass, flattened to (N, d) (or (C, N, d) with ``batch_dims=2``)."""
+    return (out.z if layer == "z" else out.features[layer]).flatten(batch_dims)
 
 
 def _window(batches: int, off_by_one: bool) -> int:
@@ -134,9 +136,9 @@ class FeatureDrift(Part):
             self.layers = ("z",) + names[:self.depth - 1]
         self.taps = frozenset(self.layers) - {"z"}
 
-    def pairs(self, ctx: TermContext) -> dict[str, tuple[Tensor, Tensor]]:
+    def pairs(self, out: ModelOutput, global_out: ModelOutput, batch_dims: int = 1) -> dict[str, tuple[Tensor, Tensor]]:
         """(personal, frozen global) features of the batch, per constrained layer."""
-        return {l: (_features(ctx.out, l), _features(ctx.global_out, l)) for l in self.layers}
+        return {l: (_features(out, l, batch_dims), _features(global_out, l, batch_dims)) for l in self.layers}
 
     def describe(self) -> dict[str, Any]:
         return {"name": self.name, "weight": self.weight, "layers": list(self.layers)}
@@ -148,7 +150,30 @@ class Cosine(FeatureDrift):
     name = "cosine"
 
     def loss(self, ctx: TermContext) -> Tensor:
-        return sum((1.0 - F.cosine_similarity(p, g, dim=1)).mean() for p, g in self.pairs(ctx).values())
+        return sum((1.0 - F.cosine_similarity(p, g, dim=1)).mean()
+                   for p, g in self.pairs(ctx.out, ctx.global_out).values())
+
+    def lockstep_loss(self, out: ModelOutput, global_out: ModelOutput | None, rcs: list[ClientRound]) -> Tensor:
+        return sum((1.0 - F.cosine_similarity(p, g, dim=-1)).mean(1)
+                   for p, g in self.pairs(out, global_out, batch_dims=2).values())
+
+
+class _Window:
+    """One client's round for a periodically refreshed constraint: its most recent feature
+    batches per layer and the count of personal steps taken."""
+
+    def __init__(self, rc: ClientRound, layers: tuple[str, ...], size: int) -> None:
+        self.rc, self.step = rc, 0
+        self.buffers = {l: deque(maxlen=size) for l in layers}
+
+    def observe(self, pairs: dict[str, tuple[Tensor, Tensor]]) -> None:
+        self.step += 1
+        for l, (p, g) in pairs.items():
+            self.buffers[l].append((p.detach(), g.detach()))
+
+    def samples(self, layer: str) -> tuple[Tensor, Tensor]:
+        batches = self.buffers[layer]
+        return torch.cat([p for p, _ in batches]), torch.cat([g for _, g in batches])
 
 
 class MkMmd(FeatureDrift):
@@ -172,46 +197,72 @@ class MkMmd(FeatureDrift):
         self.every, self.stale = opts["beta_every"], opts["stale_first_step"]
         self.window = _window(opts["beta_batches"], opts["release_off_by_one"])
         self.num_kernels = len(kernel_bandwidths(self.kernel))
-        self._buffer: dict[str, deque] = {}
-        self._step = 0
-        self._rc: ClientRound | None = None
+        self._windows: dict[int, _Window] = {}
+        self._current: _Window | None = None
 
     def key(self, layer: str) -> str:
         return f"{self.name}.beta.{layer}"
 
     def begin(self, rc: ClientRound) -> None:
         super().begin(rc)
-        self._rc, self._step = rc, 0
-        self._buffer = {l: deque(maxlen=self.window) for l in self.layers}
+        self._current = self._windows[rc.client_id] = _Window(rc, self.layers, self.window)
         for l in self.layers:
             rc.state.setdefault(self.key(l), torch.full((self.num_kernels,), 1.0 / self.num_kernels))
 
     def loss(self, ctx: TermContext) -> Tensor:
-        self._step += 1
-        pairs = self.pairs(ctx)
-        for l, (p, g) in pairs.items():
-            self._buffer[l].append((p.detach(), g.detach()))
-        if refresh_due(self._step, self.every, self.stale):
-            self.refresh(ctx.state)
-        return sum(mk_mmd(p, g, betas=ctx.state[self.key(l)], kernel=self.kernel, normalize=self.normalize,
-                          estimator=self.estimator) for l, (p, g) in pairs.items())
+        pairs = self.pairs(ctx.out, ctx.global_out)
+        self.observe(self._current, pairs)
+        return sum(self.distance(p, g, ctx.state[self.key(l)]) for l, (p, g) in pairs.items())
 
-    def refresh(self, state: dict[str, Tensor]) -> None:
-        """Re-solve β of every layer from the buffered batches (kept as is when too few samples)."""
+    def lockstep_loss(self, out: ModelOutput, global_out: ModelOutput | None, rcs: list[ClientRound]) -> Tensor:
+        pairs = self.pairs(out, global_out, batch_dims=2)
+        due = []
+        for i, rc in enumerate(rcs):
+            window = self._windows[rc.client_id]
+            window.observe({l: (p[i], g[i]) for l, (p, g) in pairs.items()})
+            if refresh_due(window.step, self.every, self.stale):
+                due.append(window)
+        if due:
+            self.refresh(due)
+        distance = torch.vmap(self.distance)
+        return sum(distance(p, g, torch.stack([rc.state[self.key(l)] for rc in rcs]).to(p))
+                   for l, (p, g) in pairs.items())
+
+    def distance(self, personal: Tensor, global_: Tensor, betas: Tensor) -> Tensor:
+        return mk_mmd(personal, global_, betas=betas, kernel=self.kernel, normalize=self.normalize,
+                      estimator=self.estimator)
+
+    def finish(self, rc: ClientRound) -> None:
+        self._windows.pop(rc.client_id, None)
+        return None
+
+    def observe(self, window: _Window, pairs: dict[str, tuple[Tensor, Tensor]]) -> None:
+        """Record a personal step's features; re-solve β when due (before this step's loss)."""
+        window.observe(pairs)
+        if refresh_due(window.step, self.every, self.stale):
+            self.refresh([window])
+
+    def refresh(self, windows: list[_Window]) -> None:
+        """Re-solve β of every layer from each window's batches (kept as is when too few samples);
+        windows holding as many samples are computed together."""
         started = time.perf_counter()
-        for l, batches in self._buffer.items():
-            x = torch.cat([p for p, _ in batches])
-            y = torch.cat([g for _, g in batches])
-            if self.estimator == "linear" and x.shape[0] < 4:
-                continue
-            est = dict(kernel=self.kernel, estimator=self.estimator, normalize=self.normalize)
-            with torch.no_grad():  # β is a constant of the loss: no graph for its statistics
-                m, q = mmd_estimates_with_covariance(x, y, quadruples=self.quadruples, **est)
-            state[self.key(l)] = optimize_kernel_weights(m, q, eps=self.eps).to("cpu", torch.float32)
-        if self._rc is not None:
-            metrics = self._rc.metrics
-            metrics["personal_beta_seconds"] = metrics.get("personal_beta_seconds", 0.0) + \
-                time.perf_counter() - started
+        est = dict(kernel=self.kernel, estimator=self.estimator, normalize=self.normalize, quadruples=self.quadruples)
+        for l in self.layers:
+            by_size: dict[int, list[tuple[_Window, Tensor, Tensor]]] = {}
+            for window in windows:
+                x, y = window.samples(l)
+                if not (self.estimator == "linear" and x.shape[0] < 4):
+                    by_size.setdefault(x.shape[0], []).append((window, x, y))
+            for group in by_size.values():
+                with torch.no_grad():  # β is a constant of the loss: no graph for its statistics
+                    ms, qs = mmd_estimates_with_covariance_batch(torch.stack([x for _, x, _ in group]),
+                                                                 torch.stack([y for _, _, y in group]), **est)
+                for (window, _, _), m, q in zip(group, ms, qs):
+                    window.rc.state[self.key(l)] = optimize_kernel_weights(m, q, eps=self.eps).to("cpu", torch.float32)
+        share = (time.perf_counter() - started) / len(windows)
+        for window in windows:
+            metrics = window.rc.metrics
+            metrics["personal_beta_seconds"] = metrics.get("personal_beta_seconds", 0.0) + share
             metrics["personal_beta_refreshes"] = metrics.get("personal_beta_refreshes", 0) + 1
 
 
@@ -239,23 +290,20 @@ class MmdD(FeatureDrift):
         self.hidden, self.out_dim, self.lr = opts["hidden"], opts["out_dim"], opts["kernel_lr"]
         self.every, self.stale, self.steps = opts["kernel_every"], opts["stale_first_step"], opts["train_steps"]
         self.window = _window(opts["kernel_batches"], opts["release_off_by_one"])
-        self._buffer: dict[str, deque] = {}
         self._kernels: dict[str, DeepKernel] = {}
-        self._step = 0
-        self._rc: ClientRound | None = None
+        self._current: _Window | None = None
 
     def prefix(self, layer: str) -> str:
         return f"{self.name}.kernel.{layer}."
 
     def begin(self, rc: ClientRound) -> None:
         super().begin(rc)
-        self._rc, self._step, self._kernels = rc, 0, {}
-        self._buffer = {l: deque(maxlen=self.window) for l in self.layers}
+        self._current, self._kernels = _Window(rc, self.layers, self.window), {}
 
     def kernel_for(self, layer: str, sample: Tensor) -> DeepKernel:
         """This client's kernel for ``layer``: from its state, or freshly seeded."""
         if layer not in self._kernels:
-            rc = self._rc
+            rc = self._current.rc
             generator = torch.Generator().manual_seed(
                 derive_seed(KERNEL_INIT, rc.client_id, self.layers.index(layer)))
             kernel = DeepKernel(sample.shape[1], self.hidden, self.out_dim, generator)
@@ -267,24 +315,22 @@ class MmdD(FeatureDrift):
         return self._kernels[layer]
 
     def loss(self, ctx: TermContext) -> Tensor:
-        self._step += 1
-        pairs = self.pairs(ctx)
-        for l, (p, g) in pairs.items():
-            self._buffer[l].append((p.detach(), g.detach()))
-        if refresh_due(self._step, self.every, self.stale) and self.steps:
+        pairs = self.pairs(ctx.out, ctx.global_out)
+        self._current.observe(pairs)
+        if refresh_due(self._current.step, self.every, self.stale) and self.steps:
             self.train_kernels(pairs)
         return sum(mmd_d(p, g, self.kernel_for(l, p), semantics=self.semantics, estimator=self.estimator)
                    for l, (p, g) in pairs.items())
 
     def train_kernels(self, pairs: dict[str, tuple[Tensor, Tensor]]) -> None:
         started = time.perf_counter()
-        for l, batches in self._buffer.items():
+        for l in self._current.buffers:
             kernel = self.kernel_for(l, pairs[l][0]).requires_grad_(True)
-            x, y = torch.cat([p for p, _ in batches]), torch.cat([g for _, g in batches])
+            x, y = self._current.samples(l)
             if x.shape[0] >= 2:
                 train_deep_kernel(kernel, x, y, steps=self.steps, lr=self.lr, semantics=self.semantics)
             kernel.requires_grad_(False)
-        metrics = self._rc.metrics
+        metrics = self._current.rc.metrics
         metrics["personal_kernel_seconds"] = metrics.get("personal_kernel_seconds", 0.0) + \
             time.perf_counter() - started
 

@@ -99,6 +99,13 @@ class Part:
         """This part's loss term for one batch (unweighted), or None."""
         return None
 
+    def lockstep_loss(self, out: ModelOutput, global_out: ModelOutput | None,
+                      rcs: list[ClientRound]) -> Tensor:
+        """:meth:`loss` for a group of clients trained at once (the vectorized backend): ``out`` and
+        ``global_out`` hold (clients, batch, …) tensors, ``rcs`` the clients in that order; returns
+        the (clients,) unweighted terms. Only Ditto constraint parts implement it so far."""
+        raise NotImplementedError(f"part '{self.name}' has no lockstep form")
+
     def after_step(self, rc: ClientRound) -> None:
         """After each optimiser step (e.g. SCAFFOLD's control-variate correction)."""
 
@@ -180,11 +187,13 @@ class MethodSpec:
         return self.parts + self.personalization.parts
 
 
-def task_loss(kind: str, logits: Tensor, y: Tensor, num_classes: int) -> Tensor:
-    """Cross-entropy, or SphereFed's MSE (1/C)‖logits − onehot(y)‖² averaged over the batch."""
+def task_loss(kind: str, logits: Tensor, y: Tensor, num_classes: int, reduction: str = "mean") -> Tensor:
+    """Cross-entropy, or SphereFed's MSE (1/C)‖logits − onehot(y)‖² averaged over the batch
+    (``reduction="none"``: per sample for cross-entropy, per sample and class for MSE, so that
+    their mean is the default value)."""
     if kind == "mse":
-        return F.mse_loss(logits, F.one_hot(y, num_classes).to(logits.dtype))
-    return F.cross_entropy(logits, y)
+        return F.mse_loss(logits, F.one_hot(y, num_classes).to(logits.dtype), reduction=reduction)
+    return F.cross_entropy(logits, y, reduction=reduction)
 
 
 def trainable_names(model: torch.nn.Module) -> list[str]:

@@ -1,0 +1,28 @@
+"""The vectorized backend: the simulation backend's round loop, with the selected clients trained
+at once (``federated.lockstep``: stacked weights, ``torch.func.vmap``) instead of in turn.
+
+Same server, checkpoints, evaluation and results as ``simulation``; the weights agree with it up to
+floating-point rounding. Worth it when clients are many and steps small (per-operator overhead is
+paid once per step for all clients, not once per client); :func:`check` names what it cannot run.
+"""
+from __future__ import annotations
+
+from functools import partial
+
+from fedlatent.backends import simulation
+from fedlatent.config import RunConfig
+from fedlatent.data.types import Federation
+from fedlatent.errors import ConfigError
+from fedlatent.federated.lockstep import lockstep_update, unsupported
+from fedlatent.methods.parts import MethodSpec
+
+run = partial(simulation.run, trainer=lockstep_update)
+
+
+def check(config: RunConfig, federation: Federation, spec: MethodSpec) -> None:
+    """Raise a one-line ConfigError when this run cannot train in lockstep."""
+    model = simulation.make_model(config, federation, spec)
+    reason = unsupported(spec, model, federation.augment)
+    if reason:
+        raise ConfigError(f"backend = 'vectorized': {reason} (method '{spec.name}', model '{config.model.arch}'); "
+                          f"use backend = 'simulation'")

@@ -1,0 +1,127 @@
+"""The vectorized backend: the same rounds as the simulation backend, clients trained in lockstep.
+
+Reference: the simulation backend on the same config and seed (its own tests pin it to
+hand-written PyTorch); lockstep training must reproduce its weights, client states and metrics up
+to float32 rounding, with unequal client sizes (clients leaving early, short last batches)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import fedlatent
+from fedlatent.backends import simulation
+from fedlatent.data.federation import build_federation
+from fedlatent.errors import ConfigError
+from fedlatent.experiment import prepare
+from fedlatent.federated.lockstep import lockstep_update, unsupported
+from fedlatent.methods import resolve
+from fedlatent.models.mlp import MLP
+
+from tests.methods.test_ditto import small_config
+
+
+def _rounds(config, trainer):
+    fed = build_federation(config.data, config.data_seed)
+    s = simulation.setup(config, fed, resolve(config.algorithm, config.terms), trainer)
+    lines = [simulation.run_round(s, rnd) for rnd in range(config.train.rounds)]
+    return s, lines
+
+
+def _assert_same_run(config, atol: float = 2e-5, beta_atol: float = 2e-3) -> None:
+    """Same global weights, client states and per-round metrics from both trainers. The kernel
+    weights β solve an ill-conditioned program, so float32 rounding in the features moves them
+    by up to ~1e-3 (``beta_atol``); everything else agrees to ``atol``."""
+    ref, ref_lines = _rounds(config, simulation.train_in_turn)
+    got, got_lines = _rounds(config, lockstep_update)
+    for k, v in ref.server.global_state.items():
+        torch.testing.assert_close(got.server.global_state[k], v, atol=atol, rtol=1e-4, msg=k)
+    for ref_state, got_state in zip(ref.client_states, got.client_states):
+        assert sorted(got_state) == sorted(ref_state)
+        for k, v in ref_state.items():
+            tolerance = beta_atol if ".beta." in k else atol
+            torch.testing.assert_close(got_state[k], v, atol=tolerance, rtol=1e-3, msg=k)
+    for ref_line, got_line in zip(ref_lines, got_lines):
+        assert got_line["clients"] == ref_line["clients"]
+        for key in ("train_loss", "personal_loss", "term_cosine", "term_mk_mmd"):
+            if key in ref_line:
+                assert got_line[key] == pytest.approx(ref_line[key], rel=1e-4, abs=1e-6), key
+        assert got_line.get("personal_beta_refreshes") == ref_line.get("personal_beta_refreshes")
+
+
+def _digits(name: str, **algorithm):
+    """Digits over 5 clients of unequal size (Dirichlet α = 0.5): different step counts and short
+    last batches, so steps run for subsets of the clients."""
+    config = fedlatent.load_config(None, [
+        "seed=4", 'data.dataset="digits"', 'data.partition="dirichlet"', "data.alpha=0.5",
+        "data.num_clients=5", 'model.arch="mlp"', "model.hidden=[32]", "train.rounds=2",
+        "train.local_epochs=1", "train.batch_size=16", "train.lr=0.05", "train.momentum=0.9",
+        "train.weight_decay=0.001", "train.participation=0.8"])
+    config.algorithm = {"name": name, **algorithm}
+    return config
+
+
+def test_fedavg_unequal_clients_matches_simulation() -> None:
+    config = _digits("fedavg")
+    sizes = [len(c.train) for c in build_federation(config.data, config.data_seed).clients]
+    assert len(set(sizes)) > 1 and any(n % 16 for n in sizes)  # the grouping paths are exercised
+    _assert_same_run(config)
+
+
+def test_server_optimizer_and_mse_task_loss_match_simulation() -> None:
+    config = _digits("fedadam")
+    _assert_same_run(config)
+    _assert_same_run(_digits("spherefed"))
+
+
+def test_ditto_matches_simulation() -> None:
+    _assert_same_run(_digits("ditto", lam=0.1))
+
+
+def test_ditto_cosine_deeper_layers_match_simulation() -> None:
+    config = small_config("ditto_cosine", rounds=2, depth=2)
+    config.model.hidden = [24, 20]
+    _assert_same_run(config)
+
+
+@pytest.mark.parametrize("quadruples", ["paired", "all"])
+def test_ditto_mkmmd_with_refreshes_matches_simulation(quadruples: str) -> None:
+    config = small_config("ditto_mkmmd", rounds=2, beta_every=3, beta_batches=4, kernel="official",
+                          normalize=True, quadruples=quadruples, eps=1e-3, release_off_by_one=True,
+                          stale_first_step=True)
+    _assert_same_run(config)
+
+
+def test_ditto_mkmmd_unequal_clients_matches_simulation() -> None:
+    _assert_same_run(_digits("ditto_mkmmd", beta_every=2, beta_batches=3))
+
+
+@pytest.mark.parametrize("overrides,needle", [
+    (['algorithm.name="fedprox"'], "part 'prox'"),
+    (['algorithm.name="ditto_mmdd"'], "constraint 'mmd_d'"),
+    (["data.augment=true"], "augmentation"),
+])
+def test_unsupported_runs_are_refused_in_one_line(overrides, needle) -> None:
+    base = ['backend="vectorized"', 'data.dataset="digits"', "data.num_clients=3", 'model.arch="mlp"']
+    with pytest.raises(ConfigError) as err:
+        prepare(fedlatent.load_config(None, base + overrides))
+    message = str(err.value)
+    assert "\n" not in message and "backend = 'vectorized'" in message and "'simulation'" in message
+    assert needle in message
+
+
+def test_models_with_buffers_are_refused() -> None:
+    model = MLP(4, [3], 2)
+    assert unsupported(resolve({"name": "fedavg"}, []), model, False) is None
+    model.extra = torch.nn.BatchNorm1d(3)
+    assert "buffers (BatchNorm" in unsupported(resolve({"name": "fedavg"}, []), model, False)
+
+
+def test_vectorized_run_end_to_end_writes_the_same_summary_keys(tmp_path) -> None:
+    config = small_config("ditto_cosine")
+    config.backend = "vectorized"
+    summary = fedlatent.experiment.run(config, tmp_path / "v", echo=None)
+    config.backend = "simulation"
+    reference = fedlatent.experiment.run(config, tmp_path / "s", echo=None)
+    assert sorted(summary["final"]) == sorted(reference["final"])
+    assert summary["final"]["personalized_accuracy"] == pytest.approx(
+        reference["final"]["personalized_accuracy"], abs=0.02)

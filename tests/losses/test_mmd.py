@@ -304,6 +304,60 @@ def test_mk_mmd_gradient_equals_weighted_estimates_gradient(sizes: tuple[int, in
     torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-13)
 
 
+@pytest.mark.parametrize("estimator", ["biased", "linear"])
+@pytest.mark.parametrize("n,d", [(5, 3), (40, 48)])  # the direct and the Gram-matrix paths
+def test_mk_mmd_batch_equals_one_problem_at_a_time(estimator: str, n: int, d: int) -> None:
+    from fedlatent.losses.mmd import mk_mmd_batch
+    pairs = [_data(n, n, d=d, seed=20 + i, shift=0.3 * i) for i in range(3)]
+    xs = torch.stack([x for x, _ in pairs]).requires_grad_(True)
+    ys = torch.stack([y for _, y in pairs])
+    betas = torch.rand(3, 19, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    opts = dict(kernel="official", normalize=True, estimator=estimator)
+    got = mk_mmd_batch(xs, ys, betas=betas, **opts)
+    want = torch.stack([mk_mmd(xs[i], ys[i], betas=betas[i], **opts) for i in range(3)])
+    torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-14)
+    (g_got,) = torch.autograd.grad(got.sum(), xs)
+    (g_want,) = torch.autograd.grad(want.sum(), xs)
+    torch.testing.assert_close(g_got, g_want, rtol=1e-9, atol=1e-12)
+    with pytest.raises(ValueError):
+        mk_mmd_batch(xs[0], ys[0], betas=betas[0])
+
+
+def test_estimates_with_covariance_batch_equals_one_problem_at_a_time() -> None:
+    from fedlatent.losses.mmd import mmd_estimates_with_covariance, mmd_estimates_with_covariance_batch
+    pairs = [_data(30, 30, d=4, seed=30 + i, shift=0.2 * i) for i in range(3)]
+    xs, ys = torch.stack([x for x, _ in pairs]), torch.stack([y for _, y in pairs])
+    for quadruples in ("paired", "all"):
+        ms, qs = mmd_estimates_with_covariance_batch(xs, ys, kernel="paper", normalize=True, quadruples=quadruples)
+        for i, (x, y) in enumerate(pairs):
+            m, q = mmd_estimates_with_covariance(x, y, kernel="paper", normalize=True, quadruples=quadruples)
+            torch.testing.assert_close(ms[i], m, rtol=1e-9, atol=1e-13)
+            torch.testing.assert_close(qs[i], q, rtol=1e-9, atol=1e-13)
+
+
+def test_gaussians_by_squaring_equal_exponentials() -> None:
+    from fedlatent.losses.mmd import _gaussians, _squaring_levels
+    d2 = torch.rand(3, 7, dtype=torch.float64) * 4
+    for scales in [(1.0, 3.0, 2.0, 6.0, 4.0, 0.7), tuple(kernel_bandwidths("official", dtype=torch.float64).tolist())]:
+        s = torch.tensor(scales, dtype=torch.float64)
+        levels = _squaring_levels(scales)
+        assert sorted(j for kernels, _ in levels for j in kernels) == list(range(len(scales)))
+        for dim in (0, 1):
+            for grad in (False, True):
+                with torch.set_grad_enabled(grad):
+                    stack, order = _gaussians(s, d2.clone().requires_grad_(grad), levels, dim=dim)
+                want = torch.exp(-s[order].reshape([-1] + [1] * 2).movedim(0, dim) * d2.unsqueeze(dim))
+                torch.testing.assert_close(stack, want, rtol=1e-13, atol=0)
+    assert len(_squaring_levels(tuple(kernel_bandwidths("paper", dtype=torch.float64).tolist()))) == 5
+
+
+def test_paired_covariance_gradient() -> None:
+    x, y = _data(6, 6, seed=13)
+    x.requires_grad_(True)
+    assert torch.autograd.gradcheck(
+        lambda a: mmd_estimates_covariance(a, y, kernel="official", normalize=True, quadruples="paired")[::5, ::5], (x,))
+
+
 # ------------------------------------------------------------------ kernel weights
 
 

@@ -54,10 +54,14 @@ def unsupported(spec: MethodSpec, model: FedModel, augment: bool) -> str | None:
 class _Stack:
     """C models' parameters on a leading client axis with their SGD momentum buffers."""
 
-    def __init__(self, states: list[Tensors], names: list[str], trainable: list[str], device: torch.device) -> None:
+    def __init__(self, states: list[Tensors], names: list[str], trainable: list[str], device: torch.device,
+                 anchor: Tensors | None = None, pull: float = 0.0) -> None:
         self.params = {n: torch.stack([s[n] for s in states]).to(device) for n in names}
         self.trainable = trainable
         self.momentum = {n: torch.zeros_like(self.params[n]) for n in trainable}
+        # Ditto's (λ/2)‖w − w̄‖²: its gradient λ(w − w̄) is added to the loss gradient directly
+        self.pull = pull
+        self.anchor = {n: anchor[n].to(device).expand_as(self.params[n]) for n in trainable} if pull else {}
 
     def client_state(self, c: int) -> Tensors:
         return {n: p[c].detach().to("cpu", copy=True) for n, p in self.params.items()}
@@ -67,14 +71,19 @@ class _Stack:
         """One SGD step of the clients in ``group`` (None: all) on ``loss_fn(params).sum()``.
 
         The update is torch.optim.SGD's (dampening 0, no Nesterov): d = g + wd·p,
-        b = m·b + d (b = d on the first step: the buffers start at zero), p −= lr·b."""
-        params = {n: (p if group is None else p.index_select(0, group)).detach().requires_grad_(n in self.trainable)
-                  for n, p in self.params.items()}
+        b = m·b + d (b = d on the first step: the buffers start at zero), p −= lr·b; with a pull,
+        g includes λ(p − w̄)."""
+        def pick(t: Tensor) -> Tensor:
+            return t if group is None else t.index_select(0, group)
+
+        params = {n: pick(p).detach().requires_grad_(n in self.trainable) for n, p in self.params.items()}
         leaves = [params[n] for n in self.trainable]
         grads = torch.autograd.grad(loss_fn(params), leaves)
         with torch.no_grad():
-            bufs = [self.momentum[n] if group is None else self.momentum[n].index_select(0, group)
-                    for n in self.trainable]
+            bufs = [pick(self.momentum[n]) for n in self.trainable]
+            if self.pull:
+                grads = torch._foreach_add(grads, torch._foreach_sub(leaves, [pick(self.anchor[n]) for n in self.trainable]),
+                                           alpha=self.pull)
             direction = torch._foreach_add(grads, leaves, alpha=s.weight_decay) if s.weight_decay else list(grads)
             if s.momentum:
                 torch._foreach_mul_(bufs, s.momentum)
@@ -121,7 +130,7 @@ def lockstep_update(ws: Workspace, global_state: Tensors, datas: list[Split], sp
     taps = tuple(sorted(frozenset().union(*(p.taps for p in personal_parts)))) if personal_parts else ()
     forward = vmap(_forward(model, taps))
     personal_stack = _Stack([prefixed(rc.state, PERSONAL) or global_state for rc in rcs], names, trainable,
-                            device) if ditto else None
+                            device, anchor=global_state, pull=spec.personalization.lam) if ditto else None
     frozen = None
     if any(p.needs_global_out for p in personal_parts):
         frozen = ws.global_copy
@@ -147,9 +156,8 @@ def lockstep_update(ws: Workspace, global_state: Tensors, datas: list[Split], sp
 
             global_stack.step(group, global_loss, s)
             if ditto:
-                personal_stack.step(group, _personal_loss(model, spec, forward, frozen, taps, x, y, s,
-                                                          [rcs[c] for c in members], rcs[0].global_params,
-                                                          trainable, record), s)
+                personal_stack.step(group, _personal_loss(spec, forward, frozen, taps, x, y, s,
+                                                          [rcs[c] for c in members], record), s)
     seconds = time.perf_counter() - started
     uploads = []
     for c, rc in enumerate(rcs):
@@ -187,12 +195,11 @@ def _recorder(sums: dict[str, Tensor], members: list[int]) -> Callable[[str, Ten
     return record
 
 
-def _personal_loss(model: FedModel, spec: MethodSpec, forward: Callable, frozen: FedModel | None,
-                   taps: tuple[str, ...], x: Tensor, y: Tensor, s: LocalSettings, rcs: list[ClientRound],
-                   global_params: dict[str, Tensor], trainable: list[str],
+def _personal_loss(spec: MethodSpec, forward: Callable, frozen: FedModel | None, taps: tuple[str, ...],
+                   x: Tensor, y: Tensor, s: LocalSettings, rcs: list[ClientRound],
                    record: Callable[[str, Tensor], None]) -> Callable[[dict[str, Tensor]], Tensor]:
-    """The Ditto personal objective of a group: task + (λ/2)‖w_L − w̄‖² + Σ μ·constraint, summed over clients."""
-    lam = spec.personalization.lam
+    """The Ditto personal objective of a group but its (λ/2)‖w_L − w̄‖² (``_Stack``'s pull):
+    task + Σ μ·constraint, summed over clients."""
     global_out = None
     if frozen is not None:
         with torch.no_grad():  # one round-start global model for every client: one plain forward
@@ -205,9 +212,6 @@ def _personal_loss(model: FedModel, spec: MethodSpec, forward: Callable, frozen:
         task = _task_losses(spec.loss, out.logits, y, s.num_classes)
         record("personal_loss", task)
         total = task
-        if lam > 0:
-            drift = sum(((params[n] - global_params[n]) ** 2).flatten(1).sum(1) for n in trainable)
-            total = total + 0.5 * lam * drift
         for part in spec.personalization.parts:
             value = part.lockstep_loss(out, global_out, rcs)
             record(part.name, value)

@@ -59,6 +59,7 @@ __all__ = [
     "mmd_estimates_with_covariance_batch",
     "optimize_kernel_weights",
     "mk_mmd",
+    "mk_mmd_batch",
 ]
 
 _KERNELS = ("paper", "official")
@@ -271,6 +272,32 @@ def mk_mmd(x: Tensor, y: Tensor, *, gammas: Tensor | None = None, betas: Tensor 
         d2 = squared_distances(z)
     k = torch.exp(-scales[:, None] * d2.reshape(1, -1))  # (K, N²)
     return torch.dot(b @ k, _block_weights(x.shape[0], y.shape[0], x.dtype, x.device))
+
+
+def mk_mmd_batch(xs: Tensor, ys: Tensor, *, betas: Tensor, gammas: Tensor | None = None, kernel: str = "paper",
+                 normalize: bool = False, estimator: str = "biased") -> Tensor:
+    """:func:`mk_mmd` of B problems at once: (B, n, …), (B, m, …) and β (B, K) ↦ (B,).
+
+    The biased estimator runs as one batched computation (several clients' constraints in one
+    step of the vectorized backend); the linear one through ``torch.vmap``."""
+    if xs.ndim < 3 or ys.ndim < 3 or not xs.shape[0] == ys.shape[0] == betas.shape[0]:
+        raise ValueError(f"expected (B, n, …), (B, m, …) and (B, K), got {tuple(xs.shape)}, {tuple(ys.shape)} "
+                         f"and {tuple(betas.shape)}")
+    if estimator != "biased":
+        return torch.vmap(lambda x, y, b: mk_mmd(x, y, betas=b, gammas=gammas, kernel=kernel, normalize=normalize,
+                                                 estimator=estimator))(xs, ys, betas)
+    batch, n, m = xs.shape[0], xs.shape[1], ys.shape[1]
+    x, y, scales = _prepare(xs.flatten(0, 1), ys.flatten(0, 1), gammas, kernel, estimator, False)
+    b = betas.reshape(batch, -1).to(dtype=x.dtype, device=x.device)
+    if b.shape[1] != scales.shape[0]:
+        raise ValueError(f"betas has {b.shape[1]} entries but there are {scales.shape[0]} kernels")
+    z = torch.cat([x.unflatten(0, (batch, n)), y.unflatten(0, (batch, m))], 1)  # (B, N, d)
+    if normalize:
+        z = F.normalize(z, dim=2)
+    d2 = (z[:, :, None] - z[:, None]).square().sum(-1) if (n + m) ** 2 * z.shape[2] <= 1 << 16 else \
+        _cross_distances(z, z).masked_fill(torch.eye(n + m, dtype=torch.bool, device=z.device), 0.0)
+    k = torch.exp(-scales[None, :, None] * d2.flatten(1)[:, None, :])  # (B, K, N²)
+    return torch.bmm(b[:, None, :], k).squeeze(1) @ _block_weights(n, m, x.dtype, x.device)
 
 
 def _betas(betas: Tensor, num_kernels: int) -> Tensor:

@@ -53,7 +53,7 @@ from torch import Tensor
 from torch.nn import functional as F
 
 from fedlatent.errors import ConfigError
-from fedlatent.losses.mmd import (kernel_bandwidths, mk_mmd, mmd_estimates_with_covariance_batch,
+from fedlatent.losses.mmd import (kernel_bandwidths, mk_mmd, mk_mmd_batch, mmd_estimates_with_covariance_batch,
                                   optimize_kernel_weights)
 from fedlatent.losses.mmd_d import DeepKernel, mmd_d, train_deep_kernel
 from fedlatent.methods.parts import ClientRound, MethodSpec, Part, Personalization, TermContext
@@ -212,7 +212,8 @@ class MkMmd(FeatureDrift):
     def loss(self, ctx: TermContext) -> Tensor:
         pairs = self.pairs(ctx.out, ctx.global_out)
         self.observe(self._current, pairs)
-        return sum(self.distance(p, g, ctx.state[self.key(l)]) for l, (p, g) in pairs.items())
+        return sum(mk_mmd(p, g, betas=ctx.state[self.key(l)], kernel=self.kernel, normalize=self.normalize,
+                          estimator=self.estimator) for l, (p, g) in pairs.items())
 
     def lockstep_loss(self, out: ModelOutput, global_out: ModelOutput | None, rcs: list[ClientRound]) -> Tensor:
         pairs = self.pairs(out, global_out, batch_dims=2)
@@ -224,13 +225,8 @@ class MkMmd(FeatureDrift):
                 due.append(window)
         if due:
             self.refresh(due)
-        distance = torch.vmap(self.distance)
-        return sum(distance(p, g, torch.stack([rc.state[self.key(l)] for rc in rcs]).to(p))
-                   for l, (p, g) in pairs.items())
-
-    def distance(self, personal: Tensor, global_: Tensor, betas: Tensor) -> Tensor:
-        return mk_mmd(personal, global_, betas=betas, kernel=self.kernel, normalize=self.normalize,
-                      estimator=self.estimator)
+        return sum(mk_mmd_batch(p, g, betas=torch.stack([rc.state[self.key(l)] for rc in rcs]), kernel=self.kernel,
+                                normalize=self.normalize, estimator=self.estimator) for l, (p, g) in pairs.items())
 
     def finish(self, rc: ClientRound) -> None:
         self._windows.pop(rc.client_id, None)

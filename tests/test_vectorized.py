@@ -67,10 +67,9 @@ def test_fedavg_unequal_clients_matches_simulation() -> None:
     _assert_same_run(config)
 
 
-def test_server_optimizer_and_mse_task_loss_match_simulation() -> None:
-    config = _digits("fedadam")
-    _assert_same_run(config)
-    _assert_same_run(_digits("spherefed"))
+@pytest.mark.parametrize("name", ["fedadam", "fednova", "freeze", "spherefed"])
+def test_server_side_parts_fixed_heads_and_mse_match_simulation(name: str) -> None:
+    _assert_same_run(_digits(name))
 
 
 def test_ditto_matches_simulation() -> None:

@@ -222,3 +222,17 @@ def test_constraint_alone_on_an_arrays_file(tmp_path: Path) -> None:
     final = fedlatent.run(config, tmp_path / "run")["final"]
     assert 0.0 <= final["personalized_accuracy"] <= 1.0
     assert "majority_baseline_accuracy" in final
+
+
+def test_deep_kernel_initialisation_follows_the_run_seed() -> None:
+    def initial_kernel(seed: int, client: int) -> dict:
+        part = build_part({"name": "mmd_d"})
+        rc = ClientRound(client, MLP(60, [20], 10), {}, {}, {}, 0.01, 100, 4, 400, 0.9, seed=seed)
+        part.begin(rc)
+        return {k: v.clone() for k, v in part.kernel_for("z", torch.zeros(2, 20)).state_dict().items()}
+
+    same = initial_kernel(1, 0)
+    for k, v in initial_kernel(1, 0).items():
+        torch.testing.assert_close(v, same[k], rtol=0, atol=0)
+    for other in (initial_kernel(2, 0), initial_kernel(1, 1)):
+        assert not torch.equal(other["featurizer.0.weight"], same["featurizer.0.weight"])

@@ -125,7 +125,8 @@ def run_round(s: Setup, rnd: int) -> dict[str, Any]:
     total = sum(len(c.train) for c in fed.clients)
     flat_payload = {k: v for part_payload in payload.values() for k, v in part_payload.items()}  # keys are prefixed per part
     rcs = [ClientRound(cid, s.workspace.model, {}, s.client_states[cid], dict(flat_payload), lr,
-                       len(fed.clients[cid].train), len(fed.clients), total, cfg.train.momentum) for cid in selected]
+                       len(fed.clients[cid].train), len(fed.clients), total, cfg.train.momentum, seed=cfg.seed)
+           for cid in selected]
     generators = [torch.Generator().manual_seed(derive_seed(cfg.seed, LOCAL_TRAINING, rnd, cid)) for cid in selected]
     uploads = s.trainer(s.workspace, s.server.global_state, [fed.clients[cid].train for cid in selected], s.spec,
                         rcs, settings, generators)

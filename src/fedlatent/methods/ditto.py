@@ -266,7 +266,7 @@ class MmdD(FeatureDrift):
     """d = MMD² under a deep kernel per client and layer (Liu et al. 2020), trained for test power.
 
     The kernel (φ: in → hidden → hidden → hidden → out_dim with Softplus, σ_φ, σ_q, ε) is seeded
-    from ``derive_seed(KERNEL_INIT, client, layer index)`` at a client's first round and kept in
+    from ``derive_seed(run seed, KERNEL_INIT, client, layer index)`` at a client's first round and kept in
     its state afterwards. Every ``kernel_every`` personal steps it is trained with AdamW
     (``kernel_lr``) for ``train_steps`` steps on the last ``kernel_batches`` batches to maximise
     MMD²_u/σ̂ (:func:`fedlatent.losses.mmd_d.train_deep_kernel`); the paper's alternatives are
@@ -301,7 +301,7 @@ class MmdD(FeatureDrift):
         if layer not in self._kernels:
             rc = self._current.rc
             generator = torch.Generator().manual_seed(
-                derive_seed(KERNEL_INIT, rc.client_id, self.layers.index(layer)))
+                derive_seed(rc.seed, KERNEL_INIT, rc.client_id, self.layers.index(layer)))
             kernel = DeepKernel(sample.shape[1], self.hidden, self.out_dim, generator)
             prefix = self.prefix(layer)
             own = {k[len(prefix):]: v for k, v in rc.state.items() if k.startswith(prefix)}

@@ -53,6 +53,7 @@ class ClientRound:
     steps: int = 0
     extra_weight_decay: float = 0.0
     metrics: dict[str, float] = field(default_factory=dict)
+    seed: int = 0  # the run's seed, for parts that draw (derive_seed(seed, PURPOSE, client, …))
 
 
 @dataclass

@@ -132,7 +132,7 @@ def local_update(ws: Workspace, global_state: Tensors, data: Split, spec: Method
                 with torch.no_grad():
                     prev_out = ws.previous(x, taps)
             out = model(x, taps)
-            task = task_loss(spec.loss, out.logits, y, s.num_classes)
+            task = task_loss(spec.loss, out.logits, y)
             ctx = TermContext(out, y, params, rc.global_params, global_out,
                               prev_out, s.num_classes, rc.state, rc.payload)
             loss = _add_terms(task, parts, ctx, term_sums)
@@ -179,7 +179,7 @@ def _personal_step(personal: FedModel, optimizer: torch.optim.SGD, spec: MethodS
                    term_sums: dict[str, Tensor]) -> Tensor:
     """One Ditto step: task loss + (λ/2)‖w_L − w̄‖² + the constraint parts against the frozen global model."""
     out = personal(x, taps)
-    task = task_loss(spec.loss, out.logits, y, s.num_classes)
+    task = task_loss(spec.loss, out.logits, y)
     params = dict(personal.named_parameters())
     loss = task
     lam = spec.personalization.lam

@@ -150,7 +150,7 @@ def lockstep_update(ws: Workspace, global_state: Tensors, datas: list[Split], sp
             record = _recorder(sums, members)
 
             def global_loss(params: dict[str, Tensor]) -> Tensor:
-                task = _task_losses(spec.loss, forward(params, x)[0], y, s.num_classes)
+                task = _task_losses(spec.loss, forward(params, x)[0], y)
                 record("train_loss", task)
                 return task.sum()
 
@@ -178,11 +178,11 @@ def lockstep_update(ws: Workspace, global_state: Tensors, datas: list[Split], sp
     return uploads
 
 
-def _task_losses(kind: str, logits: Tensor, y: Tensor, num_classes: int) -> Tensor:
+def _task_losses(kind: str, logits: Tensor, y: Tensor) -> Tensor:
     """Per-client :func:`~fedlatent.methods.parts.task_loss` of (clients, batch, classes) logits:
     the same means, from one flat call outside vmap (cross-entropy's batching rule is a slow
     decomposition)."""
-    flat = task_loss(kind, logits.flatten(0, 1), y.flatten(), num_classes, reduction="none")
+    flat = task_loss(kind, logits.flatten(0, 1), y.flatten(), reduction="none")
     return flat.reshape(logits.shape[0], -1).mean(1)
 
 
@@ -209,7 +209,7 @@ def _personal_loss(spec: MethodSpec, forward: Callable, frozen: FedModel | None,
 
     def loss(params: dict[str, Tensor]) -> Tensor:
         out = _output(forward(params, x), taps)
-        task = _task_losses(spec.loss, out.logits, y, s.num_classes)
+        task = _task_losses(spec.loss, out.logits, y)
         record("personal_loss", task)
         total = task
         for part in spec.personalization.parts:

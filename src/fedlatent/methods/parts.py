@@ -188,12 +188,13 @@ class MethodSpec:
         return self.parts + self.personalization.parts
 
 
-def task_loss(kind: str, logits: Tensor, y: Tensor, num_classes: int, reduction: str = "mean") -> Tensor:
+def task_loss(kind: str, logits: Tensor, y: Tensor, reduction: str = "mean") -> Tensor:
     """Cross-entropy, or SphereFed's MSE (1/C)‖logits − onehot(y)‖² averaged over the batch
     (``reduction="none"``: per sample for cross-entropy, per sample and class for MSE, so that
     their mean is the default value)."""
-    if kind == "mse":
-        return F.mse_loss(logits, F.one_hot(y, num_classes).to(logits.dtype), reduction=reduction)
+    if kind == "mse":  # one-hot by scatter: F.one_hot validates the labels with two host syncs per call
+        target = torch.zeros(logits.shape, dtype=logits.dtype, device=logits.device).scatter_(1, y[:, None], 1.0)
+        return F.mse_loss(logits, target, reduction=reduction)
     return F.cross_entropy(logits, y, reduction=reduction)
 
 

@@ -102,23 +102,27 @@ class DeepKernel(nn.Module):
 
 
 def deep_kernel_matrix(kernel: DeepKernel, a: Tensor, b: Tensor | None = None, *,
-                       semantics: str = "official") -> Tensor:
+                       semantics: str = "official", raw_d2: Tensor | None = None) -> Tensor:
     """Gram matrix k(a_i, b_j), (n, m); ``b=None`` for k(a_i, a_j) with exact zero self-distances.
 
     "official": k = [(1 − ε)·exp(−‖φ(a) − φ(b)‖²/σ_φ²) + ε] · exp(−‖a − b‖²/σ_q²);
     "paper":    k = (1 − ε)·exp(−‖φ(a) − φ(b)‖²/σ_φ²) + ε · exp(−‖a − b‖²/σ_q²).
-    Distances on the raw inputs use the rows flattened to ``in_dim``.
+    Distances on the raw inputs use the rows flattened to ``in_dim``; ``raw_d2`` passes them in
+    when already known (:func:`train_deep_kernel` reuses them across its steps).
     """
     if semantics not in _SEMANTICS:
         raise ValueError(f"semantics = {semantics!r}: expected 'official' or 'paper'")
     a = _flatten(a, kernel.in_dim)
     if b is None:
-        d2_phi, d2_raw = squared_distances(kernel(a)), squared_distances(a)
+        d2_phi = squared_distances(kernel(a))
+        d2_raw = squared_distances(a) if raw_d2 is None else raw_d2
     else:
         b = _flatten(b, kernel.in_dim)
-        d2_phi, d2_raw = squared_distances(kernel(a), kernel(b)), squared_distances(a, b)
-    kappa = torch.exp(-d2_phi / kernel.sigma_phi ** 2)
-    q = torch.exp(-d2_raw / kernel.sigma_q ** 2)
+        d2_phi = squared_distances(kernel(a), kernel(b))
+        d2_raw = squared_distances(a, b) if raw_d2 is None else raw_d2
+    # exp(d² · (−1/σ²)) with −1/σ² = −exp(−2 log σ) as one scalar: one pass over the matrix
+    kappa = torch.exp(d2_phi * -torch.exp(-2.0 * kernel.log_sigma_phi))
+    q = torch.exp(d2_raw * -torch.exp(-2.0 * kernel.log_sigma_q))
     eps = kernel.eps
     if semantics == "official":
         return ((1.0 - eps) * kappa + eps) * q
@@ -159,12 +163,9 @@ def mmd_d_power(x: Tensor, y: Tensor, kernel: DeepKernel, *, semantics: str = "o
     MMD²_u = (1/(n(n−1))) Σ_{i≠j} H_ij and σ̂²_H1 = 4/n³ Σ_i (Σ_j H_ij)² − 4/n⁴ (Σ_ij H_ij)², sums
     over all j (diagonal included), clamped at 0 against rounding. Needs n = m ≥ 2.
     """
-    kxx, kyy, kxy = _gram_blocks(x, y, kernel, semantics)
-    n = kxx.shape[0]
-    _require_equal(n, kyy.shape[0], "mmd_d_power (Liu et al. Eq. 5 pairs x_i with y_i)")
-    h = kxx + kyy - kxy - kxy.T
-    var = (4.0 / n ** 3 * h.sum(1).pow(2).sum() - 4.0 / n ** 4 * h.sum().pow(2)).clamp_min(0.0)
-    return _mmd_u(h) / torch.sqrt(var + reg)
+    _require_equal(_flatten(x, kernel.in_dim).shape[0], _flatten(y, kernel.in_dim).shape[0],
+                   "mmd_d_power (Liu et al. Eq. 5 pairs x_i with y_i)")
+    return _power(_paired_h(x, y, kernel, semantics), reg)
 
 
 def train_deep_kernel(kernel: DeepKernel, x: Tensor, y: Tensor, *, steps: int, lr: float = 1e-3,
@@ -179,11 +180,14 @@ def train_deep_kernel(kernel: DeepKernel, x: Tensor, y: Tensor, *, steps: int, l
     if steps < 0:
         raise ValueError(f"steps = {steps}: must be ≥ 0")
     x, y = x.detach(), y.detach()
+    _require_equal(_flatten(x, kernel.in_dim).shape[0], _flatten(y, kernel.in_dim).shape[0],
+                   "train_deep_kernel (Liu et al. Eq. 5 pairs x_i with y_i)")
+    raw_d2 = squared_distances(torch.cat([_flatten(x, kernel.in_dim), _flatten(y, kernel.in_dim)])) if steps else None
     opt = torch.optim.AdamW(kernel.parameters(), lr=lr, weight_decay=weight_decay)
     values: list[float] = []
     for _ in range(steps):
         opt.zero_grad(set_to_none=True)
-        power = mmd_d_power(x, y, kernel, semantics=semantics, reg=reg)
+        power = _power(_paired_h(x, y, kernel, semantics, raw_d2), reg)
         (-power).backward()
         opt.step()
         values.append(float(power.detach()))
@@ -217,6 +221,22 @@ def _gram_blocks(x: Tensor, y: Tensor, kernel: DeepKernel, semantics: str) -> tu
     n = x.shape[0]
     k = deep_kernel_matrix(kernel, torch.cat([x, y]), semantics=semantics)
     return k[:n, :n], k[n:, n:], k[:n, n:]
+
+
+def _paired_h(x: Tensor, y: Tensor, kernel: DeepKernel, semantics: str, raw_d2: Tensor | None = None) -> Tensor:
+    """H_ij = K^xx_ij + K^yy_ij − K^xy_ij − K^xy_ji, the last read off the symmetric [x; y] Gram
+    matrix's lower-left block (no transposed copy)."""
+    x, y = _flatten(x, kernel.in_dim), _flatten(y, kernel.in_dim)
+    n = x.shape[0]
+    k = deep_kernel_matrix(kernel, torch.cat([x, y]), semantics=semantics, raw_d2=raw_d2)
+    return k[:n, :n] + k[n:, n:] - k[:n, n:] - k[n:, :n]
+
+
+def _power(h: Tensor, reg: float) -> Tensor:
+    """Ĵ = MMD²_u / sqrt(σ̂²_H1 + reg) from the paired matrix H (Liu et al. Eq. 4–5)."""
+    n = h.shape[0]
+    var = (4.0 / n ** 3 * h.sum(1).pow(2).sum() - 4.0 / n ** 4 * h.sum().pow(2)).clamp_min(0.0)
+    return _mmd_u(h) / torch.sqrt(var + reg)
 
 
 def _mmd_u(h: Tensor) -> Tensor:

@@ -10,9 +10,9 @@ sequential client: the weights agree with the simulation backend up to floating-
 Clients with fewer batches drop out of the later steps; a step whose active clients hold batches of
 different sizes (an epoch's short last batch) runs once per batch size. Supported: models without
 buffers (no BatchNorm running statistics) or randomness, no augmentation, global-step parts without
-client-side hooks (server optimisers, FedNova's aggregation), and Ditto with parts that implement
-:meth:`~fedlatent.methods.parts.Part.lockstep_loss` (cosine, MK-MMD). :func:`unsupported` says why
-a run is not.
+client-side hooks (server optimisers, FedNova's aggregation) or with a lockstep form of their loss
+(:meth:`~fedlatent.methods.parts.Part.lockstep_loss`: FedProx, FedUV, FedDecorr), and Ditto with
+constraints that have one (cosine, MK-MMD). :func:`unsupported` says why a run is not.
 """
 from __future__ import annotations
 
@@ -26,10 +26,11 @@ from torch.func import functional_call, vmap
 
 from fedlatent.data.types import Split
 from fedlatent.federated.client import PERSONAL, LocalSettings, Workspace, batches, prefixed
-from fedlatent.methods.parts import ClientRound, MethodSpec, Part, Tensors, Upload, task_loss, trainable_names
+from fedlatent.methods.parts import (ClientRound, LockstepContext, MethodSpec, Part, Tensors, Upload, task_loss,
+                                     trainable_names)
 from fedlatent.models.base import FedModel, ModelOutput
 
-CLIENT_HOOKS = ("begin", "loss", "after_step", "finish")
+STEP_HOOKS = ("begin", "after_step", "finish")  # client hooks the lockstep global step does not call
 
 
 def unsupported(spec: MethodSpec, model: FedModel, augment: bool) -> str | None:
@@ -41,12 +42,13 @@ def unsupported(spec: MethodSpec, model: FedModel, augment: bool) -> str | None:
     if augment:
         return "data augmentation is not supported"
     for part in spec.parts:
-        hooks = [h for h in CLIENT_HOOKS if getattr(type(part), h) is not getattr(Part, h)]
-        if hooks or part.needs_global_out or part.needs_prev_out or part.needs_global_params:
+        hooks = [h for h in STEP_HOOKS if getattr(type(part), h) is not getattr(Part, h)]
+        has_loss = type(part).loss is not Part.loss
+        if hooks or part.needs_global_out or part.needs_prev_out or (has_loss and not part.has_lockstep_form()):
             return f"part '{part.name}' acts on the client's training step, which has no lockstep form yet"
     if spec.personalization.kind == "ditto":
         for part in spec.personalization.parts:
-            if type(part).lockstep_loss is Part.lockstep_loss:
+            if not part.has_lockstep_form():
                 return f"Ditto constraint '{part.name}' has no lockstep form yet"
     return None
 
@@ -127,8 +129,9 @@ def lockstep_update(ws: Workspace, global_state: Tensors, datas: list[Split], sp
         rc.global_params = {n: global_state[n].to(device) for n in names}
         for part in personal_parts:
             part.begin(rc)
-    taps = tuple(sorted(frozenset().union(*(p.taps for p in personal_parts)))) if personal_parts else ()
+    taps = tuple(sorted(frozenset().union(*(p.taps for p in personal_parts + spec.parts))))
     forward = vmap(_forward(model, taps))
+    global_params = rcs[0].global_params
     personal_stack = _Stack([prefixed(rc.state, PERSONAL) or global_state for rc in rcs], names, trainable,
                             device, anchor=global_state, pull=spec.personalization.lam) if ditto else None
     frozen = None
@@ -150,13 +153,15 @@ def lockstep_update(ws: Workspace, global_state: Tensors, datas: list[Split], sp
             record = _recorder(sums, members)
 
             def global_loss(params: dict[str, Tensor]) -> Tensor:
-                task = _task_losses(spec.loss, forward(params, x)[0], y)
+                out = _output(forward(params, x), taps)
+                task = _task_losses(spec.loss, out.logits, y)
                 record("train_loss", task)
-                return task.sum()
+                return _with_terms(task, spec.parts, LockstepContext(
+                    out, y, params, global_params, None, s.num_classes, [rcs[c] for c in members]), record)
 
             global_stack.step(group, global_loss, s)
             if ditto:
-                personal_stack.step(group, _personal_loss(spec, forward, frozen, taps, x, y, s,
+                personal_stack.step(group, _personal_loss(spec, forward, frozen, taps, x, y, s, global_params,
                                                           [rcs[c] for c in members], record), s)
     seconds = time.perf_counter() - started
     uploads = []
@@ -195,9 +200,22 @@ def _recorder(sums: dict[str, Tensor], members: list[int]) -> Callable[[str, Ten
     return record
 
 
+def _with_terms(task: Tensor, parts: list[Part], ctx: LockstepContext,
+                record: Callable[[str, Tensor], None]) -> Tensor:
+    """Σ over clients of task + Σ weight·term, each part's (clients,) term recorded."""
+    total = task
+    for part in parts:
+        if type(part).loss is Part.loss:  # a part without a loss term (server-side only)
+            continue
+        value = part.lockstep_loss(ctx)
+        record(part.name, value)
+        total = total + part.weight * value
+    return total.sum()
+
+
 def _personal_loss(spec: MethodSpec, forward: Callable, frozen: FedModel | None, taps: tuple[str, ...],
-                   x: Tensor, y: Tensor, s: LocalSettings, rcs: list[ClientRound],
-                   record: Callable[[str, Tensor], None]) -> Callable[[dict[str, Tensor]], Tensor]:
+                   x: Tensor, y: Tensor, s: LocalSettings, global_params: dict[str, Tensor],
+                   rcs: list[ClientRound], record: Callable[[str, Tensor], None]) -> Callable[[dict[str, Tensor]], Tensor]:
     """The Ditto personal objective of a group but its (λ/2)‖w_L − w̄‖² (``_Stack``'s pull):
     task + Σ μ·constraint, summed over clients."""
     global_out = None
@@ -211,10 +229,6 @@ def _personal_loss(spec: MethodSpec, forward: Callable, frozen: FedModel | None,
         out = _output(forward(params, x), taps)
         task = _task_losses(spec.loss, out.logits, y)
         record("personal_loss", task)
-        total = task
-        for part in spec.personalization.parts:
-            value = part.lockstep_loss(out, global_out, rcs)
-            record(part.name, value)
-            total = total + part.weight * value
-        return total.sum()
+        return _with_terms(task, spec.personalization.parts, LockstepContext(
+            out, y, params, global_params, global_out, s.num_classes, rcs), record)
     return loss

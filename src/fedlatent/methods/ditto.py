@@ -56,7 +56,7 @@ from fedlatent.errors import ConfigError
 from fedlatent.losses.mmd import (kernel_bandwidths, mk_mmd, mk_mmd_batch, mmd_estimates_with_covariance_batch,
                                   optimize_kernel_weights)
 from fedlatent.losses.mmd_d import DeepKernel, mmd_d, train_deep_kernel
-from fedlatent.methods.parts import ClientRound, MethodSpec, Part, Personalization, TermContext
+from fedlatent.methods.parts import ClientRound, LockstepContext, MethodSpec, Part, Personalization, TermContext
 from fedlatent.methods.registry import register_part, register_preset
 from fedlatent.models.base import ModelOutput
 from fedlatent.seeding import KERNEL_INIT, derive_seed
@@ -148,14 +148,11 @@ class Cosine(FeatureDrift):
     """d = mean over the batch of (1 − cos(f_L(x), f_ḡ(x))), summed over layers."""
 
     name = "cosine"
+    output_only = True
 
     def loss(self, ctx: TermContext) -> Tensor:
         return sum((1.0 - F.cosine_similarity(p, g, dim=1)).mean()
                    for p, g in self.pairs(ctx.out, ctx.global_out).values())
-
-    def lockstep_loss(self, out: ModelOutput, global_out: ModelOutput | None, rcs: list[ClientRound]) -> Tensor:
-        return sum((1.0 - F.cosine_similarity(p, g, dim=-1)).mean(1)
-                   for p, g in self.pairs(out, global_out, batch_dims=2).values())
 
 
 class _Window:
@@ -215,9 +212,9 @@ class MkMmd(FeatureDrift):
         return sum(mk_mmd(p, g, betas=ctx.state[self.key(l)], kernel=self.kernel, normalize=self.normalize,
                           estimator=self.estimator) for l, (p, g) in pairs.items())
 
-    def lockstep_loss(self, out: ModelOutput, global_out: ModelOutput | None, rcs: list[ClientRound]) -> Tensor:
-        pairs = self.pairs(out, global_out, batch_dims=2)
-        due = []
+    def lockstep_loss(self, ctx: LockstepContext) -> Tensor:
+        pairs = self.pairs(ctx.out, ctx.global_out, batch_dims=2)
+        rcs, due = ctx.rcs, []
         for i, rc in enumerate(rcs):
             window = self._windows[rc.client_id]
             window.observe({l: (p[i], g[i]) for l, (p, g) in pairs.items()})

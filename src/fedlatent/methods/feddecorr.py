@@ -18,6 +18,7 @@ from fedlatent.methods.registry import register_part, register_preset
 
 class Decorrelation(Part):
     name = "decorrelation"
+    output_only = True
 
     def __init__(self, beta: float, semantics: str) -> None:
         if semantics not in ("paper", "official"):

@@ -23,6 +23,7 @@ from fedlatent.methods.registry import register_part, register_preset
 
 class Uniformity(Part):
     name = "uniformity"
+    output_only = True
 
     def __init__(self, mu: float, sigma_factor: float, detach_sigma: bool) -> None:
         self.weight, self.sigma_factor, self.detach_sigma = mu, sigma_factor, detach_sigma
@@ -33,6 +34,7 @@ class Uniformity(Part):
 
 class Variance(Part):
     name = "variance"
+    output_only = True
 
     def __init__(self, lam: float, hinge: str, gamma: float) -> None:
         if hinge not in ("hinge", "none", "squared"):

@@ -37,6 +37,21 @@ class TermContext:
 
 
 @dataclass
+class LockstepContext:
+    """What a loss term may read for a group of clients trained at once (the vectorized backend):
+    outputs and labels with a leading client axis, the stacked weights being trained, the round's
+    global weights (no client axis) and the clients' rounds in the same order."""
+
+    out: ModelOutput
+    y: Tensor
+    params: dict[str, Tensor]
+    global_params: dict[str, Tensor]
+    global_out: ModelOutput | None
+    num_classes: int
+    rcs: list["ClientRound"]
+
+
+@dataclass
 class ClientRound:
     """One client's round as the hooks see it: the model being trained, its stores and settings."""
 
@@ -77,6 +92,9 @@ class Part:
     ``needs_prev_out`` make the client run the frozen global / previous local model on the
     batch (MOON, feature-drift constraints); ``taps`` names intermediate features to return;
     ``needs_global_params`` keeps a snapshot of the round's global weights (FedProx, SCAFFOLD).
+    ``output_only`` declares that :meth:`loss` reads nothing but ``ctx.out``, ``ctx.y``,
+    ``ctx.global_out`` and ``ctx.num_classes`` and has no side effects, so that the vectorized
+    backend can evaluate it for many clients at once with ``torch.vmap``.
     """
 
     name: str = "part"
@@ -86,6 +104,7 @@ class Part:
     needs_prev_out: bool = False
     needs_global_params: bool = False
     owns_aggregation: bool = False
+    output_only: bool = False
 
     def configure(self, spec: "MethodSpec") -> None:
         """Adjust the method's head, task loss or calibration (SphereFed's part does); called once
@@ -100,12 +119,16 @@ class Part:
         """This part's loss term for one batch (unweighted), or None."""
         return None
 
-    def lockstep_loss(self, out: ModelOutput, global_out: ModelOutput | None,
-                      rcs: list[ClientRound]) -> Tensor:
-        """:meth:`loss` for a group of clients trained at once (the vectorized backend): ``out`` and
-        ``global_out`` hold (clients, batch, …) tensors, ``rcs`` the clients in that order; returns
-        the (clients,) unweighted terms. Only Ditto constraint parts implement it so far."""
-        raise NotImplementedError(f"part '{self.name}' has no lockstep form")
+    def lockstep_loss(self, ctx: LockstepContext) -> Tensor:
+        """:meth:`loss` for a group of clients trained at once (the vectorized backend): the
+        (clients,) unweighted terms. By default :meth:`loss` under ``torch.vmap`` for an
+        ``output_only`` part; a part with state or weights in its term overrides this."""
+        if not self.output_only:
+            raise NotImplementedError(f"part '{self.name}' has no lockstep form")
+        return vmap_loss(self.loss, ctx)
+
+    def has_lockstep_form(self) -> bool:
+        return self.output_only or type(self).lockstep_loss is not Part.lockstep_loss
 
     def after_step(self, rc: ClientRound) -> None:
         """After each optimiser step (e.g. SCAFFOLD's control-variate correction)."""
@@ -186,6 +209,24 @@ class MethodSpec:
 
     def all_parts(self) -> list[Part]:
         return self.parts + self.personalization.parts
+
+
+def vmap_loss(loss, ctx: LockstepContext) -> Tensor:
+    """``loss(TermContext)`` per client of ``ctx`` with ``torch.vmap``; the TermContext carries the
+    client's outputs, labels and ``num_classes`` only (weights, state and payload are empty)."""
+    taps = tuple(ctx.out.features)
+    g = ctx.global_out
+    global_taps = tuple(g.features) if g is not None else ()
+
+    def one(out_values: tuple, global_values: tuple, y: Tensor) -> Tensor:
+        out = ModelOutput(out_values[0], out_values[1], dict(zip(taps, out_values[2:])))
+        global_out = ModelOutput(global_values[0], global_values[1], dict(zip(global_taps, global_values[2:]))) \
+            if global_values else None
+        return loss(TermContext(out, y, {}, {}, global_out, None, ctx.num_classes, {}, {}))
+
+    out_values = (ctx.out.logits, ctx.out.z, *ctx.out.features.values())
+    global_values = (g.logits, g.z, *g.features.values()) if g is not None else ()
+    return torch.vmap(one)(out_values, global_values, ctx.y)
 
 
 def task_loss(kind: str, logits: Tensor, y: Tensor, reduction: str = "mean") -> Tensor:

@@ -8,8 +8,9 @@ permutations, drawn exactly as ``client.batches`` draws them) and the same Ditto
 sequential client: the weights agree with the simulation backend up to floating-point rounding.
 
 Clients with fewer batches drop out of the later steps; a step whose active clients hold batches of
-different sizes (an epoch's short last batch) runs once per batch size. Supported: models without
-buffers (no BatchNorm running statistics) or randomness, no augmentation, global-step parts without
+different sizes (an epoch's short last batch) runs once per batch size. BatchNorm statistics are
+stacked with the weights and updated per client. Supported: models without randomness (dropout),
+no augmentation, global-step parts without
 client-side hooks (server optimisers, FedNova's aggregation) or with a lockstep form of their loss
 (:meth:`~fedlatent.methods.parts.Part.lockstep_loss`: FedProx, FedUV, FedDecorr), and Ditto with
 constraints that have one (cosine, MK-MMD). :func:`unsupported` says why a run is not.
@@ -35,8 +36,6 @@ STEP_HOOKS = ("begin", "after_step", "finish")  # client hooks the lockstep glob
 
 def unsupported(spec: MethodSpec, model: FedModel, augment: bool) -> str | None:
     """Why ``spec`` on ``model`` cannot train in lockstep (one line), or None when it can."""
-    if any(True for _ in model.buffers()):
-        return "models with buffers (BatchNorm running statistics) are not supported yet"
     if any(isinstance(m, torch.nn.Dropout) for m in model.modules()):
         return "models with dropout are not supported"
     if augment:
@@ -58,6 +57,7 @@ class _Stack:
 
     def __init__(self, states: list[Tensors], names: list[str], trainable: list[str], device: torch.device,
                  anchor: Tensors | None = None, pull: float = 0.0) -> None:
+        # weights and buffers (BatchNorm statistics: the forward updates them in place, per client)
         self.params = {n: torch.stack([s[n] for s in states]).to(device) for n in names}
         self.trainable = trainable
         self.momentum = {n: torch.zeros_like(self.params[n]) for n in trainable}
@@ -98,6 +98,9 @@ class _Stack:
                 else:
                     self.params[n].index_copy_(0, group, leaf.detach())
                     self.momentum[n].index_copy_(0, group, buf)
+            if group is not None:  # the group's buffers were updated in its copies
+                for n in self.params.keys() - set(self.trainable):
+                    self.params[n].index_copy_(0, group, params[n])
 
 
 def _forward(model: FedModel, taps: tuple[str, ...]) -> Callable:
@@ -118,7 +121,8 @@ def lockstep_update(ws: Workspace, global_state: Tensors, datas: list[Split], sp
     ``rc.state`` in place and return their uploads (as :func:`client.local_update` would, one by one)."""
     started = time.perf_counter()
     model, device, count = ws.model, s.device, len(rcs)
-    names = [n for n, _ in model.named_parameters()]
+    model.train()  # the template's mode is what functional_call runs (BatchNorm: batch statistics)
+    names = list(model.state_dict())
     trainable = trainable_names(model)
     plans = [[idx for _ in range(s.epochs) for idx in batches(len(d), s.batch_size, s.drop_last, g)]
              for d, g in zip(datas, generators)]
@@ -126,7 +130,7 @@ def lockstep_update(ws: Workspace, global_state: Tensors, datas: list[Split], sp
     ditto = spec.personalization.kind == "ditto"
     personal_parts = spec.personalization.parts if ditto else []
     for rc in rcs:
-        rc.global_params = {n: global_state[n].to(device) for n in names}
+        rc.global_params = {n: global_state[n].to(device) for n, _ in model.named_parameters()}
         for part in personal_parts:
             part.begin(rc)
     taps = tuple(sorted(frozenset().union(*(p.taps for p in personal_parts + spec.parts))))

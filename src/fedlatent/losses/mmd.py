@@ -112,8 +112,8 @@ def mmd_estimates(x: Tensor, y: Tensor, *, gammas: Tensor | None = None, kernel:
     x, y, scales = _prepare(x, y, gammas, kernel, estimator, normalize)
     if estimator == "linear":
         return _linear_h(x, y, scales).mean(1)
-    kxx, kyy, kxy = _kernel_blocks(x, y, scales)
-    return kxx.mean((1, 2)) + kyy.mean((1, 2)) - 2.0 * kxy.mean((1, 2))
+    kxx, kyy, kxy, back = _kernel_blocks(x, y, scales)
+    return (kxx.mean((1, 2)) + kyy.mean((1, 2)) - 2.0 * kxy.mean((1, 2)))[back]
 
 
 def mmd_estimates_covariance(x: Tensor, y: Tensor, *, gammas: Tensor | None = None,
@@ -166,37 +166,24 @@ def mmd_estimates_with_covariance(x: Tensor, y: Tensor, *, gammas: Tensor | None
             raise ValueError(f"quadruples='paired' needs equal batch sizes ≥ 2, got {n} and {m}")
         m_hat, q = _paired_moments(x[None], y[None], scales)
         return m_hat[0], q[0]
-    kxx, kyy, kxy = _kernel_blocks(x, y, scales)
-    ma, mb, mc = kxx.mean((1, 2)), kyy.mean((1, 2)), kxy.mean((1, 2))
-    estimates = ma + mb - 2.0 * mc
-
-    def second_moment(k: Tensor) -> Tensor:  # E[k_i k_j] over the entries of a (K, p, q) stack
-        flat = k.reshape(k.shape[0], -1)
-        return flat @ flat.T / flat.shape[1]
-
-    cov_aa = second_moment(kxx) - torch.outer(ma, ma)
-    cov_bb = second_moment(kyy) - torch.outer(mb, mb)
-    cov_cc = second_moment(kxy) - torch.outer(mc, mc)
-    # A and C share the x-index s: E_s[mean_t A_st · mean_v C_sv]
-    cov_ac = kxx.mean(2) @ kxy.mean(2).T / n - torch.outer(ma, mc)
-    # B and C share the y-index v: E_v[mean_u B_uv · mean_s C_sv]
-    cov_bc = kyy.mean(1) @ kxy.mean(1).T / m - torch.outer(mb, mc)
-    return estimates, cov_aa + cov_bb + 2.0 * cov_cc - 2.0 * (cov_ac + cov_ac.T) - 2.0 * (cov_bc + cov_bc.T)
+    m_hat, q = _all_moments(x[None], y[None], scales)
+    return m_hat[0], q[0]
 
 
 def mmd_estimates_with_covariance_batch(xs: Tensor, ys: Tensor, *, gammas: Tensor | None = None,
                                         kernel: str = "paper", estimator: str = "biased", normalize: bool = False,
                                         quadruples: str = "all") -> tuple[Tensor, Tensor]:
     """:func:`mmd_estimates_with_covariance` for B problems at once: (B, n, …) and (B, m, …) ↦
-    (B, K), (B, K, K). The paired definition runs as one batched computation (several clients'
-    kernel-weight refreshes together); the others loop over the batch."""
+    (B, K), (B, K, K). The biased estimator's covariances run as one batched computation (several
+    clients' kernel-weight refreshes together); the linear one loops over the batch."""
     if xs.ndim < 3 or ys.ndim < 3 or xs.shape[0] != ys.shape[0]:
         raise ValueError(f"expected (B, n, …) and (B, m, …) stacks, got {tuple(xs.shape)} and {tuple(ys.shape)}")
     opts = dict(gammas=gammas, kernel=kernel, estimator=estimator, normalize=normalize, quadruples=quadruples)
-    if quadruples == "paired" and estimator == "biased" and xs.shape[1] == ys.shape[1] >= 2:
-        _check_choice("kernel", kernel, _KERNELS)
+    _check_choice("quadruples", quadruples, _QUADRUPLES)
+    if estimator == "biased" and (quadruples == "all" or xs.shape[1] == ys.shape[1] >= 2):
         x, y, scales = _prepare(xs.flatten(0, 1), ys.flatten(0, 1), gammas, kernel, estimator, normalize)
-        return _paired_moments(x.unflatten(0, xs.shape[:2]), y.unflatten(0, ys.shape[:2]), scales)
+        moments = _paired_moments if quadruples == "paired" else _all_moments
+        return moments(x.unflatten(0, xs.shape[:2]), y.unflatten(0, ys.shape[:2]), scales)
     stats = [mmd_estimates_with_covariance(x, y, **opts) for x, y in zip(xs, ys)]
     return torch.stack([m for m, _ in stats]), torch.stack([q for _, q in stats])
 
@@ -358,11 +345,53 @@ def _default_scales(kernel: str, dtype: torch.dtype, device: torch.device) -> Te
     return (g if kernel == "paper" else 1.0 / g).to(dtype=dtype, device=device)
 
 
-def _kernel_blocks(x: Tensor, y: Tensor, scales: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """(K, n, n), (K, m, m), (K, n, m) kernel matrices from one distance matrix of [x; y]."""
-    n = x.shape[0]
-    k = torch.exp(-scales[:, None, None] * squared_distances(torch.cat([x, y]))[None])
-    return k[:, :n, :n], k[:, n:, n:], k[:, :n, n:]
+def _kernel_blocks(x: Tensor, y: Tensor, scales: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """(K, n, n), (K, m, m), (K, n, m) kernel matrices, contiguous, with the kernel axis in
+    :func:`_gaussians`' squaring order, and the permutation that restores the order of ``scales``
+    (callers apply it to their K-sized results)."""
+    levels = _squaring_levels(tuple(scales.detach().to("cpu", torch.float64).tolist()))
+    kxx, order = _gaussians(scales, squared_distances(x), levels)
+    kyy, _ = _gaussians(scales, squared_distances(y), levels)
+    kxy, _ = _gaussians(scales, squared_distances(x, y), levels)
+    return kxx, kyy, kxy, torch.as_tensor(order, device=x.device).argsort()
+
+
+def _all_moments(x: Tensor, y: Tensor, scales: Tensor) -> tuple[Tensor, Tensor]:
+    """(m̂, Q) over all n²m² index quadruples (see :func:`mmd_estimates_covariance`), batched:
+    x (B, n, d), y (B, m, d) ↦ (B, K), (B, K, K). From kernel-matrix moments, no n²m² tensor:
+    Cov_AA + Cov_BB + 2 Cov_CC − 2(Cov_AC + Cov_ACᵀ) − 2(Cov_BC + Cov_BCᵀ), A = k(x_s, x_t),
+    B = k(y_u, y_v), C = k(x_s, y_v); cross terms of index-disjoint parts vanish."""
+    n, m = x.shape[1], y.shape[1]
+    levels = _squaring_levels(tuple(scales.detach().to("cpu", torch.float64).tolist()))
+
+    def block(a: Tensor, b: Tensor, same: bool) -> Tensor:  # (B, K, p, q) kernel values
+        d2 = _cross_distances(a, b)
+        if same:  # exact zero self-distances: k(a_s, a_s) = 1
+            d2 = d2.masked_fill(torch.eye(a.shape[1], dtype=torch.bool, device=a.device), 0.0)
+        return _gaussians(scales, d2, levels, dim=1)[0]
+
+    kxx, kyy, kxy = block(x, x, True), block(y, y, True), block(x, y, False)
+    order = [j for kernels, _ in levels for j in kernels]
+    ma, mb, mc = kxx.mean((2, 3)), kyy.mean((2, 3)), kxy.mean((2, 3))
+
+    def outer(u: Tensor, v: Tensor) -> Tensor:
+        return u[:, :, None] * v[:, None, :]
+
+    def second_moment(k: Tensor) -> Tensor:  # E[k_i k_j] over the entries of a (B, K, p, q) stack
+        flat = k.flatten(2)
+        return flat @ flat.transpose(1, 2) / flat.shape[2]
+
+    cov_aa = second_moment(kxx) - outer(ma, ma)
+    cov_bb = second_moment(kyy) - outer(mb, mb)
+    cov_cc = second_moment(kxy) - outer(mc, mc)
+    # A and C share the x-index s: E_s[mean_t A_st · mean_v C_sv]
+    cov_ac = kxx.mean(3) @ kxy.mean(3).transpose(1, 2) / n - outer(ma, mc)
+    # B and C share the y-index v: E_v[mean_u B_uv · mean_s C_sv]
+    cov_bc = kyy.mean(2) @ kxy.mean(2).transpose(1, 2) / m - outer(mb, mc)
+    covariance = (cov_aa + cov_bb + 2.0 * cov_cc - 2.0 * (cov_ac + cov_ac.transpose(1, 2))
+                  - 2.0 * (cov_bc + cov_bc.transpose(1, 2)))
+    back = torch.as_tensor(order, device=x.device).argsort()
+    return (ma + mb - 2.0 * mc)[:, back], covariance[:, back][:, :, back]
 
 
 def _paired_moments(x: Tensor, y: Tensor, scales: Tensor, chunk_elements: int = 1 << 20) -> tuple[Tensor, Tensor]:

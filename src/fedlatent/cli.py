@@ -5,7 +5,6 @@ Exit codes: 0 success, 2 invalid input (one line on stderr, no traceback), 1 any
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from pathlib import Path

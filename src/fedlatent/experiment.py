@@ -8,8 +8,6 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from fedlatent.analysis.plots import learning_curves, partition_heatmap
 from fedlatent.analysis.tables import partition_table
 from fedlatent.backends import simulation, vectorized

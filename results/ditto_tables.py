@@ -53,9 +53,8 @@ def run(job: tuple[str, str, list[str]]) -> Path:
     if (out / "summary.json").exists():
         return out
     resume = ["--resume"] if (out / "checkpoints").exists() else []
-    cmd = FEDLATENT + ["run", config, "--no-progress", "--out", str(out), *resume]
-    if not resume:  # a resumed run keeps the backend it started with (its config.toml)
-        cmd += ["--set", f'backend="{backend_for(config)}"']
+    cmd = FEDLATENT + ["run", config, "--no-progress", "--out", str(out), *resume,
+                       "--set", f'backend="{backend_for(config)}"']
     for o in overrides:
         cmd += ["--set", o]
     subprocess.run(cmd, cwd=ROOT, check=True, stdout=subprocess.DEVNULL)

@@ -16,6 +16,7 @@ import json
 import statistics
 import subprocess
 import sys
+import tomllib
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -65,6 +66,11 @@ def final(out: Path) -> dict:
     return json.loads((out / "summary.json").read_text())["final"]
 
 
+def backend_of(out: Path) -> str:
+    """The backend a finished run used (its resolved config.toml)."""
+    return tomllib.loads((out / "config.toml").read_text()).get("backend", "simulation")
+
+
 def release_jobs() -> list[tuple[str, str, list[str]]]:
     jobs = [(f"release-{m}", f"configs/ditto/release_{m}.toml", []) for m in RELEASE]
     jobs += [(f"standard-{m}", f"configs/ditto/release_{m}.toml", ["model.softmax_output=false", *STANDARD[m]])
@@ -83,7 +89,8 @@ def per_client_table(rows: list[tuple[str, Path]]) -> str:
         return "(not run yet)"
     clients = [r["client"] for r in final(rows[0][1])["per_client"]]
     lines = ["| client | majority rate | " + " | ".join(n for n, _ in rows) + " |",
-             "|---|---|" + "---|" * len(rows)]
+             "|---|---|" + "---|" * len(rows),
+             "| backend | | " + " | ".join(backend_of(p) for _, p in rows) + " |"]
     base = {r["client"]: r["majority_baseline"] for r in final(rows[0][1])["per_client"]}
     accs = {n: {r["client"]: r["accuracy"] for r in final(p)["per_client"]} for n, p in rows}
     for c in clients:
@@ -94,19 +101,21 @@ def per_client_table(rows: list[tuple[str, Path]]) -> str:
 
 
 def paper_table(seeds: list[int], settings: list[str]) -> str:
-    lines = ["| setting | method | personal acc. (mean ± std over seeds) | published | majority baseline | seeds |",
-             "|---|---|---|---|---|---|"]
+    lines = ["| setting | method | personal acc. (mean ± std over seeds) | published | majority baseline | seeds | backend |",
+             "|---|---|---|---|---|---|---|"]
     for s in settings:
         for m in PAPER:
             outs = [RUNS / f"paper{s}-{m}-seed{seed}" for seed in seeds]
-            done = [final(o) for o in outs if (o / "summary.json").exists()]
+            finished = [o for o in outs if (o / "summary.json").exists()]
+            done = [final(o) for o in finished]
             if not done:
                 continue
+            backends = "/".join(sorted({backend_of(o) for o in finished}))
             acc = [100 * f["personalized_accuracy"] for f in done]
             base = [100 * f["majority_baseline_accuracy"] for f in done]
             spread = f" ± {statistics.stdev(acc):.2f}" if len(acc) > 1 else ""
             lines.append(f"| ({s[0]}.{s[1]}, {s[0]}.{s[1]}) | {m} | {statistics.mean(acc):.2f}{spread} | {PUBLISHED[s][m]:.2f} | "
-                         f"{statistics.mean(base):.2f} | {len(done)} |")
+                         f"{statistics.mean(base):.2f} | {len(done)} | {backends} |")
     return "\n".join(lines)
 
 

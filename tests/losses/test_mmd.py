@@ -333,6 +333,13 @@ def test_estimates_with_covariance_batch_equals_one_problem_at_a_time() -> None:
             m, q = mmd_estimates_with_covariance(x, y, kernel="paper", normalize=True, quadruples=quadruples)
             torch.testing.assert_close(ms[i], m, rtol=1e-9, atol=1e-13)
             torch.testing.assert_close(qs[i], q, rtol=1e-9, atol=1e-13)
+    ms, qs = mmd_estimates_with_covariance_batch(xs, ys, estimator="linear")  # loops over the batch
+    m, q = mmd_estimates_with_covariance(xs[1], ys[1], estimator="linear")
+    torch.testing.assert_close((ms[1], qs[1]), (m, q))
+    with pytest.raises(ValueError, match="stacks"):
+        mmd_estimates_with_covariance_batch(xs[0], ys[0])
+    with pytest.raises(ValueError, match="quadruples"):
+        mmd_estimates_with_covariance_batch(xs, ys, quadruples="some")
 
 
 def test_gaussians_by_squaring_equal_exponentials() -> None:

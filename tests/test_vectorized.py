@@ -110,13 +110,32 @@ def test_ditto_mkmmd_with_refreshes_matches_simulation(quadruples: str) -> None:
     _assert_same_run(config)
 
 
+@pytest.mark.parametrize("semantics", ["paper", "official"])
+def test_ditto_mmdd_fixed_kernels_match_simulation(semantics: str) -> None:
+    """The deep-kernel term of all clients from one vmap over their stacked kernels."""
+    _assert_same_run(small_config("ditto_mmdd", rounds=2, train_steps=0, semantics=semantics))
+
+
+def test_ditto_mmdd_with_kernel_training_matches_simulation() -> None:
+    """With kernel training the two trainers agree only loosely: a fresh AdamW's first step is
+    lr·g/|g| per weight, so a weight whose gradient rounding moves across 0 steps the other way
+    (kernel weights differ by up to ~1e-2 after a round, the personal models by ~2e-4)."""
+    config = small_config("ditto_mmdd", rounds=1, kernel_every=4, kernel_batches=3, train_steps=2)
+    ref, ref_lines = _rounds(config, simulation.train_in_turn)
+    got, got_lines = _rounds(config, lockstep_update)
+    for ref_state, got_state in zip(ref.client_states, got.client_states):
+        assert sorted(got_state) == sorted(ref_state)
+        for k, v in ref_state.items():
+            torch.testing.assert_close(got_state[k], v, atol=3e-2 if k.startswith("mmd_d.") else 1e-3, rtol=0)
+    assert got_lines[0]["term_mmd_d"] == pytest.approx(ref_lines[0]["term_mmd_d"], rel=1e-2)
+
+
 def test_ditto_mkmmd_unequal_clients_matches_simulation() -> None:
     _assert_same_run(_digits("ditto_mkmmd", beta_every=2, beta_batches=3))
 
 
 @pytest.mark.parametrize("overrides,needle", [
     (['algorithm.name="moon"'], "part 'moon'"),
-    (['algorithm.name="ditto_mmdd"'], "constraint 'mmd_d'"),
     (["data.augment=true"], "augmentation"),
 ])
 def test_unsupported_runs_are_refused_in_one_line(overrides, needle) -> None:

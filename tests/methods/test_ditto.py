@@ -229,7 +229,7 @@ def test_deep_kernel_initialisation_follows_the_run_seed() -> None:
         part = build_part({"name": "mmd_d"})
         rc = ClientRound(client, MLP(60, [20], 10), {}, {}, {}, 0.01, 100, 4, 400, 0.9, seed=seed)
         part.begin(rc)
-        return {k: v.clone() for k, v in part.kernel_for("z", torch.zeros(2, 20)).state_dict().items()}
+        return {k: v.clone() for k, v in part.kernel_for(rc, "z", torch.zeros(2, 20)).state_dict().items()}
 
     same = initial_kernel(1, 0)
     for k, v in initial_kernel(1, 0).items():

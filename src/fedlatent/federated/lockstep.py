@@ -13,7 +13,7 @@ stacked with the weights and updated per client. Supported: models without rando
 no augmentation, global-step parts without
 client-side hooks (server optimisers, FedNova's aggregation) or with a lockstep form of their loss
 (:meth:`~fedlatent.methods.parts.Part.lockstep_loss`: FedProx, FedUV, FedDecorr), and Ditto with
-constraints that have one (cosine, MK-MMD). :func:`unsupported` says why a run is not.
+its constraints (cosine, MK-MMD, MMD-D). :func:`unsupported` says why a run is not.
 """
 from __future__ import annotations
 

@@ -50,6 +50,7 @@ from typing import Any
 
 import torch
 from torch import Tensor
+from torch.func import functional_call
 from torch.nn import functional as F
 
 from fedlatent.errors import ConfigError
@@ -283,7 +284,8 @@ class MmdD(FeatureDrift):
         self.hidden, self.out_dim, self.lr = opts["hidden"], opts["out_dim"], opts["kernel_lr"]
         self.every, self.stale, self.steps = opts["kernel_every"], opts["stale_first_step"], opts["train_steps"]
         self.window = _window(opts["kernel_batches"], opts["release_off_by_one"])
-        self._kernels: dict[str, DeepKernel] = {}
+        self._windows: dict[int, _Window] = {}
+        self._kernels: dict[int, dict[str, DeepKernel]] = {}  # per client, per layer, this round
         self._current: _Window | None = None
 
     def prefix(self, layer: str) -> str:
@@ -291,48 +293,81 @@ class MmdD(FeatureDrift):
 
     def begin(self, rc: ClientRound) -> None:
         super().begin(rc)
-        self._current, self._kernels = _Window(rc, self.layers, self.window), {}
+        self._current = self._windows[rc.client_id] = _Window(rc, self.layers, self.window)
+        self._kernels[rc.client_id] = {}
 
-    def kernel_for(self, layer: str, sample: Tensor) -> DeepKernel:
-        """This client's kernel for ``layer``: from its state, or freshly seeded."""
-        if layer not in self._kernels:
-            rc = self._current.rc
+    def kernel_for(self, rc: ClientRound, layer: str, sample: Tensor) -> DeepKernel:
+        """Client ``rc``'s kernel for ``layer``: from its state, or freshly seeded."""
+        kernels = self._kernels[rc.client_id]
+        if layer not in kernels:
             generator = torch.Generator().manual_seed(
                 derive_seed(rc.seed, KERNEL_INIT, rc.client_id, self.layers.index(layer)))
-            kernel = DeepKernel(sample.shape[1], self.hidden, self.out_dim, generator)
+            kernel = DeepKernel(sample.shape[-1], self.hidden, self.out_dim, generator)
             prefix = self.prefix(layer)
             own = {k[len(prefix):]: v for k, v in rc.state.items() if k.startswith(prefix)}
             if own:
                 kernel.load_state_dict(own)
-            self._kernels[layer] = kernel.to(sample.device).requires_grad_(False)
-        return self._kernels[layer]
+            kernels[layer] = kernel.to(sample.device).requires_grad_(False)
+        return kernels[layer]
 
     def loss(self, ctx: TermContext) -> Tensor:
         pairs = self.pairs(ctx.out, ctx.global_out)
-        self._current.observe(pairs)
-        if refresh_due(self._current.step, self.every, self.stale) and self.steps:
-            self.train_kernels(pairs)
-        return sum(mmd_d(p, g, self.kernel_for(l, p), semantics=self.semantics, estimator=self.estimator)
+        window = self._current
+        self.observe(window, pairs)
+        return sum(mmd_d(p, g, self.kernel_for(window.rc, l, p), semantics=self.semantics, estimator=self.estimator)
                    for l, (p, g) in pairs.items())
 
-    def train_kernels(self, pairs: dict[str, tuple[Tensor, Tensor]]) -> None:
+    def lockstep_loss(self, ctx: LockstepContext) -> Tensor:
+        """Each client's window and kernel training as in :meth:`loss`; the terms of all clients
+        from one ``vmap`` over their stacked kernel weights."""
+        pairs = self.pairs(ctx.out, ctx.global_out, batch_dims=2)
+        for i, rc in enumerate(ctx.rcs):
+            self.observe(self._windows[rc.client_id], {l: (p[i], g[i]) for l, (p, g) in pairs.items()})
+        total = 0.0
+        for l, (p, g) in pairs.items():
+            kernels = [self.kernel_for(rc, l, p) for rc in ctx.rcs]
+            weights = {k: torch.stack([dict(kernel.named_parameters())[k] for kernel in kernels])
+                       for k, _ in kernels[0].named_parameters()}
+            loss = _KernelLoss(kernels[0], self.semantics, self.estimator)
+            total = total + torch.vmap(lambda w, a, b: functional_call(loss, {f"kernel.{k}": v for k, v in w.items()},
+                                                                       (a, b)))(weights, p, g)
+        return total
+
+    def observe(self, window: _Window, pairs: dict[str, tuple[Tensor, Tensor]]) -> None:
+        """Record a personal step's features; train the window's kernels when due."""
+        window.observe(pairs)
+        if refresh_due(window.step, self.every, self.stale) and self.steps:
+            self.train_kernels(window, pairs)
+
+    def train_kernels(self, window: _Window, pairs: dict[str, tuple[Tensor, Tensor]]) -> None:
         started = time.perf_counter()
-        for l in self._current.buffers:
-            kernel = self.kernel_for(l, pairs[l][0]).requires_grad_(True)
-            x, y = self._current.samples(l)
+        for l in window.buffers:
+            kernel = self.kernel_for(window.rc, l, pairs[l][0]).requires_grad_(True)
+            x, y = window.samples(l)
             if x.shape[0] >= 2:
                 train_deep_kernel(kernel, x, y, steps=self.steps, lr=self.lr, semantics=self.semantics)
             kernel.requires_grad_(False)
-        metrics = self._current.rc.metrics
+        metrics = window.rc.metrics
         metrics["personal_kernel_seconds"] = metrics.get("personal_kernel_seconds", 0.0) + \
             time.perf_counter() - started
 
     def finish(self, rc: ClientRound) -> None:
-        for l, kernel in self._kernels.items():
+        for l, kernel in self._kernels.pop(rc.client_id, {}).items():
             rc.state.update({self.prefix(l) + k: v.detach().to("cpu", copy=True)
                              for k, v in kernel.state_dict().items()})
-        self._kernels = {}
+        self._windows.pop(rc.client_id, None)
         return None
+
+
+class _KernelLoss(torch.nn.Module):
+    """``mmd_d`` as a module of the kernel's weights, for ``functional_call`` under ``vmap``."""
+
+    def __init__(self, kernel: DeepKernel, semantics: str, estimator: str) -> None:
+        super().__init__()
+        self.kernel, self.semantics, self.estimator = kernel, semantics, estimator
+
+    def forward(self, personal: Tensor, global_: Tensor) -> Tensor:
+        return mmd_d(personal, global_, self.kernel, semantics=self.semantics, estimator=self.estimator)
 
 
 # ---------------------------------------------------------------------------------------- parts

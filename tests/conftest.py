@@ -22,3 +22,20 @@ def digits_config() -> Path:
     """The shipped FedAvg-on-digits configuration (10 IID clients, MLP, 20 rounds)."""
     assert DIGITS_CONFIG.is_file(), DIGITS_CONFIG
     return DIGITS_CONFIG
+
+
+@pytest.fixture
+def crash_at_round_2(monkeypatch: pytest.MonkeyPatch):
+    """Make the simulation loop (shared by every backend) raise KeyboardInterrupt when it reaches
+    round index 2, i.e. a crash after two finished rounds; returns the real ``run_round``."""
+    from fedlatent.backends import simulation
+
+    real_round = simulation.run_round
+
+    def crashing(s, rnd):
+        if rnd == 2:
+            raise KeyboardInterrupt
+        return real_round(s, rnd)
+
+    monkeypatch.setattr(simulation, "run_round", crashing)
+    return real_round

@@ -105,19 +105,12 @@ def test_another_seed_gives_other_numbers(short_run, tmp_path: Path) -> None:
     assert _metrics(tmp_path / "other")[0]["train_loss"] != _metrics(out)[0]["train_loss"]
 
 
-def test_resume_after_a_crash_reproduces_the_uninterrupted_run(short_run, tmp_path: Path,
+def test_resume_after_a_crash_reproduces_the_uninterrupted_run(short_run, tmp_path: Path, crash_at_round_2,
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     summary, reference = short_run
     config = load_config(DIGITS_CONFIG, SHORT)
     out = tmp_path / "crashed"
-    real_round = simulation.run_round
-
-    def crash_at_round_2(s, rnd):
-        if rnd == 2:
-            raise KeyboardInterrupt
-        return real_round(s, rnd)
-
-    monkeypatch.setattr(simulation, "run_round", crash_at_round_2)
+    real_round = crash_at_round_2
     with pytest.raises(KeyboardInterrupt):
         fedlatent.run(config, out)
     monkeypatch.undo()

@@ -92,15 +92,11 @@ class _Stack:
                 torch._foreach_add_(bufs, direction)
                 direction = bufs
             torch._foreach_add_(leaves, direction, alpha=-s.lr)
-            for n, leaf, buf in zip(self.trainable, leaves, bufs):
-                if group is None:
-                    self.params[n], self.momentum[n] = leaf.detach(), buf
-                else:
-                    self.params[n].index_copy_(0, group, leaf.detach())
-                    self.momentum[n].index_copy_(0, group, buf)
-            if group is not None:  # the group's buffers were updated in its copies
-                for n in self.params.keys() - set(self.trainable):
+            if group is not None:  # all of the above acted on the group's copies: write them back
+                for n in self.params:
                     self.params[n].index_copy_(0, group, params[n])
+                for n, buf in zip(self.trainable, bufs):
+                    self.momentum[n].index_copy_(0, group, buf)
 
 
 def _forward(model: FedModel, taps: tuple[str, ...]) -> Callable:

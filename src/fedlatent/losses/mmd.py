@@ -85,13 +85,7 @@ def squared_distances(a: Tensor, b: Tensor | None = None) -> Tensor:
     With ``b=None`` the self-distances of ``a``, with an exactly zero diagonal (so that
     k(a_i, a_i) = 1 exactly and no rounding noise reaches the gradient).
     """
-    if b is None:
-        sq = (a * a).sum(1)
-        d2 = (sq[:, None] + sq[None, :] - 2.0 * (a @ a.T)).clamp_min(0.0)
-        eye = torch.eye(a.shape[0], dtype=torch.bool, device=a.device)
-        return d2.masked_fill(eye, 0.0)
-    d2 = (a * a).sum(1)[:, None] + (b * b).sum(1)[None, :] - 2.0 * (a @ b.T)
-    return d2.clamp_min(0.0)
+    return _cross_distances(a[None], (a if b is None else b)[None], zero_diagonal=b is None)[0]
 
 
 def mmd_estimates(x: Tensor, y: Tensor, *, gammas: Tensor | None = None, kernel: str = "paper",
@@ -112,8 +106,8 @@ def mmd_estimates(x: Tensor, y: Tensor, *, gammas: Tensor | None = None, kernel:
     x, y, scales = _prepare(x, y, gammas, kernel, estimator, normalize)
     if estimator == "linear":
         return _linear_h(x, y, scales).mean(1)
-    kxx, kyy, kxy, back = _kernel_blocks(x, y, scales)
-    return (kxx.mean((1, 2)) + kyy.mean((1, 2)) - 2.0 * kxy.mean((1, 2)))[back]
+    kxx, kyy, kxy, back = _kernel_blocks(x[None], y[None], scales)
+    return (kxx.mean((2, 3)) + kyy.mean((2, 3)) - 2.0 * kxy.mean((2, 3)))[0, back]
 
 
 def mmd_estimates_covariance(x: Tensor, y: Tensor, *, gammas: Tensor | None = None,
@@ -282,7 +276,7 @@ def mk_mmd_batch(xs: Tensor, ys: Tensor, *, betas: Tensor, gammas: Tensor | None
     if normalize:
         z = F.normalize(z, dim=2)
     d2 = (z[:, :, None] - z[:, None]).square().sum(-1) if (n + m) ** 2 * z.shape[2] <= 1 << 16 else \
-        _cross_distances(z, z).masked_fill(torch.eye(n + m, dtype=torch.bool, device=z.device), 0.0)
+        _cross_distances(z, z, zero_diagonal=True)
     k = torch.exp(-scales[None, :, None] * d2.flatten(1)[:, None, :])  # (B, K, N²)
     return torch.bmm(b[:, None, :], k).squeeze(1) @ _block_weights(n, m, x.dtype, x.device)
 
@@ -346,13 +340,13 @@ def _default_scales(kernel: str, dtype: torch.dtype, device: torch.device) -> Te
 
 
 def _kernel_blocks(x: Tensor, y: Tensor, scales: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """(K, n, n), (K, m, m), (K, n, m) kernel matrices, contiguous, with the kernel axis in
-    :func:`_gaussians`' squaring order, and the permutation that restores the order of ``scales``
-    (callers apply it to their K-sized results)."""
+    """Batched kernel matrices of x (B, n, d) and y (B, m, d): (B, K, n, n), (B, K, m, m),
+    (B, K, n, m), the kernel axis in :func:`_gaussians`' squaring order, and the permutation that
+    restores the order of ``scales`` (callers apply it to their K-sized results)."""
     levels = _squaring_levels(tuple(scales.detach().to("cpu", torch.float64).tolist()))
-    kxx, order = _gaussians(scales, squared_distances(x), levels)
-    kyy, _ = _gaussians(scales, squared_distances(y), levels)
-    kxy, _ = _gaussians(scales, squared_distances(x, y), levels)
+    kxx, order = _gaussians(scales, _cross_distances(x, x, zero_diagonal=True), levels, dim=1)
+    kyy, _ = _gaussians(scales, _cross_distances(y, y, zero_diagonal=True), levels, dim=1)
+    kxy, _ = _gaussians(scales, _cross_distances(x, y), levels, dim=1)
     return kxx, kyy, kxy, torch.as_tensor(order, device=x.device).argsort()
 
 
@@ -362,16 +356,7 @@ def _all_moments(x: Tensor, y: Tensor, scales: Tensor) -> tuple[Tensor, Tensor]:
     Cov_AA + Cov_BB + 2 Cov_CC − 2(Cov_AC + Cov_ACᵀ) − 2(Cov_BC + Cov_BCᵀ), A = k(x_s, x_t),
     B = k(y_u, y_v), C = k(x_s, y_v); cross terms of index-disjoint parts vanish."""
     n, m = x.shape[1], y.shape[1]
-    levels = _squaring_levels(tuple(scales.detach().to("cpu", torch.float64).tolist()))
-
-    def block(a: Tensor, b: Tensor, same: bool) -> Tensor:  # (B, K, p, q) kernel values
-        d2 = _cross_distances(a, b)
-        if same:  # exact zero self-distances: k(a_s, a_s) = 1
-            d2 = d2.masked_fill(torch.eye(a.shape[1], dtype=torch.bool, device=a.device), 0.0)
-        return _gaussians(scales, d2, levels, dim=1)[0]
-
-    kxx, kyy, kxy = block(x, x, True), block(y, y, True), block(x, y, False)
-    order = [j for kernels, _ in levels for j in kernels]
+    kxx, kyy, kxy, back = _kernel_blocks(x, y, scales)
     ma, mb, mc = kxx.mean((2, 3)), kyy.mean((2, 3)), kxy.mean((2, 3))
 
     def outer(u: Tensor, v: Tensor) -> Tensor:
@@ -390,7 +375,6 @@ def _all_moments(x: Tensor, y: Tensor, scales: Tensor) -> tuple[Tensor, Tensor]:
     cov_bc = kyy.mean(2) @ kxy.mean(2).transpose(1, 2) / m - outer(mb, mc)
     covariance = (cov_aa + cov_bb + 2.0 * cov_cc - 2.0 * (cov_ac + cov_ac.transpose(1, 2))
                   - 2.0 * (cov_bc + cov_bc.transpose(1, 2)))
-    back = torch.as_tensor(order, device=x.device).argsort()
     return (ma + mb - 2.0 * mc)[:, back], covariance[:, back][:, :, back]
 
 
@@ -440,11 +424,15 @@ def _paired_moments(x: Tensor, y: Tensor, scales: Tensor, chunk_elements: int = 
     return estimates[:, back], covariance[:, back][:, :, back]
 
 
-def _cross_distances(a: Tensor, b: Tensor) -> Tensor:
-    """(B, n, m) squared distances ‖a_s − b_t‖² of batched rows, clamped at 0 (no diagonal fix-up:
-    :func:`_paired_moments` reads self-distances only off the diagonal)."""
+def _cross_distances(a: Tensor, b: Tensor, zero_diagonal: bool = False) -> Tensor:
+    """(B, n, m) squared distances ‖a_s − b_t‖² of batched rows via ‖a‖² + ‖b‖² − 2a·b, clamped at
+    0; ``zero_diagonal`` (self-distances, b = a) sets the diagonal to exactly 0 so that
+    k(a_s, a_s) = 1 and no rounding noise reaches the gradient."""
     sq_a, sq_b = (a * a).sum(2), (b * b).sum(2)
-    return torch.baddbmm(sq_a[:, :, None] + sq_b[:, None, :], a, b.transpose(1, 2), alpha=-2.0).clamp_min(0.0)
+    d2 = torch.baddbmm(sq_a[:, :, None] + sq_b[:, None, :], a, b.transpose(1, 2), alpha=-2.0).clamp_min(0.0)
+    if zero_diagonal:
+        d2 = d2.masked_fill(torch.eye(a.shape[1], dtype=torch.bool, device=a.device), 0.0)
+    return d2
 
 
 @functools.lru_cache(maxsize=8)

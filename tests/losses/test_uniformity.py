@@ -109,6 +109,7 @@ def test_float32_and_scale_invariance() -> None:
     assert 0.0 < float(value) < 1.0
 
 
+@pytest.mark.filterwarnings("ignore:There is a performance drop")  # pdist has no vmap rule; (B, N, d) is the fast path
 def test_vmap_matches_loop() -> None:
     torch.manual_seed(5)
     batch = torch.randn(3, 6, 4, dtype=torch.float64)
@@ -124,4 +125,24 @@ def test_rejects_bad_input() -> None:
     with pytest.raises(ValueError):
         uniformity(torch.randn(3))
     with pytest.raises(ValueError):
+        uniformity(torch.randn(2, 3, 4, 2))
+    with pytest.raises(ValueError):
         uniformity(torch.randn(3, 2), sigma_factor=0.0)
+
+
+def test_batched_input_matches_loop() -> None:
+    """(B, N, d) is B independent batches (the vectorized backend's clients), duplicates included."""
+    torch.manual_seed(6)
+    batch = torch.randn(3, 6, 4, dtype=torch.float64)
+    batch[1, 2] = batch[1, 0]
+    batch[2] = batch[2, 0]  # one client fully collapsed
+    x = batch.clone().requires_grad_(True)
+    got = uniformity(x, sigma_factor=2.0)
+    assert got.shape == (3,)
+    assert got.tolist() == pytest.approx([reference_uniformity(b.numpy(), 2.0) for b in batch], rel=1e-12)
+    (grads,) = torch.autograd.grad(got.sum(), x)
+    for b, g in zip(batch, grads):
+        leaf = b.clone().requires_grad_(True)
+        (expected,) = torch.autograd.grad(uniformity(leaf, sigma_factor=2.0), leaf)
+        assert torch.allclose(g, expected, rtol=1e-10, atol=1e-14)
+    assert torch.all(grads[2] == 0)

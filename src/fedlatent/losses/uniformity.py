@@ -6,6 +6,8 @@ Pure function of a tensor: no configuration, no state.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch import Tensor
 
@@ -25,12 +27,13 @@ def uniformity(z: Tensor, *, sigma_factor: float = 1.0, detach_sigma: bool = Fal
     bandwidth.
 
     Args:
-        z: representations, shape ``(N, d)`` (the classifier's input; not normalised here).
+        z: representations, shape ``(N, d)`` (the classifier's input; not normalised here), or
+            ``(B, N, d)`` for ``B`` independent batches (the vectorized backend's clients).
         sigma_factor: multiplier of the median bandwidth (1 = release/pseudocode, 2 = Eq. 4).
         detach_sigma: stop the gradient through ``sigma``.
 
     Returns:
-        A 0-d tensor in ``z``'s dtype, in ``[0, 1]``.
+        A 0-d tensor (``(B,)`` for batched ``z``) in ``z``'s dtype, in ``[0, 1]``.
 
     Edge cases (always finite, never NaN):
         * ``N <= 1``: there are no pairs; the mean over the empty set is taken as ``0`` (with a
@@ -45,35 +48,46 @@ def uniformity(z: Tensor, *, sigma_factor: float = 1.0, detach_sigma: bool = Fal
         * some (not all) pairs at distance zero: those pairs contribute ``exp(0) = 1`` to the
           mean but are excluded from the median, as in the release.
 
-    The computation is vectorised (``torch.cdist`` in its direct, non-matmul mode so identical
-    rows give an exact zero; a sort and a gather for the median) and works under
-    ``torch.func.vmap``/``grad``.
+    The distances are direct differences (``torch.pdist`` as in the release, half the work of a
+    full distance matrix; batched: ``torch.cdist`` in its direct mode), so identical rows give
+    an exact zero; the median is a sort and a gather, without data-dependent shapes. It works
+    under ``torch.func.vmap`` too, but ``pdist`` has no batching rule there: pass ``(B, N, d)``.
 
     Example:
         >>> z = torch.randn(8, 4)
         >>> float(uniformity(z)) <= 1.0
         True
     """
-    if z.dim() != 2:
-        raise ValueError(f"uniformity expects z of shape (N, d), got {tuple(z.shape)}")
+    if z.dim() not in (2, 3):
+        raise ValueError(f"uniformity expects z of shape (N, d) or (B, N, d), got {tuple(z.shape)}")
     if not sigma_factor > 0:
         raise ValueError(f"sigma_factor must be positive, got {sigma_factor}")
-    n = z.shape[0]
-    if n < 2:
-        return z.sum() * 0.0
-    dist = torch.cdist(z, z, compute_mode="donot_use_mm_for_euclid_dist")
-    rows, cols = torch.triu_indices(n, n, offset=1, device=z.device)
-    sq = dist[rows, cols].square()  # (P,), the pairs i < j in row-major order
+    if z.shape[-2] < 2:
+        return z.sum((-2, -1)) * 0.0
+    sq = _pair_squared_distances(z)  # (..., P), the pairs i < j in row-major order
 
     # median of the non-zero entries (lower middle), without data-dependent shapes:
     # sorted ascending, the zeros come first; the wanted entry sits at k + (m - 1) // 2.
-    num_pairs = sq.shape[0]
-    sorted_sq, _ = torch.sort(sq)
-    num_zero = (sq == 0).sum()
+    num_pairs = sq.shape[-1]
+    sorted_sq, _ = torch.sort(sq, dim=-1)
+    num_zero = (sq == 0).sum(-1, keepdim=True)
     num_nonzero = num_pairs - num_zero
     index = (num_zero + torch.div(num_nonzero - 1, 2, rounding_mode="floor")).clamp(0, num_pairs - 1)
-    sigma = sorted_sq.gather(0, index.reshape(1)).squeeze(0)
+    sigma = sorted_sq.gather(-1, index)
     if detach_sigma:
         sigma = sigma.detach()
     sigma = torch.where(num_nonzero > 0, sigma, torch.ones_like(sigma))
-    return torch.exp(-sq / (sigma_factor * sigma)).mean()
+    return torch.exp(-sq / (sigma_factor * sigma)).mean(-1)
+
+
+def _pair_squared_distances(z: Tensor) -> Tensor:
+    """``||z_i - z_j||^2`` for the pairs ``i < j`` in row-major order, ``(..., N(N-1)/2)``."""
+    if z.dim() == 2:
+        return torch.pdist(z).square()
+    rows, cols = _upper_pairs(z.shape[-2], z.device)
+    return torch.cdist(z, z, compute_mode="donot_use_mm_for_euclid_dist")[:, rows, cols].square()
+
+
+@functools.lru_cache(maxsize=8)
+def _upper_pairs(n: int, device: torch.device) -> Tensor:
+    return torch.triu_indices(n, n, offset=1, device=device)

@@ -17,7 +17,7 @@ from torch import Tensor
 from fedlatent.errors import ConfigError
 from fedlatent.losses.uniformity import uniformity
 from fedlatent.losses.variance import variance
-from fedlatent.methods.parts import MethodSpec, Part, TermContext
+from fedlatent.methods.parts import LockstepContext, MethodSpec, Part, TermContext
 from fedlatent.methods.registry import register_part, register_preset
 
 
@@ -29,6 +29,11 @@ class Uniformity(Part):
         self.weight, self.sigma_factor, self.detach_sigma = mu, sigma_factor, detach_sigma
 
     def loss(self, ctx: TermContext) -> Tensor:
+        return uniformity(ctx.out.z, sigma_factor=self.sigma_factor, detach_sigma=self.detach_sigma)
+
+    def lockstep_loss(self, ctx: LockstepContext) -> Tensor:
+        """All clients' terms from the batched form of :func:`uniformity` (``torch.pdist`` has
+        no ``vmap`` rule)."""
         return uniformity(ctx.out.z, sigma_factor=self.sigma_factor, detach_sigma=self.detach_sigma)
 
 

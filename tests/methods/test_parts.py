@@ -478,3 +478,19 @@ def test_universal_switches_given_explicitly_win_over_spherefed_choices() -> Non
     stacked = resolve({"name": "fedavg", "loss": "ce"}, [{"name": "spherefed"}])
     assert stacked.loss == "ce" and stacked.head.fixed
     assert resolve({"name": "fedavg"}, [{"name": "spherefed"}]).loss == "mse"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_mse_task_loss_is_the_mean_squared_distance_to_one_hot_targets(dtype: torch.dtype) -> None:
+    """SphereFed's loss (1/C)‖logits − onehot(y)‖² averaged over the batch, computed by hand; the
+    per-element form averages to it; an out-of-range label is refused, not silently wrapped."""
+    from fedlatent.methods.parts import task_loss
+    gen = torch.Generator().manual_seed(3)
+    logits = torch.randn(6, 4, generator=gen, dtype=dtype)
+    y = torch.tensor([0, 3, 1, 1, 2, 0])
+    expected = sum(((logits[i, c] - (1.0 if c == y[i] else 0.0)) ** 2).item() for i in range(6) for c in range(4)) / 24
+    assert task_loss("mse", logits, y).item() == pytest.approx(expected, rel=1e-6)
+    per_element = task_loss("mse", logits, y, reduction="none")
+    assert per_element.shape == (6, 4) and per_element.mean().item() == pytest.approx(expected, rel=1e-6)
+    with pytest.raises(IndexError):
+        task_loss("mse", logits, torch.tensor([0, 4, 1, 1, 2, 0]))

@@ -9,6 +9,7 @@ themselves: state lives in flat ``dict[str, Tensor]`` stores the backend owns an
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -229,12 +230,19 @@ def vmap_loss(loss, ctx: LockstepContext) -> Tensor:
     return torch.vmap(one)(out_values, global_values, ctx.y)
 
 
+@functools.cache
+def _identity(num_classes: int, dtype: torch.dtype, device: torch.device) -> Tensor:
+    """The C×C identity whose rows are the one-hot targets (built once, not once per step)."""
+    with torch.inference_mode(False), torch.no_grad():
+        return torch.eye(num_classes, dtype=dtype, device=device)
+
+
 def task_loss(kind: str, logits: Tensor, y: Tensor, reduction: str = "mean") -> Tensor:
     """Cross-entropy, or SphereFed's MSE (1/C)‖logits − onehot(y)‖² averaged over the batch
     (``reduction="none"``: per sample for cross-entropy, per sample and class for MSE, so that
     their mean is the default value)."""
-    if kind == "mse":  # one-hot by scatter: F.one_hot validates the labels with two host syncs per call
-        target = torch.zeros(logits.shape, dtype=logits.dtype, device=logits.device).scatter_(1, y[:, None], 1.0)
+    if kind == "mse":  # rows of a cached identity: F.one_hot validates the labels with two host syncs per call
+        target = _identity(logits.shape[1], logits.dtype, logits.device)[y]
         return F.mse_loss(logits, target, reduction=reduction)
     return F.cross_entropy(logits, y, reduction=reduction)
 

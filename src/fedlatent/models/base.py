@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor, nn
-from torch.nn import functional as F
+
+from fedlatent.models.sphere import unit_rows
 
 
 @dataclass
@@ -51,7 +52,7 @@ class FedModel(nn.Module):
         h, features = self.encode(x, frozenset(taps))
         z = self.projector(h)
         if self.normalize_z:
-            z = F.normalize(z, dim=1)
+            z = unit_rows(z)
         logits = self.classifier(z)
         if self.softmax_output:  # the Ditto+MMD release's quirk: softmax output fed to cross-entropy
             logits = torch.softmax(logits, dim=1)

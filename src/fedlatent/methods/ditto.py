@@ -326,8 +326,8 @@ class MmdD(FeatureDrift):
         total = 0.0
         for l, (p, g) in pairs.items():
             kernels = [self.kernel_for(rc, l, p) for rc in ctx.rcs]
-            weights = {k: torch.stack([dict(kernel.named_parameters())[k] for kernel in kernels])
-                       for k, _ in kernels[0].named_parameters()}
+            named = [dict(kernel.named_parameters()) for kernel in kernels]
+            weights = {k: torch.stack([params[k] for params in named]) for k in named[0]}
             loss = _KernelLoss(kernels[0], self.semantics, self.estimator)
             total = total + torch.vmap(lambda w, a, b: functional_call(loss, {f"kernel.{k}": v for k, v in w.items()},
                                                                        (a, b)))(weights, p, g)

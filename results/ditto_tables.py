@@ -6,7 +6,9 @@ cores, one torch thread each) and writes a markdown file.
     .venv/bin/python results/ditto_tables.py paper    --seeds 0 1 2 --out results/ditto_paper.md
 
 Runs already finished under runs/ditto-tables/ are reused, so the script can be stopped and
-restarted. Rows run on the vectorized backend (rows finished before it existed ran on the
+restarted. Each finished run's backend and ``final`` summary (accuracies, per-client figures; no
+weights) is also recorded in results/ditto_runs/NAME.json, committed, so the tables can be rebuilt
+with ``--report-only`` in a fresh clone. Rows run on the vectorized backend (rows finished before it existed ran on the
 simulation backend; each table says which). The long runs stay out of CI (a 15-round run is 1-5
 minutes on 2 CPU cores, MMD-D 15-45 minutes).
 """
@@ -23,6 +25,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 RUNS = ROOT / "runs" / "ditto-tables"
+RECORDS = ROOT / "results" / "ditto_runs"
 FEDLATENT = [sys.executable, "-m", "fedlatent.cli"]
 
 RELEASE = ["fedavg", "ditto", "ditto_cosine", "ditto_mkmmd", "ditto_mmdd"]
@@ -49,26 +52,37 @@ def backend_for(out: Path) -> str:
     return backend_of(out) if (out / "config.toml").exists() else "vectorized"
 
 
-def run(job: tuple[str, str, list[str]]) -> Path:
+def run(job: tuple[str, str, list[str]]) -> None:
     name, config, overrides = job
     out = RUNS / name
-    if (out / "summary.json").exists():
-        return out
+    if record(name) is not None:
+        return
     resume = ["--resume"] if (out / "checkpoints").exists() else []
     cmd = FEDLATENT + ["run", config, "--no-progress", "--out", str(out), *resume,
                        "--set", f'backend="{backend_for(out)}"']
     for o in overrides:
         cmd += ["--set", o]
     subprocess.run(cmd, cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
-    return out
+    record(name)
 
 
-def final(out: Path) -> dict:
-    return json.loads((out / "summary.json").read_text())["final"]
+def record(name: str) -> dict | None:
+    """The finished run ``name``'s {"backend", "final"}: from results/ditto_runs/, else taken from
+    its run directory and written there; None while it has not finished."""
+    path = RECORDS / f"{name}.json"
+    if path.exists():
+        return json.loads(path.read_text())
+    out = RUNS / name
+    if not (out / "summary.json").exists():
+        return None
+    entry = {"backend": backend_of(out), "final": json.loads((out / "summary.json").read_text())["final"]}
+    RECORDS.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(entry, indent=1) + "\n")
+    return entry
 
 
 def backend_of(out: Path) -> str:
-    """The backend a finished run used (its resolved config.toml)."""
+    """The backend a run used (its resolved config.toml)."""
     return tomllib.loads((out / "config.toml").read_text()).get("backend", "simulation")
 
 
@@ -84,20 +98,21 @@ def paper_jobs(seeds: list[int], settings: list[str]) -> list[tuple[str, str, li
             for s in settings for m in PAPER for seed in seeds]
 
 
-def per_client_table(rows: list[tuple[str, Path]]) -> str:
-    rows = [(n, p) for n, p in rows if (p / "summary.json").exists()]
+def per_client_table(names: list[tuple[str, str]]) -> str:
+    """Per-client personal accuracy of the finished runs among (label, run name) beside each client's majority rate."""
+    rows = [(label, r) for label, name in names if (r := record(name)) is not None]
     if not rows:
         return "(not run yet)"
-    clients = [r["client"] for r in final(rows[0][1])["per_client"]]
+    first = rows[0][1]["final"]["per_client"]
     lines = ["| client | majority rate | " + " | ".join(n for n, _ in rows) + " |",
              "|---|---|" + "---|" * len(rows),
-             "| backend | | " + " | ".join(backend_of(p) for _, p in rows) + " |"]
-    base = {r["client"]: r["majority_baseline"] for r in final(rows[0][1])["per_client"]}
-    accs = {n: {r["client"]: r["accuracy"] for r in final(p)["per_client"]} for n, p in rows}
-    for c in clients:
+             "| backend | | " + " | ".join(r["backend"] for _, r in rows) + " |"]
+    base = {c["client"]: c["majority_baseline"] for c in first}
+    accs = {n: {c["client"]: c["accuracy"] for c in r["final"]["per_client"]} for n, r in rows}
+    for c in base:
         lines.append(f"| {c} | {base[c]:.3f} | " + " | ".join(f"{accs[n][c]:.3f}" for n, _ in rows) + " |")
     lines.append("| mean | {:.3f} | ".format(statistics.mean(base.values()))
-                 + " | ".join(f"{final(p)['personalized_accuracy']:.3f}" for _, p in rows) + " |")
+                 + " | ".join(f"{r['final']['personalized_accuracy']:.3f}" for _, r in rows) + " |")
     return "\n".join(lines)
 
 
@@ -106,12 +121,11 @@ def paper_table(seeds: list[int], settings: list[str]) -> str:
              "|---|---|---|---|---|---|---|"]
     for s in settings:
         for m in PAPER:
-            outs = [RUNS / f"paper{s}-{m}-seed{seed}" for seed in seeds]
-            finished = [o for o in outs if (o / "summary.json").exists()]
-            done = [final(o) for o in finished]
+            finished = [r for seed in seeds if (r := record(f"paper{s}-{m}-seed{seed}")) is not None]
+            done = [r["final"] for r in finished]
             if not done:
                 continue
-            backends = "/".join(sorted({backend_of(o) for o in finished}))
+            backends = "/".join(sorted({r["backend"] for r in finished}))
             acc = [100 * f["personalized_accuracy"] for f in done]
             base = [100 * f["majority_baseline_accuracy"] for f in done]
             spread = f" ± {statistics.stdev(acc):.2f}" if len(acc) > 1 else ""
@@ -138,9 +152,9 @@ def main() -> None:
             list(pool.map(run, jobs))
     if args.which == "release":
         text = ("## Release-faithful (double softmax, lr 1e-3, λ 0.01, μ 0.1) on the shared data file\n\n"
-                + per_client_table([(m, RUNS / f"release-{m}") for m in RELEASE])
+                + per_client_table([(m, f"release-{m}") for m in RELEASE])
                 + "\n\n## Same rows, standard logits and the paper's (0.5,0.5) hyperparameters\n\n"
-                + per_client_table([(m, RUNS / f"standard-{m}") for m in RELEASE]) + "\n")
+                + per_client_table([(m, f"standard-{m}") for m in RELEASE]) + "\n")
     else:
         text = "## fedlatent's own Synthetic generator, paper hyperparameters\n\n" + paper_table(
             args.seeds, args.settings) + "\n"

@@ -1,4 +1,4 @@
-"""unit_rows: F.normalize's value with a hand-written backward; checked in float64, under vmap,
+"""unit_rows: F.normalize's value and gradient; checked in float64, under vmap,
 on zero and clamped rows."""
 from __future__ import annotations
 

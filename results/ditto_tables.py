@@ -8,8 +8,8 @@ cores, one torch thread each) and writes a markdown file.
 Runs already finished under runs/ditto-tables/ are reused, so the script can be stopped and
 restarted. Each finished run's backend and ``final`` summary (accuracies, per-client figures; no
 weights) is also recorded in results/ditto_runs/NAME.json, committed, so the tables can be rebuilt
-with ``--report-only`` in a fresh clone. Rows run on the vectorized backend (rows finished before it existed ran on the
-simulation backend; each table says which). The long runs stay out of CI (a 15-round run is 1-5
+with ``--report-only`` in a fresh clone. Rows run on the vectorized backend (rows finished before
+it existed ran on the simulation backend; each table says which). The long runs stay out of CI (a 15-round run is 1-5
 minutes on 2 CPU cores, MMD-D 15-45 minutes).
 """
 from __future__ import annotations
@@ -139,7 +139,7 @@ def main() -> None:
     parser.add_argument("which", choices=["release", "paper"])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--settings", nargs="+", default=["00", "05"], choices=["00", "05"])
-    parser.add_argument("--methods", nargs="+", help="restrict the paper rows to these")
+    parser.add_argument("--methods", nargs="+", choices=PAPER, help="restrict the paper rows to these")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--report-only", action="store_true", help="tabulate the finished runs, start none")
     parser.add_argument("--out", type=Path, required=True)

@@ -26,7 +26,7 @@ from fedlatent.methods.fedprox import Prox
 from fedlatent.methods.fedproto import PRESENT, PROTO, FedProto
 from fedlatent.methods.feduv import Uniformity, Variance
 from fedlatent.methods.moon import Moon
-from fedlatent.methods.parts import ClientRound, TermContext, Upload, trainable_names
+from fedlatent.methods.parts import ClientRound, TermContext, Upload, task_loss, trainable_names
 from fedlatent.methods.scaffold import Scaffold
 from fedlatent.models.base import FedModel, ModelOutput
 
@@ -484,7 +484,6 @@ def test_universal_switches_given_explicitly_win_over_spherefed_choices() -> Non
 def test_mse_task_loss_is_the_mean_squared_distance_to_one_hot_targets(dtype: torch.dtype) -> None:
     """SphereFed's loss (1/C)‖logits − onehot(y)‖² averaged over the batch, computed by hand; the
     per-element form averages to it; an out-of-range label is refused, not silently wrapped."""
-    from fedlatent.methods.parts import task_loss
     gen = torch.Generator().manual_seed(3)
     logits = torch.randn(6, 4, generator=gen, dtype=dtype)
     y = torch.tensor([0, 3, 1, 1, 2, 0])

@@ -1,7 +1,7 @@
 """Shared fixtures of the method tests."""
 import pytest
 
-from fedlatent import experiment
+from fedlatent.experiment import single as experiment
 
 
 @pytest.fixture(scope="module", autouse=True)

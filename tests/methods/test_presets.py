@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import fedlatent
-import fedlatent.experiment as experiment
+import fedlatent.experiment.single as experiment
 from fedlatent.methods import PRESETS
 
 pytestmark = pytest.mark.slow

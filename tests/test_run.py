@@ -66,7 +66,8 @@ def test_summary_and_run_directory(full_run) -> None:
     summary, out = full_run
     for name in ("config.toml", "metrics.jsonl", "summary.json", "checkpoints", "plots/partition.png"):
         assert (out / name).exists(), name
-    assert (out / "plots" / "partition.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    for figure in ("partition.png", "curves.png"):  # drawn by the figure process, on disk on return
+        assert (out / "plots" / figure).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     on_disk = json.loads((out / "summary.json").read_text())
     assert on_disk == json.loads(json.dumps(summary))
     final = on_disk["final"]

@@ -442,9 +442,7 @@ tau = 0.5
 
 
 @pytest.mark.slow
-def test_fedprox_plus_moon_resolves_to_both_and_runs(tmp_path, monkeypatch) -> None:
-    monkeypatch.setattr(experiment, "learning_curves", lambda *a, **k: None)
-    monkeypatch.setattr(experiment, "partition_heatmap", lambda *a, **k: None)
+def test_fedprox_plus_moon_resolves_to_both_and_runs(tmp_path) -> None:
     path = tmp_path / "composed.toml"
     path.write_text(COMPOSED)
     config = fedlatent.load_config(path)

@@ -8,13 +8,13 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
-from fedlatent.analysis.plots import learning_curves, partition_heatmap
 from fedlatent.analysis.tables import partition_table
 from fedlatent.backends import simulation, vectorized
 from fedlatent.config import RunConfig, to_toml
 from fedlatent.data.federation import build_federation, counts_table
 from fedlatent.data.types import Federation
 from fedlatent.errors import ConfigError
+from fedlatent.experiment.figures import FigureWorker
 from fedlatent.methods import resolve
 from fedlatent.methods.parts import MethodSpec
 
@@ -49,14 +49,13 @@ def write_partition(federation: Federation, out: Path) -> str:
     table = partition_table(counts)
     (out / "partition.txt").write_text(table + "\n")
     (out / "partition.json").write_text(json.dumps({"counts": counts.tolist()}))
-    partition_heatmap(counts, out / "plots" / "partition.png",
-                      f"{federation.name}: samples per client and class")
     return table
 
 
 def run(config: RunConfig, out: str | Path | None = None, *, resume: bool = False, progress: bool = False,
-        echo=print) -> dict[str, Any]:
-    """Run ``config`` and return the summary (the content of ``summary.json``)."""
+        echo=print, figures_in_background: bool = True) -> dict[str, Any]:
+    """Run ``config`` and return the summary (the content of ``summary.json``); the figures are
+    drawn by a child process while the run trains (``figures_in_background=False``: in-process)."""
     started = time.perf_counter()
     out = Path(out) if out is not None else default_out(config)
     federation, spec = prepare(config)
@@ -67,22 +66,29 @@ def run(config: RunConfig, out: str | Path | None = None, *, resume: bool = Fals
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.toml").write_text(to_toml(config))
     table = write_partition(federation, out)
+    figures = FigureWorker(out, background=figures_in_background)
+    figures.draw("partition", title=f"{federation.name}: samples per client and class")
     if echo:
         echo(f"partition ({config.data.partition}, {len(federation.clients)} clients):\n{table}")
     bar = _progress_bar(config) if progress else None
     backend_started = time.perf_counter()
-    final, wall = BACKENDS[config.backend](config, federation, spec, out, resume=resume,
-                                     progress=bar.update_line if bar else None)
+    try:
+        final, wall = BACKENDS[config.backend](config, federation, spec, out, resume=resume,
+                                               progress=bar.update_line if bar else None)
+    except BaseException:
+        figures.close()  # the partition heatmap is kept; the child ends
+        raise
     backend_seconds = time.perf_counter() - backend_started
     if bar:
         bar.close()
+    figures.draw("curves")
     metrics = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines()]
-    learning_curves(metrics, out / "plots" / "curves.png")
     summary = {"final": final, "rounds_completed": len(metrics), "seed": config.seed,
                "method": spec.name, "dataset": config.data.dataset,
                "wall_seconds": wall + time.perf_counter() - started - backend_seconds,
                "fedlatent_version": fedlatent_version()}
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
+    figures.close()
     return summary
 
 

@@ -1,0 +1,90 @@
+"""The run's figures, drawn beside the training instead of after it.
+
+On the digits workload the two figures cost more than all 20 rounds of training (matplotlib's
+import, ~100 cell labels and PNG encoding: ~0.2 s against ~0.3 s of training, warm).
+:class:`FigureWorker` forks a child when the run starts; the child imports matplotlib and draws
+the partition heatmap on the other core while the run trains, then waits for the end of the run
+to draw the learning curves (~0.05 s, the only part left on the run's path). Requests travel one
+JSON line each through a pipe; the child ends at the end of input, also when the run is killed.
+Where ``fork`` is unavailable, or the child fails, the figures are drawn in this process, so
+nothing is lost. The child touches no torch state and leaves through ``os._exit``.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from fedlatent.analysis import render
+
+
+class FigureWorker:
+    """Draws the figures of the run in ``run_dir``: in a forked child, or in-process as a fallback."""
+
+    def __init__(self, run_dir: Path, *, background: bool = True) -> None:
+        self.run_dir = run_dir
+        self.requests: list[dict[str, Any]] = []
+        self.child_pid = 0
+        self.pipe: Any = None
+        if background and sys.platform.startswith("linux"):
+            _warm_matplotlib()  # once per process: every later child starts with it imported
+            read_end, write_end = os.pipe()
+            sys.stdout.flush()
+            sys.stderr.flush()
+            pid = os.fork()
+            if pid == 0:  # the child
+                os.close(write_end)
+                os._exit(_serve(run_dir, read_end))
+            os.close(read_end)
+            self.child_pid, self.pipe = pid, os.fdopen(write_end, "w")
+
+    def draw(self, figure: str, **options: Any) -> None:
+        """Ask for ``figure`` (see :data:`fedlatent.analysis.render.FIGURES`) once the files it
+        reads are written."""
+        request = {"figure": figure, "options": options}
+        self.requests.append(request)
+        if self.pipe is not None:
+            try:
+                self.pipe.write(json.dumps(request) + "\n")
+                self.pipe.flush()
+            except OSError:  # the child has gone: close() draws in-process
+                pass
+
+    def close(self) -> None:
+        """Wait until every requested figure is on disk; draw in-process whatever the child could not."""
+        if self.pipe is not None:
+            try:
+                self.pipe.close()
+            except OSError:
+                pass
+            _, status = os.waitpid(self.child_pid, 0)
+            self.pipe = None
+            if os.waitstatus_to_exitcode(status) == 0:
+                return
+            print("fedlatent: the figure process failed; drawing the figures in-process", file=sys.stderr)
+        for request in self.requests:
+            render.draw(self.run_dir, request["figure"], request["options"])
+
+
+def _warm_matplotlib() -> None:
+    """Import matplotlib and load its font list, the parts of a first figure that do not depend on it."""
+    from matplotlib import font_manager
+
+    from fedlatent.analysis.plots import new_figure
+    new_figure(1, 1)
+    font_manager.findfont("DejaVu Sans")
+
+
+def _serve(run_dir: Path, read_end: int) -> int:
+    """The child's loop: draw each requested figure; 0 when all were drawn."""
+    try:
+        with os.fdopen(read_end) as requests:
+            for line in requests:
+                request = json.loads(line)
+                render.draw(run_dir, request["figure"], request["options"])
+        return 0
+    except BaseException as err:  # noqa: BLE001 - reported by the exit status; the parent redraws
+        print(f"fedlatent figure process: {type(err).__name__}: {err}", file=sys.stderr)
+        return 1

@@ -72,6 +72,7 @@ def test_overrides_parse_toml_values() -> None:
         "train.lr=1e-2",              # float
         "train.weight_decay=1",       # an int where a float is expected becomes a float
         "data.root=some/folder",      # unquoted → taken as a string
+        'data.dataset="arrays"', 'data.partition="given"',
         'data.path="quoted \\"x\\".npz"',  # a TOML string with escapes
         "model.hidden=[64, 32]",      # list
         "data.augment=true",          # bool
@@ -140,14 +141,12 @@ val_fraction = 0.1
 local_test_fraction = 0.2
 augment = true
 normalize = false
-synthetic_alpha = 0.5
 seed = 99
 
 [model]
-arch = "cnn"
-hidden = [256, 64]
-width = "paper"
+arch = "resnet18"
 projector = 128
+norm = "group"
 
 [train]
 rounds = 3
@@ -184,6 +183,7 @@ def test_to_toml_round_trip_of_a_nondefault_config(tmp_path: Path) -> None:
     assert config.data.root == 'C:\\data\\fl "set"'
     assert config.terms == [{"name": "prox", "mu": 0.5}]
     assert config.server.tau == 1e-9
+    assert config.model.options == {"norm": "group"}  # a model's own key, written flat in [model]
     text = to_toml(config)
     back = load_config(_write(tmp_path, text, "resolved.toml"))
     assert back == config
@@ -198,11 +198,12 @@ def test_to_toml_round_trip_of_defaults(tmp_path: Path) -> None:
     # fully resolved: every key of every section is written out
     parsed = tomllib.loads(text)
     for name in ("data", "model", "train", "server", "eval"):
-        assert set(parsed[name]) == {f.name for f in dataclasses.fields(getattr(config, name))}
+        fields = {f.name for f in dataclasses.fields(getattr(config, name))} - {"options"}
+        assert set(parsed[name]) == fields | set(getattr(getattr(config, name), "options", {}))
 
 
 def test_to_toml_round_trip_of_strings_with_control_characters(tmp_path: Path) -> None:
-    config = load_config(None, ['data.path="a\\tb\\nc\\\\d\\"e"'])
+    config = load_config(None, ['data.dataset="arrays"', 'data.partition="given"', 'data.path="a\\tb\\nc\\\\d\\"e"'])
     assert config.data.path == 'a\tb\nc\\d"e'
     assert load_config(_write(tmp_path, to_toml(config))) == config
 
@@ -265,7 +266,8 @@ def test_server_lr_minus_one_means_default() -> None:
 
 
 def test_boundaries_that_are_allowed() -> None:
-    config = load_config(None, ["train.participation=1", "data.num_clients=1", "data.alpha=1e-6",
+    config = load_config(None, ["train.participation=1", "data.num_clients=1", 'data.partition="dirichlet"',
+                                "data.alpha=1e-6",
                                 "seed=4294967295", "data.seed=-1"])
     assert (config.train.participation, config.data.num_clients, config.data.alpha) == (1.0, 1, 1e-6)
     assert (config.seed, config.data_seed) == (2**32 - 1, 2**32 - 1)

@@ -3,7 +3,10 @@
 Every key has a default and a one-line ``doc``; unknown keys, wrong types and out-of-range
 values raise :class:`~fedlatent.errors.ConfigError` naming the key and what is allowed. Method
 keys (``[algorithm]`` beside ``name``, and each ``[[terms]]`` table) are free-form here and are
-validated by the method registry, which knows each method's parameters.
+validated by the method registry, which knows each method's parameters. Likewise the names
+``model.arch``, ``data.dataset`` and ``data.partition`` are open lists: the registries of models
+and data (layers above this one) plug their checks in with :func:`add_check`, and keys a
+component declares for itself are kept in its section's ``options``.
 """
 from __future__ import annotations
 
@@ -12,7 +15,7 @@ import tomllib
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from fedlatent.errors import ConfigError
 
@@ -27,18 +30,13 @@ def _key(default: Any, doc: str, *, choices: Iterable[str] | None = None,
     return field(default=default, metadata=meta)
 
 
-DATASETS = ("digits", "synthetic", "arrays", "cifar10", "cifar100", "stl10", "tinyimagenet",
-            "domains", "ham10000")
-
-
 @dataclass
 class DataConfig:
-    dataset: str = _key("digits", "data set", choices=DATASETS)
+    dataset: str = _key("digits", "data set (a registered name: see the list below)")
     root: str = _key("data", "folder holding the data set files (image data sets)")
     path: str = _key("", "per-client arrays file (.npz) for dataset = 'arrays'")
-    partition: str = _key("iid", "how samples are split over clients ('given' = the data set's own "
-                          "clients: synthetic, arrays)",
-                          choices=("iid", "dirichlet", "shards", "domains", "given"))
+    partition: str = _key("iid", "how samples are split over clients (a registered name: see the list "
+                          "below; 'given' = the data set's own clients)")
     alpha: float = _key(0.5, "Dirichlet concentration (label skew; smaller = more skewed)",
                         low=0.0, low_open=True)
     num_clients: int = _key(10, "number of clients", low=1)
@@ -63,14 +61,13 @@ class DataConfig:
                                    "train/val/test)", low=10)
     seed: int = _key(-1, "seed of the data (generation and partition); -1 = the run seed",
                      low=-1, high=2**32 - 1)
+    options: dict = _key({}, "keys a data set or partition declares for itself (written flat in [data])")
 
-
-MODELS = ("mlp", "cnn", "resnet18", "resnet50", "mobilenetv2")
 
 
 @dataclass
 class ModelConfig:
-    arch: str = _key("mlp", "network", choices=MODELS)
+    arch: str = _key("mlp", "network (a registered name: see the list below)")
     hidden: list = _key([128], "mlp: hidden layer widths (the last one is z)")
     width: str = _key("release", "cnn: channel widths 16/32/64 ('release') or 64/128/256 ('paper')",
                       choices=("release", "paper"))
@@ -78,6 +75,7 @@ class ModelConfig:
                           low=0)
     softmax_output: bool = _key(False, "feed the model's softmax output to the loss (the Ditto+MMD "
                                 "release's double softmax; for faithful runs only)")
+    options: dict = _key({}, "keys a model declares for itself, e.g. norm (written flat in [model])")
 
 
 @dataclass
@@ -172,11 +170,18 @@ def _coerce(key: str, value: Any, tp: Any, meta: dict) -> Any:
 def _build_section(name: str, cls: type, raw: Any) -> Any:
     if not isinstance(raw, dict):
         raise ConfigError(f"[{name}] must be a table of keys")
-    fields = {f.name: f for f in dataclasses.fields(cls)}
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.name != "options"}
     unknown = sorted(set(raw) - set(fields))
-    if unknown:
+    open_section = any(f.name == "options" for f in dataclasses.fields(cls))
+    if unknown and not open_section:
         raise ConfigError(f"unknown key {name}.{unknown[0]}; known keys of [{name}]: {', '.join(fields)}")
-    values = {k: _coerce(f"{name}.{k}", v, fields[k].type, dict(fields[k].metadata)) for k, v in raw.items()}
+    values = {k: _coerce(f"{name}.{k}", v, fields[k].type, dict(fields[k].metadata))
+              for k, v in raw.items() if k in fields}
+    if open_section:  # checked against the chosen component's own keys by the registries' checks
+        for k in unknown:
+            if isinstance(raw[k], dict):
+                raise ConfigError(f"{name}.{k} must be a value, not a table")
+        values["options"] = {k: raw[k] for k in unknown}
     return cls(**values)
 
 
@@ -206,20 +211,26 @@ def from_dict(raw: dict) -> RunConfig:
             kwargs[name] = _build_section(name, typing.get_type_hints(RunConfig)[name], value)
     config = RunConfig(**kwargs)
     _check_consistency(config)
+    for check in _CHECKS:
+        check(config)
     return config
+
+
+_CHECKS: list[Callable[[RunConfig], None]] = []
+_DESCRIBERS: list[Callable[[], str]] = []
+
+
+def add_check(check: Callable[[RunConfig], None], describe: Callable[[], str]) -> None:
+    """Plug in a check run on every loaded configuration (raising :class:`ConfigError`; it may fill
+    in resolved ``options``) and the text it adds to :func:`describe` — how the registries of
+    models and data, which live above this layer, validate the names and keys they own."""
+    _CHECKS.append(check)
+    _DESCRIBERS.append(describe)
 
 
 def _check_consistency(config: RunConfig) -> None:
     """Rules that involve more than one key."""
     d = config.data
-    if d.partition == "shards" and d.dataset in ("synthetic", "arrays"):
-        raise ConfigError(f"data.partition = 'shards' needs a labelled pool; data.dataset = "
-                          f"'{d.dataset}' comes with its own clients (use data.partition = 'given')")
-    if d.dataset in ("synthetic", "arrays") and d.partition not in ("given", "iid"):
-        raise ConfigError(f"data.partition = '{d.partition}': data.dataset = '{d.dataset}' has its own "
-                          f"clients; use data.partition = 'given'")
-    if d.dataset == "arrays" and not d.path:
-        raise ConfigError("data.path: data.dataset = 'arrays' needs the .npz file of per-client arrays")
     if d.val_fraction + d.local_test_fraction >= 0.95:
         raise ConfigError("data.val_fraction + data.local_test_fraction must leave training data (< 0.95)")
     if config.server.lr <= 0 and config.server.lr != -1.0:
@@ -273,8 +284,13 @@ def load_config(path: str | Path | None = None, overrides: Iterable[str] = ()) -
 
 
 def to_dict(config: RunConfig) -> dict:
-    """The fully resolved configuration as plain data (TOML-writable)."""
-    return dataclasses.asdict(config)
+    """The fully resolved configuration as plain data (TOML-writable); a section's ``options`` are
+    written flat beside its fields, as they are read."""
+    data = dataclasses.asdict(config)
+    for section in data.values():
+        if isinstance(section, dict) and isinstance(section.get("options"), dict):
+            section.update(section.pop("options"))
+    return data
 
 
 def _toml_value(value: Any) -> str:
@@ -313,11 +329,16 @@ def describe() -> str:
     for name in ("data", "model", "train", "server", "eval"):
         rows.append(f"\n[{name}]")
         for f in dataclasses.fields(hints[name]):
+            if f.name == "options":
+                continue
             default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
             choices = f" ({' | '.join(f.metadata['choices'])})" if f.metadata.get("choices") else ""
             rows.append(f"{f.name} = {default!r}  # {f.metadata['doc']}{choices}")
+    rows += ["\n# registered names and the keys each reads (own keys with their defaults)"]
+    rows += [describe_more() for describe_more in _DESCRIBERS]
     return "\n".join(rows)
 
 
 __all__ = ["RunConfig", "DataConfig", "ModelConfig", "TrainConfig", "ServerConfig", "EvalConfig",
-           "load_config", "from_dict", "to_dict", "to_toml", "apply_overrides", "describe", "ConfigError"]
+           "load_config", "from_dict", "to_dict", "to_toml", "apply_overrides", "describe", "add_check",
+           "ConfigError"]

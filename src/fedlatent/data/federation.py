@@ -6,14 +6,16 @@ import torch
 
 from fedlatent.config import DataConfig
 from fedlatent.data import partition as P
-from fedlatent.data.sources import GivenClients, Pool, load_source
+from fedlatent.data.registry import DATASETS, PARTITIONS, check
+from fedlatent.data.sources import GivenClients, Pool
 from fedlatent.data.types import ClientData, Federation, Split
-from fedlatent.errors import ConfigError
 
 
 def build_federation(cfg: DataConfig, seed: int) -> Federation:
-    """The federation a run trains on; every random choice flows from ``seed`` (the data seed)."""
-    source = load_source(cfg, seed)
+    """The federation a run trains on; every random choice flows from ``seed`` (the data seed).
+    Names and keys are checked before anything is loaded."""
+    check(cfg)
+    source = DATASETS.get(cfg.dataset).build(cfg, seed)
     if isinstance(source, GivenClients):
         return _from_given(cfg, source)
     return _from_pool(cfg, source, seed)
@@ -24,9 +26,6 @@ def _split(x: np.ndarray, y: np.ndarray) -> Split:
 
 
 def _from_given(cfg: DataConfig, source: GivenClients) -> Federation:
-    if cfg.partition not in ("given", "iid"):
-        raise ConfigError(f"data.partition = '{cfg.partition}': data.dataset = '{cfg.dataset}' comes "
-                          f"with its own clients; use 'given'")
     clients = [ClientData(*(None if c[s] is None else _split(*c[s]) for s in ("train", "val", "test")))
                for c in source.clients]
     tests = [c.test for c in clients if c.test is not None]
@@ -46,27 +45,6 @@ def _holdout(pool: Pool, fraction: float, seed: int) -> tuple[np.ndarray, np.nda
     return np.setdiff1d(np.arange(len(pool.y)), test_idx), test_idx
 
 
-def _partition(cfg: DataConfig, labels: np.ndarray, groups: np.ndarray | None, seed: int) -> list[np.ndarray]:
-    if cfg.partition == "iid":
-        return P.iid(len(labels), cfg.num_clients, seed=seed)
-    if cfg.partition == "dirichlet":
-        return P.dirichlet(labels, cfg.num_clients, cfg.alpha, seed=seed, min_size=cfg.min_size,
-                           balance=cfg.balance, max_retries=cfg.max_retries)
-    if cfg.partition == "shards":
-        return P.shards(labels, cfg.num_clients, cfg.classes_per_client, seed=seed)
-    if cfg.partition == "domains":
-        if groups is None:
-            raise ConfigError(f"data.partition = 'domains': data set '{cfg.dataset}' has no domains "
-                              f"(use 'domains' or 'ham10000')")
-        parts = P.by_group(groups)
-        if cfg.num_clients != len(parts):
-            raise ConfigError(f"data.num_clients = {cfg.num_clients}: partition 'domains' gives one "
-                              f"client per domain, {len(parts)} here")
-        return parts
-    raise ConfigError(f"data.partition = '{cfg.partition}': data set '{cfg.dataset}' is a pool to "
-                      f"partition (iid, dirichlet, shards, domains)")
-
-
 def _from_pool(cfg: DataConfig, pool: Pool, seed: int) -> Federation:
     x, y, groups = pool.x, pool.y, pool.groups
     held_out: np.ndarray | None = None
@@ -75,7 +53,8 @@ def _from_pool(cfg: DataConfig, pool: Pool, seed: int) -> Federation:
         test_x, test_y = x[held_out], y[held_out]
     else:
         train_idx, test_x, test_y = np.arange(len(y)), pool.test_x, pool.test_y
-    parts = _partition(cfg, y[train_idx], None if groups is None else groups[train_idx], seed)
+    partition = PARTITIONS.get(cfg.partition)
+    parts = partition.build(cfg, y[train_idx], None if groups is None else groups[train_idx], seed)
     mean, std = _channel_stats(x[train_idx]) if cfg.normalize else (0.0, 1.0)
     norm = lambda a: (a - mean) / std  # noqa: E731
     clients = []
@@ -84,7 +63,7 @@ def _from_pool(cfg: DataConfig, pool: Pool, seed: int) -> Federation:
         train, val, local_test = P.split_fractions(idx, (cfg.val_fraction, cfg.local_test_fraction),
                                                    seed=seed * 7919 + i)
         test = _split(norm(x[local_test]), y[local_test]) if len(local_test) else None
-        if cfg.partition == "domains" and held_out is not None and test is None:
+        if partition.traits.get("needs_groups") and held_out is not None and test is None:
             own = held_out[groups[held_out] == np.unique(groups)[i]]  # this domain's held-out test
             test = _split(norm(x[own]), y[own])
         clients.append(ClientData(_split(norm(x[train]), y[train]),

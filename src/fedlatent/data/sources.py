@@ -1,7 +1,9 @@
-"""Data sources by name: a labelled pool to partition, or a federation that comes with its clients.
+"""What a data set's loader returns: a labelled pool to partition, or a federation that comes with
+its clients (and the reader of per-client .npz arrays).
 
-Each source returns numpy arrays; :mod:`fedlatent.data.federation` turns them into tensors,
-partitions and splits. Nothing here trains or knows about clients' models.
+Loaders (registered in :mod:`fedlatent.data.datasets`) return numpy arrays;
+:mod:`fedlatent.data.federation` turns them into tensors, partitions and splits. Nothing here
+trains or knows about clients' models.
 """
 from __future__ import annotations
 
@@ -10,9 +12,6 @@ from pathlib import Path
 
 import numpy as np
 
-from fedlatent.config import DataConfig
-from fedlatent.data.synthetic import synthetic_federation
-from fedlatent.data.types import ImageSet
 from fedlatent.errors import DataError
 
 
@@ -37,43 +36,6 @@ class GivenClients:
 
     clients: list[dict[str, tuple[np.ndarray, np.ndarray] | None]]
     num_classes: int
-
-
-def _digits(cfg: DataConfig) -> Pool:
-    from sklearn.datasets import load_digits
-    from sklearn.model_selection import train_test_split
-    bunch = load_digits()
-    x = (bunch.images.astype(np.float32) / 16.0)[:, None]  # 1×8×8
-    y = bunch.target.astype(np.int64)
-    # digits has no official test split: a fixed stratified hold-out (seed 0, independent of the run)
-    tr_x, te_x, tr_y, te_y = train_test_split(x, y, test_size=cfg.test_fraction, stratify=y,
-                                              random_state=0)
-    return Pool(tr_x, tr_y, te_x, te_y, num_classes=10)
-
-
-def _images(train: ImageSet, test: ImageSet | None) -> Pool:
-    to_float = lambda a: a.astype(np.float32) / 255.0  # noqa: E731 - a one-line conversion
-    return Pool(to_float(train.x), train.y.astype(np.int64),
-                None if test is None else to_float(test.x),
-                None if test is None else test.y.astype(np.int64),
-                num_classes=max(len(train.class_names), int(train.y.max()) + 1))
-
-
-def _grouped(images: ImageSet) -> Pool:
-    return Pool(images.x.astype(np.float32) / 255.0, images.y.astype(np.int64), None, None,
-                num_classes=max(len(images.class_names), int(images.y.max()) + 1),
-                groups=images.domain, group_names=list(images.domain_names))
-
-
-def _synthetic(cfg: DataConfig, seed: int) -> GivenClients:
-    clients = []
-    for x, y in synthetic_federation(cfg.num_clients, cfg.synthetic_alpha, cfg.synthetic_beta,
-                                     cfg.samples_per_client, seed=seed, model=cfg.synthetic_model):
-        n_train, n_val = int(0.64 * len(y)), int(0.16 * len(y))  # 3200/800/1000 of 5000
-        clients.append({"train": (x[:n_train], y[:n_train]),
-                        "val": (x[n_train:n_train + n_val], y[n_train:n_train + n_val]),
-                        "test": (x[n_train + n_val:], y[n_train + n_val:])})
-    return GivenClients(clients, num_classes=10)
 
 
 def read_client_arrays(path: str | Path) -> GivenClients:
@@ -124,28 +86,3 @@ def read_client_arrays(path: str | Path) -> GivenClients:
         clients.append(client)
     labels = [c[s][1] for c in clients for s in ("train", "val", "test") if c[s] is not None]
     return GivenClients(clients, num_classes=int(max(int(l.max()) for l in labels if len(l))) + 1)
-
-
-def _readers():  # image readers are imported only when an image data set is asked for
-    from fedlatent.data import readers
-    return readers
-
-
-SOURCES = {
-    "digits": lambda cfg, seed: _digits(cfg),
-    "synthetic": _synthetic,
-    "arrays": lambda cfg, seed: read_client_arrays(cfg.path),
-    "cifar10": lambda cfg, seed: _images(*_readers().read_cifar10(Path(cfg.root))),
-    "cifar100": lambda cfg, seed: _images(*_readers().read_cifar100(Path(cfg.root))),
-    "stl10": lambda cfg, seed: _images(*_readers().read_stl10(Path(cfg.root))),
-    "tinyimagenet": lambda cfg, seed: _images(*_readers().read_tinyimagenet(Path(cfg.root))),
-    "domains": lambda cfg, seed: _grouped(_readers().read_domains(Path(cfg.root), cfg.image_size)),
-    "ham10000": lambda cfg, seed: _grouped(_readers().read_ham10000(Path(cfg.root), cfg.image_size)),
-}
-
-
-def load_source(cfg: DataConfig, seed: int) -> Pool | GivenClients:
-    """The data set named by ``cfg.dataset``."""
-    if cfg.dataset not in SOURCES:
-        raise DataError(f"data.dataset = '{cfg.dataset}': unknown; known: {', '.join(SOURCES)}")
-    return SOURCES[cfg.dataset](cfg, seed)

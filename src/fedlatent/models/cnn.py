@@ -29,6 +29,7 @@ from torch.nn import functional as F
 
 from fedlatent.errors import ConfigError
 from fedlatent.models.base import FedModel
+from fedlatent.models.registry import register_model
 
 __all__ = ["SmallCNN", "WIDTHS", "build", "check_input_shape", "check_projector", "min_spatial_size",
            "parse_options"]
@@ -159,3 +160,9 @@ def build(input_shape: Sequence[int], num_classes: int, *, data_name: str | None
     channels, _, _ = check_input_shape(input_shape, arch="cnn", min_size=SmallCNN.min_input_size(),
                                        data_name=data_name)
     return SmallCNN(num_classes, in_channels=channels, width=opts["width"])
+
+
+@register_model("cnn", reads=("width",))
+def _cnn(input_shape: Sequence[int], num_classes: int, *, data_name: str, width: str) -> SmallCNN:
+    """FedUV's small CNN (z = its 256-d fc2 output; model.width release 16/32/64 or paper 64/128/256)."""
+    return build(input_shape, num_classes, data_name=data_name, width=width)

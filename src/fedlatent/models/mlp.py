@@ -11,6 +11,7 @@ from torch import Tensor, nn
 
 from fedlatent.errors import ConfigError
 from fedlatent.models.base import FedModel
+from fedlatent.models.registry import register_model
 
 
 class MLP(FedModel):
@@ -40,3 +41,9 @@ def build(input_shape: tuple[int, ...], num_classes: int, *, hidden: list[int]) 
     if not hidden or any(w < 1 for w in hidden):
         raise ConfigError(f"model.hidden = {hidden!r}: expected a non-empty list of positive widths")
     return MLP(math.prod(input_shape), list(hidden), num_classes)
+
+
+@register_model("mlp", reads=("hidden",))
+def _mlp(input_shape: tuple[int, ...], num_classes: int, *, data_name: str, hidden: list[int]) -> MLP:
+    """Fully connected: flatten, Linear+ReLU per model.hidden width (the last is z), classifier."""
+    return build(input_shape, num_classes, hidden=list(hidden))

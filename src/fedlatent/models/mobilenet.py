@@ -12,7 +12,7 @@ ReLU, 1×1 linear projection + BN. Plain ReLU everywhere (not ReLU6). Unlike the
 original, the block adds a residual *whenever its stride is 1*: the identity when the channel
 count is unchanged, otherwise a 1×1 conv + BN shortcut; stride-2 blocks have none. As in the
 CIFAR code these papers build on, the 1×1 expand conv is kept for t = 1 as well (a c_in→c_in conv).
-All convs are bias-free.
+All convs are bias-free. ``norm = "group"`` puts GroupNorm where BatchNorm is (see :mod:`.norm`).
 
 Example:
     >>> model = build((3, 32, 32), num_classes=100)
@@ -30,6 +30,8 @@ from torch.nn import functional as F
 
 from fedlatent.models.base import FedModel, mlp_projector
 from fedlatent.models.cnn import ConvSpec, check_input_shape, check_projector, min_spatial_size, parse_options
+from fedlatent.models.norm import NORM, norm2d
+from fedlatent.models.registry import register_model
 
 __all__ = ["CONFIG", "InvertedResidual", "MobileNetV2", "build"]
 
@@ -41,9 +43,10 @@ STEM_CHANNELS = 32
 LAST_CHANNELS = 1280
 
 
-def _conv_bn(cin: int, cout: int, kernel: int, stride: int = 1, groups: int = 1) -> list[nn.Module]:
+def _conv_bn(cin: int, cout: int, kernel: int, stride: int = 1, groups: int = 1,
+             norm: str = "batch") -> list[nn.Module]:
     return [nn.Conv2d(cin, cout, kernel, stride=stride, padding=kernel // 2, groups=groups, bias=False),
-            nn.BatchNorm2d(cout)]
+            norm2d(norm, cout)]
 
 
 class InvertedResidual(nn.Module):
@@ -53,13 +56,13 @@ class InvertedResidual(nn.Module):
     1×1 conv + BN for stride 1 with a channel change.
     """
 
-    def __init__(self, cin: int, cout: int, expansion: int, stride: int) -> None:
+    def __init__(self, cin: int, cout: int, expansion: int, stride: int, norm: str = "batch") -> None:
         super().__init__()
         hidden = cin * expansion
         self.body = nn.Sequential(
-            *_conv_bn(cin, hidden, 1), nn.ReLU(),
-            *_conv_bn(hidden, hidden, 3, stride=stride, groups=hidden), nn.ReLU(),
-            *_conv_bn(hidden, cout, 1),
+            *_conv_bn(cin, hidden, 1, norm=norm), nn.ReLU(),
+            *_conv_bn(hidden, hidden, 3, stride=stride, groups=hidden, norm=norm), nn.ReLU(),
+            *_conv_bn(hidden, cout, 1, norm=norm),
         )
         self.shortcut: nn.Module | None
         if stride != 1:
@@ -67,7 +70,7 @@ class InvertedResidual(nn.Module):
         elif cin == cout:
             self.shortcut = nn.Identity()
         else:
-            self.shortcut = nn.Sequential(*_conv_bn(cin, cout, 1))
+            self.shortcut = nn.Sequential(*_conv_bn(cin, cout, 1, norm=norm))
 
     def forward(self, x: Tensor) -> Tensor:
         out = self.body(x)
@@ -90,21 +93,21 @@ class MobileNetV2(FedModel):
                  "stem")
 
     def __init__(self, num_classes: int, in_channels: int = 3, projector_width: int = 0,
-                 projector_layers: int = 2) -> None:
+                 projector_layers: int = 2, norm: str = "batch") -> None:
         check_projector(projector_width, projector_layers)
         projector = mlp_projector(LAST_CHANNELS, projector_width, projector_layers) if projector_width else None
         super().__init__(LAST_CHANNELS, num_classes, projector=projector, z_dim=projector_width or None)
-        self.stem = nn.Sequential(*_conv_bn(in_channels, STEM_CHANNELS, 3), nn.ReLU())
+        self.stem = nn.Sequential(*_conv_bn(in_channels, STEM_CHANNELS, 3, norm=norm), nn.ReLU())
         stages: list[nn.Sequential] = []
         cin = STEM_CHANNELS
         for t, c, n, s in CONFIG:
             blocks = []
             for stride in [s] + [1] * (n - 1):
-                blocks.append(InvertedResidual(cin, c, t, stride))
+                blocks.append(InvertedResidual(cin, c, t, stride, norm))
                 cin = c
             stages.append(nn.Sequential(*blocks))
         self.stages = nn.ModuleList(stages)
-        self.conv_last = nn.Sequential(*_conv_bn(cin, LAST_CHANNELS, 1), nn.ReLU())
+        self.conv_last = nn.Sequential(*_conv_bn(cin, LAST_CHANNELS, 1, norm=norm), nn.ReLU())
 
     @classmethod
     def min_input_size(cls) -> int:
@@ -134,11 +137,19 @@ def build(input_shape: Sequence[int], num_classes: int, *, data_name: str | None
           **options: Any) -> MobileNetV2:
     """Build a :class:`MobileNetV2` for ``input_shape`` = (C, H, W).
 
-    Options: ``projector_width`` (0 = none, default), ``projector_layers`` (default 2).
+    Options: ``projector_width`` (0 = none, default), ``projector_layers`` (default 2), ``norm``.
     ``data_name`` only names the data in error messages.
     """
-    opts = parse_options(options, {"projector_width": 0, "projector_layers": 2}, arch="mobilenetv2")
+    opts = parse_options(options, {"projector_width": 0, "projector_layers": 2, "norm": "batch"},
+                         arch="mobilenetv2")
     channels, _, _ = check_input_shape(input_shape, arch="mobilenetv2", min_size=MobileNetV2.min_input_size(),
                                        data_name=data_name)
     return MobileNetV2(num_classes, in_channels=channels, projector_width=opts["projector_width"],
-                       projector_layers=opts["projector_layers"])
+                       projector_layers=opts["projector_layers"], norm=opts["norm"])
+
+
+@register_model("mobilenetv2", reads=("projector",), keys={"norm": NORM})
+def _mobilenetv2(input_shape: Sequence[int], num_classes: int, *, data_name: str, projector: int,
+                 norm: str) -> MobileNetV2:
+    """CIFAR MobileNetV2 (1280-d; FedDecorr, MOON, SphereFed; model.projector as resnet18)."""
+    return build(input_shape, num_classes, data_name=data_name, projector_width=projector, norm=norm)

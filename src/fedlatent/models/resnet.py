@@ -7,6 +7,7 @@ and no max-pool, then four stages (64, 128, 256, 512 planes; strides 1, 2, 2, 2)
 conv), global average pooling. A shortcut is a 1×1 conv + BN whenever the stride or channel count
 changes. FedUV puts a 2-layer FC-BN-ReLU projector (``projector_width`` 256/512/2048) before the
 classifier; ``projector_width = 0`` (the default) means none, and z is then the pooled features.
+``norm = "group"`` puts GroupNorm where BatchNorm is (SphereFed's ResNet-18; see :mod:`.norm`).
 
 Example:
     >>> model = build((3, 32, 32), num_classes=10, depth=18, projector_width=256)
@@ -25,6 +26,8 @@ from torch.nn import functional as F
 from fedlatent.errors import ConfigError
 from fedlatent.models.base import FedModel, mlp_projector
 from fedlatent.models.cnn import ConvSpec, check_input_shape, check_projector, min_spatial_size, parse_options
+from fedlatent.models.norm import NORM, norm2d
+from fedlatent.models.registry import register_model
 
 __all__ = ["BasicBlock", "Bottleneck", "ResNet", "build", "build_resnet18", "build_resnet50"]
 
@@ -32,10 +35,10 @@ _PLANES = (64, 128, 256, 512)
 _STRIDES = (1, 2, 2, 2)
 
 
-def _shortcut(cin: int, cout: int, stride: int) -> nn.Module:
+def _shortcut(cin: int, cout: int, stride: int, norm: str) -> nn.Module:
     if stride == 1 and cin == cout:
         return nn.Identity()
-    return nn.Sequential(nn.Conv2d(cin, cout, 1, stride=stride, bias=False), nn.BatchNorm2d(cout))
+    return nn.Sequential(nn.Conv2d(cin, cout, 1, stride=stride, bias=False), norm2d(norm, cout))
 
 
 class BasicBlock(nn.Module):
@@ -43,14 +46,14 @@ class BasicBlock(nn.Module):
 
     expansion = 1
 
-    def __init__(self, cin: int, planes: int, stride: int = 1) -> None:
+    def __init__(self, cin: int, planes: int, stride: int = 1, norm: str = "batch") -> None:
         super().__init__()
         cout = planes * self.expansion
         self.conv1 = nn.Conv2d(cin, planes, 3, stride=stride, padding=1, bias=False)
-        self.bn1 = nn.BatchNorm2d(planes)
+        self.bn1 = norm2d(norm, planes)
         self.conv2 = nn.Conv2d(planes, cout, 3, padding=1, bias=False)
-        self.bn2 = nn.BatchNorm2d(cout)
-        self.shortcut = _shortcut(cin, cout, stride)
+        self.bn2 = norm2d(norm, cout)
+        self.shortcut = _shortcut(cin, cout, stride, norm)
 
     def forward(self, x: Tensor) -> Tensor:
         out = F.relu(self.bn1(self.conv1(x)))
@@ -63,16 +66,16 @@ class Bottleneck(nn.Module):
 
     expansion = 4
 
-    def __init__(self, cin: int, planes: int, stride: int = 1) -> None:
+    def __init__(self, cin: int, planes: int, stride: int = 1, norm: str = "batch") -> None:
         super().__init__()
         cout = planes * self.expansion
         self.conv1 = nn.Conv2d(cin, planes, 1, bias=False)
-        self.bn1 = nn.BatchNorm2d(planes)
+        self.bn1 = norm2d(norm, planes)
         self.conv2 = nn.Conv2d(planes, planes, 3, stride=stride, padding=1, bias=False)
-        self.bn2 = nn.BatchNorm2d(planes)
+        self.bn2 = norm2d(norm, planes)
         self.conv3 = nn.Conv2d(planes, cout, 1, bias=False)
-        self.bn3 = nn.BatchNorm2d(cout)
-        self.shortcut = _shortcut(cin, cout, stride)
+        self.bn3 = norm2d(norm, cout)
+        self.shortcut = _shortcut(cin, cout, stride, norm)
 
     def forward(self, x: Tensor) -> Tensor:
         out = F.relu(self.bn1(self.conv1(x)))
@@ -101,7 +104,7 @@ class ResNet(FedModel):
     tap_names = ("pool", "layer4", "layer3", "layer2", "layer1", "stem")
 
     def __init__(self, depth: int, num_classes: int, in_channels: int = 3, projector_width: int = 0,
-                 projector_layers: int = 2) -> None:
+                 projector_layers: int = 2, norm: str = "batch") -> None:
         if depth not in _DEPTHS:
             raise ConfigError(f"model.depth = {depth!r} is not one of {', '.join(map(str, _DEPTHS))}")
         check_projector(projector_width, projector_layers)
@@ -111,13 +114,13 @@ class ResNet(FedModel):
         super().__init__(encoder_dim, num_classes, projector=projector, z_dim=projector_width or None)
         self.depth = depth
         self.stem = nn.Sequential(nn.Conv2d(in_channels, 64, 3, stride=1, padding=1, bias=False),
-                                  nn.BatchNorm2d(64), nn.ReLU())
+                                  norm2d(norm, 64), nn.ReLU())
         stages: list[nn.Sequential] = []
         cin = 64
         for planes, stride, count in zip(_PLANES, _STRIDES, counts):
             blocks: list[nn.Module] = []
             for s in [stride] + [1] * (count - 1):
-                blocks.append(block(cin, planes, s))
+                blocks.append(block(cin, planes, s, norm))
                 cin = planes * block.expansion
             stages.append(nn.Sequential(*blocks))
         self.layer1, self.layer2, self.layer3, self.layer4 = stages
@@ -150,14 +153,16 @@ def build(input_shape: Sequence[int], num_classes: int, *, data_name: str | None
     """Build a :class:`ResNet` for ``input_shape`` = (C, H, W).
 
     Options: ``depth`` (18 | 50, default 18), ``projector_width`` (0 = none, default; FedUV uses
-    256/512/2048), ``projector_layers`` (default 2). ``data_name`` only names the data in errors.
+    256/512/2048), ``projector_layers`` (default 2), ``norm`` ("batch" | "group"). ``data_name`` only
+    names the data in errors.
     """
-    opts = parse_options(options, {"depth": 18, "projector_width": 0, "projector_layers": 2},
+    opts = parse_options(options, {"depth": 18, "projector_width": 0, "projector_layers": 2, "norm": "batch"},
                          arch=f"resnet{options.get('depth', 18)}")
     channels, _, _ = check_input_shape(input_shape, arch=f"resnet{opts['depth']}",
                                        min_size=ResNet.min_input_size(), data_name=data_name)
     return ResNet(opts["depth"], num_classes, in_channels=channels,
-                  projector_width=opts["projector_width"], projector_layers=opts["projector_layers"])
+                  projector_width=opts["projector_width"], projector_layers=opts["projector_layers"],
+                  norm=opts["norm"])
 
 
 def build_resnet18(input_shape: Sequence[int], num_classes: int, *, data_name: str | None = None,
@@ -177,4 +182,18 @@ def build_resnet50(input_shape: Sequence[int], num_classes: int, *, data_name: s
 def _no_depth(options: dict[str, Any], arch: str) -> None:
     if "depth" in options:
         raise ConfigError(f"model.depth is not an option of model.arch = '{arch}' "
-                          "(options: projector_width, projector_layers)")
+                          "(options: projector_width, projector_layers, norm)")
+
+
+@register_model("resnet18", reads=("projector",), keys={"norm": NORM})
+def _resnet18(input_shape: Sequence[int], num_classes: int, *, data_name: str, projector: int,
+              norm: str) -> ResNet:
+    """CIFAR ResNet-18 (512-d; model.projector: FC-BN-ReLU ×2 before the classifier)."""
+    return build_resnet18(input_shape, num_classes, data_name=data_name, projector_width=projector, norm=norm)
+
+
+@register_model("resnet50", reads=("projector",), keys={"norm": NORM})
+def _resnet50(input_shape: Sequence[int], num_classes: int, *, data_name: str, projector: int,
+              norm: str) -> ResNet:
+    """CIFAR ResNet-50 (2048-d; model.projector as resnet18)."""
+    return build_resnet50(input_shape, num_classes, data_name=data_name, projector_width=projector, norm=norm)

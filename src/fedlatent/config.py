@@ -65,7 +65,7 @@ class DataConfig:
                      low=-1, high=2**32 - 1)
 
 
-MODELS = ("mlp", "cnn", "resnet18", "resnet50", "mobilenetv2")
+MODELS = ("mlp", "cnn", "resnet18", "resnet50", "mobilenetv2", "vgg13", "convnet7", "senet18", "cifar_convnet")
 
 
 @dataclass

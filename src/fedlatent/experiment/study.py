@@ -16,6 +16,11 @@ A study is TOML::
     fedavg = {algorithm = {name = "fedavg"}}
     feddecorr = {algorithm = {name = "feddecorr", beta = 0.1}, "train.lr" = 0.01}
 
+``[[overrides]]`` tables (``where = {axis = label}``, ``set = {key = value}``) change the matching
+cells only (e.g. a learning rate tuned per method and setting). ``[published]`` may also be a
+matrix: ``rows``/``columns`` name two axes, ``labels`` the column labels, and ``[published.values]``
+one list per row label of ``value`` or ``[value, std]``.
+
 A key is a dotted config key (``"train.lr"``) setting one value, or a section name (``algorithm``,
 ``data``, ``terms``) replacing the whole section. Cells are the product of the axes (variants
 first, in file order, then the grid; ``seed`` last), applied in that order. ``[[unavailable]]``
@@ -40,7 +45,7 @@ from fedlatent.errors import ConfigError
 from fedlatent.methods import resolve
 
 STUDY_KEYS = {"title", "description", "paper", "base", "set", "grid", "variants", "select", "metric",
-              "unavailable", "published", "quick", "name"}
+              "unavailable", "published", "quick", "name", "overrides"}
 QUICK_KEYS = {"base", "set", "grid", "variants", "compare", "note"}
 SELECT = ("last", "val")
 METRICS = ("accuracy", "balanced_accuracy", "personalized_accuracy")
@@ -85,8 +90,11 @@ class Study:
     paper: str = ""
 
     def published_for(self, group: tuple[tuple[str, str], ...]) -> dict[str, Any] | None:
-        """The published entry whose ``where`` labels all match this group (plus ``compare``)."""
-        labels = {**dict(group), **self.compare}
+        """The published entry whose ``where`` labels all match this group's labels, read through
+        ``compare`` (quick label → the paper's label it stands for, per axis)."""
+        labels = dict(group)
+        for axis, mapping in self.compare.items():
+            labels[axis] = mapping.get(labels.get(axis), labels.get(axis)) if isinstance(mapping, dict) else mapping
         for entry in self.published:
             if all(labels.get(k) == v for k, v in entry["where"].items()):
                 return entry
@@ -207,6 +215,10 @@ def parse_study(raw: dict, folder: Path, *, quick: bool = False, where: str = "s
                 set_key(doc, key, value, f"{where}: {a.name} = {a.labels[i]}")
         for key, value in common.items():
             set_key(doc, key, value, f"{where}: set")
+        for o in raw.get("overrides", []):
+            if _matches(o.get("where", {}), labels):
+                for key, value in o.get("set", {}).items():
+                    set_key(doc, key, value, f"{where}: overrides")
         name = "_".join(f"{short[a.name]}-{labels[a.name]}" for a in axes) or "run"
         if name in names:
             raise ConfigError(f"{where}: two cells share the run directory {name}")
@@ -217,7 +229,32 @@ def parse_study(raw: dict, folder: Path, *, quick: bool = False, where: str = "s
         except ConfigError as err:
             raise ConfigError(f"{where}: cell {name}: {err}") from None
         reason = next((u.get("reason", "not runnable yet") for u in unavailable
-                       if all(labels.get(k) == v for k, v in u.get("where", {}).items())), "")
+                       if _matches(u.get("where", {}), labels)), "")
         cells.append(Cell(labels, config, name, reason))
     return Study(raw.get("title", raw.get("name", "")), axes, cells, select, metric,
-                 raw.get("published", []), q.get("compare", {}), q.get("note", ""), raw.get("paper", ""))
+                 _published(raw.get("published", []), where), q.get("compare", {}), q.get("note", ""),
+                 raw.get("paper", ""))
+
+
+def _matches(where: dict[str, Any], labels: dict[str, str]) -> bool:
+    """Whether labels match ``where``: each axis's label equals the value (or is in it, for a list)."""
+    return all(labels.get(k) in v if isinstance(v, list) else labels.get(k) == v for k, v in where.items())
+
+
+def _published(raw: Any, where: str) -> list[dict[str, Any]]:
+    """Published numbers as a list of ``{where, value, std}`` (the matrix form unrolled)."""
+    if isinstance(raw, list):
+        return raw
+    try:
+        entries = []
+        for row, values in raw["values"].items():
+            if len(values) != len(raw["labels"]):
+                raise ConfigError(f"{where}: published.values.{row}: {len(values)} values for {len(raw['labels'])} labels")
+            for column, v in zip(raw["labels"], values):
+                if v is not None and v != "-":
+                    value, std = (v[0], v[1]) if isinstance(v, list) else (v, None)
+                    entries.append({"where": {raw["rows"]: row, raw["columns"]: column}, "value": value, "std": std})
+        return entries
+    except (KeyError, TypeError, AttributeError):
+        raise ConfigError(f"{where}: [published] must be a list of {{where, value}} or a matrix with rows, "
+                          f"columns, labels and values") from None

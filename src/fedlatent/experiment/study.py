@@ -23,12 +23,15 @@ one list per row label of ``value`` or ``[value, std]``.
 
 A key is a dotted config key (``"train.lr"``) setting one value, or a section name (``algorithm``,
 ``data``, ``terms``) replacing the whole section. Cells are the product of the axes (variants
-first, in file order, then the grid; ``seed`` last), applied in that order. ``[[unavailable]]``
-tables (``where = {axis = label}``, ``reason = "..."``) mark cells that cannot run yet, and
-``[[published]]`` tables (``where``, ``value``, optional ``std``) hold a paper's numbers;
-``[quick]`` (``base``, ``set``, ``grid``, ``variants``, ``compare``) gives the reduced version that
-``fedlatent reproduce --quick`` runs. Cells whose labels differ only in ``seed`` form a group
-whose mean ± std the tables show.
+first, in file order, then the grid; ``seed`` last), applied in that order, then ``set``, then
+the matching ``[[overrides]]``. ``[[unavailable]]`` tables (``where = {axis = label}``,
+``reason = "..."``) mark cells that cannot run yet (in the full version only, unless
+``also_quick = true``: a missing method rather than missing data), and ``[[published]]`` tables
+(``where``, ``value``, optional ``std``) hold a paper's numbers. ``[quick]`` (``base``, ``set``,
+``grid``, ``variants`` replace or add to the full ones; ``only = {axis = [labels]}`` keeps some
+cells; ``compare = {axis = {quick label = paper label}}``) is the reduced version that
+``fedlatent reproduce --quick`` runs. A ``where`` value may be a list of labels. Cells whose
+labels differ only in ``seed`` form a group whose mean ± std the tables show.
 """
 from __future__ import annotations
 
@@ -46,7 +49,7 @@ from fedlatent.methods import resolve
 
 STUDY_KEYS = {"title", "description", "paper", "base", "set", "grid", "variants", "select", "metric",
               "unavailable", "published", "quick", "name", "overrides"}
-QUICK_KEYS = {"base", "set", "grid", "variants", "compare", "note"}
+QUICK_KEYS = {"base", "set", "grid", "variants", "compare", "note", "only"}
 SELECT = ("last", "val")
 METRICS = ("accuracy", "balanced_accuracy", "personalized_accuracy")
 
@@ -205,10 +208,12 @@ def parse_study(raw: dict, folder: Path, *, quick: bool = False, where: str = "s
         raise ConfigError(f"{where}: metric = {metric!r}: allowed values are {', '.join(METRICS)}")
     axes = _axes(grid, variants, where)
     short = _short(axes)
-    unavailable = raw.get("unavailable", [])
+    unavailable = [u for u in raw.get("unavailable", []) if not quick or u.get("also_quick", False)]
     cells, names = [], set()
     for combo in itertools.product(*[range(len(a.labels)) for a in axes]):
         labels = {a.name: a.labels[i] for a, i in zip(axes, combo)}
+        if not _matches(q.get("only", {}), labels):
+            continue
         doc = copy.deepcopy(base)
         for a, i in zip(axes, combo):
             for key, value in a.settings[i].items():

@@ -46,7 +46,7 @@ def run_row(run: str, labels: dict[str, str], status: str, run_dir: Path, select
     if summary_path.exists():
         summary = json.loads(summary_path.read_text())
         final = summary.get("final", {})
-        row.update({k: final[k] for k in FINAL_KEYS if k in final})
+        row.update({(f"final_{k}" if k in labels else k): final[k] for k in FINAL_KEYS if k in final})
         row["rounds_completed"] = summary.get("rounds_completed")
         row["wall_seconds"] = summary.get("wall_seconds")
         if select == "val":

@@ -51,7 +51,11 @@ def write_manifest(study: Study, out: Path) -> None:
         indent=1) + "\n")
 
 
-def run_sweep(study: Study, out: str | Path, *, jobs: int = 1, echo: Callable[[str], None] | None = print
+def _say(text: str) -> None:
+    print(text, flush=True)
+
+
+def run_sweep(study: Study, out: str | Path, *, jobs: int = 1, echo: Callable[[str], None] | None = _say
               ) -> list[dict[str, Any]]:
     """Run the study's available cells under ``out/<cell name>``; return the tidy rows."""
     out = Path(out)

@@ -1,4 +1,4 @@
-"""The command line: ``fedlatent run | partition | methods | config``.
+"""The command line: ``fedlatent run | sweep | report | reproduce | partition | methods | config``.
 
 Exit codes: 0 success, 2 invalid input (one line on stderr, no traceback), 1 anything else.
 """
@@ -19,16 +19,35 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("config", help="TOML run configuration")
     run.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
                      help="override one key (repeatable), e.g. --set train.rounds=5")
-    run.add_argument("--out", help="run directory (default runs/<dataset>-<algorithm>-seed<seed>)")
+    run.add_argument("--out", help="run directory (default runs/<dataset>-<partition>-<algorithm>-seed<seed>)")
     run.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
     run.add_argument("--no-progress", action="store_true", help="no progress bar")
     part = sub.add_parser("partition", help="print the partition table of a configuration")
     part.add_argument("config")
     part.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
     part.add_argument("--plot", metavar="PNG", help="save a client × class heatmap to this file")
+    sweep = sub.add_parser("sweep", help="run every cell of a study file (resumable) and tabulate")
+    sweep.add_argument("study", help="TOML study file: a base config and a grid")
+    sweep.add_argument("--jobs", type=_positive, default=1, help="runs at once, in worker processes")
+    sweep.add_argument("--out", help="sweep directory (default runs/<study file name>)")
+    report = sub.add_parser("report", help="tables and plots over run or sweep directories")
+    report.add_argument("dirs", nargs="+", help="run or sweep directories")
+    report.add_argument("--out", help="where the tables and plots go (default: the first directory's report/)")
+    repro = sub.add_parser("reproduce", help="run a paper table's spec and put the published numbers beside ours")
+    repro.add_argument("name", nargs="?", help="spec name (see --list)")
+    repro.add_argument("--list", action="store_true", help="list the specs and which rows can run")
+    repro.add_argument("--quick", action="store_true", help="the reduced version on offline data (minutes on a CPU)")
+    repro.add_argument("--jobs", type=_positive, default=1, help="runs at once, in worker processes")
+    repro.add_argument("--out", help="sweep directory (default runs/reproduce/<name>[-quick])")
     sub.add_parser("methods", help="list the method presets and parts with their keys")
     sub.add_parser("config", help="list every configuration key with its default")
     return parser
+
+
+def _positive(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return int(text)
 
 
 def _run(args: argparse.Namespace) -> None:
@@ -55,12 +74,42 @@ def _partition(args: argparse.Namespace) -> None:
         print(f"saved {partition_heatmap(counts, Path(args.plot))}")
 
 
+def _sweep(args: argparse.Namespace) -> None:
+    from fedlatent.experiment.study import load_study  # validates every cell before torch loads
+    study = load_study(args.study)
+    from fedlatent.experiment.sweep import run_sweep
+    out = Path(args.out) if args.out else Path("runs") / Path(args.study).stem
+    run_sweep(study, out, jobs=args.jobs)
+    print(f"\n{(out / 'results.md').read_text()}\n(all runs: {out / 'results.csv'})")
+
+
+def _report(args: argparse.Namespace) -> None:
+    from fedlatent.experiment.report import report
+    out = Path(args.out) if args.out else Path(args.dirs[0]) / "report"
+    for path in report([Path(d) for d in args.dirs], out):
+        print(f"wrote {path}")
+
+
+def _reproduce(args: argparse.Namespace) -> None:
+    from fedlatent.experiment import reproduce
+    if args.list or not args.name:
+        print(reproduce.listing())
+        return
+    out = Path(args.out) if args.out else Path("runs") / "reproduce" / (args.name + ("-quick" if args.quick else ""))
+    print(reproduce.reproduce(args.name, out, quick=args.quick, jobs=args.jobs))
+
+
+STUDY_COMMANDS = {"sweep": _sweep, "report": _report, "reproduce": _reproduce}
+
+
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
     args = _parser().parse_args(argv)
     try:
         if args.command == "run":
             _run(args)
+        elif args.command in STUDY_COMMANDS:
+            STUDY_COMMANDS[args.command](args)
         elif args.command == "partition":
             _partition(args)
         elif args.command == "methods":

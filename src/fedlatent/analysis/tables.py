@@ -31,3 +31,43 @@ def summary_table(summary: dict[str, Any]) -> str:
     rows += [["rounds_completed", summary.get("rounds_completed")],
              ["wall_seconds", float(summary.get("wall_seconds", 0.0))]]
     return format_table(["metric", "value"], rows)
+
+
+def mean_std(values: list[float]) -> tuple[float, float]:
+    """Mean and sample standard deviation (ddof = 1, as papers report over seeds); std is nan for one value."""
+    arr = np.asarray(values, dtype=np.float64)
+    if arr.size == 0:
+        return float("nan"), float("nan")
+    return float(arr.mean()), float(arr.std(ddof=1)) if arr.size > 1 else float("nan")
+
+
+def format_mean_std(values: list[float], scale: float = 1.0, digits: int = 4) -> str:
+    """``mean ± std`` of ``values`` × ``scale``; the mean alone for one value, ``-`` for none."""
+    if not values:
+        return "-"
+    mean, std = mean_std([scale * v for v in values])
+    return f"{mean:.{digits}f}" + ("" if np.isnan(std) else f" ± {std:.{digits}f}")
+
+
+def markdown_table(header: list[str], rows: list[list[Any]]) -> str:
+    """A GitHub markdown table; floats with 4 decimals."""
+    cells = [[f"{c:.4f}" if isinstance(c, float) else str(c) for c in row] for row in rows]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in cells])
+
+
+def latex_table(header: list[str], rows: list[list[Any]], caption: str = "") -> str:
+    """A booktabs LaTeX table; ``±``, ``_``, ``%`` and ``&`` are escaped."""
+    def esc(c: Any) -> str:
+        text = f"{c:.4f}" if isinstance(c, float) else str(c)
+        for a, b in (("\\", r"\textbackslash{}"), ("&", r"\&"), ("%", r"\%"), ("_", r"\_"), ("#", r"\#"),
+                     ("±", r"$\pm$")):
+            text = text.replace(a, b)
+        return text
+    lines = [r"\begin{table}[t]", r"\centering", r"\begin{tabular}{" + "l" * len(header) + "}", r"\toprule",
+             " & ".join(esc(h) for h in header) + r" \\", r"\midrule"]
+    lines += [" & ".join(esc(c) for c in row) + r" \\" for row in rows]
+    lines += [r"\bottomrule", r"\end{tabular}"]
+    if caption:
+        lines.append(r"\caption{" + esc(caption) + "}")
+    return "\n".join(lines + [r"\end{table}"]) + "\n"

@@ -15,7 +15,7 @@ from fedlatent.data.federation import build_federation, counts_table
 from fedlatent.data.types import Federation
 from fedlatent.errors import ConfigError
 from fedlatent.experiment.figures import FigureWorker
-from fedlatent.methods import resolve
+from fedlatent.methods import resolve, resolved_keys
 from fedlatent.methods.parts import MethodSpec
 
 BACKENDS = {"simulation": simulation.run, "vectorized": vectorized.run}
@@ -28,8 +28,24 @@ def fedlatent_version() -> str:
         return "0+unknown"
 
 
+def partition_tag(config: RunConfig) -> str:
+    """The partition in a few characters: ``iid``, ``dirichlet0.05``, ``shards2``, ``given``."""
+    d = config.data
+    return {"dirichlet": f"dirichlet{d.alpha:g}", "shards": f"shards{d.classes_per_client}"}.get(d.partition, d.partition)
+
+
 def default_out(config: RunConfig) -> Path:
-    return Path("runs") / f"{config.data.dataset}-{config.algorithm['name']}-seed{config.seed}"
+    """``runs/<dataset>-<partition>-<algorithm>-seed<seed>``, e.g. ``runs/digits-dirichlet0.05-fedavg-seed0``."""
+    return Path("runs") / f"{config.data.dataset}-{partition_tag(config)}-{config.algorithm['name']}-seed{config.seed}"
+
+
+def identity(config: RunConfig) -> dict[str, Any]:
+    """What identifies a run beside its seed: the partition's keys and the method's resolved keys."""
+    d = config.data
+    return {"partition": {"dataset": d.dataset, "partition": d.partition, "alpha": d.alpha,
+                          "num_clients": d.num_clients, "classes_per_client": d.classes_per_client,
+                          "data_seed": config.data_seed},
+            "method": resolved_keys(config.algorithm, config.terms)}
 
 
 def prepare(config: RunConfig) -> tuple[Federation, MethodSpec]:
@@ -84,7 +100,7 @@ def run(config: RunConfig, out: str | Path | None = None, *, resume: bool = Fals
     figures.draw("curves")
     metrics = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines()]
     summary = {"final": final, "rounds_completed": len(metrics), "seed": config.seed,
-               "method": spec.name, "dataset": config.data.dataset,
+               "method": spec.name, "dataset": config.data.dataset, "identity": identity(config),
                "wall_seconds": wall + time.perf_counter() - started - backend_seconds,
                "fedlatent_version": fedlatent_version()}
     (out / "summary.json").write_text(json.dumps(summary, indent=1))

@@ -2,6 +2,6 @@
 from fedlatent.methods import (ccvr, feddecorr, feddyn, fedavg, fednova, fedopt, fedprox,  # noqa: F401
                                fedproto, feduv, freeze, moon, scaffold, spherefed)
 from fedlatent.methods import ditto  # noqa: F401  (registration)
-from fedlatent.methods.registry import PARTS, PRESETS, catalogue, resolve
+from fedlatent.methods.registry import PARTS, PRESETS, catalogue, resolve, resolved_keys
 
-__all__ = ["resolve", "catalogue", "PRESETS", "PARTS"]
+__all__ = ["resolve", "resolved_keys", "catalogue", "PRESETS", "PARTS"]

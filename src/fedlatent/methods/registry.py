@@ -104,6 +104,21 @@ def resolve(algorithm: dict[str, Any], terms: list[dict[str, Any]] = ()) -> Meth
     return spec
 
 
+def resolved_keys(algorithm: dict[str, Any], terms: list[dict[str, Any]] = ()) -> dict[str, Any]:
+    """The method's keys after defaults (the preset's, the universal switches and each term's):
+    what identifies a method in a run's summary, so runs of the same preset stay comparable."""
+    name = algorithm.get("name", "fedavg")
+    if name not in PRESETS:
+        raise ConfigError(f"algorithm.name = {name!r}: unknown; known: {', '.join(sorted(PRESETS))}")
+    keys = {"name": name, **_validated("algorithm", algorithm, {**COMMON_KEYS, **PRESETS[name].defaults})}
+    resolved_terms = []
+    for i, t in enumerate(terms):
+        if t.get("name") not in PARTS:
+            raise ConfigError(f"terms[{i}].name = {t.get('name')!r}: unknown part; known: {', '.join(sorted(PARTS))}")
+        resolved_terms.append({"name": t["name"], **_validated(f"terms[{i}]", t, PARTS[t["name"]].defaults)})
+    return {**keys, "terms": resolved_terms}
+
+
 def _apply_common(spec: MethodSpec, opts: dict[str, Any]) -> None:
     """Universal switches override the preset's choices when given."""
     if opts["loss"]:

@@ -1,0 +1,107 @@
+"""``fedlatent report``: tables (markdown, CSV, LaTeX) and plots over run and sweep directories.
+
+Runs that differ only in seed form a group (a sweep's cells, from its ``sweep.json``; for loose
+run directories, the same method, data set and partition in ``summary.json``). Tables give mean ±
+std over seeds per group; plots show each group's mean over seeds with a min–max band.
+"""
+from __future__ import annotations
+
+import json
+import tomllib
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from fedlatent.analysis.study_plots import band_plot, per_client_plot
+from fedlatent.errors import UserInputError
+from fedlatent.experiment.store import read_metrics, run_row, write_tables
+
+
+@dataclass
+class RunDir:
+    path: Path
+    labels: dict[str, str]  # the group's labels and "seed"
+
+    @property
+    def group(self) -> str:
+        return ", ".join(f"{k.split('.')[-1]}={v}" for k, v in self.labels.items() if k != "seed") or "run"
+
+
+def _loose_labels(path: Path) -> dict[str, str]:
+    """Labels of a run outside a sweep, from what its summary (or config) says identifies it."""
+    summary = json.loads((path / "summary.json").read_text()) if (path / "summary.json").exists() else {}
+    ident = summary.get("identity", {}).get("partition")
+    if ident is None and (path / "config.toml").exists():
+        config = tomllib.loads((path / "config.toml").read_text())
+        ident = {**config.get("data", {}), "data_seed": config.get("seed")}
+        summary.setdefault("method", config.get("algorithm", {}).get("name", "?"))
+        summary.setdefault("seed", config.get("seed"))
+    ident = ident or {}
+    part = ident.get("partition", "?")
+    part += f"{ident.get('alpha'):g}" if part == "dirichlet" and ident.get("alpha") is not None else ""
+    return {"method": str(summary.get("method", path.name)), "data": f"{ident.get('dataset', '?')}-{part}",
+            "seed": str(summary.get("seed", "?"))}
+
+
+def collect_runs(dirs: list[Path]) -> tuple[list[RunDir], list[str]]:
+    """Every run under ``dirs`` (sweep directories, run directories, or folders of runs) and the axes."""
+    runs, axes = [], []
+    for d in dirs:
+        if (d / "sweep.json").exists():
+            manifest = json.loads((d / "sweep.json").read_text())
+            axes += [a for a in manifest["axes"] if a not in axes]
+            runs += [RunDir(d / r["run"], r["labels"]) for r in manifest["runs"] if (d / r["run"] / "metrics.jsonl").exists()]
+        elif (d / "metrics.jsonl").exists():
+            runs.append(RunDir(d, _loose_labels(d)))
+        elif d.is_dir():
+            runs += [RunDir(m.parent, _loose_labels(m.parent)) for m in sorted(d.glob("*/metrics.jsonl"))]
+        else:
+            raise UserInputError(f"report: {d} is not a directory")
+    if any(a not in axes for r in runs for a in r.labels):
+        axes += [a for a in ("method", "data", "seed") if a not in axes]
+    if not runs:
+        raise UserInputError(f"report: no run directories (with metrics.jsonl) under {', '.join(map(str, dirs))}")
+    return runs, axes
+
+
+def _series(metrics: list[dict[str, Any]], key: str) -> tuple[list[int], list[float]]:
+    points = [(m["round"], float(m[key])) for m in metrics if key in m]
+    return [p[0] for p in points], [p[1] for p in points]
+
+
+def collect_plots(runs: list[RunDir], out: Path) -> list[Path]:
+    """Every figure of the report; a new kind of figure over run directories is one more call here."""
+    groups: dict[str, list[list[dict[str, Any]]]] = defaultdict(list)
+    for r in runs:
+        groups[r.group].append(read_metrics(r.path))
+    plots = []
+    for key, ylabel, title, name, logy in [
+            ("test_accuracy", "test accuracy of the global model (0–1)", "Global test accuracy per round",
+             "accuracy.png", False),
+            ("train_loss", "mean local training loss (nats, log scale)", "Training loss per round", "loss.png", True),
+            ("time_train_s", "local training time per round (s, all clients)", "Local training wall time per round",
+             "time_train.png", False)]:
+        series = {g: [_series(m, key) for m in ms] for g, ms in groups.items()}
+        if any(s[0] for runs_ in series.values() for s in runs_):
+            plots.append(band_plot(series, ylabel, title, out / name, logy=logy))
+    per_client: dict[str, tuple[list[float], list[float]]] = {}
+    for r in runs:
+        summary = json.loads((r.path / "summary.json").read_text()) if (r.path / "summary.json").exists() else {}
+        rows = summary.get("final", {}).get("per_client", [])
+        if rows:
+            accs, base = per_client.setdefault(r.group, ([], []))
+            accs += [c["accuracy"] for c in rows]
+            base += [c["majority_baseline"] for c in rows if "majority_baseline" in c]
+    if per_client:
+        plots.append(per_client_plot(per_client, out / "per_client.png"))
+    return plots
+
+
+def report(dirs: list[Path], out: Path) -> list[Path]:
+    """Write ``report.md``/``.tex``/``_cells.csv`` (per group), ``report.csv`` (per run) and the plots."""
+    runs, axes = collect_runs(dirs)
+    rows = [run_row(str(r.path), r.labels, "finished" if (r.path / "summary.json").exists() else "unfinished", r.path)
+            for r in runs]
+    tables = write_tables(rows, axes, out, title="fedlatent report", stem="report", formats=("md", "csv", "tex"))
+    return tables + collect_plots(runs, out)

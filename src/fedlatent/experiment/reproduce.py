@@ -1,0 +1,82 @@
+"""``fedlatent reproduce``: the seed papers' tables as named study files (``specs/*.toml``).
+
+Each spec records the paper's setting as configuration keys and its published numbers; rows
+that need a piece fedlatent lacks are marked unavailable with the reason. ``--quick`` runs the
+spec's reduced version on offline data; the output puts the paper's number, fedlatent's mean ±
+std over seeds and, for personalised tables, the majority-class baseline side by side.
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+from pathlib import Path
+
+from fedlatent.analysis.tables import format_mean_std, markdown_table
+from fedlatent.errors import UserInputError
+from fedlatent.experiment.study import Study, load_study
+from fedlatent.experiment.sweep import run_sweep
+
+SPECS = Path(__file__).resolve().parent / "specs"
+
+
+def spec_names() -> list[str]:
+    return sorted(p.stem for p in SPECS.glob("*.toml"))
+
+
+def spec_path(name: str) -> Path:
+    path = SPECS / f"{name}.toml"
+    if not path.is_file():
+        raise UserInputError(f"reproduce: unknown spec {name!r}; known: {', '.join(spec_names())}")
+    return path
+
+
+def listing() -> str:
+    """One line per spec (runnable cells of all), then the reasons rows cannot run yet."""
+    lines = []
+    for name in spec_names():
+        study = load_study(spec_path(name))
+        blocked = [c for c in study.cells if c.unavailable]
+        reasons = sorted({c.unavailable for c in blocked})
+        lines.append(f"{name:20s} {study.title}  [{len(study.cells) - len(blocked)}/{len(study.cells)} runs "
+                     f"runnable; --quick available]")
+        lines += [f"{'':20s}   not runnable yet: {r}" for r in reasons]
+    return "\n".join(lines)
+
+
+def comparison(study: Study, rows: list[dict]) -> str:
+    """Paper vs fedlatent per cell (percent), with the majority baseline for personalised metrics."""
+    metric = "selected_accuracy" if study.select == "val" else study.metric
+    personal = study.metric == "personalized_accuracy"
+    keys = [a.name for a in study.axes if a.name != "seed"]
+    groups: dict[tuple, list[dict]] = defaultdict(list)
+    for r in rows:
+        groups[tuple((k, r[k]) for k in keys)].append(r)
+    header = keys + ["paper (%)", f"fedlatent {metric} (%)"] + (["majority baseline (%)"] if personal else []) + ["seeds", "status"]
+    body = []
+    for group, members in groups.items():
+        entry = study.published_for(group)
+        paper = "-" if entry is None else f"{entry['value']:.2f}" + (f" ± {entry['std']:.2f}" if entry.get("std") is not None else "")
+        done = [r for r in members if r.get(metric) is not None]
+        values = [r[metric] for r in done if r[metric] == r[metric]]
+        status = members[0].get("error", "") if members[0]["status"] == "unavailable" else \
+            ", ".join(sorted({r["status"] for r in members}))
+        body.append([*(v for _, v in group), paper, format_mean_std(values, 100, 2)]
+                    + ([format_mean_std([r["majority_baseline_accuracy"] for r in done
+                                         if "majority_baseline_accuracy" in r], 100, 2)] if personal else [])
+                    + [str(len(values)), status])
+    return markdown_table(header, body)
+
+
+def reproduce(name: str, out: Path, *, quick: bool = False, jobs: int = 1) -> str:
+    """Run a spec (its available cells) into ``out`` and write ``out/comparison.md``; return its text."""
+    study = load_study(spec_path(name), quick=quick)
+    rows = run_sweep(study, out, jobs=jobs)
+    caption = ("fedlatent: mean ± sample std (ddof = 1) over seeds, last round"
+               + (", model selected by validation accuracy" if study.select == "val" else "")
+               + "; paper: as published (± its std where given).")
+    text = f"## {study.title}{' (quick)' if quick else ''}\n\n{study.paper}\n\n"
+    if quick and study.note:
+        text += f"Quick version: {study.note}\n\n"
+    text += caption + "\n\n" + comparison(study, rows) + "\n"
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "comparison.md").write_text(text)
+    return text

@@ -1,0 +1,117 @@
+"""The result store of a study: one tidy row per run (``results.csv``) and mean ± std over seeds
+per cell (``results.md``, and for ``report`` the same table as CSV and LaTeX).
+
+Accuracy is the last round's (the run's ``final``), never the best over rounds. With
+``select = "val"`` the selected accuracy is the test accuracy of the round with the best mean
+validation accuracy (the first such round): it needs ``val_accuracy`` and ``test_accuracy`` in
+the same ``metrics.jsonl`` line, i.e. ``data.val_fraction > 0`` and ``eval.every = 1``.
+"""
+from __future__ import annotations
+
+import csv
+import json
+import math
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from fedlatent.analysis.tables import format_mean_std, latex_table, markdown_table
+
+FINAL_KEYS = ("accuracy", "balanced_accuracy", "loss", "uncalibrated_accuracy", "personalized_accuracy",
+              "personalized_accuracy_std", "personalized_accuracy_worst", "majority_baseline_accuracy")
+STD_CAPTION = ("mean ± sample standard deviation (ddof = 1) over seeds; accuracies of the last round "
+               "(never the best round)")
+
+
+def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
+    path = run_dir / "metrics.jsonl"
+    return [json.loads(l) for l in path.read_text().splitlines() if l.strip()] if path.exists() else []
+
+
+def selected_accuracy(metrics: list[dict[str, Any]]) -> tuple[float, int]:
+    """Test accuracy and round of the round with the best validation accuracy (nan, 0 when the
+    metrics lack per-round validation and test accuracy)."""
+    rounds = [m for m in metrics if "val_accuracy" in m and "test_accuracy" in m]
+    if not rounds:
+        return float("nan"), 0
+    best = max(rounds, key=lambda m: (m["val_accuracy"], -m["round"]))
+    return float(best["test_accuracy"]), int(best["round"])
+
+
+def run_row(run: str, labels: dict[str, str], status: str, run_dir: Path, select: str = "last",
+            error: str = "") -> dict[str, Any]:
+    """One tidy row: the run's name and labels, its status, final metrics and wall seconds."""
+    row: dict[str, Any] = {"run": run, **labels, "status": status}
+    summary_path = run_dir / "summary.json"
+    if summary_path.exists():
+        summary = json.loads(summary_path.read_text())
+        final = summary.get("final", {})
+        row.update({(f"final_{k}" if k in labels else k): final[k] for k in FINAL_KEYS if k in final})
+        row["rounds_completed"] = summary.get("rounds_completed")
+        row["wall_seconds"] = summary.get("wall_seconds")
+        if select == "val":
+            row["selected_accuracy"], row["selected_round"] = selected_accuracy(read_metrics(run_dir))
+    if error:
+        row["error"] = error
+    return row
+
+
+def write_csv(rows: list[dict[str, Any]], path: Path) -> Path:
+    columns: list[str] = []
+    for row in rows:
+        columns += [k for k in row if k not in columns]
+    with path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=columns)
+        writer.writeheader()
+        writer.writerows(rows)
+    return path
+
+
+def _has(row: dict[str, Any], key: str) -> bool:
+    return row.get(key) not in (None, "")
+
+
+def _numbers(rows: list[dict[str, Any]], key: str) -> list[float]:
+    return [float(r[key]) for r in rows if _has(r, key) and not math.isnan(float(r[key]))]
+
+
+def cell_table(rows: list[dict[str, Any]], axes: list[str], select: str = "last") -> tuple[list[str], list[list[Any]]]:
+    """Mean ± std over seeds per cell (runs sharing every label but ``seed``); finished runs only."""
+    groups: dict[tuple, list[dict[str, Any]]] = defaultdict(list)
+    keys = [a for a in axes if a != "seed"]
+    for r in rows:
+        groups[tuple(r.get(k, "") for k in keys)].append(r)
+    metrics = ["accuracy"] + (["selected_accuracy"] if select == "val" else [])
+    personal = any(_has(r, "personalized_accuracy") for r in rows)
+    if personal:
+        metrics += ["personalized_accuracy", "majority_baseline_accuracy"]
+    if any(_has(r, "uncalibrated_accuracy") for r in rows):
+        metrics.append("uncalibrated_accuracy")
+    header = keys + ["seeds"] + metrics + ["wall s (mean)"]
+    body = []
+    for group, members in groups.items():
+        done = [r for r in members if _has(r, "accuracy")]
+        wall = _numbers(done, "wall_seconds")
+        body.append([*group, f"{len(done)}/{len(members)}", *(format_mean_std(_numbers(done, m)) for m in metrics),
+                     f"{sum(wall) / len(wall):.1f}" if wall else "-"])
+    return header, body
+
+
+def write_tables(rows: list[dict[str, Any]], axes: list[str], out: Path, *, title: str = "",
+                 select: str = "last", stem: str = "results", formats: tuple[str, ...] = ("md",)) -> list[Path]:
+    """``<stem>.csv`` (one row per run) and the per-cell table as markdown (and csv/tex when asked)."""
+    out.mkdir(parents=True, exist_ok=True)
+    paths = [write_csv(rows, out / f"{stem}.csv")]
+    header, body = cell_table(rows, axes, select)
+    caption = STD_CAPTION + ("; selected accuracy: test accuracy at the round of best validation "
+                             "accuracy" if select == "val" else "")
+    if "md" in formats:
+        text = (f"## {title}\n\n" if title else "") + f"{caption}.\n\n" + markdown_table(header, body) + "\n"
+        (out / f"{stem}.md").write_text(text)
+        paths.append(out / f"{stem}.md")
+    if "csv" in formats:
+        paths.append(write_csv([dict(zip(header, r)) for r in body], out / f"{stem}_cells.csv"))
+    if "tex" in formats:
+        (out / f"{stem}.tex").write_text(latex_table(header, body, caption))
+        paths.append(out / f"{stem}.tex")
+    return paths

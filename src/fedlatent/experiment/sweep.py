@@ -1,0 +1,112 @@
+"""Run every cell of a study into its own run directory, resumably, ``jobs`` at a time.
+
+A finished run (``summary.json`` present) is skipped; an unfinished one continues from its last
+checkpoint (``run(..., resume=True)`` gives the uninterrupted run's numbers). With ``jobs > 1``
+the runs go to spawned worker processes; each run keeps its own seed and ``train.threads``, so
+``--jobs 2`` gives the numbers of ``--jobs 1``. After every finished run the sweep rewrites
+``results.csv`` and ``results.md`` and prints one progress line.
+"""
+from __future__ import annotations
+
+import json
+import multiprocessing
+import time
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from pathlib import Path
+from typing import Any, Callable
+
+from fedlatent.config import RunConfig, to_toml
+from fedlatent.errors import UserInputError
+from fedlatent.experiment.single import run
+from fedlatent.experiment.store import run_row, write_tables
+from fedlatent.experiment.study import Cell, Study
+
+
+def run_cell(config: RunConfig, out: str) -> str:
+    """Run (or continue) one cell; returns "" on success, else the error's one-line message."""
+    import torch
+    torch.set_num_threads(config.train.threads)
+    try:
+        run(config, Path(out), resume=True, echo=None)
+    except UserInputError as err:
+        return str(err)
+    except Exception as err:  # noqa: BLE001 - one failed cell must not stop the others
+        return f"{type(err).__name__}: {err}"
+    return ""
+
+
+def _status(out: Path) -> str:
+    if (out / "summary.json").exists():
+        return "skipped"
+    return "resumed" if (out / "checkpoints").exists() else "ran"
+
+
+def write_manifest(study: Study, out: Path) -> None:
+    """``sweep.json``: the study's axes and each run's labels, which ``report`` groups by."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "sweep.json").write_text(json.dumps({
+        "title": study.title, "axes": [a.name for a in study.axes], "select": study.select,
+        "metric": study.metric,
+        "runs": [{"run": c.name, "labels": c.labels, "unavailable": c.unavailable} for c in study.cells]},
+        indent=1) + "\n")
+
+
+def _say(text: str) -> None:
+    print(text, flush=True)
+
+
+def run_sweep(study: Study, out: str | Path, *, jobs: int = 1, echo: Callable[[str], None] | None = _say
+              ) -> list[dict[str, Any]]:
+    """Run the study's available cells under ``out/<cell name>``; return the tidy rows."""
+    out = Path(out)
+    write_manifest(study, out)
+    for cell in study.cells:
+        existing = out / cell.name / "config.toml"
+        if existing.exists() and existing.read_text() != to_toml(cell.config):
+            raise UserInputError(f"{existing}: holds another configuration than the study's cell {cell.name}; "
+                                 f"choose another --out")
+    rows: dict[str, dict[str, Any]] = {}
+    todo: list[Cell] = []
+    for cell in study.cells:
+        if cell.unavailable:
+            rows[cell.name] = run_row(cell.name, cell.labels, "unavailable", out / cell.name, error=cell.unavailable)
+        elif _status(out / cell.name) == "skipped":
+            rows[cell.name] = run_row(cell.name, cell.labels, "skipped", out / cell.name, study.select)
+        else:
+            todo.append(cell)
+    axes = [a.name for a in study.axes]
+    ordered = lambda: [rows[c.name] for c in study.cells if c.name in rows]  # noqa: E731
+    total, done = len(study.cells), len(rows)
+
+    def finish(cell: Cell, status: str, error: str, started: float) -> None:
+        nonlocal done
+        done += 1
+        rows[cell.name] = run_row(cell.name, cell.labels, "failed" if error else status, out / cell.name,
+                                  study.select, error)
+        write_tables(ordered(), axes, out, title=study.title, select=study.select)
+        if echo:
+            acc = rows[cell.name].get("accuracy")
+            result = f"FAILED: {error}" if error else f"accuracy {acc:.4f}" if acc is not None else status
+            echo(f"[{done}/{total}] {cell.name}: {result} ({time.perf_counter() - started:.1f} s, {status})")
+
+    if echo and done:
+        echo(f"{done} of {total} runs finished already or not runnable; running {len(todo)}")
+    if jobs <= 1:
+        for cell in todo:
+            started, status = time.perf_counter(), _status(out / cell.name)
+            finish(cell, status, run_cell(cell.config, str(out / cell.name)), started)
+    else:
+        with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+            pending: dict[Future, tuple[Cell, str, float]] = {}
+            queue = list(todo)
+            while queue or pending:
+                while queue and len(pending) < jobs:
+                    cell = queue.pop(0)
+                    status = _status(out / cell.name)
+                    pending[pool.submit(run_cell, cell.config, str(out / cell.name))] = (cell, status, time.perf_counter())
+                finished, _ = wait(pending, return_when=FIRST_COMPLETED)
+                for future in finished:
+                    cell, status, started = pending.pop(future)
+                    finish(cell, status, future.result(), started)
+    write_tables(ordered(), axes, out, title=study.title, select=study.select)
+    return ordered()

@@ -1,0 +1,167 @@
+"""Studies: grid expansion, resumable sweeps, tables against the summaries, report, reproduce specs."""
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from fedlatent.cli import main
+from fedlatent.errors import ConfigError
+from fedlatent.experiment import reproduce
+from fedlatent.experiment.report import report
+from fedlatent.experiment.store import selected_accuracy
+from fedlatent.experiment.study import load_study, parse_study
+from fedlatent.experiment.sweep import run_sweep
+
+ROOT = Path(__file__).resolve().parents[1]
+
+STUDY = """
+title = "two methods x two alphas"
+base = "{base}"
+set = {{"train.rounds" = 2, "data.partition" = "dirichlet", "model.hidden" = [16]}}
+
+[variants.method]
+fedavg = {{algorithm = {{name = "fedavg"}}}}
+prox = {{algorithm = {{name = "fedprox", mu = 0.1}}, "train.lr" = 0.1}}
+
+[grid]
+"data.alpha" = [0.05, 0.5]
+seed = [0, 1]
+"""
+
+
+@pytest.fixture
+def study_file(tmp_path: Path, digits_config: Path) -> Path:
+    path = tmp_path / "study.toml"
+    path.write_text(STUDY.format(base=digits_config))
+    return path
+
+
+def test_grid_expands_every_combination_in_order(study_file: Path) -> None:
+    study = load_study(study_file)
+    assert [c.name for c in study.cells][:3] == ["method-fedavg_alpha-0.05_seed-0", "method-fedavg_alpha-0.05_seed-1",
+                                                 "method-fedavg_alpha-0.5_seed-0"]
+    assert len(study.cells) == 8 and len({c.name for c in study.cells}) == 8
+    prox = [c for c in study.cells if c.labels["method"] == "prox" and c.labels["data.alpha"] == "0.5"][1]
+    assert prox.config.algorithm == {"name": "fedprox", "mu": 0.1}
+    assert (prox.config.train.lr, prox.config.data.alpha, prox.config.seed, prox.config.train.rounds) == (0.1, 0.5, 1, 2)
+    assert prox.group == (("method", "prox"), ("data.alpha", "0.5"))
+
+
+def test_terms_variants_overrides_and_published_matrix(tmp_path: Path) -> None:
+    raw = {"base": {"train": {"rounds": 1}},
+           "grid": {"terms": [[], [{"name": "decorrelation", "beta": 0.2}]], "seed": [3]},
+           "overrides": [{"where": {"terms": "decorrelation"}, "set": {"train.lr": 0.2}}],
+           "published": {"rows": "terms", "columns": "seed", "labels": ["3"], "values": {"none": [1.5], "decorrelation": [[2.5, 0.1]]}}}
+    study = parse_study(raw, tmp_path)
+    assert [c.name for c in study.cells] == ["terms-none_seed-3", "terms-decorrelation_seed-3"]
+    assert study.cells[1].config.terms == [{"name": "decorrelation", "beta": 0.2}]
+    assert (study.cells[0].config.train.lr, study.cells[1].config.train.lr) == (0.05, 0.2)
+    assert study.published_for((("terms", "decorrelation"), ("seed", "3")))["std"] == 0.1
+
+
+@pytest.mark.parametrize("raw, needle", [
+    ({"grid": {"train.lr": []}}, "grid.train.lr"),
+    ({"grid": {"train.lr": [-1.0]}}, "train.lr"),
+    ({"variants": {"m": {"x": {"algorithm": {"name": "nope"}}}}}, "algorithm.name"),
+    ({"colour": 1}, "unknown key colour"),
+    ({"select": "best"}, "select"),
+])
+def test_bad_studies_name_the_key(tmp_path: Path, raw: dict, needle: str) -> None:
+    with pytest.raises(ConfigError, match=needle.replace(".", r"\.")):
+        parse_study(raw, tmp_path)
+
+
+def test_table_mean_std_equal_the_summaries(tmp_path: Path, study_file: Path) -> None:
+    rows = run_sweep(load_study(study_file), tmp_path / "sweep", echo=None)
+    assert {r["status"] for r in rows} == {"ran"}
+    md = (tmp_path / "sweep" / "results.md").read_text()
+    for method in ("fedavg", "prox"):
+        for alpha in ("0.05", "0.5"):
+            accs = [json.loads((tmp_path / "sweep" / f"method-{method}_alpha-{alpha}_seed-{s}" / "summary.json").read_text())
+                    ["final"]["accuracy"] for s in (0, 1)]
+            expected = f"| {method} | {alpha} | 2/2 | {statistics.mean(accs):.4f} ± {statistics.stdev(accs):.4f} |"
+            assert expected in md
+    csv_lines = (tmp_path / "sweep" / "results.csv").read_text().splitlines()
+    assert csv_lines[0].startswith("run,method,data.alpha,seed,status,accuracy") and len(csv_lines) == 9
+    summary = json.loads((tmp_path / "sweep" / rows[0]["run"] / "summary.json").read_text())
+    assert summary["identity"]["partition"]["alpha"] == 0.05 and summary["identity"]["method"]["name"] == "fedavg"
+    # reports over the sweep: tables and plots exist, and the tables are the sweep's
+    paths = report([tmp_path / "sweep"], tmp_path / "report")
+    names = {p.name for p in paths}
+    assert {"report.md", "report.tex", "report.csv", "accuracy.png", "loss.png", "time_train.png"} <= names
+    assert all(p.stat().st_size > 0 for p in paths)
+    assert expected.replace(" |", "", 0) in (tmp_path / "report" / "report.md").read_text()
+    # a second sweep over the same directory redoes nothing
+    again = run_sweep(load_study(study_file), tmp_path / "sweep", echo=None)
+    assert {r["status"] for r in again} == {"skipped"}
+    assert [r["accuracy"] for r in again] == [r["accuracy"] for r in rows]
+
+
+@pytest.mark.slow
+def test_jobs_2_gives_the_numbers_of_jobs_1(tmp_path: Path, study_file: Path) -> None:
+    one = run_sweep(load_study(study_file), tmp_path / "one", jobs=1, echo=None)
+    two = run_sweep(load_study(study_file), tmp_path / "two", jobs=2, echo=None)
+    assert [(r["run"], r["accuracy"], r["loss"]) for r in one] == [(r["run"], r["accuracy"], r["loss"]) for r in two]
+
+
+@pytest.mark.slow
+def test_killed_sweep_resumes_without_redoing_finished_runs(tmp_path: Path, study_file: Path) -> None:
+    study_file.write_text(study_file.read_text().replace('"train.rounds" = 2', '"train.rounds" = 6'))
+    out = tmp_path / "sweep"
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    cmd = [sys.executable, "-m", "fedlatent.cli", "sweep", str(study_file), "--out", str(out)]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    first = out / "method-fedavg_alpha-0.05_seed-0" / "summary.json"
+    deadline = time.time() + 120
+    while not first.exists() and time.time() < deadline:
+        time.sleep(0.05)
+    proc.kill()
+    proc.wait()
+    finished = {p.parent.name: p.stat().st_mtime_ns for p in out.glob("*/summary.json")}
+    assert first.parent.name in finished and len(finished) < 8
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True)
+    assert all((out / name / "summary.json").stat().st_mtime_ns == t for name, t in finished.items())
+    assert f"{len(finished)} of 8 runs finished already" in done.stdout
+    assert len(list(out.glob("*/summary.json"))) == 8
+
+
+def test_selected_accuracy_uses_the_best_validation_round() -> None:
+    metrics = [{"round": 1, "val_accuracy": 0.5, "test_accuracy": 0.4}, {"round": 2, "val_accuracy": 0.7, "test_accuracy": 0.6},
+               {"round": 3, "val_accuracy": 0.7, "test_accuracy": 0.9}, {"round": 4, "test_accuracy": 0.95}]
+    assert selected_accuracy(metrics) == (0.6, 2)
+    assert selected_accuracy([{"round": 1, "test_accuracy": 0.3}])[1] == 0
+
+
+@pytest.mark.parametrize("name", reproduce.spec_names())
+def test_every_spec_validates_full_and_quick(name: str) -> None:
+    full = load_study(reproduce.spec_path(name))
+    quick = load_study(reproduce.spec_path(name), quick=True)
+    assert full.cells and quick.cells and full.published
+    assert all(c.config.data.dataset in ("digits", "synthetic") for c in quick.cells)
+    assert not any(c.unavailable for c in quick.cells)
+    assert any(quick.published_for(c.group) for c in quick.cells)
+
+
+def test_reproduce_list_covers_the_four_papers(capsys: pytest.CaptureFixture) -> None:
+    assert main(["reproduce", "--list"]) == 0
+    text = capsys.readouterr().out
+    for spec in ["feduv_table1", "feduv_table2", "feduv_table3", "feduv_table4", "feduv_table6", "feddecorr_table1",
+                 "feddecorr_table3", "feddecorr_table4", "spherefed_table2", "spherefed_table3", "ditto_table1",
+                 "ditto_table2"]:
+        assert spec in text
+    assert "AutoAugment" in text
+    assert main(["reproduce", "nope"]) == 2
+
+
+@pytest.mark.slow
+def test_quick_spec_runs_end_to_end(tmp_path: Path) -> None:
+    text = reproduce.reproduce("spherefed_table3", tmp_path / "q", quick=True)
+    assert "| mse | fix_ou+norm | 71.85 |" in text
+    assert len(list((tmp_path / "q").glob("*/summary.json"))) == 20

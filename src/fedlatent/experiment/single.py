@@ -8,6 +8,7 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
+from fedlatent.analysis.diagnostic_plots import plot_diagnostics
 from fedlatent.analysis.plots import learning_curves, partition_heatmap
 from fedlatent.analysis.tables import partition_table
 from fedlatent.backends import simulation, vectorized
@@ -78,6 +79,8 @@ def run(config: RunConfig, out: str | Path | None = None, *, resume: bool = Fals
         bar.close()
     metrics = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines()]
     learning_curves(metrics, out / "plots" / "curves.png")
+    if config.diagnostics.which:
+        plot_diagnostics([out], out / "plots")
     summary = {"final": final, "rounds_completed": len(metrics), "seed": config.seed,
                "method": spec.name, "dataset": config.data.dataset,
                "wall_seconds": wall + time.perf_counter() - started - backend_seconds,

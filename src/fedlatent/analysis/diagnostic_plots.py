@@ -19,7 +19,7 @@ from fedlatent.analysis.plots import _pyplot, partition_heatmap
 
 # configuration keys never used to tell runs apart (seeds, resources, the diagnostics themselves)
 _IGNORED = ("seed", "data.seed", "train.threads", "train.device", "eval.")
-_FLOOR = 1e-12  # smallest value drawn on a log axis (exact zeros, e.g. dead ReLU units, sit there)
+_FLOOR = 1e-10  # bottom of a log axis: smaller values (numerical zeros: dead ReLU units, rank > N - 1) sit there
 
 
 @dataclass
@@ -100,7 +100,9 @@ def _band(ax, x: np.ndarray, rows: list[np.ndarray], label: str, log: bool = Fal
     line, = ax.plot(x, np.maximum(mean, _FLOOR) if log else mean, label=label + n, **style)
     if len(rows) > 1:
         low, high = mean - std, mean + std
-        ax.fill_between(x, np.maximum(low, _FLOOR) if log else low, high, color=line.get_color(), alpha=0.2)
+        if log:
+            low, high = np.maximum(low, _FLOOR), np.maximum(high, _FLOOR)
+        ax.fill_between(x, low, high, color=line.get_color(), alpha=0.2)
 
 
 def _over_rounds(ax, groups: dict[str, list[RunRecords]], key: str, model: str = "global") -> bool:
@@ -163,6 +165,7 @@ def plot_spectrum(groups: dict[str, list[RunRecords]], path: Path) -> Path | Non
     titles = ["global model", "local models (mean over clients)"]
     for i, ax in enumerate(axes[0]):
         ax.set_yscale("log")
+        ax.set_ylim(bottom=_FLOOR / 2)
         ax.set_xlabel("singular value index k (descending)")
         ax.set_ylabel("σ_k / σ_1 of cov(z) (log scale, unitless)")
         ax.set_title(titles[i], fontsize=9)

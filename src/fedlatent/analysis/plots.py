@@ -27,7 +27,7 @@ def partition_heatmap(counts: np.ndarray, path: Path, title: str = "") -> Path:
     ax.set_xlabel("class")
     ax.set_ylabel("client")
     ax.set_title(title or "samples per client and class")
-    fig.colorbar(image, ax=ax)
+    fig.colorbar(image, ax=ax, label="samples (count)")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)

@@ -118,6 +118,29 @@ class EvalConfig:
                              choices=("auto", "always", "never"))
 
 
+DIAGNOSTICS = ("collapse", "classifier", "alignment", "uniformity", "per_class", "tsne", "data")
+
+
+@dataclass
+class DiagnosticsConfig:
+    which: list = _key([], "diagnostics to compute (empty = none, no cost): " + ", ".join(DIAGNOSTICS))
+    every: int = _key(1, "compute them every k rounds (the last round always)", low=1)
+    split: str = _key("test", "samples they are computed on: 'test' (the global test set, else the "
+                      "clients' test splits), 'val' or 'train' (all clients' splits)",
+                      choices=("test", "val", "train"))
+    clients: bool = _key(False, "also for the local models the selected clients trained that round")
+    threshold: float = _key(1e-3, "collapse: sigma_k counts as significant when sigma_k / sigma_1 > threshold",
+                            low=0.0, high=1.0, low_open=True)
+    uniformity_t: float = _key(2.0, "uniformity: t in log mean exp(-t |z_i - z_j|^2) of unit z",
+                               low=0.0, low_open=True)
+    max_samples: int = _key(2000, "uniformity: a seeded subsample of at most this many samples "
+                            "(the pairwise cost grows as its square)", low=2)
+    tsne_class: int = _key(0, "tsne: the class whose features are embedded", low=0)
+    tsne_clients: int = _key(5, "tsne: the first clients (by id) holding that class", low=1)
+    tsne_samples: int = _key(50, "tsne: at most this many samples per client (seeded subsample)", low=2)
+    histogram_bins: int = _key(30, "data: bins of the per-client histogram of mean input values", low=2)
+
+
 @dataclass
 class RunConfig:
     seed: int = _key(0, "seed of every random choice of the run (numpy's legacy generator, used by "
@@ -131,6 +154,7 @@ class RunConfig:
     terms: list = field(default_factory=list)
     server: ServerConfig = field(default_factory=ServerConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    diagnostics: DiagnosticsConfig = field(default_factory=DiagnosticsConfig)
 
     @property
     def data_seed(self) -> int:
@@ -238,6 +262,16 @@ def _check_consistency(config: RunConfig) -> None:
     if not all(isinstance(h, int) and not isinstance(h, bool) and h > 0 for h in config.model.hidden) \
             or not config.model.hidden:
         raise ConfigError(f"model.hidden = {config.model.hidden!r}: expected a non-empty list of positive integers")
+    _check_diagnostics(config.diagnostics)
+
+
+def _check_diagnostics(d: DiagnosticsConfig) -> None:
+    unknown = [w for w in d.which if w not in DIAGNOSTICS]
+    if unknown:
+        raise ConfigError(f"diagnostics.which: {unknown[0]!r} is not a diagnostic; allowed values are "
+                          f"{', '.join(DIAGNOSTICS)}")
+    if len(set(d.which)) != len(d.which):
+        raise ConfigError(f"diagnostics.which = {d.which!r}: names a diagnostic twice")
 
 
 def parse_override(text: str) -> tuple[list[str], Any]:
@@ -326,7 +360,7 @@ def describe() -> str:
         if top.name in ("seed", "backend"):
             rows.append(f"{top.name} = {top.default!r}  # {top.metadata['doc']}")
     hints = typing.get_type_hints(RunConfig)
-    for name in ("data", "model", "train", "server", "eval"):
+    for name in ("data", "model", "train", "server", "eval", "diagnostics"):
         rows.append(f"\n[{name}]")
         for f in dataclasses.fields(hints[name]):
             if f.name == "options":
@@ -340,5 +374,5 @@ def describe() -> str:
 
 
 __all__ = ["RunConfig", "DataConfig", "ModelConfig", "TrainConfig", "ServerConfig", "EvalConfig",
-           "load_config", "from_dict", "to_dict", "to_toml", "apply_overrides", "describe", "add_check",
-           "ConfigError"]
+           "DiagnosticsConfig", "load_config", "from_dict", "to_dict", "to_toml", "apply_overrides", "describe",
+           "add_check", "ConfigError"]

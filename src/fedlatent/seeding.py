@@ -5,6 +5,9 @@ import numpy as np
 
 # purposes (the second integer of a derived seed)
 MODEL_INIT, CLIENT_SAMPLING, HEAD_INIT, LOCAL_TRAINING, CALIBRATION, FINETUNE, KERNEL_INIT = range(7)
+# draws of the diagnostics (subsamples, t-SNE): outside the training streams, so turning them on
+# changes no training number
+DIAGNOSTICS = 16
 
 
 def derive_seed(*parts: int) -> int:

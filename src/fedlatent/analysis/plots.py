@@ -50,7 +50,7 @@ def partition_heatmap(counts: np.ndarray, path: Path, title: str = "") -> Path:
     ax.set_xlabel("class")
     ax.set_ylabel("client")
     ax.set_title(title or "samples per client and class", fontsize=10)
-    fig.colorbar(image, ax=ax, label="training samples")
+    fig.colorbar(image, ax=ax, label="training samples (count)")
     fixed_margins(fig, right=0.1)
     return save(fig, path)
 

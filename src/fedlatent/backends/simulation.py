@@ -23,6 +23,7 @@ from fedlatent.config import RunConfig, TrainConfig
 from fedlatent.data.types import Federation, Split
 from fedlatent.federated import calibrate
 from fedlatent.federated.client import LocalSettings, Workspace, local_update
+from fedlatent.federated.diagnostics import Diagnostics
 from fedlatent.federated.evaluation import evaluate
 from fedlatent.federated.personal import personalized_report
 from fedlatent.federated.server import Server
@@ -78,6 +79,7 @@ class Setup:
     device: torch.device
     trainer: Trainer = train_in_turn
     metrics: list[dict[str, Any]] = field(default_factory=list)
+    diagnostics: Diagnostics | None = None
 
 
 def make_model(config: RunConfig, federation: Federation, spec: MethodSpec) -> FedModel:
@@ -147,6 +149,8 @@ def run_round(s: Setup, rnd: int) -> dict[str, Any]:
     if (rnd + 1) % cfg.eval.every == 0 or rnd + 1 == cfg.train.rounds:
         line.update(evaluate_global(s))
     line["time_round_s"] = time.perf_counter() - started
+    if s.diagnostics is not None and s.diagnostics.due(rnd + 1):
+        s.diagnostics.record(rnd + 1, s.workspace.model, s.server.global_state, uploads)
     return line
 
 
@@ -184,6 +188,9 @@ def run(config: RunConfig, federation: Federation, spec: MethodSpec, out: Path, 
     if resume and has_checkpoint(ckpt):
         s.server.global_state, s.server.state, s.client_states, info = load_checkpoint(ckpt, len(federation.clients))
         start, before = info["round"], info["elapsed_s"]
+    if config.diagnostics.which:
+        s.diagnostics = Diagnostics(config, federation, out / "diagnostics.jsonl", s.device)
+        s.diagnostics.start(start)
     metrics_path = out / "metrics.jsonl"
     kept = [l for l in metrics_path.read_text().splitlines() if json.loads(l)["round"] <= start] \
         if start and metrics_path.exists() else []

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from fedlatent.analysis.diagnostic_plots import plot_diagnostics
 from fedlatent.analysis.study_plots import band_plot, per_client_plot
 from fedlatent.errors import UserInputError
 from fedlatent.experiment.store import read_metrics, run_row, write_tables
@@ -95,6 +96,9 @@ def collect_plots(runs: list[RunDir], out: Path) -> list[Path]:
             base += [c["majority_baseline"] for c in rows if "majority_baseline" in c]
     if per_client:
         plots.append(per_client_plot(per_client, out / "per_client.png"))
+    with_diagnostics = [r.path for r in runs if (r.path / "diagnostics.jsonl").exists()]
+    if with_diagnostics:
+        plots += plot_diagnostics(with_diagnostics, out)
     return plots
 
 

@@ -98,6 +98,8 @@ def run(config: RunConfig, out: str | Path | None = None, *, resume: bool = Fals
     if bar:
         bar.close()
     figures.draw("curves")
+    if config.diagnostics.which:
+        figures.draw("diagnostics")
     metrics = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines()]
     summary = {"final": final, "rounds_completed": len(metrics), "seed": config.seed,
                "method": spec.name, "dataset": config.data.dataset, "identity": identity(config),

@@ -1,0 +1,138 @@
+"""The papers' diagnostics as pure computations on models and tensors (nothing here trains).
+
+- Dimensional collapse (Shi et al., FedDecorr, ICLR 2023, Sec. 3.1, Figs. 2-3): the singular
+  values σ_1 ≥ … ≥ σ_d of the covariance of z over a split, C = (1/N) Σ (z_i − z̄)(z_i − z̄)ᵀ.
+  FedDecorr plots them on a log scale and calls σ_k *significant* when it exceeds a small
+  threshold. fedlatent makes the threshold relative, so that it does not depend on the scale of
+  z (which differs between methods and heterogeneity levels): σ_k is significant when
+  σ_k / σ_1 > τ. The normalised spectrum is σ_k / σ_1. Beside the count, the threshold-free
+  effective rank exp(H(p)), p_k = σ_k / Σ σ (Roy & Vetterli 2007), is reported.
+- Classifier singular values (Son et al., FedUV, CVPR 2024, Fig. 1) and cross-client alignment of
+  the classifier rows: for every pair of clients and every class, the cosine and the absolute
+  norm difference of the two clients' weight vectors of that class, averaged.
+- Hyperspherical uniformity (Wang & Isola 2020, the quantity behind FedUV's L_U):
+  log mean_{i<j} exp(−t‖ẑ_i − ẑ_j‖²) of the unit-normalised z (in [−4t, 0]; lower = more uniform).
+- Per-class accuracy; a seeded t-SNE (scikit-learn) of one class's features from several clients.
+- The FedUV supplement's data figures: the client × class label counts and, per client, the
+  histogram of each sample's mean input value.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+from torch.nn import functional as F
+
+from fedlatent.models.base import FedModel
+
+
+@torch.no_grad()
+def representations(model: FedModel, x: Tensor, batch_size: int = 500,
+                    device: torch.device = torch.device("cpu")) -> tuple[Tensor, Tensor]:
+    """z and the predicted classes of ``model`` (in eval mode) on ``x``, on the CPU."""
+    model.eval()
+    zs, preds = [], []
+    for start in range(0, len(x), batch_size):
+        out = model(x[start:start + batch_size].to(device))
+        zs.append(out.z.detach().cpu())
+        preds.append(out.logits.argmax(1).cpu())
+    if not zs:
+        return torch.zeros(0, getattr(model, "z_dim", 0)), torch.zeros(0, dtype=torch.long)
+    return torch.cat(zs), torch.cat(preds)
+
+
+def covariance_spectrum(z: Tensor) -> np.ndarray:
+    """Singular values (descending, float64) of the covariance (1/N)·Σ(z_i − z̄)(z_i − z̄)ᵀ of
+    the rows of ``z`` (N×d); FedDecorr Sec. 3.1."""
+    if z.dim() != 2 or z.shape[0] < 1:
+        raise ValueError(f"covariance_spectrum expects z of shape (N, d) with N >= 1, got {tuple(z.shape)}")
+    z64 = z.detach().to(torch.float64)
+    centred = z64 - z64.mean(0, keepdim=True)
+    cov = centred.T @ centred / z64.shape[0]
+    return torch.linalg.svdvals(cov).numpy()
+
+
+def collapse(z: Tensor, threshold: float) -> dict[str, Any]:
+    """Dimensional-collapse summary of ``z``: the covariance spectrum, its normalisation by the
+    largest singular value, the count of σ_k/σ_1 > ``threshold`` and the effective rank.
+    A spectrum of zeros (constant z) has no significant value and effective rank 0."""
+    sv = covariance_spectrum(z)
+    top = float(sv[0]) if sv.size else 0.0
+    normalized = sv / top if top > 0 else np.zeros_like(sv)
+    return {"singular_values": sv.tolist(), "normalized_spectrum": normalized.tolist(),
+            "significant": int((normalized > threshold).sum()), "effective_rank": effective_rank(sv)}
+
+
+def effective_rank(singular_values: np.ndarray) -> float:
+    """exp of the Shannon entropy of σ/Σσ (Roy & Vetterli 2007); 0 for an all-zero spectrum."""
+    sv = np.asarray(singular_values, dtype=np.float64)
+    total = sv.sum()
+    if total <= 0:
+        return 0.0
+    p = sv[sv > 0] / total
+    return float(math.exp(-(p * np.log(p)).sum()))
+
+
+def classifier_spectrum(weight: Tensor) -> np.ndarray:
+    """Singular values (descending, float64) of a classifier weight matrix (C×d); FedUV Fig. 1."""
+    return torch.linalg.svdvals(weight.detach().to(torch.float64)).numpy()
+
+
+def classifier_alignment(weights: list[Tensor]) -> dict[str, float]:
+    """Alignment of the same class's classifier rows between clients: over every pair of clients
+    a < b and every class c, the mean of cos(W_a[c], W_b[c]) and of |‖W_a[c]‖ − ‖W_b[c]‖|.
+    A zero row has cosine 0 with anything. Needs at least two clients (else NaN)."""
+    if len(weights) < 2:
+        return {"cosine": float("nan"), "norm_difference": float("nan"), "pairs": 0}
+    w = torch.stack([x.detach().to(torch.float64) for x in weights])  # K×C×d
+    a, b = torch.triu_indices(len(weights), len(weights), offset=1)
+    cos = F.cosine_similarity(w[a], w[b], dim=-1, eps=1e-300)
+    norms = w.norm(dim=-1)
+    diff = (norms[a] - norms[b]).abs()
+    return {"cosine": float(cos.mean()), "norm_difference": float(diff.mean()), "pairs": int(len(a))}
+
+
+def hyperspherical_uniformity(z: Tensor, t: float = 2.0) -> float:
+    """log mean_{i<j} exp(−t‖ẑ_i − ẑ_j‖²) of the unit-normalised rows ẑ of ``z`` (Wang & Isola
+    2020, Eq. 4 with all pairs i < j); NaN for fewer than two rows. Computed in float64."""
+    if z.shape[0] < 2:
+        return float("nan")
+    unit = F.normalize(z.detach().to(torch.float64), dim=1)
+    sq = torch.pdist(unit).square()
+    return float(torch.logsumexp(-t * sq, 0) - math.log(sq.numel()))
+
+
+def per_class_accuracy(pred: Tensor, y: Tensor, num_classes: int) -> list[float]:
+    """Accuracy on each class's samples (NaN for a class absent from ``y``)."""
+    correct = torch.zeros(num_classes, dtype=torch.float64).index_add_(0, y, (pred == y).double())
+    counts = torch.bincount(y, minlength=num_classes).double()
+    return [float(c / n) if n > 0 else float("nan") for c, n in zip(correct.tolist(), counts.tolist())]
+
+
+def tsne_embedding(features: list[Tensor], groups: list[int], seed: int,
+                   perplexity: float = 30.0) -> dict[str, list]:
+    """A 2-D t-SNE (scikit-learn, PCA init, ``random_state`` = ``seed``) of the rows of all
+    ``features`` together; ``group`` gives each point's entry of ``groups`` (e.g. its client id).
+    The perplexity is capped below the number of points; fewer than 3 points give empty lists."""
+    from sklearn.manifold import TSNE
+    x = torch.cat([f.detach().to(torch.float64) for f in features]).numpy() if features else np.zeros((0, 1))
+    labels = [g for f, g in zip(features, groups) for _ in range(len(f))]
+    if len(x) < 3:
+        return {"xy": [], "group": []}
+    tsne = TSNE(n_components=2, perplexity=min(perplexity, (len(x) - 1) / 3), init="pca",
+                random_state=seed % 2**32)
+    xy = tsne.fit_transform(x)
+    return {"xy": xy.tolist(), "group": labels}
+
+
+def mean_value_histograms(xs: list[Tensor], bins: int) -> dict[str, list]:
+    """Per set in ``xs`` (e.g. each client's training inputs), the histogram of each sample's mean
+    value over the common range (FedUV supplement, feature-distribution figures)."""
+    means = [x.detach().flatten(1).to(torch.float64).mean(1).numpy() if len(x) else np.zeros(0) for x in xs]
+    pooled = np.concatenate(means) if means else np.zeros(0)
+    low, high = (float(pooled.min()), float(pooled.max())) if pooled.size else (0.0, 1.0)
+    edges = np.linspace(low, high if high > low else low + 1.0, bins + 1)
+    return {"edges": edges.tolist(), "counts": [np.histogram(m, edges)[0].tolist() for m in means]}

@@ -96,6 +96,12 @@ class TrainConfig:
     threads: int = _key(1, "torch intra-op threads (1 is fastest for small models on few cores)",
                         low=1)
     device: str = _key("cpu", "torch device for training ('cpu', 'cuda', 'cuda:1', ...)")
+    on_nonfinite: str = _key("stop", "a client whose loss or update is not finite: 'stop' the run "
+                             "(exit 1) or 'drop' it from that round's aggregate", choices=("stop", "drop"))
+    on_client_error: str = _key("stop", "a client whose local update raises: 'stop' the run (exit 1) "
+                                "or 'drop' it from that round's aggregate", choices=("stop", "drop"))
+    min_clients: int = _key(1, "fewest clients a round may aggregate after drops; below it the run "
+                            "stops (0: a round that drops every client keeps the global model)", low=0)
 
 
 @dataclass

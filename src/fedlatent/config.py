@@ -269,12 +269,16 @@ def load_config(path: str | Path | None = None, overrides: Iterable[str] = ()) -
     raw: dict = {}
     if path is not None:
         p = Path(path)
+        if p.is_dir():
+            raise ConfigError(f"config file {p} is a folder, not a TOML file")
         if not p.is_file():
             raise ConfigError(f"config file {p} not found")
         try:
             raw = tomllib.loads(p.read_text(encoding="utf-8"))
-        except tomllib.TOMLDecodeError as err:
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as err:
             raise ConfigError(f"{p}: not valid TOML ({err})") from None
+        except OSError as err:
+            raise ConfigError(f"config file {p}: cannot read it ({err.strerror or err})") from None
     return from_dict(apply_overrides(raw, overrides))
 
 

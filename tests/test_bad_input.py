@@ -221,8 +221,11 @@ def test_bad_use_of_an_existing_run_changes_nothing(finished_run: Path, capsys, 
     assert {p: p.read_bytes() for p in sorted(finished_run.rglob("*")) if p.is_file()} == before
 
 
-@pytest.mark.parametrize("make", [c for i, c in CASES if i in ("out-is-a-file", "malformed-toml", "arrays-nan-features")],
-                         ids=["out-is-a-file", "malformed-toml", "arrays-nan-features"])
+SUBPROCESS_CASES = ["malformed-toml", "arrays-nan-features", "out-is-a-file"]  # in CASES order
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("make", [c for i, c in CASES if i in SUBPROCESS_CASES], ids=SUBPROCESS_CASES)
 def test_console_entry_point_gives_the_same_single_line(make: Case, tmp_path: Path) -> None:
     """The real process: exit status 2 and one stderr line, no traceback from the interpreter."""
     args, names = make(tmp_path)

@@ -85,7 +85,8 @@ def _inject(monkeypatch: pytest.MonkeyPatch, client: int, rnd: int, fault: str) 
     return seen
 
 
-@pytest.mark.parametrize("fault,quantity", [("nan", "non-finite weight"), ("raise", "RuntimeError: injected failure second line")])
+@pytest.mark.parametrize("fault,quantity", [("nan", "non-finite weight"),
+                                            ("raise", "RuntimeError: injected failure second line")])
 def test_stop_policy_ends_with_one_line_and_keeps_the_last_good_checkpoint(
         fault: str, quantity: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
     _inject(monkeypatch, client=2, rnd=2, fault=fault)
@@ -216,13 +217,15 @@ def test_checkpoint_store_keeps_two_sealed_rounds_and_skips_unsealed(tmp_path: P
 
     def save(rnd: int) -> None:
         checkpoint_store.save_checkpoint(root, global_state={k: v + rnd for k, v in state.items()}, server_state={},
-                                         client_states=[{"c": torch.ones(2) * rnd}, {}], info={"round": rnd, "elapsed_s": 0.0})
+                                         client_states=[{"c": torch.ones(2) * rnd}, {}],
+                                         info={"round": rnd, "elapsed_s": 0.0})
 
     for rnd in (1, 2, 3):
         save(rnd)
     assert [p.name for p in checkpoint_store.round_folders(root)] == ["round00003", "round00002"]
     manifest = json.loads((root / "round00003" / "manifest.json").read_text())
-    assert manifest["sha256"]["global.safetensors"] == checkpoint_store.sha256(root / "round00003" / "global.safetensors")
+    newest = root / "round00003" / "global.safetensors"
+    assert manifest["sha256"]["global.safetensors"] == checkpoint_store.sha256(newest)
     # a write interrupted before its manifest: skipped with one warning, the sealed round before it is read
     (root / "round00004").mkdir()
     (root / "round00004" / "global.safetensors").write_bytes(b"partial")

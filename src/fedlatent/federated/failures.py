@@ -76,8 +76,9 @@ def screen(rnd: int, outcomes: list[Upload | ClientFailure], cfg: TrainConfig,
     """Apply the failure policy to round ``rnd``'s (0-based) outcomes, in client order.
 
     ``outcomes`` holds an :class:`Upload` per client that returned and a :class:`ClientFailure`
-    per client that raised; ``states`` the clients' new states by id. Returns the uploads to aggregate and the clients dropped; raises
-    :class:`RunStopped` when the policy says stop or too few clients remain."""
+    per client that raised; ``states`` the clients' new states by id. Returns the uploads to
+    aggregate and the clients dropped; raises :class:`RunStopped` when the policy says stop or too
+    few clients remain."""
     kept: list[Upload] = []
     dropped: list[ClientFailure] = []
     for outcome in outcomes:
@@ -94,7 +95,8 @@ def screen(rnd: int, outcomes: list[Upload | ClientFailure], cfg: TrainConfig,
                              f"({key} = 'stop')", rnd)
         dropped.append(outcome)
     if len(kept) < cfg.min_clients:
-        first = f" (client {dropped[0].client}: {dropped[0].detail}" + (f", and {len(dropped) - 1} more)" if len(dropped) > 1 else ")")
+        more = f", and {len(dropped) - 1} more" if len(dropped) > 1 else ""
+        first = f" (client {dropped[0].client}: {dropped[0].detail}{more})"
         raise RunStopped(f"round {rnd + 1}: {len(kept)} client(s) left after dropping {len(dropped)}{first}, "
                          f"fewer than train.min_clients = {cfg.min_clients}", rnd)
     return kept, dropped

@@ -65,7 +65,8 @@ def _read(root: Path | str, layout: _Layout) -> tuple[ImageSet, ImageSet]:
 class _ArraysOnly(pickle.Unpickler):
     """Unpickles dicts, lists, strings, bytes, numbers and numpy arrays, nothing else."""
 
-    ALLOWED = frozenset({(f"numpy.{core}.multiarray", n) for core in ("core", "_core") for n in ("_reconstruct", "scalar")}
+    ALLOWED = frozenset({(f"numpy.{core}.multiarray", n) for core in ("core", "_core")
+                         for n in ("_reconstruct", "scalar")}
                         | {(f"numpy.{core}.numeric", "_frombuffer") for core in ("core", "_core")}
                         | {("numpy", "ndarray"), ("numpy", "dtype"), ("_codecs", "encode")})  # bytes in protocol 2
 

@@ -240,3 +240,25 @@ def test_console_entry_point_gives_the_same_single_line(make: Case, tmp_path: Pa
     assert len(lines) == 1 and names in lines[0] and "Traceback" not in done.stderr, done.stderr
     assert done.stdout == ""
     assert not out.exists()
+
+
+def test_unreadable_data_exits_2_before_any_work(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    """Permissions cannot be taken from root (the test machines' user), so the refusals are simulated."""
+    from fedlatent.data import sources
+
+    root = tmp_path / "images"
+    root.mkdir()
+    monkeypatch.setattr(sources.os, "access", lambda path, mode: Path(path) != root)
+    out = tmp_path / "run"
+    assert main(["run", *FAST, str(DIGITS), *_sets("data.dataset=domains", f"data.root={root}"), "--out", str(out)]) == 2
+    line = capsys.readouterr().err.strip()
+    assert "\n" not in line and f"data.root = '{root}': not readable" in line
+
+    def denied(*args, **kwargs):
+        raise PermissionError(13, "Permission denied", str(tmp_path / "fed.npz"))
+
+    monkeypatch.setattr(sources.np, "load", denied)
+    assert main(["run", *FAST, str(DIGITS), *_arrays(_npz(tmp_path)), "--out", str(out)]) == 2
+    line = capsys.readouterr().err.strip()
+    assert "\n" not in line and "data.path" in line and "fed.npz" in line and "Permission denied" in line
+    assert not out.exists()

@@ -308,3 +308,40 @@ def test_kill_at_seeded_random_moments_then_resume(reference: Path, tmp_path: Pa
         first = first and not (out / "config.toml").exists()
     assert _run(out, *([] if first else ["--resume"])) == 0
     _same_run(out, reference)
+
+
+def test_a_stopping_exception_is_kept_as_the_cause(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """From Python the stop carries the client's exception (and its traceback) as ``__cause__``."""
+    from fedlatent import load_config, run
+    from fedlatent.errors import RunStopped
+
+    _inject(monkeypatch, client=0, rnd=1, fault="raise")
+    with pytest.raises(RunStopped) as info:
+        run(load_config(DIGITS, ["train.rounds=2", "data.num_clients=4"]), tmp_path / "run")
+    assert isinstance(info.value.__cause__, RuntimeError) and info.value.rounds_completed == 0
+
+
+def test_screen_applies_each_policy_and_the_minimum() -> None:
+    from fedlatent.config import TrainConfig
+    from fedlatent.errors import RunStopped
+    from fedlatent.federated.failures import ClientFailure, nonfinite_quantity, screen
+    from fedlatent.methods.parts import Upload
+
+    def upload(cid: int, loss: float = 0.5, w: float = 1.0) -> Upload:
+        return Upload(cid, {"w": torch.full((2,), w), "steps": torch.tensor(3)}, 10, 3, 0.1, 0.0,
+                      metrics={"train_loss": loss, "term_prox": 0.1})
+
+    assert nonfinite_quantity(upload(0)) is None
+    assert nonfinite_quantity(upload(0, loss=float("nan"), w=float("inf"))) == "train loss (nan)"  # losses first
+    assert nonfinite_quantity(upload(0, w=float("-inf"))) == "weight w"
+    assert nonfinite_quantity(upload(0), {"personal.w": torch.tensor([float("nan")])}) == "client state personal.w"
+    outcomes = [upload(0), ClientFailure(1, "error", "ValueError: x"), upload(2, w=float("nan")), upload(3)]
+    drop_all = TrainConfig(on_nonfinite="drop", on_client_error="drop", min_clients=2)
+    kept, dropped = screen(4, outcomes, drop_all)
+    assert [u.client_id for u in kept] == [0, 3] and [(f.client, f.kind) for f in dropped] == [(1, "error"), (2, "nonfinite")]
+    with pytest.raises(RunStopped, match=r"^round 5: 2 client\(s\) left after dropping 2 \(client 1: ValueError: x, and 1 more\)"):
+        screen(4, outcomes, TrainConfig(on_nonfinite="drop", on_client_error="drop", min_clients=3))
+    with pytest.raises(RunStopped, match=r"^round 5, client 2: non-finite weight w \(train.on_nonfinite = 'stop'\)$"):
+        screen(4, outcomes, TrainConfig(on_client_error="drop"))
+    with pytest.raises(RunStopped, match=r"^round 5, client 1: ValueError: x \(train.on_client_error = 'stop'\)$"):
+        screen(4, outcomes, TrainConfig(on_nonfinite="drop"))

@@ -23,8 +23,8 @@ import torch
 from fedlatent.config import RunConfig, TrainConfig
 from fedlatent.data.types import Federation, Split
 from fedlatent.federated import calibrate
-from fedlatent.federated.client import LocalSettings, Workspace, local_update
 from fedlatent.errors import UserInputError
+from fedlatent.federated.client import LocalSettings, Workspace, local_update
 from fedlatent.federated.evaluation import evaluate
 from fedlatent.federated.failures import ClientFailure, RunStopped, error_detail, first_nonfinite, screen
 from fedlatent.federated.personal import personalized_report
@@ -67,7 +67,7 @@ def train_in_turn(ws: Workspace, global_state: Tensors, datas: list[Split], spec
         try:
             outcomes.append(local_update(ws, global_state, data, spec, rc, settings, generator))
         except Exception as exc:  # any error of one client's update is that client's failure
-            outcomes.append(ClientFailure(rc.client_id, "error", error_detail(exc)))
+            outcomes.append(ClientFailure(rc.client_id, "error", error_detail(exc), exc))
     return outcomes
 
 
@@ -143,7 +143,7 @@ def run_round(s: Setup, rnd: int) -> dict[str, Any]:
         outcomes = s.trainer(s.workspace, s.server.global_state, [fed.clients[cid].train for cid in selected],
                              s.spec, rcs, settings, generators)
     except Exception as exc:  # a trainer of clients together (lockstep) fails for all of them
-        outcomes = [ClientFailure(cid, "error", f"{error_detail(exc)} (clients {selected} trained together)")
+        outcomes = [ClientFailure(cid, "error", f"{error_detail(exc)} (clients {selected} trained together)", exc)
                     for cid in selected]
     uploads, dropped = screen(rnd, outcomes, cfg.train, {cid: s.client_states[cid] for cid in selected})
     for failure in dropped:  # a dropped client keeps the state it had before the round

@@ -13,7 +13,7 @@ Flower ClientApp) applies the same policy to what comes back.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -28,11 +28,13 @@ __all__ = ["ClientFailure", "RunStopped", "error_detail", "first_nonfinite", "no
 
 @dataclass(frozen=True)
 class ClientFailure:
-    """One client left out of a round: ``kind`` is "nonfinite" or "error"; ``detail`` says what."""
+    """One client left out of a round: ``kind`` is "nonfinite" or "error"; ``detail`` says what;
+    ``error`` is the exception raised, kept as the cause of a stop (its traceback, for Python users)."""
 
     client: int
     kind: str
     detail: str
+    error: BaseException | None = field(default=None, compare=False, repr=False)
 
     def record(self) -> dict[str, object]:
         """The JSON object ``metrics.jsonl`` keeps under ``dropped``."""
@@ -92,7 +94,7 @@ def screen(rnd: int, outcomes: list[Upload | ClientFailure], cfg: TrainConfig,
         key = "train.on_nonfinite" if outcome.kind == "nonfinite" else "train.on_client_error"
         if policy == "stop":
             raise RunStopped(f"round {rnd + 1}, client {outcome.client}: {outcome.detail} "
-                             f"({key} = 'stop')", rnd)
+                             f"({key} = 'stop')", rnd) from outcome.error
         dropped.append(outcome)
     if len(kept) < cfg.min_clients:
         more = f", and {len(dropped) - 1} more" if len(dropped) > 1 else ""

@@ -14,6 +14,7 @@ from fedlatent import load_config
 from fedlatent.backends import simulation
 from fedlatent.config import to_toml
 from fedlatent.errors import ConfigError
+from fedlatent.federated.state import verify
 
 pytestmark = pytest.mark.slow
 
@@ -85,7 +86,9 @@ def test_summary_and_run_directory(full_run) -> None:
     assert json.loads((out / "checkpoints" / latest / "state.json").read_text())["round"] == 20
     weights = _final_weights(out)
     assert weights and all(isinstance(v, torch.Tensor) for v in weights.values())
-    assert len(list((out / "checkpoints").glob("round*"))) == 1   # older rounds are removed
+    # the last two rounds are kept, each sealed by a manifest of checksums
+    assert sorted(p.name for p in (out / "checkpoints").glob("round*")) == ["round00019", "round00020"]
+    assert all(verify(p) is None for p in (out / "checkpoints").glob("round*"))
 
 
 def test_same_config_and_seed_give_identical_metrics(short_run, tmp_path: Path) -> None:

@@ -165,3 +165,17 @@ def test_quick_spec_runs_end_to_end(tmp_path: Path) -> None:
     text = reproduce.reproduce("spherefed_table3", tmp_path / "q", quick=True)
     assert "| mse | fix_ou+norm | 71.85 |" in text
     assert len(list((tmp_path / "q").glob("*/summary.json"))) == 20
+
+
+def test_a_diverging_cell_is_recorded_as_stopped_and_not_redone(tmp_path: Path, digits_config: Path) -> None:
+    """The failure policy stops a diverging run; the sweep records it (status, reason), goes on with
+    the other cells, leaves it out of the mean, and a second sweep does not run it again."""
+    path = tmp_path / "study.toml"
+    path.write_text(f'base = "{digits_config}"\nset = {{"train.rounds" = 2, "model.hidden" = [16]}}\n'
+                    '[grid]\n"train.lr" = [0.05, 1e6]\n')
+    rows = {r["train.lr"]: r for r in run_sweep(load_study(path), tmp_path / "sweep", echo=None)}
+    assert rows["1e+06"]["status"] == "stopped" and "non-finite" in rows["1e+06"]["error"]
+    assert rows["0.05"]["status"] == "ran" and 0 <= rows["0.05"]["accuracy"] <= 1
+    assert "accuracy" not in rows["1e+06"]
+    again = {r["train.lr"]: r["status"] for r in run_sweep(load_study(path), tmp_path / "sweep", echo=None)}
+    assert again == {"0.05": "skipped", "1e+06": "stopped"}

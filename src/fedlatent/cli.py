@@ -1,6 +1,7 @@
 """The command line: ``fedlatent run | sweep | report | reproduce | partition | methods | config``.
 
-Exit codes: 0 success, 2 invalid input (one line on stderr, no traceback), 1 anything else.
+Exit codes: 0 success, 2 invalid input (one line on stderr, no traceback), 1 anything else (a
+run stopped by the failure policy: one line naming the round, the client and the quantity).
 """
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import os
 import sys
 from pathlib import Path
 
-from fedlatent.errors import UserInputError
+from fedlatent.errors import RunStopped, UserInputError
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -121,6 +122,9 @@ def main(argv: list[str] | None = None) -> int:
     except UserInputError as err:
         print(f"fedlatent: error: {err}", file=sys.stderr)
         return 2
+    except RunStopped as stop:
+        print(f"fedlatent: run stopped: {stop}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("fedlatent: interrupted; continue with --resume", file=sys.stderr)
         return 1

@@ -94,6 +94,12 @@ class TrainConfig:
     threads: int = _key(1, "torch intra-op threads (1 is fastest for small models on few cores)",
                         low=1)
     device: str = _key("cpu", "torch device for training ('cpu', 'cuda', 'cuda:1', ...)")
+    on_nonfinite: str = _key("stop", "a client whose loss or update is not finite: 'stop' the run "
+                             "(exit 1) or 'drop' it from that round's aggregate", choices=("stop", "drop"))
+    on_client_error: str = _key("stop", "a client whose local update raises: 'stop' the run (exit 1) "
+                                "or 'drop' it from that round's aggregate", choices=("stop", "drop"))
+    min_clients: int = _key(1, "fewest clients a round may aggregate after drops; below it the run "
+                            "stops (0: a round that drops every client keeps the global model)", low=0)
 
 
 @dataclass
@@ -308,12 +314,16 @@ def load_config(path: str | Path | None = None, overrides: Iterable[str] = ()) -
     raw: dict = {}
     if path is not None:
         p = Path(path)
+        if p.is_dir():
+            raise ConfigError(f"config file {p} is a folder, not a TOML file")
         if not p.is_file():
             raise ConfigError(f"config file {p} not found")
         try:
             raw = tomllib.loads(p.read_text(encoding="utf-8"))
-        except tomllib.TOMLDecodeError as err:
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as err:
             raise ConfigError(f"{p}: not valid TOML ({err})") from None
+        except OSError as err:
+            raise ConfigError(f"config file {p}: cannot read it ({err.strerror or err})") from None
     return from_dict(apply_overrides(raw, overrides))
 
 

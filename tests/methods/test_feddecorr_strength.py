@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 import fedlatent
 from fedlatent.losses import decorrelation
@@ -47,9 +48,9 @@ def test_one_default_round_lands_on_the_release_strength_run(tmp_path) -> None:
         config = fedlatent.load_config(ROOT / "configs" / "digits_fedavg.toml",
                                        ["train.rounds=1", 'data.partition="dirichlet"', "data.alpha=0.05",
                                         f'algorithm.name="{name}"', *extra])
-        fedlatent.run(config, tmp_path / name / "_".join(extra))
-        from safetensors.torch import load_file
-        (path,) = (tmp_path / name / "_".join(extra)).glob("checkpoints/**/global.safetensors")
+        out = tmp_path / f"{name}-{len(extra)}"
+        fedlatent.run(config, out)
+        (path,) = out.glob("checkpoints/round00001/global.safetensors")
         return load_file(path)
 
     def distance(a, b) -> float:

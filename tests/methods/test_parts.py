@@ -14,7 +14,6 @@ import torch
 from torch import nn
 
 import fedlatent
-import fedlatent.experiment.single as experiment
 from fedlatent.config import ServerConfig
 from fedlatent.data.types import Split
 from fedlatent.errors import ConfigError

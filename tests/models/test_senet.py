@@ -18,7 +18,7 @@ def _params(classes: int) -> int:
     total = 3 * 64 * 9 + 2 * 64
     cin = 64
     for planes in (64, 128, 256, 512):
-        for block in range(2):
+        for _block in range(2):
             r = planes // 16
             total += 2 * cin + cin * planes * 9 + 2 * planes + planes * planes * 9
             total += planes * r + r + r * planes + planes

@@ -4,13 +4,14 @@ The backend owns the round loop: sample clients, send the global model, run each
 update (``federated.client``), aggregate (``federated.server``), evaluate, write metrics and a
 checkpoint. Every random choice is derived from (seed, round, client), never from a global RNG
 reseeded in the loop, so a run killed after round r and resumed gives exactly the numbers of the
-uninterrupted run.
+uninterrupted run. Clients that raise or diverge are handled by ``federated.failures``.
 """
 from __future__ import annotations
 
 import copy
 import json
 import math
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,12 +23,14 @@ import torch
 from fedlatent.config import RunConfig, TrainConfig
 from fedlatent.data.types import Federation, Split
 from fedlatent.federated import calibrate
+from fedlatent.errors import UserInputError
 from fedlatent.federated.client import LocalSettings, Workspace, local_update
 from fedlatent.federated.diagnostics import Diagnostics
 from fedlatent.federated.evaluation import evaluate
+from fedlatent.federated.failures import ClientFailure, RunStopped, error_detail, first_nonfinite, screen
 from fedlatent.federated.personal import personalized_report
 from fedlatent.federated.server import Server
-from fedlatent.federated.state import has_checkpoint, load_checkpoint, save_checkpoint
+from fedlatent.federated.state import has_checkpoint, load_checkpoint, save_checkpoint, write_atomically
 from fedlatent.methods.head import apply_head
 from fedlatent.methods.parts import ClientRound, MethodSpec, Tensors, Upload, trainable_names
 from fedlatent.models import FedModel, build_model
@@ -56,14 +59,21 @@ def nbytes(state: Tensors) -> int:
 
 
 def train_in_turn(ws: Workspace, global_state: Tensors, datas: list[Split], spec: MethodSpec,
-                  rcs: list[ClientRound], settings: LocalSettings, generators: list[torch.Generator]) -> list[Upload]:
-    """This backend's trainer: the selected clients' local updates one after another."""
-    return [local_update(ws, global_state, data, spec, rc, settings, generator)
-            for data, rc, generator in zip(datas, rcs, generators)]
+                  rcs: list[ClientRound], settings: LocalSettings,
+                  generators: list[torch.Generator]) -> list[Upload | ClientFailure]:
+    """This backend's trainer: the selected clients' local updates one after another; a client
+    that raises becomes a :class:`ClientFailure` (the failure policy decides what follows)."""
+    outcomes: list[Upload | ClientFailure] = []
+    for data, rc, generator in zip(datas, rcs, generators):
+        try:
+            outcomes.append(local_update(ws, global_state, data, spec, rc, settings, generator))
+        except Exception as exc:  # any error of one client's update is that client's failure
+            outcomes.append(ClientFailure(rc.client_id, "error", error_detail(exc), exc))
+    return outcomes
 
 
 Trainer = Callable[[Workspace, Tensors, list[Split], MethodSpec, list[ClientRound], LocalSettings,
-                    list[torch.Generator]], list[Upload]]
+                    list[torch.Generator]], list[Upload | ClientFailure]]
 
 
 @dataclass
@@ -130,19 +140,35 @@ def run_round(s: Setup, rnd: int) -> dict[str, Any]:
                        len(fed.clients[cid].train), len(fed.clients), total, cfg.train.momentum, seed=cfg.seed)
            for cid in selected]
     generators = [torch.Generator().manual_seed(derive_seed(cfg.seed, LOCAL_TRAINING, rnd, cid)) for cid in selected]
-    uploads = s.trainer(s.workspace, s.server.global_state, [fed.clients[cid].train for cid in selected], s.spec,
-                        rcs, settings, generators)
+    before = {cid: dict(s.client_states[cid]) for cid in selected}  # parts replace state entries, never mutate them
+    try:
+        outcomes = s.trainer(s.workspace, s.server.global_state, [fed.clients[cid].train for cid in selected],
+                             s.spec, rcs, settings, generators)
+    except Exception as exc:  # a trainer of clients together (lockstep) fails for all of them
+        outcomes = [ClientFailure(cid, "error", f"{error_detail(exc)} (clients {selected} trained together)", exc)
+                    for cid in selected]
+    uploads, dropped = screen(rnd, outcomes, cfg.train, {cid: s.client_states[cid] for cid in selected})
+    for failure in dropped:  # a dropped client keeps the state it had before the round
+        s.client_states[failure.client].clear()
+        s.client_states[failure.client].update(before[failure.client])
     down = nbytes(s.server.global_state) + sum(nbytes(p) for p in payload.values())
-    s.server.aggregate(uploads)
+    if uploads:  # none left (every client dropped, train.min_clients = 0): the global model stays
+        s.server.aggregate(uploads)
+    bad = first_nonfinite(s.server.global_state)
+    if bad is not None:
+        raise RunStopped(f"round {rnd + 1}: the aggregated global model's {bad} is not finite "
+                         f"(clients {[u.client_id for u in uploads]})", rnd)
     if s.spec.calibration.kind == "ffc" and s.spec.calibration.every and (rnd + 1) % s.spec.calibration.every == 0:
         s.server.global_state = calibrated(s, s.server.global_state)
     line: dict[str, Any] = {
-        "round": rnd + 1, "lr": lr, "clients": selected,
-        "train_loss": float(np.mean([u.metrics["train_loss"] for u in uploads])),
+        "round": rnd + 1, "lr": lr, "clients": [u.client_id for u in uploads],
+        "train_loss": float(np.mean([u.metrics["train_loss"] for u in uploads])) if uploads else None,
         "client_train_loss": [u.metrics["train_loss"] for u in uploads],
         "bytes_down": down * len(selected),
         "bytes_up": sum(nbytes(u.state) + sum(nbytes(e) for e in u.extras.values()) for u in uploads),
     }
+    if dropped:
+        line["dropped"] = [failure.record() for failure in dropped]
     for key in sorted({k for u in uploads for k in u.metrics if k.startswith(("term_", "personal_"))}):
         line[key] = float(np.mean([u.metrics[key] for u in uploads if key in u.metrics]))
     line["time_train_s"] = sum(u.metrics["train_seconds"] for u in uploads)
@@ -174,27 +200,48 @@ def evaluate_global(s: Setup, state: Tensors | None = None) -> dict[str, float]:
     return out
 
 
+def _warn(message: str) -> None:
+    print(f"fedlatent: warning: {message}", file=sys.stderr)
+
+
+def metrics_upto(path: Path, last_round: int) -> list[str]:
+    """The lines of ``metrics.jsonl`` for rounds 1..``last_round``; reading stops at a torn line
+    (a run killed while writing it)."""
+    kept = []
+    for line in path.read_text().splitlines() if last_round and path.exists() else []:
+        try:
+            record = json.loads(line)
+        except ValueError:
+            break
+        if record["round"] <= last_round:
+            kept.append(line)
+    return kept
+
+
 def run(config: RunConfig, federation: Federation, spec: MethodSpec, out: Path, *, resume: bool = False,
         progress: Callable[[dict[str, Any]], None] | None = None,
-        trainer: Trainer = train_in_turn) -> tuple[dict[str, Any], float]:
+        trainer: Trainer = train_in_turn, warn: Callable[[str], None] = _warn) -> tuple[dict[str, Any], float]:
     """Train for ``config.train.rounds`` rounds, writing metrics and checkpoints under ``out``;
     return the final evaluation (global, calibrated and personalised) and the run's wall seconds
-    (including the part before a resume)."""
+    (including the part before a resume). A resume starts from the newest intact checkpoint
+    (``warn`` is told of each damaged one skipped); the failure policy may raise
+    :class:`~fedlatent.federated.failures.RunStopped`, the last good round's checkpoint kept."""
     clock = time.perf_counter()
     torch.set_num_threads(config.train.threads)
     s = setup(config, federation, spec, trainer)
     ckpt = out / "checkpoints"
     start, before = 0, 0.0
     if resume and has_checkpoint(ckpt):
-        s.server.global_state, s.server.state, s.client_states, info = load_checkpoint(ckpt, len(federation.clients))
+        loaded = load_checkpoint(ckpt, len(federation.clients), warn)
+        if loaded is None:
+            raise UserInputError(f"--resume: no intact checkpoint under {ckpt}")
+        s.server.global_state, s.server.state, s.client_states, info = loaded
         start, before = info["round"], info["elapsed_s"]
     if config.diagnostics.which:
         s.diagnostics = Diagnostics(config, federation, out / "diagnostics.jsonl", s.device)
         s.diagnostics.start(start)
     metrics_path = out / "metrics.jsonl"
-    kept = [l for l in metrics_path.read_text().splitlines() if json.loads(l)["round"] <= start] \
-        if start and metrics_path.exists() else []
-    metrics_path.write_text("".join(l + "\n" for l in kept))
+    write_atomically(metrics_path, "".join(line + "\n" for line in metrics_upto(metrics_path, start)))
     with metrics_path.open("a") as sink:
         for rnd in range(start, config.train.rounds):
             line = run_round(s, rnd)

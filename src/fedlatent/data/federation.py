@@ -9,13 +9,19 @@ from fedlatent.data import partition as P
 from fedlatent.data.registry import DATASETS, PARTITIONS, check
 from fedlatent.data.sources import GivenClients, Pool
 from fedlatent.data.types import ClientData, Federation, Split
+from fedlatent.errors import DataError
 
 
 def build_federation(cfg: DataConfig, seed: int) -> Federation:
     """The federation a run trains on; every random choice flows from ``seed`` (the data seed).
     Names and keys are checked before anything is loaded."""
     check(cfg)
-    source = DATASETS.get(cfg.dataset).build(cfg, seed)
+    entry = DATASETS.get(cfg.dataset)
+    try:
+        source = entry.build(cfg, seed)
+    except PermissionError as err:  # a file or folder inside the data set that this user cannot read
+        key = "data.path" if "path" in entry.reads else "data.root"
+        raise DataError(f"{key}: cannot read {err.filename} (permission denied)") from None
     if isinstance(source, GivenClients):
         return _from_given(cfg, source)
     return _from_pool(cfg, source, seed)

@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import os
+
 import numpy as np
 
 from fedlatent.errors import DataError
@@ -44,6 +46,8 @@ def read_client_arrays(path: str | Path) -> GivenClients:
     Keys not starting with ``client`` (e.g. the shared file's ``meta_alpha``) are metadata and
     ignored; a ``client...`` key outside that layout is an error."""
     path = Path(path)
+    if path.is_dir():
+        raise DataError(f"data.path = '{path}': is a folder; expected an .npz file of per-client arrays")
     if not path.is_file():
         raise DataError(f"data.path = '{path}': file not found (expected an .npz with keys "
                         f"client{{i}}_train_x, client{{i}}_train_y, ...)")
@@ -80,9 +84,36 @@ def read_client_arrays(path: str | Path) -> GivenClients:
                 raise DataError(f"{path}: {ky} must hold integer class labels, found {y.dtype}")
             if len(y) and y.min() < 0:
                 raise DataError(f"{path}: {ky} holds negative labels")
-            if not np.issubdtype(x.dtype, np.number):
+            if y.ndim != 1:
+                raise DataError(f"{path}: {ky} must be one label per row, found shape {y.shape}")
+            if not np.issubdtype(x.dtype, np.number) or np.issubdtype(x.dtype, np.complexfloating):
                 raise DataError(f"{path}: {kx} must be numeric, found {x.dtype}")
+            if x.ndim < 2:
+                raise DataError(f"{path}: {kx} must hold one feature row per sample (2-D or more), "
+                                f"found shape {x.shape}")
+            if not np.isfinite(x).all():
+                raise DataError(f"{path}: {kx} holds non-finite values (NaN or infinity)")
+            if split == "train" and not len(y):
+                raise DataError(f"{path}: {kx} is empty; every client needs training samples")
+            if x.shape[1:] != arrays["client0_train_x"].shape[1:]:
+                raise DataError(f"{path}: {kx} has rows of shape {x.shape[1:]}, but client0_train_x "
+                                f"has {arrays['client0_train_x'].shape[1:]}")
             client[split] = (x.astype(np.float32), y.astype(np.int64))
         clients.append(client)
     labels = [c[s][1] for c in clients for s in ("train", "val", "test") if c[s] is not None]
-    return GivenClients(clients, num_classes=int(max(int(l.max()) for l in labels if len(l))) + 1)
+    num_classes = int(max(int(l.max()) for l in labels if len(l))) + 1
+    total = sum(len(l) for l in labels)
+    if num_classes > total:  # labels are class indices 0..C-1, not arbitrary codes
+        raise DataError(f"{path}: the largest label is {num_classes - 1}, but there are only {total} "
+                        f"samples; labels must be class indices 0..C-1")
+    return GivenClients(clients, num_classes=num_classes)
+
+
+def check_root(root: Path) -> None:
+    """``data.root`` must be a folder this user can list and read."""
+    if not root.exists():
+        raise DataError(f"data.root = '{root}': folder not found")
+    if not root.is_dir():
+        raise DataError(f"data.root = '{root}': is a file, not a folder")
+    if not os.access(root, os.R_OK | os.X_OK):
+        raise DataError(f"data.root = '{root}': not readable (permission denied)")

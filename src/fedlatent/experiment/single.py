@@ -1,8 +1,14 @@
 """One run end to end: resolve the method, build the federation, hand the loop to a backend, and
-write the run directory (config.toml, partition table, metrics.jsonl, summary.json, plots/)."""
+write the run directory (config.toml, partition table, metrics.jsonl, summary.json, plots/).
+
+Bad input — the output folder, the configuration, the data — is found before any training and
+before the run directory is created; a run the failure policy stops still writes its summary.
+"""
 from __future__ import annotations
 
 import json
+import shutil
+import tempfile
 import time
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
@@ -13,8 +19,10 @@ from fedlatent.backends import simulation, vectorized
 from fedlatent.config import RunConfig, to_toml
 from fedlatent.data.federation import build_federation, counts_table
 from fedlatent.data.types import Federation
-from fedlatent.errors import ConfigError
+from fedlatent.errors import ConfigError, UserInputError
 from fedlatent.experiment.figures import FigureWorker
+from fedlatent.federated.failures import RunStopped
+from fedlatent.federated.state import write_atomically
 from fedlatent.methods import resolve, resolved_keys
 from fedlatent.methods.parts import MethodSpec
 
@@ -57,7 +65,35 @@ def prepare(config: RunConfig) -> tuple[Federation, MethodSpec]:
     federation = build_federation(config.data, config.data_seed)
     if config.backend == "vectorized":
         vectorized.check(config, federation, spec)
+    sampled = len(simulation.sample_clients(config.seed, 0, len(federation.clients), config.train.participation))
+    if config.train.min_clients > sampled:
+        raise ConfigError(f"train.min_clients = {config.train.min_clients}: more than the {sampled} clients "
+                          f"sampled per round")
     return federation, spec
+
+
+def check_out(out: Path, *, resume: bool, create_parents: bool = False) -> None:
+    """Refuse an output folder the run cannot use, before any work: a file, a run already there
+    (without ``resume``), nothing to resume (with it), a missing parent folder (a mistyped path
+    should not grow a tree; the default ``runs/`` is created), or a place that cannot be written."""
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out {out}: is a file, not a folder")
+    if resume and not (out / "config.toml").is_file():
+        raise ConfigError(f"--out {out}: --resume found no run there (no config.toml); start it without --resume")
+    if not resume and (out / "checkpoints").exists():
+        raise ConfigError(f"--out {out}: holds a run already; pass --resume to continue it or choose another --out")
+    existing = out
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if existing != out and existing != out.parent and not create_parents:
+        raise ConfigError(f"--out {out}: its parent folder {out.parent} does not exist")
+    if not existing.is_dir():
+        raise ConfigError(f"--out {out}: {existing} is a file, not a folder")
+    try:
+        with tempfile.TemporaryFile(dir=existing):
+            pass
+    except OSError as err:
+        raise ConfigError(f"--out {out}: cannot write in {existing} ({err.strerror or err})") from None
 
 
 def write_partition(federation: Federation, out: Path) -> str:
@@ -73,17 +109,39 @@ def run(config: RunConfig, out: str | Path | None = None, *, resume: bool = Fals
     """Run ``config`` and return the summary (the content of ``summary.json``); the figures are
     drawn by a child process while the run trains (``figures_in_background=False``: in-process)."""
     started = time.perf_counter()
+    check_out(Path(out) if out is not None else default_out(config), resume=resume, create_parents=out is None)
     out = Path(out) if out is not None else default_out(config)
-    federation, spec = prepare(config)
-    if (out / "checkpoints").exists() and not resume:
-        raise ConfigError(f"--out {out}: holds a run already; pass --resume to continue it or choose another --out")
-    if resume and (out / "config.toml").exists() and (out / "config.toml").read_text() != to_toml(config):
+    if resume and (out / "config.toml").read_text() != to_toml(config):
         raise ConfigError(f"--resume: the configuration differs from the one in {out / 'config.toml'}")
+    federation, spec = prepare(config)
+    created = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
-    (out / "config.toml").write_text(to_toml(config))
-    table = write_partition(federation, out)
-    figures = FigureWorker(out, background=figures_in_background)
-    figures.draw("partition", title=f"{federation.name}: samples per client and class")
+    try:
+        return _run_in(config, out, federation, spec, started, resume=resume, progress=progress, echo=echo,
+                       figures=FigureWorker(out, background=figures_in_background))
+    except UserInputError:
+        if created and not (out / "metrics.jsonl").is_file():  # found before training: leave nothing behind
+            shutil.rmtree(out, ignore_errors=True)
+        raise
+
+
+def _run_in(config: RunConfig, out: Path, federation: Federation, spec: MethodSpec, started: float, *,
+            resume: bool, progress: bool, echo, figures: FigureWorker) -> dict[str, Any]:
+    """The run in its (existing) directory: partition, training, summary; the figures are on disk
+    when it returns or raises."""
+    try:
+        write_atomically(out / "config.toml", to_toml(config))
+        table = write_partition(federation, out)
+        figures.draw("partition", title=f"{federation.name}: samples per client and class")
+        return _train(config, out, federation, spec, started, resume=resume, progress=progress, echo=echo,
+                      figures=figures, table=table)
+    finally:
+        figures.close()
+
+
+def _train(config: RunConfig, out: Path, federation: Federation, spec: MethodSpec, started: float, *,
+           resume: bool, progress: bool, echo, figures: FigureWorker, table: str) -> dict[str, Any]:
+    """Hand the rounds to the backend; summarise how they ended (a stopped run too)."""
     if echo:
         echo(f"partition ({config.data.partition}, {len(federation.clients)} clients):\n{table}")
     bar = _progress_bar(config) if progress else None
@@ -91,22 +149,34 @@ def run(config: RunConfig, out: str | Path | None = None, *, resume: bool = Fals
     try:
         final, wall = BACKENDS[config.backend](config, federation, spec, out, resume=resume,
                                                progress=bar.update_line if bar else None)
-    except BaseException:
-        figures.close()  # the partition heatmap is kept; the child ends
+    except RunStopped as stop:
+        if bar:
+            bar.close()
+        _summarize(config, spec, out, {"status": "stopped", "stop_reason": stop.reason},
+                   time.perf_counter() - started, figures)
         raise
     backend_seconds = time.perf_counter() - backend_started
     if bar:
         bar.close()
-    figures.draw("curves")
     if config.diagnostics.which:
         figures.draw("diagnostics")
-    metrics = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines()]
-    summary = {"final": final, "rounds_completed": len(metrics), "seed": config.seed,
-               "method": spec.name, "dataset": config.data.dataset, "identity": identity(config),
-               "wall_seconds": wall + time.perf_counter() - started - backend_seconds,
-               "fedlatent_version": fedlatent_version()}
-    (out / "summary.json").write_text(json.dumps(summary, indent=1))
-    figures.close()
+    return _summarize(config, spec, out, {"status": "completed", "final": final},
+                      wall + time.perf_counter() - started - backend_seconds, figures)
+
+
+def _summarize(config: RunConfig, spec: MethodSpec, out: Path, ending: dict[str, Any],
+               wall: float, figures: FigureWorker) -> dict[str, Any]:
+    """Ask for the curves and write ``summary.json`` (how the run ended, the final evaluation when it
+    completed, the clients the failure policy dropped) and return the summary."""
+    metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    if metrics:
+        figures.draw("curves")
+    summary = {**ending, "rounds_completed": len(metrics),
+               "clients_dropped": [dict(d, round=m["round"]) for m in metrics for d in m.get("dropped", [])],
+               "seed": config.seed, "method": spec.name, "dataset": config.data.dataset,
+               "identity": identity(config),
+               "wall_seconds": wall, "fedlatent_version": fedlatent_version()}
+    write_atomically(out / "summary.json", json.dumps(summary, indent=1))
     return summary
 
 
@@ -119,7 +189,7 @@ class _Bar:
 
     def update_line(self, line: dict[str, Any]) -> None:
         self.bar.n = line["round"]
-        shown = {"loss": f"{line['train_loss']:.3f}"}
+        shown = {"loss": f"{line['train_loss']:.3f}" if line["train_loss"] is not None else "-"}
         if "test_accuracy" in line:
             shown["acc"] = f"{line['test_accuracy']:.3f}"
         self.bar.set_postfix(shown)

@@ -49,6 +49,8 @@ def run_row(run: str, labels: dict[str, str], status: str, run_dir: Path, select
         row.update({(f"final_{k}" if k in labels else k): final[k] for k in FINAL_KEYS if k in final})
         row["rounds_completed"] = summary.get("rounds_completed")
         row["wall_seconds"] = summary.get("wall_seconds")
+        if summary.get("status") == "stopped":  # the failure policy ended it: no final metrics
+            row["status"], error = "stopped", error or summary.get("stop_reason", "")
         if select == "val":
             row["selected_accuracy"], row["selected_round"] = selected_accuracy(read_metrics(run_dir))
     if error:

@@ -27,7 +27,7 @@ def run_cell(config: RunConfig, out: str) -> str:
     import torch
     torch.set_num_threads(config.train.threads)
     try:
-        run(config, Path(out), resume=True, echo=None)
+        run(config, Path(out), resume=(Path(out) / "config.toml").is_file(), echo=None)
     except UserInputError as err:
         return str(err)
     except Exception as err:  # noqa: BLE001 - one failed cell must not stop the others

@@ -1,13 +1,21 @@
 """Checkpointable run state: tensors in safetensors, everything else in JSON (never pickle).
 
-A checkpoint after round r holds the global model, the server state, every client's state and
-the JSON bookkeeping; the round loop derives all randomness from (seed, round, client), so a
-resumed run continues exactly as the uninterrupted one would.
+Each round's state goes into its own folder ``checkpoints/roundNNNNN/`` (global model, server
+state, client states, ``state.json``) and is sealed by ``manifest.json``, written last and
+atomically (temporary file, fsync, rename), which records the SHA-256 of every other file. A
+folder without a manifest is an interrupted write; one whose files do not match their checksums is
+damaged. The two newest sealed rounds are kept, so a kill -9 at any moment — inside a write or
+while an old folder is being removed — leaves at least one checkpoint that :func:`load_checkpoint`
+verifies and reads, and a resumed run continues exactly as the uninterrupted one would.
+``latest.json`` names the newest sealed folder for readers of a finished run; resuming does not
+trust it and verifies the manifests instead.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -15,47 +23,112 @@ from safetensors.torch import load_file, save_file
 
 from fedlatent.methods.parts import Tensors
 
+MANIFEST = "manifest.json"
+KEEP = 2  # sealed rounds kept: the newest may be damaged on disk, the one before is the fallback
 
-def _save(tensors: Tensors, path: Path) -> None:
-    tmp = path.with_suffix(".tmp")
-    save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp))
+
+def sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """Replace ``path`` by ``text`` so that a reader (or a crash) sees the old or the new file, whole."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    _fsync(tmp)
     os.replace(tmp, path)
+
+
+def round_folders(root: Path) -> list[Path]:
+    """The round folders under ``root``, newest first."""
+    found = [p for p in root.glob("round*") if p.is_dir() and p.name[5:].isdigit()] if root.is_dir() else []
+    return sorted(found, key=lambda p: int(p.name[5:]), reverse=True)
+
+
+def _remove(folder: Path) -> None:
+    """Unseal first, so that a folder half removed is never taken for a checkpoint."""
+    (folder / MANIFEST).unlink(missing_ok=True)
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 def save_checkpoint(root: Path, *, global_state: Tensors, server_state: Tensors,
                     client_states: list[Tensors], info: dict[str, Any]) -> Path:
-    """Write the state after round ``info['round']`` into its own folder, then point
-    ``latest.json`` at it atomically and remove older folders: a crash at any moment leaves a
-    complete, readable checkpoint."""
-    folder = root / f"round{info['round']:05d}"
-    folder.mkdir(parents=True, exist_ok=True)
-    _save(global_state, folder / "global.safetensors")
-    _save(server_state, folder / "server.safetensors")
-    _save({f"{i}/{k}": v for i, state in enumerate(client_states) for k, v in state.items()},
-          folder / "clients.safetensors")
+    """Write and seal the state after round ``info['round']``; then remove the folders of later
+    rounds (left by a damaged newest checkpoint) and all but the :data:`KEEP` newest."""
+    rnd = info["round"]
+    folder = root / f"round{rnd:05d}"
+    if folder.exists():
+        _remove(folder)
+    folder.mkdir(parents=True)
+    files = {"global.safetensors": global_state, "server.safetensors": server_state,
+             "clients.safetensors": {f"{i}/{k}": v for i, state in enumerate(client_states) for k, v in state.items()}}
+    for name, tensors in files.items():
+        save_file({k: v.contiguous() for k, v in tensors.items()}, str(folder / name))
+        _fsync(folder / name)
     (folder / "state.json").write_text(json.dumps(info, indent=1))
-    tmp = root / "latest.json.tmp"
-    tmp.write_text(json.dumps({"folder": folder.name}))
-    os.replace(tmp, root / "latest.json")
-    for old in root.glob("round*"):
-        if old.is_dir() and old.name != folder.name:
-            for f in old.iterdir():
-                f.unlink()
-            old.rmdir()
+    _fsync(folder / "state.json")
+    checksums = {name: sha256(folder / name) for name in (*files, "state.json")}
+    write_atomically(folder / MANIFEST, json.dumps({"round": rnd, "sha256": checksums}, indent=1))
+    write_atomically(root / "latest.json", json.dumps({"folder": folder.name}))
+    sealed = 0
+    for other in round_folders(root):
+        if int(other.name[5:]) <= rnd and sealed < KEEP and (other / MANIFEST).is_file():
+            sealed += 1
+        else:
+            _remove(other)
     return folder
 
 
-def load_checkpoint(root: Path, num_clients: int) -> tuple[Tensors, Tensors, list[Tensors], dict[str, Any]]:
-    """Read the checkpoint ``latest.json`` points at."""
-    folder = root / json.loads((root / "latest.json").read_text())["folder"]
-    info = json.loads((folder / "state.json").read_text())
-    clients: list[Tensors] = [{} for _ in range(num_clients)]
-    for key, value in load_file(str(folder / "clients.safetensors")).items():
-        i, _, name = key.partition("/")
-        clients[int(i)][name] = value
-    return (load_file(str(folder / "global.safetensors")), load_file(str(folder / "server.safetensors")),
-            clients, info)
+def verify(folder: Path) -> str | None:
+    """Why ``folder`` is not a usable checkpoint (one phrase), or None when it is intact."""
+    try:
+        manifest = json.loads((folder / MANIFEST).read_text())
+        checksums = manifest["sha256"]
+    except FileNotFoundError:
+        return "incomplete (no manifest: its write was interrupted)"
+    except (OSError, ValueError, KeyError, TypeError):
+        return f"{MANIFEST} is unreadable"
+    for name in ("global.safetensors", "server.safetensors", "clients.safetensors", "state.json"):
+        if name not in checksums:
+            return f"{MANIFEST} lists no checksum for {name}"
+        if not (folder / name).is_file():
+            return f"{name} is missing"
+        if sha256(folder / name) != checksums[name]:
+            return f"{name} does not match its checksum"
+    return None
+
+
+def load_checkpoint(root: Path, num_clients: int,
+                    warn=None) -> tuple[Tensors, Tensors, list[Tensors], dict[str, Any]] | None:
+    """Read the newest intact checkpoint under ``root`` (None when there is none). Each newer
+    folder skipped is reported to ``warn`` in one line."""
+    for folder in round_folders(root):
+        problem = verify(folder)
+        if problem is None:
+            info = json.loads((folder / "state.json").read_text())
+            clients: list[Tensors] = [{} for _ in range(num_clients)]
+            for key, value in load_file(str(folder / "clients.safetensors")).items():
+                i, _, name = key.partition("/")
+                clients[int(i)][name] = value
+            return (load_file(str(folder / "global.safetensors")), load_file(str(folder / "server.safetensors")),
+                    clients, info)
+        if warn is not None:
+            warn(f"checkpoint {folder}: {problem}; trying the previous one")
+    return None
 
 
 def has_checkpoint(root: Path) -> bool:
-    return (root / "latest.json").is_file()
+    """Whether ``root`` holds any round folder (intact or not)."""
+    return bool(round_folders(root))

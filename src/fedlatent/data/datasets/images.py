@@ -9,13 +9,20 @@ import numpy as np
 
 from fedlatent.config import DataConfig
 from fedlatent.data.registry import register_dataset
-from fedlatent.data.sources import Pool
+from fedlatent.data.sources import Pool, check_root
 from fedlatent.data.types import ImageSet
 
 
 def _readers():  # image readers are imported only when an image data set is loaded
     from fedlatent.data import readers
     return readers
+
+
+def _root(cfg: DataConfig) -> Path:
+    """``data.root``, once it is known to be a readable folder (one line otherwise)."""
+    root = Path(cfg.root).expanduser()
+    check_root(root)
+    return root
 
 
 def _classes(images: ImageSet) -> int:
@@ -37,34 +44,34 @@ def _grouped(images: ImageSet) -> Pool:
 @register_dataset("cifar10")
 def _cifar10(cfg: DataConfig, seed: int) -> Pool:
     """CIFAR-10 python pickles (root/cifar-10-batches-py/)."""
-    return _with_test(*_readers().read_cifar10(Path(cfg.root)))
+    return _with_test(*_readers().read_cifar10(_root(cfg)))
 
 
 @register_dataset("cifar100")
 def _cifar100(cfg: DataConfig, seed: int) -> Pool:
     """CIFAR-100 python pickles (root/cifar-100-python/)."""
-    return _with_test(*_readers().read_cifar100(Path(cfg.root)))
+    return _with_test(*_readers().read_cifar100(_root(cfg)))
 
 
 @register_dataset("stl10")
 def _stl10(cfg: DataConfig, seed: int) -> Pool:
     """STL-10 binaries (root/stl10_binary/)."""
-    return _with_test(*_readers().read_stl10(Path(cfg.root)))
+    return _with_test(*_readers().read_stl10(_root(cfg)))
 
 
 @register_dataset("tinyimagenet")
 def _tinyimagenet(cfg: DataConfig, seed: int) -> Pool:
     """Tiny-ImageNet folders (root/tiny-imagenet-200/, val_annotations.txt as the test split)."""
-    return _with_test(*_readers().read_tinyimagenet(Path(cfg.root)))
+    return _with_test(*_readers().read_tinyimagenet(_root(cfg)))
 
 
 @register_dataset("domains", reads=("image_size", "test_fraction"), groups=True)
 def _domains(cfg: DataConfig, seed: int) -> Pool:
     """Image folders root/<domain>/<class>/ (PACS, Office-Home layout), one domain per group."""
-    return _grouped(_readers().read_domains(Path(cfg.root), cfg.image_size))
+    return _grouped(_readers().read_domains(_root(cfg), cfg.image_size))
 
 
 @register_dataset("ham10000", reads=("image_size", "test_fraction"), groups=True)
 def _ham10000(cfg: DataConfig, seed: int) -> Pool:
     """HAM10000 (metadata CSV + images); the domain is the 'dataset' column."""
-    return _grouped(_readers().read_ham10000(Path(cfg.root), cfg.image_size))
+    return _grouped(_readers().read_ham10000(_root(cfg), cfg.image_size))

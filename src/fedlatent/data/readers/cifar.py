@@ -3,6 +3,9 @@
 Each batch is a pickled dict with ``b"data"`` (N×3072 uint8: the red, green and blue 32×32 planes,
 each row-major) and the labels under ``b"labels"`` (CIFAR-10) or ``b"fine_labels"`` (CIFAR-100).
 
+The official format is pickle, which can run code on load: the batches are read by an
+unpickler that builds only plain containers and numpy arrays and refuses every other class.
+
 >>> train, test = read_cifar10("~/data")  # ~/data/cifar-10-batches-py/ or the folder itself
 """
 from __future__ import annotations
@@ -59,13 +62,27 @@ def _read(root: Path | str, layout: _Layout) -> tuple[ImageSet, ImageSet]:
     return train, test
 
 
+class _ArraysOnly(pickle.Unpickler):
+    """Unpickles dicts, lists, strings, bytes, numbers and numpy arrays, nothing else."""
+
+    ALLOWED = frozenset({(f"numpy.{core}.multiarray", n) for core in ("core", "_core")
+                         for n in ("_reconstruct", "scalar")}
+                        | {(f"numpy.{core}.numeric", "_frombuffer") for core in ("core", "_core")}
+                        | {("numpy", "ndarray"), ("numpy", "dtype"), ("_codecs", "encode")})  # bytes in protocol 2
+
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) not in self.ALLOWED:
+            raise pickle.UnpicklingError(f"refusing to load {module}.{name} (only numpy arrays are allowed)")
+        return super().find_class(module, name)
+
+
 def _unpickle(path: Path, layout: _Layout) -> Any:
     if not path.is_file():
         raise DataError(f"{layout.what}: expected the file '{path.name}' in {path.parent} "
                         f"({layout.description}); see data.root")
     try:
         with path.open("rb") as f:
-            return pickle.load(f, encoding="bytes")
+            return _ArraysOnly(f, encoding="bytes").load()
     except Exception as exc:  # a damaged pickle can fail in almost any way
         raise DataError(f"{layout.what}: {path} is not a readable pickle ({type(exc).__name__}: {exc}); "
                         f"expected {layout.description}") from exc

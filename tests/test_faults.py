@@ -1,0 +1,347 @@
+"""Fault injection: diverging and raising clients under both policies and both backends, damaged
+checkpoints, and kill -9 at seeded moments (inside checkpoint writes too) followed by --resume."""
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import signal
+import subprocess
+import sys
+import time
+from functools import partial
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from fedlatent.backends import simulation
+from fedlatent.cli import main
+from fedlatent.experiment import single
+from fedlatent.federated import state as checkpoint_store
+from fedlatent.federated.lockstep import lockstep_update
+
+ROOT = Path(__file__).resolve().parents[1]
+DIGITS = ROOT / "configs" / "digits_fedavg.toml"
+RUN = ["--no-progress", "--set", "train.rounds=3", "--set", "data.num_clients=4"]
+
+
+def _run(out: Path, *extra: str) -> int:
+    return main(["run", str(DIGITS), *RUN, *extra, "--out", str(out)])
+
+
+def _metrics(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def _untimed(rows: list[dict]) -> list[dict]:
+    return [{k: v for k, v in row.items() if not k.startswith("time_")} for row in rows]
+
+
+def _weights(out: Path, rnd: int) -> dict[str, torch.Tensor]:
+    return load_file(str(out / "checkpoints" / f"round{rnd:05d}" / "global.safetensors"))
+
+
+def _summary(out: Path) -> dict:
+    return json.loads((out / "summary.json").read_text())
+
+
+def _same_run(out: Path, reference: Path) -> None:
+    """Final weights, metrics (but wall-clock times) and final evaluation equal the reference's."""
+    a, b = _weights(out, 3), _weights(reference, 3)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert _untimed(_metrics(out)) == _untimed(_metrics(reference))
+    assert _summary(out)["final"] == _summary(reference)["final"]
+    assert _summary(out)["status"] == "completed"
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory) -> Path:
+    """The uninterrupted run every faulty run is compared with."""
+    out = tmp_path_factory.mktemp("reference") / "run"
+    assert _run(out) == 0
+    return out
+
+
+def _inject(monkeypatch: pytest.MonkeyPatch, client: int, rnd: int, fault: str) -> list:
+    """Make client ``client``'s local update in round ``rnd`` (1-based) raise or upload NaN weights;
+    returns the list the uploads of every call are collected in."""
+    real = simulation.local_update
+    seen: list = []
+
+    def faulty(ws, global_state, data, spec, rc, settings, generator):
+        upload = real(ws, global_state, data, spec, rc, settings, generator)
+        seen.append(upload)
+        if rc.client_id == client and sum(u.client_id == client for u in seen) == rnd:
+            if fault == "raise":
+                raise RuntimeError("injected failure\nsecond line")
+            first = sorted(upload.state)[0]
+            upload.state[first] = upload.state[first].clone().fill_(float("nan"))
+        return upload
+
+    monkeypatch.setattr(simulation, "local_update", faulty)
+    return seen
+
+
+@pytest.mark.parametrize("fault,quantity", [("nan", "non-finite weight"),
+                                            ("raise", "RuntimeError: injected failure second line")])
+def test_stop_policy_ends_with_one_line_and_keeps_the_last_good_checkpoint(
+        fault: str, quantity: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    _inject(monkeypatch, client=2, rnd=2, fault=fault)
+    out = tmp_path / "run"
+    assert _run(out) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("fedlatent: run stopped: round 2, client 2: " + quantity), err
+    summary = _summary(out)
+    assert summary["status"] == "stopped" and summary["rounds_completed"] == 1
+    assert summary["stop_reason"] in err[0] and "final" not in summary
+    assert [m["round"] for m in _metrics(out)] == [1]
+    assert [p.name for p in checkpoint_store.round_folders(out / "checkpoints")] == ["round00001"]
+    assert checkpoint_store.verify(out / "checkpoints" / "round00001") is None
+
+
+@pytest.mark.parametrize("fault,kind", [("nan", "nonfinite"), ("raise", "error")])
+def test_drop_policy_aggregates_the_others_and_records_the_client(
+        fault: str, kind: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    seen = _inject(monkeypatch, client=1, rnd=2, fault=fault)
+    out = tmp_path / "run"
+    assert _run(out, "--set", f"train.{'on_nonfinite' if fault == 'nan' else 'on_client_error'}=drop") == 0
+    rows = _metrics(out)
+    assert [r["clients"] for r in rows] == [[0, 1, 2, 3], [0, 2, 3], [0, 1, 2, 3]]
+    assert [d["client"] for d in rows[1]["dropped"]] == [1] and rows[1]["dropped"][0]["kind"] == kind
+    assert "dropped" not in rows[0] and "dropped" not in rows[2]
+    summary = _summary(out)
+    assert summary["status"] == "completed"
+    assert [(d["round"], d["client"]) for d in summary["clients_dropped"]] == [(2, 1)]
+    # round 2's global model is the sample-weighted mean of clients 0, 2 and 3 (FedAvg), in float64
+    kept = [u for u in seen[4:8] if u.client_id != 1]
+    total = sum(u.num_samples for u in kept)
+    w2 = load_file(str(out / "checkpoints" / "round00002" / "global.safetensors"))
+    for name, value in w2.items():
+        if value.is_floating_point():
+            expected = sum(u.state[name].double() * u.num_samples for u in kept) / total
+            assert torch.allclose(value.double(), expected, atol=1e-6), name
+
+
+def test_too_few_clients_left_stops_the_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    _inject(monkeypatch, client=3, rnd=1, fault="raise")
+    out = tmp_path / "run"
+    assert _run(out, "--set", "train.on_client_error=drop", "--set", "train.min_clients=4") == 1
+    line = capsys.readouterr().err.strip()
+    assert "\n" not in line and "round 1: 3 client(s) left" in line and "train.min_clients = 4" in line
+    assert _summary(out)["rounds_completed"] == 0
+
+
+def test_every_client_diverging_with_min_clients_0_keeps_the_global_model(tmp_path: Path) -> None:
+    """The issue's diverged run (lr 1e6) with "drop": it finishes and records every dropped client."""
+    out = tmp_path / "run"
+    assert _run(out, "--set", "train.lr=1e6", "--set", "train.on_nonfinite=drop", "--set", "train.min_clients=0") == 0
+    rows = _metrics(out)
+    assert all(r["dropped"] for r in rows)
+    for rnd in (2, 3):
+        if rows[rnd - 1]["clients"] == []:                  # nobody left: the model did not move
+            a, b = _weights(out, rnd - 1), _weights(out, rnd)
+            assert all(torch.equal(a[k], b[k]) for k in a)
+    assert _summary(out)["status"] == "completed"
+    assert len(_summary(out)["clients_dropped"]) == sum(len(r["dropped"]) for r in rows)
+
+
+def test_the_issue_s_diverged_run_stops_naming_round_and_client(tmp_path: Path, capsys) -> None:
+    assert _run(tmp_path / "run", "--set", "train.lr=1e6") == 1
+    line = capsys.readouterr().err.strip()
+    assert "\n" not in line and re.match(r"fedlatent: run stopped: round 1, client \d: non-finite train loss", line)
+
+
+def _vectorized(monkeypatch: pytest.MonkeyPatch, trainer) -> None:
+    monkeypatch.setitem(single.BACKENDS, "vectorized", partial(simulation.run, trainer=trainer))
+
+
+def test_vectorized_drops_a_nonfinite_client_after_the_fact(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def corrupting(*args):
+        uploads = lockstep_update(*args)
+        uploads[2].metrics["train_loss"] = float("inf")
+        return uploads
+
+    _vectorized(monkeypatch, corrupting)
+    out = tmp_path / "run"
+    assert _run(out, "--set", "backend=vectorized", "--set", "train.on_nonfinite=drop") == 0
+    assert all(r["clients"] == [0, 1, 3] and r["dropped"][0]["detail"] == "non-finite train loss (inf)"
+               for r in _metrics(out))
+
+
+def test_vectorized_exception_concerns_every_client_trained_together(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    def raising(*args):
+        raise RuntimeError("injected lockstep failure")
+
+    _vectorized(monkeypatch, raising)
+    assert _run(tmp_path / "a", "--set", "backend=vectorized") == 1
+    line = capsys.readouterr().err.strip()
+    assert "\n" not in line and "round 1, client 0: RuntimeError: injected lockstep failure" in line
+    assert "trained together" in line
+    assert _run(tmp_path / "b", "--set", "backend=vectorized", "--set", "train.on_client_error=drop") == 1
+    line = capsys.readouterr().err.strip()
+    assert "round 1: 0 client(s) left after dropping 4" in line
+
+
+def test_truncated_newest_checkpoint_resumes_from_the_previous_one(reference: Path, tmp_path: Path, capsys) -> None:
+    """The issue's third command: a damaged newest global.safetensors."""
+    out = tmp_path / "run"
+    assert _run(out) == 0
+    newest = out / "checkpoints" / "round00003" / "global.safetensors"
+    newest.write_bytes(newest.read_bytes()[:100])
+    capsys.readouterr()
+    assert _run(out, "--resume") == 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "round00003" in err[0] and "global.safetensors does not match its checksum" in err[0]
+    _same_run(out, reference)
+    assert all(checkpoint_store.verify(p) is None for p in checkpoint_store.round_folders(out / "checkpoints"))
+
+
+def test_no_intact_checkpoint_is_one_line(tmp_path: Path, capsys) -> None:
+    out = tmp_path / "run"
+    assert _run(out) == 0
+    for folder in checkpoint_store.round_folders(out / "checkpoints"):
+        (folder / "clients.safetensors").write_bytes(b"")
+    capsys.readouterr()
+    assert _run(out, "--resume") == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 3 and "no intact checkpoint" in lines[-1]   # two warnings, then the error
+
+
+def test_checkpoint_store_keeps_two_sealed_rounds_and_skips_unsealed(tmp_path: Path) -> None:
+    root = tmp_path / "checkpoints"
+    state = {"w": torch.arange(6.0).reshape(2, 3)}
+
+    def save(rnd: int) -> None:
+        checkpoint_store.save_checkpoint(root, global_state={k: v + rnd for k, v in state.items()}, server_state={},
+                                         client_states=[{"c": torch.ones(2) * rnd}, {}],
+                                         info={"round": rnd, "elapsed_s": 0.0})
+
+    for rnd in (1, 2, 3):
+        save(rnd)
+    assert [p.name for p in checkpoint_store.round_folders(root)] == ["round00003", "round00002"]
+    manifest = json.loads((root / "round00003" / "manifest.json").read_text())
+    newest = root / "round00003" / "global.safetensors"
+    assert manifest["sha256"]["global.safetensors"] == checkpoint_store.sha256(newest)
+    # a write interrupted before its manifest: skipped with one warning, the sealed round before it is read
+    (root / "round00004").mkdir()
+    (root / "round00004" / "global.safetensors").write_bytes(b"partial")
+    warnings: list[str] = []
+    global_state, _, clients, info = checkpoint_store.load_checkpoint(root, 2, warnings.append)
+    assert info["round"] == 3 and torch.equal(global_state["w"], state["w"] + 3)
+    assert torch.equal(clients[0]["c"], torch.ones(2) * 3) and clients[1] == {}
+    assert len(warnings) == 1 and "round00004" in warnings[0] and "no manifest" in warnings[0]
+    # resuming from round 2 and writing round 3 again replaces the later folders
+    save(3)
+    assert [p.name for p in checkpoint_store.round_folders(root)] == ["round00003", "round00002"]
+
+
+# --- kill -9 of a real process, then --resume ------------------------------------------------------
+
+KILLER = """
+import os, signal, sys
+from fedlatent.federated import state
+where, at = sys.argv[1], int(sys.argv[2])
+calls = {"file": 0, "manifest": 0}
+real_save, real_write = state.save_file, state.write_atomically
+
+def save_file(tensors, path):  # writes half of the file, then dies
+    calls["file"] += 1
+    real_save(tensors, path)
+    if where == "file" and calls["file"] == at:
+        with open(path, "r+b") as f:
+            f.truncate(os.path.getsize(path) // 2)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+def write_atomically(path, text):  # dies with the manifest's temporary file half written
+    if path.name == "manifest.json":
+        calls["manifest"] += 1
+        if where == "manifest" and calls["manifest"] == at:
+            path.with_name(path.name + ".tmp").write_text(text[: len(text) // 2])
+            os.kill(os.getpid(), signal.SIGKILL)
+    real_write(path, text)
+
+state.save_file, state.write_atomically = save_file, write_atomically
+from fedlatent.cli import main
+sys.exit(main(sys.argv[3:]))
+"""
+
+
+def _process(args: list[str], *, kill_in: tuple[str, int] | None = None) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    prefix = ["-c", KILLER, *map(str, kill_in)] if kill_in else ["-m", "fedlatent.cli"]
+    return subprocess.Popen([sys.executable, *prefix, "run", str(DIGITS), *RUN, *args], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kill_in", [("file", 7), ("file", 6), ("manifest", 3)],
+                         ids=["round3-global", "round2-clients", "round3-manifest"])
+def test_kill_inside_a_checkpoint_write_then_resume(kill_in: tuple[str, int], reference: Path, tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    killed = _process(["--out", str(out)], kill_in=kill_in)
+    assert killed.wait(timeout=300) == -signal.SIGKILL
+    assert _run(out, "--resume") == 0            # in this process: the resume needs no fresh interpreter
+    _same_run(out, reference)
+
+
+@pytest.mark.slow
+def test_kill_at_seeded_random_moments_then_resume(reference: Path, tmp_path: Path) -> None:
+    """Two kill -9s at moments drawn from a seeded generator (after k metrics lines plus a random
+    delay), each followed by --resume; the last resume runs to the end."""
+    rng = random.Random(19)
+    out = tmp_path / "run"
+    first = True
+    for _ in range(2):
+        proc = _process(["--out", str(out)] + ([] if first else ["--resume"]))
+        lines, delay = rng.randint(0, 2), rng.uniform(0.0, 0.3)
+        metrics = out / "metrics.jsonl"
+        while proc.poll() is None and not (metrics.exists() and metrics.read_text().count("\n") >= lines
+                                           and (out / "config.toml").exists()):
+            time.sleep(0.01)
+        time.sleep(delay)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=300)
+        first = first and not (out / "config.toml").exists()
+    assert _run(out, *([] if first else ["--resume"])) == 0
+    _same_run(out, reference)
+
+
+def test_a_stopping_exception_is_kept_as_the_cause(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """From Python the stop carries the client's exception (and its traceback) as ``__cause__``."""
+    from fedlatent import load_config, run
+    from fedlatent.errors import RunStopped
+
+    _inject(monkeypatch, client=0, rnd=1, fault="raise")
+    with pytest.raises(RunStopped) as info:
+        run(load_config(DIGITS, ["train.rounds=2", "data.num_clients=4"]), tmp_path / "run")
+    assert isinstance(info.value.__cause__, RuntimeError) and info.value.rounds_completed == 0
+
+
+def test_screen_applies_each_policy_and_the_minimum() -> None:
+    from fedlatent.config import TrainConfig
+    from fedlatent.errors import RunStopped
+    from fedlatent.federated.failures import ClientFailure, nonfinite_quantity, screen
+    from fedlatent.methods.parts import Upload
+
+    def upload(cid: int, loss: float = 0.5, w: float = 1.0) -> Upload:
+        return Upload(cid, {"w": torch.full((2,), w), "steps": torch.tensor(3)}, 10, 3, 0.1, 0.0,
+                      metrics={"train_loss": loss, "term_prox": 0.1})
+
+    assert nonfinite_quantity(upload(0)) is None
+    assert nonfinite_quantity(upload(0, loss=float("nan"), w=float("inf"))) == "train loss (nan)"  # losses first
+    assert nonfinite_quantity(upload(0, w=float("-inf"))) == "weight w"
+    assert nonfinite_quantity(upload(0), {"personal.w": torch.tensor([float("nan")])}) == "client state personal.w"
+    outcomes = [upload(0), ClientFailure(1, "error", "ValueError: x"), upload(2, w=float("nan")), upload(3)]
+    drop_all = TrainConfig(on_nonfinite="drop", on_client_error="drop", min_clients=2)
+    kept, dropped = screen(4, outcomes, drop_all)
+    assert [u.client_id for u in kept] == [0, 3] and [(f.client, f.kind) for f in dropped] == [(1, "error"), (2, "nonfinite")]
+    with pytest.raises(RunStopped, match=r"^round 5: 2 client\(s\) left after dropping 2 \(client 1: ValueError: x, and 1 more\)"):
+        screen(4, outcomes, TrainConfig(on_nonfinite="drop", on_client_error="drop", min_clients=3))
+    with pytest.raises(RunStopped, match=r"^round 5, client 2: non-finite weight w \(train.on_nonfinite = 'stop'\)$"):
+        screen(4, outcomes, TrainConfig(on_client_error="drop"))
+    with pytest.raises(RunStopped, match=r"^round 5, client 1: ValueError: x \(train.on_client_error = 'stop'\)$"):
+        screen(4, outcomes, TrainConfig(on_nonfinite="drop"))

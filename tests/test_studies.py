@@ -179,3 +179,21 @@ def test_a_diverging_cell_is_recorded_as_stopped_and_not_redone(tmp_path: Path, 
     assert "accuracy" not in rows["1e+06"]
     again = {r["train.lr"]: r["status"] for r in run_sweep(load_study(path), tmp_path / "sweep", echo=None)}
     assert again == {"0.05": "skipped", "1e+06": "stopped"}
+
+
+def test_rows_and_table_carry_the_last_global_diagnostics(tmp_path: Path, digits_config: Path) -> None:
+    path = tmp_path / "study.toml"
+    path.write_text(f'base = "{digits_config}"\nset = {{"train.rounds" = 2, "model.hidden" = [16], '
+                    '"diagnostics.which" = ["collapse", "uniformity"]}\n[grid]\nseed = [0, 1]\n')
+    rows = run_sweep(load_study(path), tmp_path / "sweep", echo=None)
+    for row in rows:
+        records = [json.loads(line) for line in (tmp_path / "sweep" / row["run"] / "diagnostics.jsonl")
+                   .read_text().splitlines()]
+        last = [r for r in records if r["model"] == "global"][-1]
+        assert last["round"] == 2
+        assert (row["diag_significant"], row["diag_effective_rank"], row["diag_uniformity"]) == \
+            (last["significant"], last["effective_rank"], last["uniformity"])
+    values = [r["diag_significant"] for r in rows]
+    expected = f"{statistics.mean(values):.2f} ± {statistics.stdev(values):.2f}"
+    table = (tmp_path / "sweep" / "results.md").read_text()
+    assert "diag_significant" in table and expected in table

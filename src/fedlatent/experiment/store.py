@@ -19,6 +19,7 @@ from fedlatent.analysis.tables import format_mean_std, latex_table, markdown_tab
 
 FINAL_KEYS = ("accuracy", "balanced_accuracy", "loss", "uncalibrated_accuracy", "personalized_accuracy",
               "personalized_accuracy_std", "personalized_accuracy_worst", "majority_baseline_accuracy")
+DIAGNOSTIC_KEYS = ("significant", "effective_rank", "uniformity")  # scalar diagnostics of the global model
 STD_CAPTION = ("mean ± sample standard deviation (ddof = 1) over seeds; accuracies of the last round "
                "(never the best round)")
 
@@ -26,6 +27,20 @@ STD_CAPTION = ("mean ± sample standard deviation (ddof = 1) over seeds; accurac
 def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
     path = run_dir / "metrics.jsonl"
     return [json.loads(l) for l in path.read_text().splitlines() if l.strip()] if path.exists() else []
+
+
+def last_global_diagnostics(run_dir: Path) -> dict[str, float]:
+    """The scalar diagnostics of the global model at the last round that computed them
+    (``diag_significant``, ``diag_effective_rank``, ``diag_uniformity``); empty without diagnostics."""
+    path = run_dir / "diagnostics.jsonl"
+    if not path.exists():
+        return {}
+    found: dict[str, float] = {}
+    for line in path.read_text().splitlines():
+        record = json.loads(line) if line.strip() else {}
+        if record.get("model") == "global":
+            found.update({f"diag_{k}": record[k] for k in DIAGNOSTIC_KEYS if record.get(k) is not None})
+    return found
 
 
 def selected_accuracy(metrics: list[dict[str, Any]]) -> tuple[float, int]:
@@ -53,6 +68,7 @@ def run_row(run: str, labels: dict[str, str], status: str, run_dir: Path, select
             row["status"], error = "stopped", error or summary.get("stop_reason", "")
         if select == "val":
             row["selected_accuracy"], row["selected_round"] = selected_accuracy(read_metrics(run_dir))
+        row.update(last_global_diagnostics(run_dir))
     if error:
         row["error"] = error
     return row
@@ -89,12 +105,13 @@ def cell_table(rows: list[dict[str, Any]], axes: list[str], select: str = "last"
         metrics += ["personalized_accuracy", "majority_baseline_accuracy"]
     if any(_has(r, "uncalibrated_accuracy") for r in rows):
         metrics.append("uncalibrated_accuracy")
+    metrics += [f"diag_{k}" for k in DIAGNOSTIC_KEYS if any(_has(r, f"diag_{k}") for r in rows)]
     header = keys + ["seeds"] + metrics + ["wall s (mean)"]
     body = []
     for group, members in groups.items():
         done = [r for r in members if _has(r, "accuracy")]
         wall = _numbers(done, "wall_seconds")
-        body.append([*group, f"{len(done)}/{len(members)}", *(format_mean_std(_numbers(done, m)) for m in metrics),
+        body.append([*group, f"{len(done)}/{len(members)}", *(format_mean_std(_numbers(done, m), digits=2 if m.startswith("diag_") else 4) for m in metrics),
                      f"{sum(wall) / len(wall):.1f}" if wall else "-"])
     return header, body
 

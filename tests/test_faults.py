@@ -134,10 +134,13 @@ def test_too_few_clients_left_stops_the_run(tmp_path: Path, monkeypatch: pytest.
     assert _summary(out)["rounds_completed"] == 0
 
 
-def test_every_client_diverging_with_min_clients_0_keeps_the_global_model(tmp_path: Path) -> None:
-    """The issue's diverged run (lr 1e6) with "drop": it finishes and records every dropped client."""
+def test_every_client_diverging_with_drop_keeps_the_global_model(tmp_path: Path, capsys) -> None:
+    """The issue's diverged run (lr 1e6) with "drop" (default min_clients = 0): it finishes, records
+    every dropped client and ends with one warning line counting them."""
     out = tmp_path / "run"
-    assert _run(out, "--set", "train.lr=1e6", "--set", "train.on_nonfinite=drop", "--set", "train.min_clients=0") == 0
+    assert _run(out, "--set", "train.lr=1e6", "--set", "train.on_nonfinite=drop") == 0
+    (warning,) = capsys.readouterr().err.strip().splitlines()
+    assert warning.startswith("fedlatent: warning: ") and "dropped by the failure policy" in warning
     rows = _metrics(out)
     assert all(r["dropped"] for r in rows)
     for rnd in (2, 3):
@@ -146,6 +149,7 @@ def test_every_client_diverging_with_min_clients_0_keeps_the_global_model(tmp_pa
             assert all(torch.equal(a[k], b[k]) for k in a)
     assert _summary(out)["status"] == "completed"
     assert len(_summary(out)["clients_dropped"]) == sum(len(r["dropped"]) for r in rows)
+    assert f"{len(_summary(out)['clients_dropped'])} client update(s)" in warning
 
 
 def test_the_issue_s_diverged_run_stops_naming_round_and_client(tmp_path: Path, capsys) -> None:
@@ -181,7 +185,8 @@ def test_vectorized_exception_concerns_every_client_trained_together(
     line = capsys.readouterr().err.strip()
     assert "\n" not in line and "round 1, client 0: RuntimeError: injected lockstep failure" in line
     assert "trained together" in line
-    assert _run(tmp_path / "b", "--set", "backend=vectorized", "--set", "train.on_client_error=drop") == 1
+    assert _run(tmp_path / "b", "--set", "backend=vectorized", "--set", "train.on_client_error=drop",
+                "--set", "train.min_clients=1") == 1
     line = capsys.readouterr().err.strip()
     assert "round 1: 0 client(s) left after dropping 4" in line
 

@@ -60,6 +60,12 @@ def _run(args: argparse.Namespace) -> None:
     summary = run(config, out, resume=args.resume, progress=not args.no_progress)
     print(f"\n{summary['method']} on {summary['dataset']} ({out}):")
     print(summary_table(summary))
+    dropped = summary.get("clients_dropped", [])
+    if dropped:
+        rounds = sorted({d["round"] for d in dropped})
+        print(f"fedlatent: warning: {len(dropped)} client update(s) dropped by the failure policy in "
+              f"{len(rounds)} of {summary['rounds_completed']} rounds (summary.json: clients_dropped)",
+              file=sys.stderr)
 
 
 def _partition(args: argparse.Namespace) -> None:

@@ -98,7 +98,7 @@ class TrainConfig:
                              "(exit 1) or 'drop' it from that round's aggregate", choices=("stop", "drop"))
     on_client_error: str = _key("stop", "a client whose local update raises: 'stop' the run (exit 1) "
                                 "or 'drop' it from that round's aggregate", choices=("stop", "drop"))
-    min_clients: int = _key(1, "fewest clients a round may aggregate after drops; below it the run "
+    min_clients: int = _key(0, "fewest clients a round may aggregate after drops; below it the run "
                             "stops (0: a round that drops every client keeps the global model)", low=0)
 
 

@@ -35,6 +35,23 @@ _PLANES = (64, 128, 256, 512)
 _STRIDES = (1, 2, 2, 2)
 
 
+def staged_encode(model: nn.Module, x: Tensor, taps: frozenset[str]) -> tuple[Tensor, dict[str, Tensor]]:
+    """``stem`` → ``layer1..4`` → global average pool, returning the requested taps by those names
+    (the encoder of every ResNet-shaped model: ResNet-18/50, SENet-18)."""
+    features: dict[str, Tensor] = {}
+    x = model.stem(x)
+    if "stem" in taps:
+        features["stem"] = x
+    for name in ("layer1", "layer2", "layer3", "layer4"):
+        x = getattr(model, name)(x)
+        if name in taps:
+            features[name] = x
+    x = torch.flatten(F.adaptive_avg_pool2d(x, 1), 1)
+    if "pool" in taps:
+        features["pool"] = x
+    return x, features
+
+
 def _shortcut(cin: int, cout: int, stride: int, norm: str) -> nn.Module:
     if stride == 1 and cin == cout:
         return nn.Identity()
@@ -134,18 +151,7 @@ class ResNet(FedModel):
         return min_spatial_size(path)
 
     def encode(self, x: Tensor, taps: frozenset[str]) -> tuple[Tensor, dict[str, Tensor]]:
-        features: dict[str, Tensor] = {}
-        x = self.stem(x)
-        if "stem" in taps:
-            features["stem"] = x
-        for name in ("layer1", "layer2", "layer3", "layer4"):
-            x = getattr(self, name)(x)
-            if name in taps:
-                features[name] = x
-        x = torch.flatten(F.adaptive_avg_pool2d(x, 1), 1)
-        if "pool" in taps:
-            features["pool"] = x
-        return x, features
+        return staged_encode(self, x, taps)
 
 
 def build(input_shape: Sequence[int], num_classes: int, *, data_name: str | None = None,

@@ -66,5 +66,8 @@ def learning_curves(metrics: list[dict[str, Any]], path: Path) -> Path:
     right.plot([m["round"] for m in metrics], [m["train_loss"] for m in metrics], marker=".")
     right.set_xlabel("round")
     right.set_ylabel("mean local training loss")
+    from matplotlib.ticker import MaxNLocator
+    for ax in (left, right):
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     fixed_margins(fig, top=0.15)
     return save(fig, path)

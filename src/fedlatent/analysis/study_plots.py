@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+from matplotlib.ticker import MaxNLocator
 
 from fedlatent.analysis.plots import new_figure, save
 
@@ -34,6 +35,7 @@ def band_plot(groups: dict[str, list[Series]], ylabel: str, title: str, path: Pa
         if len(runs) > 1:
             ax.fill_between(rounds, values.min(0), values.max(0), color=line.get_color(), alpha=0.2, linewidth=0)
     ax.set_xlabel("communication round")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_ylabel(ylabel)
     if logy:
         ax.set_yscale("log")

@@ -101,6 +101,9 @@ def make_model(config: RunConfig, federation: Federation, spec: MethodSpec) -> F
 
 
 def setup(config: RunConfig, federation: Federation, spec: MethodSpec, trainer: Trainer = train_in_turn) -> Setup:
+    # torch imports torch._dynamo (~1 s, once per process) when the first optimiser is built: pay
+    # it here, so that it does not count as the first round's local-training time
+    torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0)
     device = torch.device(config.train.device)
     model = make_model(config, federation, spec).to(device)
     parts = spec.all_parts()

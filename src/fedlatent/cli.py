@@ -53,7 +53,7 @@ def _positive(text: str) -> int:
 
 def _run(args: argparse.Namespace) -> None:
     from fedlatent.config import load_config
-    config = load_config(args.config, args.overrides)  # before importing torch: bad input fails fast
+    config = load_config(args.config, args.overrides)  # before any data is read or folder made: bad input fails fast
     from fedlatent.analysis.tables import summary_table
     from fedlatent.experiment import default_out, run
     out = Path(args.out) if args.out else default_out(config)
@@ -82,7 +82,7 @@ def _partition(args: argparse.Namespace) -> None:
 
 
 def _sweep(args: argparse.Namespace) -> None:
-    from fedlatent.experiment.study import load_study  # validates every cell before torch loads
+    from fedlatent.experiment.study import load_study  # validates every cell before any run starts
     study = load_study(args.study)
     from fedlatent.experiment.sweep import run_sweep
     out = Path(args.out) if args.out else Path("runs") / Path(args.study).stem

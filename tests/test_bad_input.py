@@ -262,3 +262,16 @@ def test_unreadable_data_exits_2_before_any_work(tmp_path: Path, monkeypatch: py
     line = capsys.readouterr().err.strip()
     assert "\n" not in line and "data.path" in line and "fed.npz" in line and "Permission denied" in line
     assert not out.exists()
+
+
+def test_folders_under_runs_are_created_but_elsewhere_a_missing_parent_is_refused(tmp_path: Path, monkeypatch,
+                                                                                   capsys) -> None:
+    """A fresh clone has no runs/: `--out runs/a/b` makes it (where runs go by default), while a
+    mistyped path elsewhere is one line and exit 2."""
+    monkeypatch.chdir(tmp_path)
+    assert main(["run", str(DIGITS), "--no-progress", *_sets("train.rounds=1"), "--out", "runs/a/b"]) == 0
+    assert (tmp_path / "runs" / "a" / "b" / "summary.json").is_file()
+    capsys.readouterr()
+    assert main(["run", str(DIGITS), "--no-progress", *_sets("train.rounds=1"), "--out", "results/a/b"]) == 2
+    assert "its parent folder results/a does not exist" in capsys.readouterr().err
+    assert not (tmp_path / "results").exists()

@@ -75,7 +75,8 @@ def prepare(config: RunConfig) -> tuple[Federation, MethodSpec]:
 def check_out(out: Path, *, resume: bool, create_parents: bool = False) -> None:
     """Refuse an output folder the run cannot use, before any work: a file, a run already there
     (without ``resume``), nothing to resume (with it), a missing parent folder (a mistyped path
-    should not grow a tree; the default ``runs/`` is created), or a place that cannot be written."""
+    should not grow a tree; folders under the project's ``runs/`` are created), or a place that
+    cannot be written."""
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out {out}: is a file, not a folder")
     if resume and not (out / "config.toml").is_file():
@@ -109,8 +110,8 @@ def run(config: RunConfig, out: str | Path | None = None, *, resume: bool = Fals
     """Run ``config`` and return the summary (the content of ``summary.json``); the figures are
     drawn by a child process while the run trains (``figures_in_background=False``: in-process)."""
     started = time.perf_counter()
-    check_out(Path(out) if out is not None else default_out(config), resume=resume, create_parents=out is None)
     out = Path(out) if out is not None else default_out(config)
+    check_out(out, resume=resume, create_parents=not out.is_absolute() and out.parts[:1] == ("runs",))
     if resume and (out / "config.toml").read_text() != to_toml(config):
         raise ConfigError(f"--resume: the configuration differs from the one in {out / 'config.toml'}")
     federation, spec = prepare(config)

@@ -156,7 +156,9 @@ def test_reproduce_list_covers_the_four_papers(capsys: pytest.CaptureFixture) ->
                  "feddecorr_table3", "feddecorr_table4", "spherefed_table2", "spherefed_table3", "ditto_table1",
                  "ditto_table2"]:
         assert spec in text
-    assert "AutoAugment" in text
+    assert "not runnable yet: Fed-ISIC2019" in text               # a missing piece is named
+    for spec, runs in [("feddecorr_table1", 192), ("feddecorr_table3", 30), ("feddecorr_table4", 32)]:
+        assert f"{runs}/{runs} runs runnable" in text.split(spec, 1)[1].split("\n", 1)[0]  # AutoAugment landed
     assert main(["reproduce", "nope"]) == 2
 
 

@@ -51,6 +51,9 @@ class DataConfig:
     local_test_fraction: float = _key(0.0, "per-client test split of each client's data, for "
                                       "personalised evaluation", low=0.0, high=0.9)
     augment: bool = _key(False, "random crop (pad 4) + horizontal flip on image batches")
+    autoaugment: str = _key("none", "AutoAugment policy applied after crop + flip ('cifar10': the 25 "
+                            "sub-policies of Cubuk et al. 2019, as FedDecorr's release uses on CIFAR-100 "
+                            "and Tiny-ImageNet)", choices=("none", "cifar10"))
     normalize: bool = _key(True, "standardise inputs with the training set's channel mean/std")
     image_size: int = _key(32, "side length images are resized to (domains, ham10000)", low=8)
     synthetic_alpha: float = _key(0.0, "Synthetic(α, β): model heterogeneity α", low=0.0)

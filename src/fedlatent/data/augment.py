@@ -1,13 +1,34 @@
-"""Batch augmentation in plain torch: random crop with zero padding and horizontal flip.
+"""Batch augmentation in plain torch: random crop with zero padding, horizontal flip and AutoAugment.
 
 Applied to a whole batch of tensors at once (no per-sample Python loop), driven by an explicit
 ``torch.Generator`` so runs stay deterministic for a seed.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+import numpy as np
 import torch
 from torch import Tensor
 from torch.nn import functional as F
+
+from fedlatent.data.autoaugment import autoaugment
+
+
+@dataclass(frozen=True)
+class Augmentation:
+    """What a run does to its training batches: crop + flip (``data.augment``), then an AutoAugment
+    policy (``data.autoaugment``) applied in pixel space — the batches hold standardised values,
+    so ``mean`` and ``std`` (per channel, C×1×1, or scalars) map them back to 0..1 and forth.
+    False when it does nothing."""
+
+    crop_flip: bool = False
+    policy: str = "none"
+    mean: np.ndarray | float = 0.0
+    std: np.ndarray | float = 1.0
+
+    def __bool__(self) -> bool:
+        return self.crop_flip or self.policy != "none"
 
 
 def random_crop(x: Tensor, padding: int, generator: torch.Generator) -> Tensor:
@@ -29,8 +50,23 @@ def random_flip(x: Tensor, generator: torch.Generator) -> Tensor:
     return torch.where(flip[:, None, None, None], x.flip(-1), x)
 
 
-def augment_batch(x: Tensor, generator: torch.Generator, padding: int = 4) -> Tensor:
-    """The CIFAR-style augmentation of the seed papers; inputs that are not images pass unchanged."""
+def pixel_autoaugment(x: Tensor, generator: torch.Generator, aug: Augmentation) -> Tensor:
+    """AutoAugment on standardised images: to integers 0..255, the policy, and back."""
+    mean = torch.as_tensor(aug.mean, dtype=x.dtype, device=x.device)
+    std = torch.as_tensor(aug.std, dtype=x.dtype, device=x.device)
+    pixels = torch.round((x * std + mean).clamp(0, 1) * 255)
+    return (autoaugment(pixels, generator, aug.policy) / 255 - mean) / std
+
+
+def augment_batch(x: Tensor, generator: torch.Generator, augmentation: Augmentation | bool = True,
+                  padding: int = 4) -> Tensor:
+    """The CIFAR-style augmentation of the seed papers (crop + flip; ``True``), then the AutoAugment
+    policy an :class:`Augmentation` names; inputs that are not images pass unchanged."""
+    aug = augmentation if isinstance(augmentation, Augmentation) else Augmentation(crop_flip=augmentation)
     if x.dim() != 4:
         return x
-    return random_flip(random_crop(x, padding, generator), generator)
+    if aug.crop_flip:
+        x = random_flip(random_crop(x, padding, generator), generator)
+    if aug.policy != "none":
+        x = pixel_autoaugment(x, generator, aug)
+    return x

@@ -6,6 +6,7 @@ import torch
 
 from fedlatent.config import DataConfig
 from fedlatent.data import partition as P
+from fedlatent.data.augment import Augmentation
 from fedlatent.data.registry import DATASETS, PARTITIONS, check
 from fedlatent.data.sources import GivenClients, Pool
 from fedlatent.data.types import ClientData, Federation, Split
@@ -74,8 +75,9 @@ def _from_pool(cfg: DataConfig, pool: Pool, seed: int) -> Federation:
             test = _split(norm(x[own]), y[own])
         clients.append(ClientData(_split(norm(x[train]), y[train]),
                                   _split(norm(x[val]), y[val]) if len(val) else None, test))
+    augment = Augmentation(cfg.augment, cfg.autoaugment, mean, std)
     return Federation(clients, _split(norm(test_x), test_y), pool.num_classes, tuple(x.shape[1:]),
-                      name=cfg.dataset, augment=cfg.augment)
+                      name=cfg.dataset, augment=augment)
 
 
 def _channel_stats(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -7,6 +7,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from fedlatent.data.augment import Augmentation
+
 
 @dataclass
 class ImageSet:
@@ -59,4 +61,4 @@ class Federation:
     num_classes: int
     input_shape: tuple[int, ...]
     name: str = ""
-    augment: bool = False
+    augment: Augmentation | bool = False   # truthy when training batches are augmented

@@ -122,7 +122,7 @@ def local_update(ws: Workspace, global_state: Tensors, data: Split, spec: Method
         for idx in batches(len(data), s.batch_size, s.drop_last, generator):
             x, y = x_all[idx].to(s.device), y_all[idx].to(s.device)
             if s.augment:
-                x = augment_batch(x, generator)
+                x = augment_batch(x, generator, s.augment)
             global_out = None
             if need_global:
                 with torch.no_grad():

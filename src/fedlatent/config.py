@@ -92,8 +92,12 @@ class TrainConfig:
     participation: float = _key(1.0, "fraction of clients sampled each round", low=0.0, high=1.0,
                                 low_open=True)
     drop_last: bool = _key(False, "drop each epoch's last incomplete batch")
-    lr_schedule: str = _key("constant", "learning rate over rounds", choices=("constant", "cosine"))
+    lr_schedule: str = _key("constant", "learning rate over rounds", choices=("constant", "cosine", "multistep"))
     lr_min: float = _key(0.0, "cosine schedule: final learning rate", low=0.0)
+    lr_step: int = _key(40, "multistep schedule: multiply the rate by lr_gamma every lr_step rounds", low=1)
+    lr_milestones: list = _key([], "multistep schedule: the rounds (0-based) from which the rate is "
+                               "multiplied by lr_gamma once more; when given, instead of every lr_step rounds")
+    lr_gamma: float = _key(0.1, "multistep schedule: the factor at each step", low=0.0, low_open=True)
     threads: int = _key(1, "torch intra-op threads (1 is fastest for small models on few cores)",
                         low=1)
     device: str = _key("cpu", "torch device for training ('cpu', 'cuda', 'cuda:1', ...)")
@@ -271,6 +275,9 @@ def _check_consistency(config: RunConfig) -> None:
     if not all(isinstance(h, int) and not isinstance(h, bool) and h > 0 for h in config.model.hidden) \
             or not config.model.hidden:
         raise ConfigError(f"model.hidden = {config.model.hidden!r}: expected a non-empty list of positive integers")
+    m = config.train.lr_milestones
+    if not all(isinstance(r, int) and not isinstance(r, bool) and r > 0 for r in m) or m != sorted(set(m)):
+        raise ConfigError(f"train.lr_milestones = {m!r}: expected increasing positive round numbers")
     _check_diagnostics(config.diagnostics)
 
 

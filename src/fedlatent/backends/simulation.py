@@ -39,9 +39,13 @@ from fedlatent.seeding import (CALIBRATION, CLIENT_SAMPLING, FINETUNE, HEAD_INIT
 
 
 def round_lr(cfg: TrainConfig, rnd: int) -> float:
-    """The learning rate of round ``rnd`` (0-based): constant, or cosine-annealed over the rounds."""
+    """The learning rate of round ``rnd`` (0-based): constant, cosine-annealed over the rounds, or
+    multi-step (× lr_gamma from each milestone on, like torch's MultiStepLR stepped once a round)."""
     if cfg.lr_schedule == "cosine":
         return cfg.lr_min + 0.5 * (cfg.lr - cfg.lr_min) * (1 + math.cos(math.pi * rnd / cfg.rounds))
+    if cfg.lr_schedule == "multistep":
+        milestones = cfg.lr_milestones or range(cfg.lr_step, cfg.rounds, cfg.lr_step)
+        return cfg.lr * cfg.lr_gamma ** sum(rnd >= m for m in milestones)
     return cfg.lr
 
 

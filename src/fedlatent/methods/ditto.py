@@ -66,11 +66,11 @@ from fedlatent.seeding import KERNEL_INIT, derive_seed
 LAYER_KEYS: dict[str, Any] = {"depth": 1, "layers": []}
 MKMMD_KEYS: dict[str, Any] = {
     **LAYER_KEYS, "kernel": "paper", "estimator": "biased", "normalize": False, "beta_every": 20,
-    "beta_batches": 20, "release_off_by_one": False, "eps": 1e-3, "stale_first_step": False,
+    "beta_batches": 50, "release_off_by_one": False, "eps": 1e-3, "stale_first_step": False,
     "quadruples": "all"}
 MMDD_KEYS: dict[str, Any] = {
     **LAYER_KEYS, "semantics": "paper", "estimator": "unbiased", "kernel_every": 20,
-    "kernel_batches": 20, "train_steps": 5, "kernel_lr": 1e-3, "hidden": 10, "out_dim": 50,
+    "kernel_batches": 50, "train_steps": 5, "kernel_lr": 1e-3, "hidden": 10, "out_dim": 50,
     "release_off_by_one": False, "stale_first_step": False}
 CHOICES = {"kernel": ("paper", "official"), "estimator": ("biased", "linear"),
            "quadruples": ("all", "paired"), "semantics": ("paper", "official"),
@@ -417,7 +417,7 @@ def ditto_mkmmd(opts: dict[str, Any]) -> MethodSpec:
     """Ditto + MK-MMD constraint (λ = 0.01, μ = 0.1, β every 20 steps; λ = 0: the constraint alone).
 
     Paper's best (Table 3): Synthetic(0,0) λ 0.01, μ 0.1; Synthetic(.5,.5) λ 0.01, μ 1. β is
-    re-solved every 20 steps on the last 20 batches (``beta_every = 1``, ``beta_batches = 1``:
+    re-solved every 20 steps on the last 50 batches, the paper's s = 50 (``beta_every = 1``, ``beta_batches = 1``:
     every step), ε = 1e-3. The release: ``kernel = "official"``, ``normalize = true``, ε = 1e-5,
     ``quadruples = "paired"``, ``beta_batches = 50`` with ``release_off_by_one``, ``stale_first_step``."""
     return _ditto("ditto_mkmmd", opts["lam"], [MkMmd(opts)])
@@ -428,7 +428,7 @@ def ditto_mmdd(opts: dict[str, Any]) -> MethodSpec:
     """Ditto + MMD-D constraint (λ = 0.01, μ = 1, kernel trained every 20 steps; λ = 0: alone).
 
     λ = 0.01, μ = 1 are the paper's best on both Synthetic settings (Table 3). The deep kernel
-    takes 5 AdamW steps every 20 personal steps on the last 20 batches (or 25 every step:
+    takes 5 AdamW steps every 20 personal steps on the last 50 batches (or 25 every step:
     ``kernel_every = 1``, ``kernel_batches = 1``, ``train_steps = 25``). The release uses
     ``semantics = "official"``, 50(+1) batches and the stale first step."""
     return _ditto("ditto_mmdd", opts["lam"], [MmdD(opts)])

@@ -41,12 +41,12 @@ def _cnn_config(tmp_path, *overrides: str) -> fedlatent.RunConfig:
 def test_auto_is_the_default_and_picks_vectorized_for_a_lockstep_mlp_run() -> None:
     config = fedlatent.load_config(DIGITS_CONFIG, SMALL)
     assert config.backend == "auto"
-    for algorithm in ("fedavg", "fedprox", "ditto_mkmmd"):
+    for algorithm in ("fedavg", "fedprox", "scaffold", "ditto_mkmmd"):
         assert _choice(fedlatent.load_config(DIGITS_CONFIG, [*SMALL, f'algorithm.name="{algorithm}"']))[0] \
             == "vectorized", algorithm
 
 
-@pytest.mark.parametrize("algorithm", ["moon", "scaffold"])
+@pytest.mark.parametrize("algorithm", ["moon", "feddyn"])
 def test_auto_picks_simulation_where_lockstep_refuses_and_says_why(algorithm: str) -> None:
     backend, why = _choice(fedlatent.load_config(DIGITS_CONFIG, [*SMALL, f'algorithm.name="{algorithm}"']))
     assert backend == "simulation" and "lockstep" in why and "\n" not in why

@@ -65,6 +65,12 @@ def test_bad_workload_letters_are_refused(capsys) -> None:
     assert info.value.code == 2 and "--workloads" in capsys.readouterr().err
 
 
+def test_a_json_path_in_a_missing_folder_is_refused_before_timing(tmp_path, capsys) -> None:
+    assert main(["bench", "--quick", "--json", str(tmp_path / "missing" / "bench.json")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--json" in err and "missing" in err
+
+
 @pytest.mark.slow
 def test_bench_quick_prints_every_side_and_writes_the_raw_timings(tmp_path, capsys, monkeypatch) -> None:
     monkeypatch.chdir(tmp_path)  # no configs/ here: (d) is skipped with a line

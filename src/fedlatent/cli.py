@@ -122,6 +122,8 @@ def _bench(args: argparse.Namespace) -> None:
     import torch
 
     from fedlatent.experiment.bench import bench
+    if args.json and not Path(args.json).resolve().parent.is_dir():  # found now, not after minutes of timing
+        raise UserInputError(f"--json {args.json}: its folder does not exist")
     torch.set_num_threads(args.threads)
     print(bench(quick=args.quick, reps=args.reps, only=args.workloads, json_path=args.json,
                 echo=lambda line: print(line, file=sys.stderr, flush=True)))

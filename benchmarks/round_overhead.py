@@ -28,17 +28,15 @@ import sys
 from pathlib import Path
 
 import torch
-from torch.nn import functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _common as C  # noqa: E402
 from fedlatent.backends import simulation  # noqa: E402
-from fedlatent.data.types import Federation  # noqa: E402
+from fedlatent.experiment.bench import plain_round  # noqa: E402
 from fedlatent.federated.client import batches  # noqa: E402
 from fedlatent.methods import resolve  # noqa: E402
 from fedlatent.models import build_model  # noqa: E402
-from fedlatent.seeding import LOCAL_TRAINING, derive_seed  # noqa: E402
 
 ROUND = 0
 DEFAULT_REPS = {True: {"mlp": 10, "cnn": 3}, False: {"mlp": 60, "cnn": 12}}
@@ -76,38 +74,6 @@ class Pair:
         self.plain_state = plain_round(model, self.initial, fed, cfg, ROUND)
         clock.lap("round", out)
         return out
-
-
-def plain_round(model: torch.nn.Module, global_state: dict[str, torch.Tensor], fed: Federation, cfg,
-                rnd: int) -> dict[str, torch.Tensor]:
-    """One FedAvg round by hand: every client from the global state, fresh SGD, weighted mean."""
-    t = cfg.train
-    states, sizes = [], []
-    for cid, client in enumerate(fed.clients):
-        data = client.train
-        model.load_state_dict(global_state)
-        model.train()
-        opt = torch.optim.SGD(model.parameters(), lr=t.lr, momentum=t.momentum, weight_decay=t.weight_decay)
-        generator = torch.Generator().manual_seed(derive_seed(cfg.seed, LOCAL_TRAINING, rnd, cid))
-        loss_sum = torch.zeros(())
-        for _ in range(t.local_epochs):
-            for idx in batches(len(data), t.batch_size, t.drop_last, generator):
-                x, y = data.x[idx], data.y[idx]
-                loss = F.cross_entropy(model(x).logits, y)
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
-                opt.step()
-                loss_sum += loss.detach()
-        states.append({k: v.detach().clone() for k, v in model.state_dict().items()})
-        sizes.append(len(data))
-    total = float(sum(sizes))
-    out = {}
-    for key, first in states[0].items():
-        acc = torch.zeros_like(first, dtype=torch.float32)
-        for state, n in zip(states, sizes):
-            acc += state[key].float() * (n / total)
-        out[key] = acc if first.is_floating_point() else acc.round().to(first.dtype)
-    return out
 
 
 def census(pair: Pair) -> dict[str, dict[str, int]]:

@@ -1,13 +1,14 @@
 """A whole ``fedlatent.run`` against a bare PyTorch loop doing the same training, end to end.
 
 The workload is the peers' digits one (``configs/digits_fedavg.toml``: MLP 64-128-10, 10 IID
-clients, 20 rounds, evaluation on the test set every round). The bare side is what one would write
+clients, 20 rounds, evaluation on the test set every round), on the simulation backend
+(``fedlatent bench`` times both backends). The bare side is what one would write
 by hand in the same process: the same initial weights and batch order, 20 FedAvg rounds
-(``round_overhead.plain_round``), test accuracy after each. The fedlatent side is
+(``fedlatent.experiment.bench.plain_round``), test accuracy after each. The fedlatent side is
 ``fedlatent.run`` into a fresh folder: partition table, metrics, checkpoints, summary and both
 figures, which a forked child draws beside the training. A second side draws them in-process,
 to show what that child saves; A/A is a second bare loop (the noise floor). Ratios are wall time
-over the mean of the bare loops right before and after each side (``_common.bracketed``); wall
+over the mean of the bare loops right before and after each side (``fedlatent.experiment.timing.bracketed``); wall
 time, because the figure child's CPU time is not the run's process time.
 
     python benchmarks/run_overhead.py --quick        # ~30 s
@@ -27,10 +28,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _common as C  # noqa: E402
 import fedlatent  # noqa: E402
 from fedlatent.backends import simulation  # noqa: E402
+from fedlatent.experiment.bench import plain_round  # noqa: E402
 from fedlatent.experiment.single import run as run_experiment  # noqa: E402
 from fedlatent.methods import resolve  # noqa: E402
 from fedlatent.models import build_model  # noqa: E402
-from round_overhead import plain_round  # noqa: E402
 
 CONFIG = Path(__file__).resolve().parents[1] / "configs" / "digits_fedavg.toml"
 
@@ -40,7 +41,7 @@ def main() -> None:
     args = parser.parse_args()
     C.set_threads(args.threads)
     reps = args.reps or (5 if args.quick else 20)
-    config = fedlatent.load_config(CONFIG)
+    config = fedlatent.load_config(CONFIG, ['backend="simulation"'])  # the per-round goal is simulation's
     fed = C.federation_for(config)
     initial = simulation.setup(config, fed, resolve(config.algorithm, config.terms)).server.global_state
     model = build_model(config.model, fed.input_shape, fed.num_classes, fed.name)

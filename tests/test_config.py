@@ -27,7 +27,7 @@ def test_defaults_load_and_match_the_documented_contract() -> None:
     assert isinstance(config, RunConfig)
     assert config == RunConfig()
     # the names ARCHITECTURE.md promises, with their defaults
-    assert (config.seed, config.backend) == (0, "simulation")
+    assert (config.seed, config.backend) == (0, "auto")
     assert (config.data.dataset, config.data.partition, config.data.alpha, config.data.num_clients,
             config.data.root) == ("digits", "iid", 0.5, 10, "data")
     assert config.model.arch == "mlp"

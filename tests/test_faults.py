@@ -25,7 +25,9 @@ from fedlatent.federated.lockstep import lockstep_update
 
 ROOT = Path(__file__).resolve().parents[1]
 DIGITS = ROOT / "configs" / "digits_fedavg.toml"
-RUN = ["--no-progress", "--set", "train.rounds=3", "--set", "data.num_clients=4"]
+# faults are injected into the simulation backend's client update (tests below that name the
+# vectorized backend override this)
+RUN = ["--no-progress", "--set", "train.rounds=3", "--set", "data.num_clients=4", "--set", 'backend="simulation"']
 
 
 def _run(out: Path, *extra: str) -> int:
@@ -322,7 +324,7 @@ def test_a_stopping_exception_is_kept_as_the_cause(tmp_path: Path, monkeypatch: 
 
     _inject(monkeypatch, client=0, rnd=1, fault="raise")
     with pytest.raises(RunStopped) as info:
-        run(load_config(DIGITS, ["train.rounds=2", "data.num_clients=4"]), tmp_path / "run")
+        run(load_config(DIGITS, ["train.rounds=2", "data.num_clients=4", 'backend="simulation"']), tmp_path / "run")
     assert isinstance(info.value.__cause__, RuntimeError) and info.value.rounds_completed == 0
 
 

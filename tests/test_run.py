@@ -1,6 +1,7 @@
 """End-to-end runs on digits: accuracy, determinism, crash + resume, the run directory."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import tomllib
 from pathlib import Path
@@ -78,8 +79,11 @@ def test_summary_and_run_directory(full_run) -> None:
     assert on_disk["wall_seconds"] > 0
     assert on_disk["fedlatent_version"] == fedlatent.__version__
     # config.toml is the fully resolved configuration and loads back to the same config
-    assert load_config(out / "config.toml") == load_config(DIGITS_CONFIG)
-    assert (out / "config.toml").read_text() == to_toml(load_config(DIGITS_CONFIG))
+    # ... with backend = "auto" resolved to the backend the run trained on (the MLP: vectorized)
+    assert on_disk["backend"] == "vectorized" and load_config(DIGITS_CONFIG).backend == "auto"
+    started = dataclasses.replace(load_config(DIGITS_CONFIG), backend="vectorized")
+    assert load_config(out / "config.toml") == started
+    assert (out / "config.toml").read_text() == to_toml(started)
     assert "lr_schedule" in tomllib.loads((out / "config.toml").read_text())["train"]
     # checkpoint: safetensors weights + JSON state of the last round
     latest = json.loads((out / "checkpoints" / "latest.json").read_text())["folder"]

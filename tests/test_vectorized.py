@@ -88,6 +88,19 @@ def test_loss_terms_on_the_global_step_match_simulation(name: str, keys: dict, r
     assert any(k.startswith("term_") for k in ref_line)  # the terms were there to compare
 
 
+def test_scaffold_matches_simulation() -> None:
+    """SCAFFOLD's after-step correction −lr·(c − c_i) (outside the momentum) per client in lockstep;
+    three rounds with 80 % participation, so that c and the c_i are non-zero and differ per client,
+    and the upload of c_i⁺ − c_i reaches the server."""
+    config = _digits("scaffold")
+    config.train.rounds = 3
+    _assert_same_run(config)
+    s, _ = _rounds(config, lockstep_update)
+    assert any(k.startswith("scaffold.c.") and v.abs().max() > 0 for k, v in s.server.state.items())
+    ci = [state["scaffold.ci.classifier.weight"] for state in s.client_states if state]
+    assert len(ci) >= 2 and not torch.equal(ci[0], ci[1])
+
+
 def test_terms_stack_on_ditto_in_lockstep() -> None:
     config = _digits("ditto_cosine", lam=0.1)
     config.terms = [{"name": "uniformity", "mu": 0.2}]

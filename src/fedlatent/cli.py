@@ -1,4 +1,4 @@
-"""The command line: ``fedlatent run | sweep | report | reproduce | partition | methods | config``.
+"""The command line: ``fedlatent run | sweep | report | reproduce | bench | partition | methods | config``.
 
 Exit codes: 0 success, 2 invalid input (one line on stderr, no traceback), 1 anything else (a
 run stopped by the failure policy: one line naming the round, the client and the quantity).
@@ -40,6 +40,12 @@ def _parser() -> argparse.ArgumentParser:
     repro.add_argument("--quick", action="store_true", help="the reduced version on offline data (minutes on a CPU)")
     repro.add_argument("--jobs", type=_positive, default=1, help="runs at once, in worker processes")
     repro.add_argument("--out", help="sweep directory (default runs/reproduce/<name>[-quick])")
+    bench = sub.add_parser("bench", help="time whole runs on each backend against a bare PyTorch loop")
+    bench.add_argument("--quick", action="store_true", help="fewer rounds and repetitions (about a minute)")
+    bench.add_argument("--json", metavar="PATH", help="also write the raw timings as JSON")
+    bench.add_argument("--reps", type=_positive, help="timed repetitions of every workload (default: per workload)")
+    bench.add_argument("--workloads", default="abcd", type=_letters, help="a subset of the letters abcd")
+    bench.add_argument("--threads", type=_positive, default=1, help="torch intra-op threads (default 1)")
     sub.add_parser("methods", help="list the method presets and parts with their keys")
     sub.add_parser("config", help="list every configuration key with its default")
     return parser
@@ -49,6 +55,12 @@ def _positive(text: str) -> int:
     if not text.isdigit() or int(text) < 1:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
     return int(text)
+
+
+def _letters(text: str) -> str:
+    if not text or set(text) - set("abcd"):
+        raise argparse.ArgumentTypeError(f"expected letters of 'abcd', got {text!r}")
+    return text
 
 
 def _run(args: argparse.Namespace) -> None:
@@ -106,7 +118,18 @@ def _reproduce(args: argparse.Namespace) -> None:
     print(reproduce.reproduce(args.name, out, quick=args.quick, jobs=args.jobs))
 
 
-STUDY_COMMANDS = {"sweep": _sweep, "report": _report, "reproduce": _reproduce}
+def _bench(args: argparse.Namespace) -> None:
+    import torch
+
+    from fedlatent.experiment.bench import bench
+    if args.json and not Path(args.json).resolve().parent.is_dir():  # found now, not after minutes of timing
+        raise UserInputError(f"--json {args.json}: its folder does not exist")
+    torch.set_num_threads(args.threads)
+    print(bench(quick=args.quick, reps=args.reps, only=args.workloads, json_path=args.json,
+                echo=lambda line: print(line, file=sys.stderr, flush=True)))
+
+
+STUDY_COMMANDS = {"sweep": _sweep, "report": _report, "reproduce": _reproduce, "bench": _bench}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -158,8 +158,9 @@ class DiagnosticsConfig:
 class RunConfig:
     seed: int = _key(0, "seed of every random choice of the run (numpy's legacy generator, used by "
                      "the Dirichlet partition, takes 0 .. 2**32 - 1)", low=0, high=2**32 - 1)
-    backend: str = _key("simulation", "who drives the rounds",
-                        choices=("simulation", "vectorized", "flower"))
+    backend: str = _key("auto", "who drives the rounds ('auto': vectorized where the run trains in lockstep "
+                        "and is measured faster, else simulation; the run's config.toml records the choice)",
+                        choices=("auto", "simulation", "vectorized", "flower"))
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     train: TrainConfig = field(default_factory=TrainConfig)

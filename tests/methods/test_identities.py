@@ -68,7 +68,8 @@ def fedavg(workdir) -> dict[str, torch.Tensor]:
 
 @pytest.fixture(scope="module")
 def fedavg_one_round(workdir) -> dict[str, torch.Tensor]:
-    return _run(workdir, 'algorithm.name="fedavg"', "train.rounds=1")[1]
+    # MOON and SCAFFOLD train on the simulation backend: compare on the same one, bit for bit
+    return _run(workdir, 'algorithm.name="fedavg"', "train.rounds=1", 'backend="simulation"')[1]
 
 
 def test_fedprox_with_mu_zero_is_fedavg_exactly(workdir, fedavg) -> None:
@@ -102,9 +103,14 @@ def test_fednova_differs_from_fedavg_when_step_counts_differ(workdir) -> None:
 def test_moon_and_scaffold_first_round_is_fedavg_exactly(workdir, fedavg_one_round) -> None:
     """Round 1: MOON has no previous local model (term skipped), SCAFFOLD's controls are all zero."""
     for name in ("moon", "scaffold"):
-        _, weights = _run(workdir, f'algorithm.name="{name}"', "train.rounds=1")
+        _, weights = _run(workdir, f'algorithm.name="{name}"', "train.rounds=1", 'backend="simulation"')
         for key in fedavg_one_round:
             assert torch.equal(weights[key], fedavg_one_round[key]), (name, key)
+    # in lockstep too: SCAFFOLD's zero correction leaves FedAvg's weights bit for bit
+    lockstep = ["train.rounds=1", 'backend="vectorized"']
+    _, scaffold = _run(workdir, 'algorithm.name="scaffold"', *lockstep)
+    _, fedavg = _run(workdir, 'algorithm.name="fedavg"', *lockstep)
+    assert all(torch.equal(scaffold[k], fedavg[k]) for k in fedavg)
 
 
 def test_feddyn_with_vanishing_alpha(workdir, fedavg_one_round) -> None:

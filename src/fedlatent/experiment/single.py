@@ -6,16 +6,18 @@ before the run directory is created; a run the failure policy stops still writes
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import tempfile
 import time
+import tomllib
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
 from fedlatent.analysis.tables import partition_table
-from fedlatent.backends import simulation, vectorized
+from fedlatent.backends import auto, simulation, vectorized
 from fedlatent.config import RunConfig, to_toml
 from fedlatent.data.federation import build_federation, counts_table
 from fedlatent.data.types import Federation
@@ -59,9 +61,9 @@ def identity(config: RunConfig) -> dict[str, Any]:
 def prepare(config: RunConfig) -> tuple[Federation, MethodSpec]:
     """Resolve the method first (cheap, catches typos), then build the federation."""
     spec = resolve(config.algorithm, config.terms)
-    if config.backend not in BACKENDS:
+    if config.backend not in BACKENDS and config.backend != "auto":
         raise ConfigError(f"backend = '{config.backend}': not available in this version; "
-                          f"use {' or '.join(repr(b) for b in BACKENDS)}")
+                          f"use 'auto' or {' or '.join(repr(b) for b in BACKENDS)}")
     federation = build_federation(config.data, config.data_seed)
     if config.backend == "vectorized":
         vectorized.check(config, federation, spec)
@@ -70,6 +72,30 @@ def prepare(config: RunConfig) -> tuple[Federation, MethodSpec]:
         raise ConfigError(f"train.min_clients = {config.train.min_clients}: more than the {sampled} clients "
                           f"sampled per round")
     return federation, spec
+
+
+def resolve_backend(config: RunConfig, federation: Federation, spec: MethodSpec, echo=None) -> RunConfig:
+    """``config`` with ``backend = "auto"`` replaced by the backend :func:`fedlatent.backends.auto.choose`
+    picks (told to ``echo`` in one line); any other backend unchanged."""
+    if config.backend != "auto":
+        return config
+    backend, why = auto.choose(config, federation, spec)
+    if echo:
+        echo(f"backend = 'auto': {backend} ({why})")
+    return dataclasses.replace(config, backend=backend)
+
+
+def as_started(config: RunConfig, config_toml: Path) -> RunConfig:
+    """``config`` with ``backend = "auto"`` replaced by the backend the run whose ``config.toml`` this
+    is started on (the file records the resolved choice), so that a resumed run continues on it
+    whatever ``auto`` would pick today."""
+    if config.backend != "auto" or not config_toml.is_file():
+        return config
+    try:
+        started = tomllib.loads(config_toml.read_text()).get("backend", "auto")
+    except tomllib.TOMLDecodeError:
+        return config  # the caller's comparison of the two files names the difference
+    return dataclasses.replace(config, backend=started) if isinstance(started, str) else config
 
 
 def check_out(out: Path, *, resume: bool, create_parents: bool = False) -> None:
@@ -112,9 +138,12 @@ def run(config: RunConfig, out: str | Path | None = None, *, resume: bool = Fals
     started = time.perf_counter()
     out = Path(out) if out is not None else default_out(config)
     check_out(out, resume=resume, create_parents=not out.is_absolute() and out.parts[:1] == ("runs",))
-    if resume and (out / "config.toml").read_text() != to_toml(config):
-        raise ConfigError(f"--resume: the configuration differs from the one in {out / 'config.toml'}")
+    if resume:
+        config = as_started(config, out / "config.toml")
+        if (out / "config.toml").read_text() != to_toml(config):
+            raise ConfigError(f"--resume: the configuration differs from the one in {out / 'config.toml'}")
     federation, spec = prepare(config)
+    config = resolve_backend(config, federation, spec, echo)
     created = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
     try:
@@ -174,7 +203,7 @@ def _summarize(config: RunConfig, spec: MethodSpec, out: Path, ending: dict[str,
         figures.draw("curves")
     summary = {**ending, "rounds_completed": len(metrics),
                "clients_dropped": [dict(d, round=m["round"]) for m in metrics for d in m.get("dropped", [])],
-               "seed": config.seed, "method": spec.name, "dataset": config.data.dataset,
+               "seed": config.seed, "method": spec.name, "backend": config.backend, "dataset": config.data.dataset,
                "identity": identity(config),
                "wall_seconds": wall, "fedlatent_version": fedlatent_version()}
     write_atomically(out / "summary.json", json.dumps(summary, indent=1))

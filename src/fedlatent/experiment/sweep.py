@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 from fedlatent.config import RunConfig, to_toml
 from fedlatent.errors import UserInputError
-from fedlatent.experiment.single import run
+from fedlatent.experiment.single import as_started, run
 from fedlatent.experiment.store import run_row, write_tables
 from fedlatent.experiment.study import Cell, Study
 
@@ -62,7 +62,7 @@ def run_sweep(study: Study, out: str | Path, *, jobs: int = 1, echo: Callable[[s
     write_manifest(study, out)
     for cell in study.cells:
         existing = out / cell.name / "config.toml"
-        if existing.exists() and existing.read_text() != to_toml(cell.config):
+        if existing.exists() and existing.read_text() != to_toml(as_started(cell.config, existing)):
             raise UserInputError(f"{existing}: holds another configuration than the study's cell {cell.name}; "
                                  f"choose another --out")
     rows: dict[str, dict[str, Any]] = {}

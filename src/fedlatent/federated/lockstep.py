@@ -11,8 +11,9 @@ Clients with fewer batches drop out of the later steps; a step whose active clie
 different sizes (an epoch's short last batch) runs once per batch size. BatchNorm statistics are
 stacked with the weights and updated per client. Supported: models without randomness (dropout),
 no augmentation, global-step parts without
-client-side hooks (server optimisers, FedNova's aggregation) or with a lockstep form of their loss
-(:meth:`~fedlatent.methods.parts.Part.lockstep_loss`: FedProx, FedUV, FedDecorr), and Ditto with
+client-side hooks (server optimisers, FedNova's aggregation), with a lockstep form of their loss
+(:meth:`~fedlatent.methods.parts.Part.lockstep_loss`: FedProx, FedUV, FedDecorr) or of their
+after-step move (:meth:`~fedlatent.methods.parts.Part.lockstep_drift`: SCAFFOLD), and Ditto with
 its constraints (cosine, MK-MMD, MMD-D). :func:`unsupported` says why a run is not.
 """
 from __future__ import annotations
@@ -43,7 +44,8 @@ def unsupported(spec: MethodSpec, model: FedModel, augment: bool) -> str | None:
     for part in spec.parts:
         hooks = [h for h in STEP_HOOKS if getattr(type(part), h) is not getattr(Part, h)]
         has_loss = type(part).loss is not Part.loss
-        if hooks or part.needs_global_out or part.needs_prev_out or (has_loss and not part.has_lockstep_form()):
+        if (hooks and not part.has_lockstep_steps()) or part.needs_global_out or part.needs_prev_out \
+                or (has_loss and not part.has_lockstep_form()):
             return f"part '{part.name}' acts on the client's training step, which has no lockstep form yet"
     if spec.personalization.kind == "ditto":
         for part in spec.personalization.parts:
@@ -56,7 +58,7 @@ class _Stack:
     """C models' parameters on a leading client axis with their SGD momentum buffers."""
 
     def __init__(self, states: list[Tensors], names: list[str], trainable: list[str], device: torch.device,
-                 anchor: Tensors | None = None, pull: float = 0.0) -> None:
+                 anchor: Tensors | None = None, pull: float = 0.0, drift: Tensors | None = None) -> None:
         # weights and buffers (BatchNorm statistics: the forward updates them in place, per client)
         self.params = {n: torch.stack([s[n] for s in states]).to(device) for n in names}
         self.trainable = trainable
@@ -64,6 +66,8 @@ class _Stack:
         # Ditto's (λ/2)‖w − w̄‖²: its gradient λ(w − w̄) is added to the loss gradient directly
         self.pull = pull
         self.anchor = {n: anchor[n].to(device).expand_as(self.params[n]) for n in trainable} if pull else {}
+        # parts' after-step moves (Part.lockstep_drift): p −= lr·d after each SGD step
+        self.drift = {n: d.to(device) for n, d in drift.items()} if drift else {}
 
     def client_state(self, c: int) -> Tensors:
         return {n: p[c].detach().to("cpu", copy=True) for n, p in self.params.items()}
@@ -74,7 +78,7 @@ class _Stack:
 
         The update is torch.optim.SGD's (dampening 0, no Nesterov): d = g + wd·p,
         b = m·b + d (b = d on the first step: the buffers start at zero), p −= lr·b; with a pull,
-        g includes λ(p − w̄)."""
+        g includes λ(p − w̄); with a drift, p −= lr·drift afterwards (outside the momentum)."""
         def pick(t: Tensor) -> Tensor:
             return t if group is None else t.index_select(0, group)
 
@@ -92,11 +96,22 @@ class _Stack:
                 torch._foreach_add_(bufs, direction)
                 direction = bufs
             torch._foreach_add_(leaves, direction, alpha=-s.lr)
+            if self.drift:
+                torch._foreach_add_(leaves, [pick(self.drift[n]) for n in self.trainable], alpha=-s.lr)
             if group is not None:  # all of the above acted on the group's copies: write them back
                 for n in self.params:
                     self.params[n].index_copy_(0, group, params[n])
                 for n, buf in zip(self.trainable, bufs):
                     self.momentum[n].index_copy_(0, group, buf)
+
+
+def _drift(parts: list[Part], rcs: list[ClientRound], trainable: list[str]) -> Tensors | None:
+    """The summed :meth:`~fedlatent.methods.parts.Part.lockstep_drift` of the parts that move the
+    weights after each step, or None."""
+    drifts = [d for d in (p.lockstep_drift(rcs, trainable) for p in parts) if d]
+    if not drifts:
+        return None
+    return {n: sum(d[n] for d in drifts) for n in trainable}
 
 
 def _forward(model: FedModel, taps: tuple[str, ...]) -> Callable:
@@ -122,13 +137,13 @@ def lockstep_update(ws: Workspace, global_state: Tensors, datas: list[Split], sp
     trainable = trainable_names(model)
     plans = [[idx for _ in range(s.epochs) for idx in batches(len(d), s.batch_size, s.drop_last, g)]
              for d, g in zip(datas, generators)]
-    global_stack = _Stack([global_state] * count, names, trainable, device)
     ditto = spec.personalization.kind == "ditto"
     personal_parts = spec.personalization.parts if ditto else []
     for rc in rcs:
         rc.global_params = {n: global_state[n].to(device) for n, _ in model.named_parameters()}
         for part in personal_parts:
             part.begin(rc)
+    global_stack = _Stack([global_state] * count, names, trainable, device, drift=_drift(spec.parts, rcs, trainable))
     taps = tuple(sorted(frozenset().union(*(p.taps for p in personal_parts + spec.parts))))
     forward = vmap(_forward(model, taps))
     global_params = rcs[0].global_params
@@ -165,8 +180,16 @@ def lockstep_update(ws: Workspace, global_state: Tensors, datas: list[Split], sp
                                                           [rcs[c] for c in members], record), s)
     seconds = time.perf_counter() - started
     uploads = []
+    finishing = [p for p in spec.parts if p.has_lockstep_steps()]
     for c, rc in enumerate(rcs):
         rc.steps = len(plans[c])
+        extras = {}
+        if finishing:  # their finish reads the client's trained weights off rc.model
+            model.load_state_dict(global_stack.client_state(c))
+        for part in finishing:
+            extra = part.finish(rc)
+            if extra:
+                extras[part.name] = extra
         for part in personal_parts:
             part.finish(rc)
         if ditto:
@@ -179,7 +202,7 @@ def lockstep_update(ws: Workspace, global_state: Tensors, datas: list[Split], sp
         if ditto:
             metrics["personal_loss"] = float(sums["personal_loss"][c]) / steps
         uploads.append(Upload(rc.client_id, global_stack.client_state(c), rc.num_samples, rc.steps, s.lr,
-                              s.momentum, {}, metrics))
+                              s.momentum, extras, metrics))
     return uploads
 
 

@@ -134,6 +134,16 @@ class Part:
     def after_step(self, rc: ClientRound) -> None:
         """After each optimiser step (e.g. SCAFFOLD's control-variate correction)."""
 
+    def lockstep_drift(self, rcs: list[ClientRound], trainable: list[str]) -> Tensors | None:
+        """The vectorized backend's form of ``begin`` + ``after_step`` for a part whose step hook
+        moves each client's weights by a fixed −lr·d after every optimiser step: d per trainable
+        weight with a leading client axis (SCAFFOLD's c − c_i), or None. There :meth:`finish` is
+        called per client with ``rc.model`` holding that client's trained weights, without ``begin``."""
+        return None
+
+    def has_lockstep_steps(self) -> bool:
+        return type(self).lockstep_drift is not Part.lockstep_drift
+
     def finish(self, rc: ClientRound) -> Tensors | None:
         """After local training: update ``rc.state`` and return extras to upload, or None."""
         return None

@@ -30,10 +30,19 @@ class Scaffold(Part):
         for p, correction in self._correction:
             p.sub_(rc.lr * correction)
 
+    def lockstep_drift(self, rcs: list[ClientRound], trainable: list[str]) -> Tensors:
+        """c − c_i per client, stacked: the correction every step subtracts (times lr)."""
+        zero = {n: torch.zeros_like(p) for n, p in rcs[0].global_params.items()}
+        return {n: torch.stack([rc.payload.get(C + n, zero[n]).to(zero[n].device)
+                                - rc.state.get(CI + n, zero[n]).to(zero[n].device) for rc in rcs])
+                for n in trainable}
+
     @torch.no_grad()
     def finish(self, rc: ClientRound) -> Tensors:
         deltas = {}
-        for name, p in self._params:
+        for name, p in rc.model.named_parameters():
+            if not p.requires_grad:
+                continue
             c = rc.payload.get(C + name, torch.zeros_like(p)).cpu()
             ci = rc.state.get(CI + name, torch.zeros_like(p)).cpu()
             ci_new = ci - c + (rc.global_params[name].cpu() - p.cpu()) / (max(rc.steps, 1) * rc.lr)

@@ -1,0 +1,42 @@
+"""The headline metric: a data set's trait (Fed-ISIC2019: balanced accuracy, FLamby's metric) that
+summaries and tables name and put first."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from fedlatent.analysis.tables import summary_table
+from fedlatent.experiment.single import headline_metric
+from fedlatent.experiment.store import cell_table, run_row
+
+
+def test_headline_by_data_set_trait() -> None:
+    assert headline_metric("fed_isic2019") == "balanced_accuracy"
+    assert headline_metric("rxrx1") == "accuracy"
+    assert headline_metric("digits") == "accuracy"
+
+
+def test_summary_table_marks_the_headline() -> None:
+    summary = {"final": {"accuracy": 0.5, "balanced_accuracy": 0.25}, "headline": "balanced_accuracy"}
+    lines = summary_table(summary).splitlines()
+    assert any(line.split()[0] == "balanced_accuracy" and "(headline)" in line for line in lines)
+    assert not any(line.split()[0] == "accuracy" and "(headline)" in line for line in lines)
+
+
+def _run(tmp_path: Path, name: str, seed: int, final: dict, headline: str) -> dict:
+    folder = tmp_path / name
+    folder.mkdir()
+    (folder / "summary.json").write_text(json.dumps({"final": final, "headline": headline, "rounds_completed": 1,
+                                                     "wall_seconds": 1.0}))
+    return run_row(name, {"method": "fedavg", "seed": str(seed)}, "done", folder)
+
+
+def test_cell_table_puts_balanced_accuracy_first_when_it_is_the_headline(tmp_path: Path) -> None:
+    rows = [_run(tmp_path, f"r{s}", s, {"accuracy": 0.5 + s / 10, "balanced_accuracy": 0.2 + s / 10},
+                 "balanced_accuracy") for s in (0, 1)]
+    header, body = cell_table(rows, ["method", "seed"])
+    assert header[header.index("seeds") + 1] == "balanced_accuracy"
+    assert body[0][header.index("balanced_accuracy")].startswith("0.2500 ± 0.0707")
+    plain = [_run(tmp_path, "p0", 0, {"accuracy": 0.5, "balanced_accuracy": 0.2}, "accuracy")]
+    header, _ = cell_table(plain, ["method", "seed"])
+    assert "balanced_accuracy" not in header

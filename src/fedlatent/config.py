@@ -75,6 +75,8 @@ class ModelConfig:
                           low=0)
     softmax_output: bool = _key(False, "feed the model's softmax output to the loss (the Ditto+MMD "
                                 "release's double softmax; for faithful runs only)")
+    weights: str = _key("", "pretrained weights file (.pth state dict or .safetensors, as published: "
+                        "efficientnet-pytorch's efficientnet-b0, torchvision's resnet18); the head is replaced")
     options: dict = _key({}, "keys a model declares for itself, e.g. norm (written flat in [model])")
 
 

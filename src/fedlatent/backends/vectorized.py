@@ -21,6 +21,10 @@ run = partial(simulation.run, trainer=lockstep_update)
 
 def check(config: RunConfig, federation: Federation, spec: MethodSpec) -> None:
     """Raise a one-line ConfigError when this run cannot train in lockstep."""
+    t = config.train
+    if t.optimizer != "sgd" or t.local_steps or t.optimizer_state != "fresh":
+        raise ConfigError("backend = 'vectorized': train.optimizer = 'sgd' with a fresh state each round and "
+                          "train.local_steps = 0 only; use backend = 'simulation'")
     model = simulation.make_model(config, federation, spec)
     reason = unsupported(spec, model, federation.augment)
     if reason:

@@ -11,7 +11,7 @@ from PIL import Image
 
 from fedlatent.config import DataConfig
 from fedlatent.data.datasets import fed_isic2019, rxrx1
-from fedlatent.data.datasets._clinical import channel_stats
+from fedlatent.data.compact import uint8_channel_stats
 from fedlatent.data.federation import build_federation
 from fedlatent.errors import DataError
 from tests.data.clinical_files import ISIC_COLUMNS, RXRX1_COLUMNS, write_csv, write_isic, write_rxrx1
@@ -49,7 +49,7 @@ def test_isic_clients_are_centers_with_flamby_split(tmp_path: Path) -> None:
 def test_isic_without_normalisation_keeps_unit_range(tmp_path: Path) -> None:
     write_isic(tmp_path, per_split=(1, 1))
     fed = build_federation(_cfg("fed_isic2019", tmp_path, normalize=False), seed=0)
-    x = fed.clients[0].train.x
+    x = fed.clients[0].train.x[:]
     assert float(x.min()) >= 0.0 and float(x.max()) <= 1.0
 
 
@@ -98,7 +98,7 @@ def test_rxrx1_clients_classes_and_channels(tmp_path: Path) -> None:
 def test_rxrx1_normalised_with_training_statistics(tmp_path: Path) -> None:
     write_rxrx1(tmp_path)
     fed = build_federation(_cfg("rxrx1", tmp_path), seed=0)
-    train = np.concatenate([c.train.x.numpy() for c in fed.clients]).astype(np.float64)
+    train = np.concatenate([c.train.x[:].numpy() for c in fed.clients]).astype(np.float64)
     np.testing.assert_allclose(train.mean(axis=(0, 2, 3)), 0.0, atol=1e-4)
     np.testing.assert_allclose(train.std(axis=(0, 2, 3)), 1.0, atol=1e-3)
 
@@ -113,7 +113,7 @@ def test_chunked_channel_stats_equal_float64_reference() -> None:
     rng = np.random.default_rng(0)
     sets = [rng.integers(0, 256, (300, 3, 4, 5), dtype=np.uint8), rng.integers(0, 256, (7, 3, 4, 5), dtype=np.uint8)]
     whole = np.concatenate(sets).astype(np.float64) / 255.0
-    mean, std = channel_stats(sets)
+    mean, std = uint8_channel_stats(sets)
     np.testing.assert_allclose(mean, whole.mean(axis=(0, 2, 3)), rtol=1e-6)
     np.testing.assert_allclose(std, whole.std(axis=(0, 2, 3)), rtol=1e-5)
 

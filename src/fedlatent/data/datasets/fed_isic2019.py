@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from fedlatent.config import DataConfig
-from fedlatent.data.datasets._clinical import read_rows, to_float
+from fedlatent.data.datasets._clinical import read_rows
 from fedlatent.data.readers._common import read_images
 from fedlatent.data.registry import register_dataset
 from fedlatent.data.sources import GivenClients, check_root
@@ -87,8 +87,5 @@ def _fed_isic2019(cfg: DataConfig, seed: int) -> GivenClients:
     """FLamby's Fed-ISIC2019 (6 centers, 8 classes, fixed train/test per center) under data.root."""
     root = Path(cfg.root).expanduser()
     check_root(root)
-    mean, std = (IMAGENET_MEAN, IMAGENET_STD) if cfg.normalize else (np.zeros(3, np.float32), np.ones(3, np.float32))
-    clients = [{split: None if pair is None else (to_float(pair[0], mean, std), pair[1])
-                for split, pair in client.items()}
-               for client in read_fed_isic2019(root, cfg.image_size)]
-    return GivenClients(clients, num_classes=len(CLASSES))
+    return GivenClients(read_fed_isic2019(root, cfg.image_size), num_classes=len(CLASSES),
+                        stats=(IMAGENET_MEAN, IMAGENET_STD) if cfg.normalize else None)

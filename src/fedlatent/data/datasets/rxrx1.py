@@ -23,7 +23,8 @@ from pathlib import Path
 import numpy as np
 
 from fedlatent.config import DataConfig
-from fedlatent.data.datasets._clinical import channel_stats, read_rows, to_float
+from fedlatent.data.compact import uint8_channel_stats
+from fedlatent.data.datasets._clinical import read_rows
 from fedlatent.data.readers._common import read_image
 from fedlatent.data.registry import register_dataset
 from fedlatent.data.sources import GivenClients, check_root
@@ -99,9 +100,5 @@ def _rxrx1(cfg: DataConfig, seed: int) -> GivenClients:
     root = Path(cfg.root).expanduser()
     check_root(root)
     clients = read_rxrx1(root, cfg.image_size)
-    if cfg.normalize:
-        mean, std = channel_stats([c["train"][0] for c in clients if c["train"] is not None])
-    else:
-        mean, std = np.zeros(3, np.float32), np.ones(3, np.float32)
-    return GivenClients([{split: None if pair is None else (to_float(pair[0], mean, std), pair[1])
-                          for split, pair in client.items()} for client in clients], num_classes=NUM_CLASSES)
+    stats = uint8_channel_stats([c["train"][0] for c in clients]) if cfg.normalize else None
+    return GivenClients(clients, num_classes=NUM_CLASSES, stats=stats)

@@ -26,8 +26,8 @@ def test_presets_load_with_the_papers_settings(task: str, method: str) -> None:
     if task == "fed_isic2019":
         assert (t.rounds, t.local_steps, t.batch_size, t.lr, config.model.arch) == (15, 100, 64, 1e-3, "efficientnet_b0")
     else:
-        assert (t.rounds, t.local_epochs, t.local_steps, t.batch_size, config.model.arch) == (10, 5, 0, 32,
-                                                                                          "resnet18_imagenet")
+        assert (t.rounds, t.local_epochs, t.local_steps, t.batch_size, t.lr, config.model.arch) == (
+            10, 5, 0, 32, 1e-4, "resnet18_imagenet")
     algorithm = config.algorithm
     assert algorithm["name"] == PRESET[method]
     if method.endswith("_alone"):
@@ -37,6 +37,9 @@ def test_presets_load_with_the_papers_settings(task: str, method: str) -> None:
         assert (algorithm["beta_every"], algorithm["beta_batches"]) == every
     if "mmdd" in method:
         assert (algorithm["kernel_every"], algorithm["kernel_batches"], algorithm["train_steps"]) == (1, 1, 25)
+    kind = next((k for k in ("cosine", "mkmmd", "mmdd") if k in method), None)
+    if kind:  # μ of the paper's Table 3 per task and constraint
+        assert algorithm["mu"] == {"fed_isic2019": 1.0, "rxrx1": {"cosine": 0.1}.get(kind, 0.01)}[task]
 
 def _run(task: str, method: str, root: Path, out: Path, *extra: str) -> tuple[dict, object]:
     overrides = [f"data.root={root}", "data.image_size=16", "train.rounds=1", "train.batch_size=4", *extra]

@@ -40,10 +40,28 @@ def test_isic_clients_are_centers_with_flamby_split(tmp_path: Path) -> None:
             assert data.y.tolist() == [r["target"] for r in chosen]
         first = next(r for r in own if r["fold"] == "train")
         path = tmp_path / "ISIC_2019_Training_Input_preprocessed" / f"{first['image']}.jpg"
-        expect = (_resized(path) - fed_isic2019.IMAGENET_MEAN[:, None, None]) / fed_isic2019.IMAGENET_STD[:, None, None]
+        crop = fed_isic2019.read_centre_crop(path, SIZE).astype(np.float32) / 255.0
+        expect = (crop - fed_isic2019.IMAGENET_MEAN[:, None, None]) / fed_isic2019.IMAGENET_STD[:, None, None]
         np.testing.assert_allclose(client.train.x[0].numpy(), expect, atol=1e-5)
         assert client.val is None
     assert len(fed.test) == 6 * 2  # the union of the centers' test splits
+
+
+@pytest.mark.parametrize("width, height", [(448, 224), (224, 448), (896, 448)])
+def test_isic_images_are_cut_as_flambys_centre_crop(tmp_path: Path, width: int, height: int) -> None:
+    """A red centre square (the shorter side's size) between blue bands: the 200 crop of the
+    shorter side 224 lies inside the red, whatever the orientation and scale."""
+    img = np.zeros((height, width, 3), dtype=np.uint8)
+    img[..., 2] = 255
+    side = min(width, height)
+    top, left = (height - side) // 2, (width - side) // 2
+    img[top:top + side, left:left + side] = (255, 0, 0)
+    Image.fromarray(img).save(tmp_path / "a.png")
+    crop = fed_isic2019.read_centre_crop(tmp_path / "a.png", 200)
+    assert crop.shape == (3, 200, 200)
+    assert (crop[0] >= 250).all() and (crop[2] <= 5).all()
+    smaller = fed_isic2019.read_centre_crop(tmp_path / "a.png", 50)  # shorter side 56, crop 50: still inside
+    assert smaller.shape == (3, 50, 50) and (smaller[0] >= 250).all() and (smaller[2] <= 5).all()
 
 
 def test_isic_without_normalisation_keeps_unit_range(tmp_path: Path) -> None:

@@ -7,10 +7,12 @@ Layout under ``data.root`` (what FLamby's download and preprocessing scripts lea
     ISIC_2019_Training_Input_preprocessed/<image>.jpg  shorter side 224, aspect ratios vary
 
 Client ``k`` is ``center == k`` (k = 0..5, FLamby's order); ``fold`` ∈ {train, test} gives each
-client's train and test split (the union of the tests is the global test set). Images are resized
-to ``data.image_size`` squared and standardised with ImageNet's channel statistics, as FLamby does
-for its ImageNet-pretrained EfficientNet-B0 (``data.normalize = false`` keeps them in [0, 1]).
-FLamby's training augmentation is not applied here.
+client's train and test split (the union of the tests is the global test set). Images are cut as
+FLamby's test transform cuts them, scaled to ``data.image_size``: the shorter side resized to
+224/200 · image_size, then the centre image_size × image_size crop (FLamby: shorter side 224,
+centre crop 200); standardised with ImageNet's channel statistics, as FLamby does for its
+ImageNet-pretrained EfficientNet-B0 (``data.normalize = false`` keeps them in [0, 1]). FLamby's
+training augmentation (random crop among them) is not applied here.
 
 >>> cfg = DataConfig(dataset="fed_isic2019", partition="given", root="~/flamby/isic2019", image_size=200)
 """
@@ -19,10 +21,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+from PIL import Image
 
 from fedlatent.config import DataConfig
 from fedlatent.data.datasets._clinical import read_rows
-from fedlatent.data.readers._common import read_images
 from fedlatent.data.registry import register_dataset
 from fedlatent.data.sources import GivenClients, check_root
 from fedlatent.errors import DataError
@@ -34,6 +36,7 @@ IMAGE_FOLDER = "ISIC_2019_Training_Input_preprocessed"
 IMAGENET_MEAN = np.array([0.485, 0.456, 0.406], dtype=np.float32)
 IMAGENET_STD = np.array([0.229, 0.224, 0.225], dtype=np.float32)
 _NEEDED = ("image", "target", "center", "fold")
+_SIDE_PER_CROP = 224 / 200  # FLamby: images with shorter side 224, centre crop 200
 _WHAT = "fed_isic2019"
 
 
@@ -47,6 +50,24 @@ def _index(row: dict[str, str], column: str, count: int, path: Path) -> int:
         raise DataError(f"{_WHAT}: {path}: image {row['image']} has {column} {row[column]!r}, "
                         f"expected an integer 0..{count - 1}")
     return value
+
+
+def read_centre_crop(path: Path, size: int) -> np.ndarray:
+    """``path`` as RGB, shorter side scaled to round(224/200 · size) (bilinear), centre size×size
+    crop; uint8 3×size×size."""
+    try:
+        with Image.open(path) as img:
+            rgb = img.convert("RGB")
+    except (OSError, ValueError, Image.DecompressionBombError) as exc:
+        raise DataError(f"{_WHAT}: cannot read the image {path} ({type(exc).__name__})") from exc
+    side = round(_SIDE_PER_CROP * size)
+    w, h = rgb.size
+    scale = side / min(w, h)
+    new = (max(size, round(w * scale)), max(size, round(h * scale)))
+    if new != (w, h):
+        rgb = rgb.resize(new, Image.Resampling.BILINEAR)
+    left, top = (new[0] - size) // 2, (new[1] - size) // 2
+    return np.asarray(rgb.crop((left, top, left + size, top + size)), dtype=np.uint8).transpose(2, 0, 1)
 
 
 def read_fed_isic2019(root: Path, image_size: int) -> list[dict[str, tuple[np.ndarray, np.ndarray] | None]]:
@@ -75,7 +96,10 @@ def read_fed_isic2019(root: Path, image_size: int) -> list[dict[str, tuple[np.nd
         for fold in ("train", "test"):
             items = chosen.get((center, fold), [])
             if items:
-                client[fold] = (read_images([p for p, _ in items], image_size, _WHAT),
+                x = np.empty((len(items), 3, image_size, image_size), dtype=np.uint8)
+                for i, (path, _) in enumerate(items):
+                    x[i] = read_centre_crop(path, image_size)
+                client[fold] = (x,
                                 np.array([lab for _, lab in items], dtype=np.int64))
         clients.append(client)
     return clients

@@ -41,3 +41,17 @@ def test_cell_table_puts_balanced_accuracy_first_when_it_is_the_headline(tmp_pat
     plain = [_run(tmp_path, "p0", 0, {"accuracy": 0.5, "balanced_accuracy": 0.2}, "accuracy")]
     header, _ = cell_table(plain, ["method", "seed"])
     assert "balanced_accuracy" not in header
+
+
+def test_reproduce_compares_a_balanced_headline_by_balanced_accuracy() -> None:
+    from fedlatent.experiment.reproduce import comparison, load_study, spec_path
+    study = load_study(spec_path("ditto_table1"))
+    rows = [{"setting": "isic2019", "method": "fedavg", "seed": "2021", "status": "done", "headline": "balanced_accuracy",
+             "personalized_accuracy": 0.9, "personalized_balanced_accuracy": 0.5, "majority_baseline_accuracy": 0.3},
+            {"setting": "rxrx1", "method": "fedavg", "seed": "2021", "status": "done", "headline": "accuracy",
+             "personalized_accuracy": 0.4, "personalized_balanced_accuracy": 0.2, "majority_baseline_accuracy": 0.1}]
+    table = comparison(study, rows)
+    isic = next(line for line in table.splitlines() if "isic2019" in line).split("|")
+    rxrx1 = next(line for line in table.splitlines() if "rxrx1" in line).split("|")
+    assert isic[3].strip() == "64.06" and isic[4].strip() == "50.00"   # balanced, beside the paper's 64.057
+    assert rxrx1[4].strip() == "40.00"

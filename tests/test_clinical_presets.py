@@ -5,11 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 
 import fedlatent
 from fedlatent import load_config
 from fedlatent.data.federation import build_federation, counts_table
 from tests.data.clinical_files import write_isic, write_rxrx1
+from tests.models.test_weights import _published
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 PRESET = {"fedavg": "fedavg", "ditto": "ditto", "cosine_alone": "ditto_cosine", "ditto_cosine": "ditto_cosine",
@@ -50,7 +52,12 @@ def _run(task: str, method: str, root: Path, out: Path, *extra: str) -> tuple[di
 @pytest.mark.slow
 def test_isic_ditto_mkmmd_runs_on_generated_files(tmp_path: Path) -> None:
     rows = write_isic(tmp_path / "data", per_split=(4, 2))
-    summary, config = _run("fed_isic2019", "ditto_mkmmd", tmp_path / "data", tmp_path / "run", "train.local_steps=2")
+    # weights in efficientnet-pytorch's layout with trained-like scales (random N(0, 1) convolutions
+    # overflow the frozen global model's eval-mode forward in any implementation)
+    weights = {k: v.abs() + 0.5 if k.endswith("running_var") else 0.05 * v for k, v in _published("efficientnet_b0").items()}
+    torch.save(weights, tmp_path / "b0.pth")
+    summary, config = _run("fed_isic2019", "ditto_mkmmd", tmp_path / "data", tmp_path / "run", "train.local_steps=2",
+                           f"model.weights={tmp_path / 'b0.pth'}")
     counts = counts_table(build_federation(config.data, config.data_seed)).sum(axis=1)
     assert counts.tolist() == [sum(r["center"] == c and r["fold"] == "train" for r in rows) for c in range(6)]
     assert summary["headline"] == "balanced_accuracy"

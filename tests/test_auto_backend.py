@@ -110,3 +110,11 @@ def test_resume_with_another_explicit_backend_is_refused(tmp_path) -> None:
     with pytest.raises(ConfigError, match="differs"):
         fedlatent.experiment.run(dataclasses.replace(config, backend="simulation"), tmp_path / "run", resume=True)
     assert (tmp_path / "run" / "config.toml").read_text() == to_toml(dataclasses.replace(config, backend="vectorized"))
+
+
+def test_auto_keeps_runs_with_a_kept_optimiser_state_or_a_step_budget_on_simulation() -> None:
+    """Settings the lockstep trainer cannot follow (Adam/AdamW, kept optimiser state, local_steps)
+    make auto choose simulation, with the reason."""
+    for extra in (['train.optimizer="adamw"'], ['train.optimizer_state="kept"'], ["train.local_steps=3"]):
+        backend, why = _choice(fedlatent.load_config(DIGITS_CONFIG, [*SMALL, *extra]))
+        assert backend == "simulation" and "train.optimizer" in why, (extra, why)

@@ -78,6 +78,8 @@ class ModelConfig:
                           low=0)
     softmax_output: bool = _key(False, "feed the model's softmax output to the loss (the Ditto+MMD "
                                 "release's double softmax; for faithful runs only)")
+    weights: str = _key("", "pretrained weights file (.pth state dict or .safetensors, as published: "
+                        "efficientnet-pytorch's efficientnet-b0, torchvision's resnet18); the head is replaced")
     options: dict = _key({}, "keys a model declares for itself, e.g. norm (written flat in [model])")
 
 
@@ -85,6 +87,13 @@ class ModelConfig:
 class TrainConfig:
     rounds: int = _key(20, "communication rounds", low=1)
     local_epochs: int = _key(1, "local epochs per round", low=1)
+    local_steps: int = _key(0, "local steps (mini-batches) per round instead of local_epochs, drawn "
+                            "epoch after epoch (0 = use local_epochs; Fed-ISIC2019: 100)", low=0)
+    optimizer: str = _key("sgd", "client optimiser of the local (and Ditto's personal) model; torch's "
+                          "defaults besides lr, momentum (sgd) and weight_decay", choices=("sgd", "adam", "adamw"))
+    optimizer_state: str = _key("fresh", "client optimiser state: 'fresh' each round (the papers) or 'kept' "
+                                "per client across rounds in its state (the Ditto+MMD release)",
+                                choices=("fresh", "kept"))
     batch_size: int = _key(32, "local mini-batch size", low=1)
     lr: float = _key(0.05, "local learning rate", low=0.0, low_open=True)
     momentum: float = _key(0.0, "local SGD momentum", low=0.0, high=0.999)

@@ -26,9 +26,11 @@ def summary_table(summary: dict[str, Any]) -> str:
     """The final result of one run as a two-column table."""
     final = summary.get("final", {})
     keys = ["accuracy", "balanced_accuracy", "loss", "uncalibrated_accuracy", "personalized_accuracy",
-            "personalized_accuracy_std", "personalized_accuracy_worst", "majority_baseline_accuracy"]
+            "personalized_accuracy_std", "personalized_accuracy_worst", "personalized_balanced_accuracy",
+            "majority_baseline_accuracy"]
     rows = [[k, final[k]] for k in keys if k in final]
-    rows += [["rounds_completed", summary.get("rounds_completed")],
+    rows += [["headline", summary.get("headline", "accuracy")],  # the metric the data set is compared by
+             ["rounds_completed", summary.get("rounds_completed")],
              ["wall_seconds", float(summary.get("wall_seconds", 0.0))]]
     return format_table(["metric", "value"], rows)
 

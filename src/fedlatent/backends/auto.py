@@ -1,6 +1,6 @@
 """``backend = "auto"``: the backend a run is measured to be fastest on, with the reason.
 
-``vectorized`` where the run trains in lockstep (:func:`fedlatent.federated.lockstep.unsupported`
+``vectorized`` where the run trains in lockstep (:func:`fedlatent.backends.vectorized.refusal`
 finds nothing to refuse) and, on a CPU, the model has no convolution; ``simulation`` otherwise.
 Both give the same numbers up to float rounding (``tests/test_vectorized.py``), so the choice is
 one of speed only. The figures behind it (``fedlatent bench``, ``benchmarks/README.md``; 2 cores,
@@ -15,17 +15,16 @@ from __future__ import annotations
 
 import torch
 
-from fedlatent.backends import simulation
+from fedlatent.backends import simulation, vectorized
 from fedlatent.config import RunConfig
 from fedlatent.data.types import Federation
-from fedlatent.federated.lockstep import unsupported
 from fedlatent.methods.parts import MethodSpec
 
 
 def choose(config: RunConfig, federation: Federation, spec: MethodSpec) -> tuple[str, str]:
     """The backend ``auto`` resolves to for this run and why (a few words, for the log)."""
     model = simulation.make_model(config, federation, spec)
-    reason = unsupported(spec, model, federation.augment)
+    reason = vectorized.refusal(config, federation, spec, model)
     if reason:
         return "simulation", f"no lockstep form: {reason}"
     convolutions = any(isinstance(m, torch.nn.modules.conv._ConvNd) for m in model.modules())

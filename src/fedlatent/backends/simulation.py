@@ -124,7 +124,8 @@ def setup(config: RunConfig, federation: Federation, spec: MethodSpec, trainer: 
 def local_settings(s: Setup, lr: float, epochs: int) -> LocalSettings:
     t = s.config.train
     return LocalSettings(epochs, t.batch_size, lr, t.momentum, t.weight_decay, t.drop_last, s.federation.augment,
-                         s.federation.num_classes, s.device)
+                         s.federation.num_classes, s.device, optimizer=t.optimizer, steps=t.local_steps,
+                         keep_optimizer=t.optimizer_state == "kept")
 
 
 def calibrated(s: Setup, state: Tensors) -> Tensors:

@@ -15,14 +15,22 @@ from fedlatent.data.types import Federation
 from fedlatent.errors import ConfigError
 from fedlatent.federated.lockstep import lockstep_update, unsupported
 from fedlatent.methods.parts import MethodSpec
+from fedlatent.models import FedModel
 
 run = partial(simulation.run, trainer=lockstep_update)
 
 
+def refusal(config: RunConfig, federation: Federation, spec: MethodSpec, model: FedModel) -> str | None:
+    """Why this run cannot train in lockstep (a few words), or None when it can."""
+    t = config.train
+    if t.optimizer != "sgd" or t.local_steps or t.optimizer_state != "fresh":
+        return "train.optimizer = 'sgd' with a fresh state each round and train.local_steps = 0 only"
+    return unsupported(spec, model, federation.augment)
+
+
 def check(config: RunConfig, federation: Federation, spec: MethodSpec) -> None:
     """Raise a one-line ConfigError when this run cannot train in lockstep."""
-    model = simulation.make_model(config, federation, spec)
-    reason = unsupported(spec, model, federation.augment)
+    reason = refusal(config, federation, spec, simulation.make_model(config, federation, spec))
     if reason:
         raise ConfigError(f"backend = 'vectorized': {reason} (method '{spec.name}', model '{config.model.arch}'); "
                           f"use backend = 'simulation'")

@@ -7,6 +7,7 @@ import torch
 from fedlatent.config import DataConfig
 from fedlatent.data import partition as P
 from fedlatent.data.augment import Augmentation
+from fedlatent.data.compact import Images, uint8_channel_stats
 from fedlatent.data.registry import DATASETS, PARTITIONS, check
 from fedlatent.data.sources import GivenClients, Pool
 from fedlatent.data.types import ClientData, Federation, Split
@@ -28,15 +29,21 @@ def build_federation(cfg: DataConfig, seed: int) -> Federation:
     return _from_pool(cfg, source, seed)
 
 
-def _split(x: np.ndarray, y: np.ndarray) -> Split:
-    return Split(torch.from_numpy(np.ascontiguousarray(x)), torch.from_numpy(np.ascontiguousarray(y)))
+def _split(x: np.ndarray, y: np.ndarray, stats: tuple[np.ndarray, np.ndarray] | None = None) -> Split:
+    """Tensors sharing the arrays' memory; uint8 images stay uint8 (:class:`Images`, standardised
+    with ``stats`` = (mean, std) per batch)."""
+    data = torch.from_numpy(np.ascontiguousarray(x))
+    if x.dtype == np.uint8:
+        mean, std = stats if stats is not None else (np.zeros(x.shape[1]), np.ones(x.shape[1]))
+        return Split(Images(data, mean, std), torch.from_numpy(np.ascontiguousarray(y)))
+    return Split(data, torch.from_numpy(np.ascontiguousarray(y)))
 
 
 def _from_given(cfg: DataConfig, source: GivenClients) -> Federation:
-    clients = [ClientData(*(None if c[s] is None else _split(*c[s]) for s in ("train", "val", "test")))
+    clients = [ClientData(*(None if c[s] is None else _split(*c[s], source.stats) for s in ("train", "val", "test")))
                for c in source.clients]
     tests = [c.test for c in clients if c.test is not None]
-    test = Split(torch.cat([t.x for t in tests]), torch.cat([t.y for t in tests])) if tests else None
+    test = Split.concat(tests) if tests else None
     shape = tuple(clients[0].train.x.shape[1:])
     return Federation(clients, test, source.num_classes, shape, name=cfg.dataset, augment=False)
 
@@ -62,22 +69,25 @@ def _from_pool(cfg: DataConfig, pool: Pool, seed: int) -> Federation:
         train_idx, test_x, test_y = np.arange(len(y)), pool.test_x, pool.test_y
     partition = PARTITIONS.get(cfg.partition)
     parts = partition.build(cfg, y[train_idx], None if groups is None else groups[train_idx], seed)
-    mean, std = _channel_stats(x[train_idx]) if cfg.normalize else (0.0, 1.0)
-    norm = lambda a: (a - mean) / std  # noqa: E731
+    if x.dtype == np.uint8:  # images: uint8 until the batch, statistics computed in chunks
+        stats = uint8_channel_stats([x if len(train_idx) == len(x) else x[train_idx]]) if cfg.normalize else None
+        split = lambda a, b: _split(a, b, stats)  # noqa: E731
+        mean, std = (stats[0].reshape(-1, 1, 1), stats[1].reshape(-1, 1, 1)) if stats else (0.0, 1.0)
+    else:
+        mean, std = _channel_stats(x[train_idx]) if cfg.normalize else (0.0, 1.0)
+        split = lambda a, b: _split((a - mean) / std, b)  # noqa: E731
     clients = []
     for i, part in enumerate(parts):
         idx = train_idx[part]
         train, val, local_test = P.split_fractions(idx, (cfg.val_fraction, cfg.local_test_fraction),
                                                    seed=seed * 7919 + i)
-        test = _split(norm(x[local_test]), y[local_test]) if len(local_test) else None
+        test = split(x[local_test], y[local_test]) if len(local_test) else None
         if partition.traits.get("needs_groups") and held_out is not None and test is None:
             own = held_out[groups[held_out] == np.unique(groups)[i]]  # this domain's held-out test
-            test = _split(norm(x[own]), y[own])
-        clients.append(ClientData(_split(norm(x[train]), y[train]),
-                                  _split(norm(x[val]), y[val]) if len(val) else None, test))
-    augment = Augmentation(cfg.augment, cfg.autoaugment, mean, std)
-    return Federation(clients, _split(norm(test_x), test_y), pool.num_classes, tuple(x.shape[1:]),
-                      name=cfg.dataset, augment=augment)
+            test = split(x[own], y[own])
+        clients.append(ClientData(split(x[train], y[train]), split(x[val], y[val]) if len(val) else None, test))
+    return Federation(clients, split(test_x, test_y), pool.num_classes, tuple(x.shape[1:]),
+                      name=cfg.dataset, augment=Augmentation(cfg.augment, cfg.autoaugment, mean, std))
 
 
 def _channel_stats(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -34,10 +34,12 @@ class Pool:
 @dataclass
 class GivenClients:
     """A federation that already has its clients: per client (train, val, test) arrays;
-    val/test entries may be None."""
+    val/test entries may be None. uint8 image arrays stay compact until the batch, standardised
+    with ``stats`` = per-channel (mean, std) in [0, 1] units (None: kept in [0, 1])."""
 
     clients: list[dict[str, tuple[np.ndarray, np.ndarray] | None]]
     num_classes: int
+    stats: tuple[np.ndarray, np.ndarray] | None = None
 
 
 def read_client_arrays(path: str | Path) -> GivenClients:

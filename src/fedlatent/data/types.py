@@ -8,6 +8,7 @@ import torch
 from torch import Tensor
 
 from fedlatent.data.augment import Augmentation
+from fedlatent.data.compact import Images
 
 
 @dataclass
@@ -30,9 +31,10 @@ class ImageSet:
 
 @dataclass
 class Split:
-    """Tensors for one split: ``x`` float32 (N×…), ``y`` int64 (N)."""
+    """Tensors for one split: ``x`` float32 (N×…) or compact :class:`Images` (uint8, float32 per
+    batch), ``y`` int64 (N)."""
 
-    x: Tensor
+    x: Tensor | Images
     y: Tensor
 
     def __len__(self) -> int:
@@ -40,7 +42,14 @@ class Split:
 
     def subset(self, indices: np.ndarray | Tensor) -> "Split":
         idx = torch.as_tensor(np.asarray(indices), dtype=torch.long)
-        return Split(self.x[idx], self.y[idx])
+        return Split(self.x.take(idx) if isinstance(self.x, Images) else self.x[idx], self.y[idx])
+
+    @staticmethod
+    def concat(parts: list["Split"]) -> "Split":
+        """The parts one after another (compact images stay compact)."""
+        xs = [p.x for p in parts]
+        x = Images.concat(xs) if isinstance(xs[0], Images) else torch.cat(xs)
+        return Split(x, torch.cat([p.y for p in parts]))
 
 
 @dataclass

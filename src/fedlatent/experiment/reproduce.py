@@ -42,6 +42,14 @@ def listing() -> str:
     return "\n".join(lines)
 
 
+def _value(row: dict, metric: str) -> float | None:
+    """``row[metric]``, or its balanced form for a data set whose headline is balanced accuracy
+    (Fed-ISIC2019: FLamby's metric)."""
+    if row.get("headline") == "balanced_accuracy" and metric in ("accuracy", "personalized_accuracy"):
+        metric = metric.replace("accuracy", "balanced_accuracy")
+    return row.get(metric)
+
+
 def comparison(study: Study, rows: list[dict]) -> str:
     """Paper vs fedlatent per cell (percent), with the majority baseline for personalised metrics."""
     metric = "selected_accuracy" if study.select == "val" else study.metric
@@ -50,13 +58,15 @@ def comparison(study: Study, rows: list[dict]) -> str:
     groups: dict[tuple, list[dict]] = defaultdict(list)
     for r in rows:
         groups[tuple((k, r[k]) for k in keys)].append(r)
-    header = keys + ["paper (%)", f"fedlatent {metric} (%)"] + (["majority baseline (%)"] if personal else []) + ["seeds", "status"]
+    balanced = " (balanced where the data set's headline)" if any(r.get("headline") == "balanced_accuracy"
+                                                                  for r in rows) else ""
+    header = keys + ["paper (%)", f"fedlatent {metric}{balanced} (%)"] + (["majority baseline (%)"] if personal else []) + ["seeds", "status"]
     body = []
     for group, members in groups.items():
         entry = study.published_for(group)
         paper = "-" if entry is None else f"{entry['value']:.2f}" + (f" ± {entry['std']:.2f}" if entry.get("std") is not None else "")
-        done = [r for r in members if r.get(metric) is not None]
-        values = [r[metric] for r in done if r[metric] == r[metric]]
+        done = [r for r in members if _value(r, metric) is not None]
+        values = [_value(r, metric) for r in done if _value(r, metric) == _value(r, metric)]
         status = members[0].get("error", "") if members[0]["status"] == "unavailable" else \
             ", ".join(sorted({r["status"] for r in members}))
         body.append([*(v for _, v in group), paper, format_mean_std(values, 100, 2)]

@@ -20,6 +20,7 @@ from fedlatent.analysis.tables import partition_table
 from fedlatent.backends import auto, simulation, vectorized
 from fedlatent.config import RunConfig, to_toml
 from fedlatent.data.federation import build_federation, counts_table
+from fedlatent.data.registry import DATASETS
 from fedlatent.data.types import Federation
 from fedlatent.errors import ConfigError, UserInputError
 from fedlatent.experiment.figures import FigureWorker
@@ -204,10 +205,17 @@ def _summarize(config: RunConfig, spec: MethodSpec, out: Path, ending: dict[str,
     summary = {**ending, "rounds_completed": len(metrics),
                "clients_dropped": [dict(d, round=m["round"]) for m in metrics for d in m.get("dropped", [])],
                "seed": config.seed, "method": spec.name, "backend": config.backend, "dataset": config.data.dataset,
+               "headline": headline_metric(config.data.dataset),
                "identity": identity(config),
                "wall_seconds": wall, "fedlatent_version": fedlatent_version()}
     write_atomically(out / "summary.json", json.dumps(summary, indent=1))
     return summary
+
+
+def headline_metric(dataset: str) -> str:
+    """The metric a data set reports and compares by: its ``headline`` trait (Fed-ISIC2019:
+    ``balanced_accuracy``, FLamby's metric), else ``accuracy``."""
+    return DATASETS.get(dataset).traits.get("headline", "accuracy")
 
 
 class _Bar:

@@ -18,7 +18,8 @@ from typing import Any
 from fedlatent.analysis.tables import format_mean_std, latex_table, markdown_table
 
 FINAL_KEYS = ("accuracy", "balanced_accuracy", "loss", "uncalibrated_accuracy", "personalized_accuracy",
-              "personalized_accuracy_std", "personalized_accuracy_worst", "majority_baseline_accuracy")
+              "personalized_accuracy_std", "personalized_accuracy_worst", "personalized_balanced_accuracy",
+              "majority_baseline_accuracy")
 DIAGNOSTIC_KEYS = ("significant", "effective_rank", "uniformity")  # scalar diagnostics of the global model
 STD_CAPTION = ("mean ± sample standard deviation (ddof = 1) over seeds; accuracies of the last round "
                "(never the best round)")
@@ -62,6 +63,7 @@ def run_row(run: str, labels: dict[str, str], status: str, run_dir: Path, select
         summary = json.loads(summary_path.read_text())
         final = summary.get("final", {})
         row.update({(f"final_{k}" if k in labels else k): final[k] for k in FINAL_KEYS if k in final})
+        row["headline"] = summary.get("headline", "accuracy")
         row["rounds_completed"] = summary.get("rounds_completed")
         row["wall_seconds"] = summary.get("wall_seconds")
         if summary.get("status") == "stopped":  # the failure policy ended it: no final metrics
@@ -99,10 +101,12 @@ def cell_table(rows: list[dict[str, Any]], axes: list[str], select: str = "last"
     keys = [a for a in axes if a != "seed"]
     for r in rows:
         groups[tuple(r.get(k, "") for k in keys)].append(r)
-    metrics = ["accuracy"] + (["selected_accuracy"] if select == "val" else [])
+    balanced = any(r.get("headline") == "balanced_accuracy" for r in rows)  # the data set's headline first
+    metrics = (["balanced_accuracy"] if balanced else []) + ["accuracy"] + (["selected_accuracy"] if select == "val" else [])
     personal = any(_has(r, "personalized_accuracy") for r in rows)
     if personal:
-        metrics += ["personalized_accuracy", "majority_baseline_accuracy"]
+        metrics += (["personalized_balanced_accuracy"] if balanced else []) + ["personalized_accuracy",
+                                                                              "majority_baseline_accuracy"]
     if any(_has(r, "uncalibrated_accuracy") for r in rows):
         metrics.append("uncalibrated_accuracy")
     metrics += [f"diag_{k}" for k in DIAGNOSTIC_KEYS if any(_has(r, f"diag_{k}") for r in rows)]
@@ -124,6 +128,8 @@ def write_tables(rows: list[dict[str, Any]], axes: list[str], out: Path, *, titl
     header, body = cell_table(rows, axes, select)
     caption = STD_CAPTION + ("; selected accuracy: test accuracy at the round of best validation "
                              "accuracy" if select == "val" else "")
+    if any(r.get("headline") == "balanced_accuracy" for r in rows):
+        caption += "; headline metric: balanced accuracy (mean recall over the classes, FLamby's metric)"
     if "md" in formats:
         text = (f"## {title}\n\n" if title else "") + f"{caption}.\n\n" + markdown_table(header, body) + "\n"
         (out / f"{stem}.md").write_text(text)

@@ -1,7 +1,8 @@
 """The local update of one client, the same under every backend.
 
-Mini-batch SGD for E epochs on the client's training split with a fresh optimiser each round (as
-in the papers), the method's parts adding loss terms and step hooks. Only what some part asks
+Mini-batch SGD (or Adam / AdamW) for E epochs, or for a budget of steps, on the client's training
+split with a fresh optimiser each round (as in the papers) or its state kept in the client's state
+across rounds (as the Ditto+MMD release), the method's parts adding loss terms and step hooks. Only what some part asks
 for is computed: the frozen global model runs on a batch only for parts with
 ``needs_global_out``, the previous local model only for ``needs_prev_out``, intermediate
 features only when named in a part's ``taps``. With Ditto, each batch also takes one step on the
@@ -10,12 +11,13 @@ client's personal model (Algorithm 1 of the Ditto+MMD paper).
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
 
-from fedlatent.data.augment import augment_batch
+from fedlatent.data.augment import Augmentation, augment_batch
 from fedlatent.data.types import Split
 from fedlatent.methods.parts import (ClientRound, MethodSpec, Part, TermContext, Tensors, Upload,
                                      task_loss, trainable_names)
@@ -23,6 +25,9 @@ from fedlatent.models.base import FedModel
 
 PERSONAL = "personal."   # client-state prefix of the Ditto personal model
 PREVIOUS = "previous."   # client-state prefix of the previous local model (MOON)
+OPTIM = "optim."         # client-state prefix of the local model's optimiser state (kept across rounds)
+PERSONAL_OPTIM = "personal_optim."  # the same for Ditto's personal model
+_OPTIMIZERS = {"sgd": torch.optim.SGD, "adam": torch.optim.Adam, "adamw": torch.optim.AdamW}
 
 
 @dataclass
@@ -35,9 +40,12 @@ class LocalSettings:
     momentum: float
     weight_decay: float
     drop_last: bool
-    augment: bool
+    augment: Augmentation | bool  # truthy when training batches are augmented
     num_classes: int
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    optimizer: str = "sgd"        # sgd | adam | adamw
+    steps: int = 0                # local steps per round; 0 = ``epochs`` epochs
+    keep_optimizer: bool = False  # optimiser state kept in the client's state across rounds
 
 
 @dataclass
@@ -71,10 +79,46 @@ def prefixed(state: Tensors, prefix: str) -> Tensors:
     return {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
 
 
-def _sgd(model: FedModel, s: LocalSettings, extra_weight_decay: float) -> torch.optim.SGD:
+def _optimizer(model: FedModel, s: LocalSettings, extra_weight_decay: float, state: Tensors,
+               prefix: str) -> torch.optim.Optimizer:
+    """The client's optimiser (torch's defaults besides lr, momentum for SGD and weight decay), with
+    the state saved under ``prefix`` in the client's state when it is kept across rounds."""
     params = [p for p in model.parameters() if p.requires_grad]
-    return torch.optim.SGD(params, lr=s.lr, momentum=s.momentum,
-                           weight_decay=s.weight_decay + extra_weight_decay)
+    extra = {"momentum": s.momentum} if s.optimizer == "sgd" else {}
+    optimizer = _OPTIMIZERS[s.optimizer](params, lr=s.lr, weight_decay=s.weight_decay + extra_weight_decay, **extra)
+    saved = prefixed(state, prefix) if s.keep_optimizer else {}
+    if saved:
+        per_param: dict[int, dict[str, Tensor]] = {}
+        for key, value in saved.items():
+            index, name = key.split(".", 1)
+            per_param.setdefault(int(index), {})[name] = value.clone()
+        optimizer.load_state_dict({"state": per_param, "param_groups": optimizer.state_dict()["param_groups"]})
+    return optimizer
+
+
+def _save_optimizer(optimizer: torch.optim.Optimizer, state: Tensors, prefix: str) -> None:
+    """Flatten the optimiser's per-parameter tensors into the client's state (``prefix<i>.<name>``)."""
+    for key in [k for k in state if k.startswith(prefix)]:
+        del state[key]
+    for index, values in optimizer.state_dict()["state"].items():
+        state.update({f"{prefix}{index}.{name}": torch.as_tensor(v).detach().to("cpu", copy=True)
+                      for name, v in values.items()})
+
+
+def _epochs(num_samples: int, s: LocalSettings, generator: torch.Generator) -> Iterator[list[Tensor]]:
+    """The round's index batches epoch by epoch, each drawn when it starts: ``s.epochs`` epochs, or
+    as many as ``s.steps`` batches take (the last one cut short)."""
+    if not s.steps:
+        for _ in range(s.epochs):
+            yield batches(num_samples, s.batch_size, s.drop_last, generator)
+        return
+    left = s.steps
+    while left > 0:
+        epoch = batches(num_samples, s.batch_size, s.drop_last, generator)[:left]
+        if not epoch:
+            return
+        yield epoch
+        left -= len(epoch)
 
 
 def _add_terms(loss: Tensor, parts: list[Part], ctx: TermContext, sums: dict[str, Tensor]) -> Tensor:
@@ -111,15 +155,15 @@ def local_update(ws: Workspace, global_state: Tensors, data: Split, spec: Method
         part.begin(rc)
     # after begin: a part may resolve its taps from rc.model.tap_names (feature-drift depth)
     taps = frozenset().union(*(p.taps for p in every)) if every else frozenset()
-    optimizer = _sgd(model, s, rc.extra_weight_decay)
+    optimizer = _optimizer(model, s, rc.extra_weight_decay, rc.state, OPTIM)
     personal = _personal_setup(ws, rc, global_state, s) if spec.personalization.kind == "ditto" else None
 
     loss_sum, personal_sum, count = torch.zeros(()), torch.zeros(()), 0
     term_sums: dict[str, Tensor] = {}
     x_all, y_all = data.x, data.y
     params = dict(model.named_parameters())
-    for _ in range(s.epochs):
-        for idx in batches(len(data), s.batch_size, s.drop_last, generator):
+    for epoch in _epochs(len(data), s, generator):
+        for idx in epoch:
             x, y = x_all[idx].to(s.device), y_all[idx].to(s.device)
             if s.augment:
                 x = augment_batch(x, generator, s.augment)
@@ -154,6 +198,10 @@ def local_update(ws: Workspace, global_state: Tensors, data: Split, spec: Method
             extras[part.name] = extra
     if personal is not None:
         rc.state.update({PERSONAL + k: v for k, v in state_to_cpu(ws.personal).items()})
+    if s.keep_optimizer:
+        _save_optimizer(optimizer, rc.state, OPTIM)
+        if personal is not None:
+            _save_optimizer(personal, rc.state, PERSONAL_OPTIM)
     if any(p.needs_prev_out for p in parts):
         rc.state.update({PREVIOUS + k: v for k, v in state_to_cpu(model).items()})
     metrics = {"train_loss": float(loss_sum) / max(count, 1), "steps": rc.steps,
@@ -171,10 +219,10 @@ def _personal_setup(ws: Workspace, rc: ClientRound, global_state: Tensors, s: Lo
     own = prefixed(rc.state, PERSONAL)
     ws.personal.load_state_dict(own if own else global_state)
     ws.personal.train()
-    return _sgd(ws.personal, s, 0.0)
+    return _optimizer(ws.personal, s, 0.0, rc.state, PERSONAL_OPTIM)
 
 
-def _personal_step(personal: FedModel, optimizer: torch.optim.SGD, spec: MethodSpec, x: Tensor, y: Tensor,
+def _personal_step(personal: FedModel, optimizer: torch.optim.Optimizer, spec: MethodSpec, x: Tensor, y: Tensor,
                    global_out, rc: ClientRound, s: LocalSettings, taps: frozenset[str],
                    term_sums: dict[str, Tensor]) -> Tensor:
     """One Ditto step: task loss + (λ/2)‖w_L − w̄‖² + the constraint parts against the frozen global model."""

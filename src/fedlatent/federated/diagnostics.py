@@ -41,7 +41,7 @@ def diagnostic_split(federation: Federation, name: str) -> Split:
     if not parts:
         hint = {"val": " (set data.val_fraction)", "test": " (set data.local_test_fraction)"}.get(name, "")
         raise ConfigError(f"diagnostics.split = {name!r}: this federation has no such samples{hint}")
-    return Split(torch.cat([p.x for p in parts]), torch.cat([p.y for p in parts]))
+    return Split.concat(parts)
 
 
 def _jsonable(value: Any) -> Any:
@@ -107,7 +107,7 @@ class Diagnostics:
         fed = self.federation
         counts = [torch.bincount(c.train.y, minlength=fed.num_classes).tolist() for c in fed.clients]
         return {"round": 0, "model": "data", "split": "train", "label_counts": counts,
-                "mean_value_histogram": dg.mean_value_histograms([c.train.x for c in fed.clients],
+                "mean_value_histogram": dg.mean_value_histograms([c.train.x[:] for c in fed.clients],
                                                                  self.cfg.histogram_bins)}
 
     def record(self, rnd: int, model: FedModel, global_state: Tensors, uploads: list[Upload]) -> None:

@@ -30,14 +30,13 @@ def _classes(images: ImageSet) -> int:
 
 
 def _with_test(train: ImageSet, test: ImageSet | None) -> Pool:
-    to_float = lambda a: a.astype(np.float32) / 255.0  # noqa: E731 - a one-line conversion
-    return Pool(to_float(train.x), train.y.astype(np.int64),
-                None if test is None else to_float(test.x),
+    """The images stay uint8: the federation converts them to floats per batch."""
+    return Pool(train.x, train.y.astype(np.int64), None if test is None else test.x,
                 None if test is None else test.y.astype(np.int64), num_classes=_classes(train))
 
 
 def _grouped(images: ImageSet) -> Pool:
-    return Pool(images.x.astype(np.float32) / 255.0, images.y.astype(np.int64), None, None,
+    return Pool(images.x, images.y.astype(np.int64), None, None,
                 num_classes=_classes(images), groups=images.domain, group_names=list(images.domain_names))
 
 

@@ -1,0 +1,66 @@
+"""Images held compactly until the batch: uint8 storage (1 byte per pixel-channel, a quarter of
+float32), standardised when a batch is taken, and channel statistics computed in chunks, never by
+converting a whole set to floats."""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+from torch import Tensor
+
+_CHUNK = 256  # images converted to floats at a time when computing statistics
+
+
+class Images:
+    """uint8 N×C×H×W images; ``images[idx]`` is the float32 batch ``(u8 / 255 − mean) / std`` (per
+    channel) for any index a tensor accepts, so training, evaluation and diagnostics read it as
+    they read a float tensor."""
+
+    dtype = torch.float32  # what indexing yields
+
+    def __init__(self, data: Tensor, mean: Sequence[float] | np.ndarray, std: Sequence[float] | np.ndarray) -> None:
+        if data.dtype != torch.uint8 or data.dim() != 4:
+            raise ValueError(f"Images holds uint8 N×C×H×W data, got {data.dtype} of shape {tuple(data.shape)}")
+        self.data = data
+        self.mean = torch.as_tensor(np.asarray(mean, dtype=np.float32)).reshape(-1, 1, 1)
+        self.std = torch.as_tensor(np.asarray(std, dtype=np.float32)).reshape(-1, 1, 1)
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.data.shape
+
+    def __len__(self) -> int:
+        return int(self.data.shape[0])
+
+    def __getitem__(self, idx) -> Tensor:
+        rest: tuple = ()
+        if isinstance(idx, tuple):  # images first, then channels / pixels of the float result
+            idx, rest = idx[0], idx[1:]
+        out = (self.data[idx].to(torch.float32) / 255.0 - self.mean) / self.std  # C×1×1 statistics broadcast
+        return out[(slice(None),) * (out.dim() - 3) + rest] if rest else out
+
+    def take(self, idx: Tensor) -> "Images":
+        """The images at ``idx``, still compact."""
+        return Images(self.data[idx], self.mean.flatten(), self.std.flatten())
+
+    @staticmethod
+    def concat(parts: Sequence["Images"]) -> "Images":
+        """Parts that share their statistics, one after another."""
+        return Images(torch.cat([p.data for p in parts]), parts[0].mean.flatten(), parts[0].std.flatten())
+
+
+def uint8_channel_stats(sets: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """Per-channel mean and std of uint8 N×C×H×W arrays in [0, 1] units, accumulated in float64
+    chunk by chunk."""
+    channels = sets[0].shape[1]
+    total, squares, count = np.zeros(channels), np.zeros(channels), 0
+    for x in sets:
+        for start in range(0, len(x), _CHUNK):
+            chunk = x[start:start + _CHUNK].astype(np.float64) / 255.0
+            total += chunk.sum(axis=(0, 2, 3))
+            squares += (chunk ** 2).sum(axis=(0, 2, 3))
+        count += len(x) * x.shape[2] * x.shape[3]
+    mean = total / max(count, 1)
+    std = np.sqrt(np.maximum(squares / max(count, 1) - mean ** 2, 0.0))
+    return mean.astype(np.float32), np.maximum(std, 1e-6).astype(np.float32)

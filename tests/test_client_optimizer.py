@@ -1,0 +1,116 @@
+"""train.optimizer (sgd | adam | adamw), train.optimizer_state = 'kept' (per client, in its state,
+through checkpoints and --resume) and train.local_steps."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import fedlatent
+from fedlatent import load_config
+from fedlatent.errors import ConfigError
+from fedlatent.federated.client import LocalSettings, _epochs, _optimizer, _save_optimizer
+
+DIGITS = Path(__file__).resolve().parents[1] / "configs" / "digits_fedavg.toml"
+KEPT = ["train.rounds=3", "data.num_clients=3", "algorithm.name=ditto", "train.optimizer=adamw",
+        "train.optimizer_state=kept", "train.local_steps=4", "train.lr=0.001", "train.weight_decay=0.01"]
+
+
+def _settings(**kw) -> LocalSettings:
+    base = dict(epochs=2, batch_size=4, lr=0.1, momentum=0.0, weight_decay=0.0, drop_last=False, augment=False,
+                num_classes=2)
+    return LocalSettings(**{**base, **kw})
+
+
+def test_epochs_mode_draws_the_same_batches_as_before() -> None:
+    from fedlatent.federated.client import batches
+    got = [b for e in _epochs(10, _settings(), torch.Generator().manual_seed(3)) for b in e]
+    g = torch.Generator().manual_seed(3)
+    expect = [b for _ in range(2) for b in batches(10, 4, False, g)]
+    assert len(got) == len(expect) == 6 and all(torch.equal(a, b) for a, b in zip(got, expect))
+
+
+@pytest.mark.parametrize("steps, sizes", [(5, [4, 4, 2, 4, 4]), (3, [4, 4, 2]), (1, [4])])
+def test_local_steps_run_epoch_after_epoch(steps: int, sizes: list[int]) -> None:
+    epochs = list(_epochs(10, _settings(steps=steps), torch.Generator().manual_seed(0)))
+    assert [len(b) for e in epochs for b in e] == sizes
+    assert all(sorted(torch.cat(e).tolist()) == list(range(10)) for e in epochs[:-1])  # full epochs first
+
+
+@pytest.mark.parametrize("kind, cls", [("sgd", torch.optim.SGD), ("adam", torch.optim.Adam), ("adamw", torch.optim.AdamW)])
+def test_optimizer_kinds_keep_torch_defaults(kind: str, cls: type) -> None:
+    model = torch.nn.Linear(3, 2)
+    opt = _optimizer(model, _settings(optimizer=kind, weight_decay=0.5), 0.0, {}, "optim.")
+    reference = cls(model.parameters(), lr=0.1, weight_decay=0.5)
+    assert type(opt) is cls
+    assert opt.param_groups[0].keys() == reference.param_groups[0].keys()
+    assert all(opt.param_groups[0][k] == reference.param_groups[0][k] for k in opt.param_groups[0] if k != "params")
+
+
+def test_kept_state_round_trips_through_the_client_state() -> None:
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 2)
+    s = _settings(optimizer="adam", keep_optimizer=True)
+    opt = _optimizer(model, s, 0.0, {}, "optim.")
+    for _ in range(3):
+        opt.zero_grad()
+        model(torch.randn(4, 3)).square().sum().backward()
+        opt.step()
+    state: dict[str, torch.Tensor] = {"personal.x": torch.zeros(1)}
+    _save_optimizer(opt, state, "optim.")
+    again = _optimizer(model, s, 0.0, state, "optim.")
+    for index, values in opt.state_dict()["state"].items():
+        for name, tensor in values.items():
+            assert torch.equal(torch.as_tensor(again.state_dict()["state"][index][name]), torch.as_tensor(tensor))
+    fresh = _optimizer(model, _settings(optimizer="adam"), 0.0, state, "optim.")
+    assert not fresh.state_dict()["state"]  # 'fresh' ignores a saved state
+
+
+def _metrics(out: Path) -> list[dict]:
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return [{k: v for k, v in r.items() if not k.startswith("time_") and "seconds" not in k} for r in rows]
+
+
+def _latest(out: Path, name: str) -> dict[str, torch.Tensor]:
+    folder = json.loads((out / "checkpoints" / "latest.json").read_text())["folder"]
+    return load_file(str(out / "checkpoints" / folder / name))
+
+
+@pytest.mark.slow
+def test_kept_adamw_state_survives_a_checkpoint_and_resume(tmp_path: Path, crash_at_round_2,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    out = tmp_path / "crashed"
+    with pytest.raises(KeyboardInterrupt):
+        fedlatent.run(load_config(DIGITS, KEPT), out)
+    monkeypatch.undo()
+    reference = tmp_path / "reference"
+    summary = fedlatent.run(load_config(DIGITS, KEPT), reference)
+    clients = _latest(reference, "clients.safetensors")
+    # every client's AdamW counts all its steps (3 rounds × 4), for the global and the personal model
+    assert {float(v) for k, v in clients.items() if k.endswith(".0.step")} == {12.0}
+    assert any("/personal_optim." in k and k.endswith("exp_avg_sq") for k in clients)
+    resumed = fedlatent.run(load_config(DIGITS, KEPT), out, resume=True)
+    assert resumed["final"] == summary["final"]
+    assert _metrics(out) == _metrics(reference)
+    for name in ("global.safetensors", "clients.safetensors"):
+        a, b = _latest(out, name), _latest(reference, name)
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.slow
+def test_kept_state_changes_the_run_and_fresh_keeps_none(tmp_path: Path) -> None:
+    fedlatent.run(load_config(DIGITS, KEPT), tmp_path / "kept")
+    fedlatent.run(load_config(DIGITS, [*KEPT, "train.optimizer_state=fresh"]), tmp_path / "fresh")
+    kept, fresh = _latest(tmp_path / "kept", "global.safetensors"), _latest(tmp_path / "fresh", "global.safetensors")
+    assert any(not torch.equal(kept[k], fresh[k]) for k in kept)
+    assert not any("optim." in k for k in _latest(tmp_path / "fresh", "clients.safetensors"))
+
+
+def test_vectorized_backend_refuses_adam_and_local_steps(tmp_path: Path) -> None:
+    for extra in (["train.optimizer=adam"], ["train.local_steps=3"]):
+        config = load_config(DIGITS, ["backend=vectorized", "train.rounds=1", *extra])
+        with pytest.raises(ConfigError, match="backend = 'vectorized'"):
+            fedlatent.run(config, tmp_path / extra[0].replace("=", "_"))

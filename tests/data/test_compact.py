@@ -81,3 +81,24 @@ def test_resident_memory_grows_by_at_most_two_bytes_per_pixel_channel(tmp_path: 
         counts.append(6 * per_center * 3 * size * size)
     per_pixel_channel = (peaks[1] - peaks[0]) / (counts[1] - counts[0])
     assert per_pixel_channel <= 2.0, per_pixel_channel
+
+
+@pytest.mark.slow
+def test_augmentation_statistics_map_compact_batches_back_to_their_pixels(tmp_path: Path) -> None:
+    """AutoAugment works in pixel space: on a uint8 (compact) image pool, the run's augmentation
+    statistics must undo the per-batch standardisation exactly, and a run with it trains."""
+    import fedlatent
+    from fedlatent.data.federation import build_federation
+    from tests.data.test_readers import _cifar10
+    _cifar10(tmp_path, np.random.default_rng(0), per_batch=8)
+    overrides = ['data.dataset="cifar10"', f'data.root="{tmp_path}"', "data.num_clients=2", "data.augment=true",
+                 'data.autoaugment="cifar10"', 'model.arch="cnn"', "train.rounds=1", "train.batch_size=8"]
+    config = fedlatent.load_config(None, overrides)
+    federation = build_federation(config.data, config.data_seed)
+    images = federation.clients[0].train.x
+    assert isinstance(images, Images)
+    aug = federation.augment
+    pixels = (images[torch.arange(len(images))] * torch.as_tensor(aug.std) + torch.as_tensor(aug.mean)) * 255
+    torch.testing.assert_close(pixels, images.data.to(torch.float32), atol=1e-3, rtol=0)
+    summary = fedlatent.run(config, tmp_path / "run")
+    assert np.isfinite(summary["final"]["loss"])

@@ -4,7 +4,8 @@ Locally, Act Globally: Federated Learning with Local and Global Representations"
 The classifier-side layers are global (averaged); the layers before them, the local
 representation, stay with each client (``local.*`` in its state). Every round all layers train
 together for ``train.local_epochs``. A layer is a module owning parameters (a linear or
-convolutional layer, a normalisation layer), in the model's order; ``global_layers = k`` makes
+convolutional layer, a normalisation layer), in forward order (encoder, projector, classifier);
+``global_layers = k`` makes
 the last k global. The default k = 1 shares the classifier only (the release's
 ``num_layers_keep`` also counts from the output and is set per data set, e.g. higher for its
 MNIST MLP: set it in the config); k at least the model's layer count shares every layer, which is
@@ -27,9 +28,16 @@ def _module(key: str) -> str:
     return key.rsplit(".", 1)[0] if "." in key else ""
 
 
+def _stage(module: str) -> int:
+    """Where a module sits in the forward pass of a FedModel: encoder, projector, classifier
+    (the base class registers the projector and classifier before a subclass's encoder)."""
+    return 2 if module == "classifier" else 1 if module.startswith("projector.") else 0
+
+
 def local_keys(global_layers: int, parameters: list[str], keys: list[str]) -> list[str]:
-    """The entries of every layer but the last ``global_layers`` (parameters and buffers alike)."""
-    layers = list(dict.fromkeys(_module(p) for p in parameters))
+    """The entries of every layer but the last ``global_layers`` in forward order (parameters and
+    buffers alike)."""
+    layers = sorted(dict.fromkeys(_module(p) for p in parameters), key=_stage)
     shared = set(layers[-global_layers:])
     return [k for k in keys if _module(k) not in shared]
 

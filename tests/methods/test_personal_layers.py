@@ -198,3 +198,10 @@ def test_learns_on_digits(tmp_path: Path, name: str) -> None:
     final = fedlatent.run(config, tmp_path / name)["final"]
     assert final["personalized_accuracy"] > final["majority_baseline_accuracy"] + 0.3
     assert len(final["per_client"]) == 4
+
+
+def test_fedrep_with_a_fixed_head_skips_the_head_phase() -> None:
+    s, initial = train_rounds(small_config("fedrep", rounds=1, head="fixed"))
+    for state in s.client_states:
+        for name, value in prefixed(state, LOCAL).items():
+            torch.testing.assert_close(value, initial[name], rtol=0, atol=0)

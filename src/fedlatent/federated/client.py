@@ -282,7 +282,7 @@ def _partial_update(ws: Workspace, global_state: Tensors, data: Split, spec: Met
     local = set(p.local_keys(names, list(global_state)))
     start = own_state(ws.model, p, rc.state, global_state)
     local_loss = None
-    if p.local_epochs:
+    if p.local_epochs and any(q.requires_grad for n, q in ws.model.named_parameters() if n in local):
         alone = replace(rc, state={}, payload={}, steps=0, metrics={})
         settings = replace(s, epochs=p.local_epochs, steps=0, keep_optimizer=False)
         with _training_only(ws.model, local):

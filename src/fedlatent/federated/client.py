@@ -6,27 +6,31 @@ across rounds (as the Ditto+MMD release), the method's parts adding loss terms a
 for is computed: the frozen global model runs on a batch only for parts with
 ``needs_global_out``, the previous local model only for ``needs_prev_out``, intermediate
 features only when named in a part's ``taps``. With Ditto, each batch also takes one step on the
-client's personal model (Algorithm 1 of the Ditto+MMD paper).
+client's personal model (Algorithm 1 of the Ditto+MMD paper). With partial personalisation
+(FedRep, LG-FedAvg) the client's own layers replace the global ones at the start of the round and
+are saved back to its state at the end.
 """
 from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
 
 import torch
 from torch import Tensor
 
 from fedlatent.data.augment import Augmentation, augment_batch
 from fedlatent.data.types import Split
-from fedlatent.methods.parts import (ClientRound, MethodSpec, Part, TermContext, Tensors, Upload,
-                                     task_loss, trainable_names)
+from fedlatent.methods.parts import (ClientRound, MethodSpec, Part, Personalization, TermContext, Tensors,
+                                     Upload, task_loss, trainable_names)
 from fedlatent.models.base import FedModel
 
 PERSONAL = "personal."   # client-state prefix of the Ditto personal model
 PREVIOUS = "previous."   # client-state prefix of the previous local model (MOON)
 OPTIM = "optim."         # client-state prefix of the local model's optimiser state (kept across rounds)
 PERSONAL_OPTIM = "personal_optim."  # the same for Ditto's personal model
+LOCAL = "local."         # client-state prefix of the layers a client keeps to itself (FedRep, LG-FedAvg)
 _OPTIMIZERS = {"sgd": torch.optim.SGD, "adam": torch.optim.Adam, "adamw": torch.optim.AdamW}
 
 
@@ -135,6 +139,8 @@ def _add_terms(loss: Tensor, parts: list[Part], ctx: TermContext, sums: dict[str
 def local_update(ws: Workspace, global_state: Tensors, data: Split, spec: MethodSpec, rc: ClientRound,
                  s: LocalSettings, generator: torch.Generator) -> Upload:
     """Train ``ws.model`` from ``global_state`` on ``data``; update ``rc.state`` in place; return the upload."""
+    if spec.personalization.kind == "partial":
+        return _partial_update(ws, global_state, data, spec, rc, s, generator)
     started = time.perf_counter()
     model, parts = ws.model, spec.parts
     model.load_state_dict(global_state)
@@ -240,3 +246,54 @@ def _personal_step(personal: FedModel, optimizer: torch.optim.Optimizer, spec: M
     loss.backward()
     optimizer.step()
     return task.detach().cpu()
+
+
+def own_state(model: FedModel, personalization: Personalization, client_state: Tensors,
+              global_state: Tensors) -> Tensors:
+    """The global state with the client's own layers (kept under ``LOCAL``) in place of the shared
+    ones; the global values where the client has none yet (its first round)."""
+    keys = personalization.local_keys([n for n, _ in model.named_parameters()], list(global_state))
+    own = prefixed(client_state, LOCAL)
+    return {**global_state, **{k: own[k] for k in keys if k in own}}
+
+
+@contextmanager
+def _training_only(model: FedModel, names: set[str]) -> Iterator[None]:
+    """Train only the parameters in ``names`` (those already trainable) for the block's duration."""
+    flags = {n: p.requires_grad for n, p in model.named_parameters()}
+    for n, p in model.named_parameters():
+        p.requires_grad_(flags[n] and n in names)
+    try:
+        yield
+    finally:
+        for n, p in model.named_parameters():
+            p.requires_grad_(flags[n])
+
+
+def _partial_update(ws: Workspace, global_state: Tensors, data: Split, spec: MethodSpec, rc: ClientRound,
+                    s: LocalSettings, generator: torch.Generator) -> Upload:
+    """A round of partial personalisation: start from the global state with the client's own
+    layers, train those alone for ``local_epochs`` (FedRep's head phase, the task loss only), then
+    the shared layers (``freeze_local``) or all layers with the method's parts; keep the own
+    layers in the client's state. The upload carries every entry; the server averages only the
+    shared ones."""
+    p = spec.personalization
+    names = [n for n, _ in ws.model.named_parameters()]
+    local = set(p.local_keys(names, list(global_state)))
+    start = own_state(ws.model, p, rc.state, global_state)
+    local_loss = None
+    if p.local_epochs and any(q.requires_grad for n, q in ws.model.named_parameters() if n in local):
+        alone = replace(rc, state={}, payload={}, steps=0, metrics={})
+        settings = replace(s, epochs=p.local_epochs, steps=0, keep_optimizer=False)
+        with _training_only(ws.model, local):
+            first = local_update(ws, start, data, MethodSpec("local", loss=spec.loss), alone, settings, generator)
+        start, local_loss = first.state, first.metrics["train_loss"]
+    shared = {n for n in names if n not in local} if p.freeze_local else set(names)
+    shared_spec = replace(spec, personalization=Personalization())
+    with _training_only(ws.model, shared):
+        upload = local_update(ws, start, data, shared_spec, rc, replace(s, epochs=p.shared_epochs or s.epochs),
+                              generator)
+    rc.state.update({LOCAL + k: upload.state[k].clone() for k in local})
+    if local_loss is not None:
+        upload.metrics["local_layers_loss"] = local_loss
+    return upload

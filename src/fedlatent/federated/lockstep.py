@@ -47,6 +47,8 @@ def unsupported(spec: MethodSpec, model: FedModel, augment: bool) -> str | None:
         if (hooks and not part.has_lockstep_steps()) or part.needs_global_out or part.needs_prev_out \
                 or (has_loss and not part.has_lockstep_form()):
             return f"part '{part.name}' acts on the client's training step, which has no lockstep form yet"
+    if spec.personalization.kind == "partial":
+        return "layers kept per client (FedRep, LG-FedAvg) have no lockstep form yet"
     if spec.personalization.kind == "ditto":
         for part in spec.personalization.parts:
             if not part.has_lockstep_form():

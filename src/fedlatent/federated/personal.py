@@ -1,6 +1,7 @@
 """Per-client evaluation of personalised (and global) models, beside each client's majority-class rate.
 
-Ditto evaluates each client's personal model; ``finetune`` fine-tunes the global model on the
+Ditto evaluates each client's personal model; partial personalisation (FedRep, LG-FedAvg) the
+client's own layers with the global ones; ``finetune`` fine-tunes the global model on the
 client's training split first; otherwise the global model is evaluated on every client's own
 test split, so tables compare like with like.
 """
@@ -14,7 +15,7 @@ import torch
 from fedlatent.calibration.ffc import ffc_solve
 from fedlatent.data.types import Federation
 from fedlatent.federated.calibrate import ffc_head
-from fedlatent.federated.client import PERSONAL, LocalSettings, Workspace, local_update, prefixed
+from fedlatent.federated.client import PERSONAL, LocalSettings, Workspace, local_update, own_state, prefixed
 from fedlatent.federated.evaluation import evaluate, fairness, majority_rate
 from fedlatent.methods.parts import ClientRound, MethodSpec, Tensors
 from fedlatent.models.base import FedModel
@@ -22,7 +23,11 @@ from fedlatent.models.base import FedModel
 
 def client_model(ws: Workspace, spec: MethodSpec, client_state: Tensors, global_state: Tensors, cid: int,
                  fed: Federation, settings: LocalSettings | None, generator: torch.Generator) -> FedModel:
-    """The model client ``cid`` would use: personal (Ditto), fine-tuned, or the global one."""
+    """The model client ``cid`` would use: personal (Ditto), its own layers with the global ones
+    (partial personalisation), fine-tuned, or the global one."""
+    if spec.personalization.kind == "partial":
+        ws.model.load_state_dict(own_state(ws.model, spec.personalization, client_state, global_state))
+        return ws.model
     own = prefixed(client_state, PERSONAL)
     if spec.personalization.kind == "ditto" and own:
         ws.model.load_state_dict(own)

@@ -1,8 +1,8 @@
 """The server role every backend shares: aggregation, the server optimiser, the parts' server state.
 
 FedAvg weights clients by sample count over every parameter and buffer (BatchNorm statistics
-too). A part that ``owns_aggregation`` (FedNova, FedDyn) replaces the mean. The server optimiser
-then acts on the pseudo-gradient Δ = aggregate − w_old of the trainable parameters (FedOpt,
+too), except the layers partial personalisation leaves with the clients (FedRep, LG-FedAvg). A
+part that ``owns_aggregation`` (FedNova, FedDyn) replaces the mean. The server optimiser then acts on the pseudo-gradient Δ = aggregate − w_old of the trainable parameters (FedOpt,
 Reddi et al. 2021); plain SGD with η = 1 takes the aggregate as it is, which is FedAvg.
 """
 from __future__ import annotations
@@ -70,6 +70,8 @@ class Server:
                  cfg: ServerConfig, num_clients: int) -> None:
         self.spec = spec
         self.frozen = [k for k in parameters if k not in set(trainable)]
+        # layers each client keeps to itself (FedRep, LG-FedAvg) stay at their initial global values
+        self.local = spec.personalization.local_keys(parameters, list(global_state))
         self.global_state = global_state
         self.trainable = trainable
         self.cfg = cfg
@@ -89,7 +91,7 @@ class Server:
             new = aggregator.aggregate(old, uploads, self.state, set(self.trainable), self.num_clients)
         else:
             new = weighted_mean(uploads)
-        for key in self.frozen:  # parameters outside training (a fixed head) are not aggregated
+        for key in self.frozen + self.local:  # a fixed head and the clients' own layers are not aggregated
             new[key] = old[key]
         new = server_step(self.kind, old, new, self.trainable, self.state, self.cfg, self.lr)
         for part in self.spec.all_parts():

@@ -10,6 +10,7 @@ themselves: state lives in flat ``dict[str, Tensor]`` stores the backend owns an
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -180,12 +181,26 @@ class HeadPolicy:
 class Personalization:
     """``ditto``: a personal model per client trained beside the global copy with
     (λ/2)‖w_L − w̄‖² and the constraint parts; ``finetune``: the global model fine-tuned locally
-    for ``epochs`` at evaluation time."""
+    for ``epochs`` at evaluation time; ``partial``: the state entries ``local`` picks stay with
+    each client (never averaged), the others are shared (FedRep, LG-FedAvg).
 
-    kind: str = "none"  # none | ditto | finetune
+    For ``partial``, ``local(parameter names, state keys)`` returns the client's own keys (both in
+    the model's order); a round first trains those layers alone for ``local_epochs``, then
+    trains only the shared layers (``freeze_local``) or all of them, for ``shared_epochs``
+    (0 = ``train.local_epochs``)."""
+
+    kind: str = "none"  # none | ditto | finetune | partial
     lam: float = 0.0
     parts: list[Part] = field(default_factory=list)
     epochs: int = 1
+    local: Callable[[list[str], list[str]], list[str]] | None = None
+    local_epochs: int = 0
+    freeze_local: bool = False
+    shared_epochs: int = 0
+
+    def local_keys(self, parameters: list[str], keys: list[str]) -> list[str]:
+        """The state keys each client keeps to itself (none unless ``partial``)."""
+        return list(self.local(parameters, keys)) if self.kind == "partial" and self.local else []
 
 
 @dataclass

@@ -137,8 +137,8 @@ def _apply_common(spec: MethodSpec, opts: dict[str, Any]) -> None:
         spec.calibration.every = opts["calibration_every"] or spec.calibration.every
         spec.calibration.personal = opts["calibration_personal"] or spec.calibration.personal
     if opts["finetune_epochs"]:
-        if spec.personalization.kind == "ditto":
-            raise ConfigError("algorithm.finetune_epochs: a Ditto method already personalises")
+        if spec.personalization.kind != "none":
+            raise ConfigError(f"algorithm.finetune_epochs: '{spec.name}' already personalises")
         spec.personalization = Personalization(kind="finetune", epochs=opts["finetune_epochs"])
 
 

@@ -27,6 +27,7 @@ def test_presets_load_with_the_papers_settings(task: str, method: str) -> None:
     assert (config.data.dataset, config.data.partition, t.optimizer, t.optimizer_state) == (task, "given", "adamw", "kept")
     if task == "fed_isic2019":
         assert (t.rounds, t.local_steps, t.batch_size, t.lr, config.model.arch) == (15, 100, 64, 1e-3, "efficientnet_b0")
+        assert (config.data.image_size, config.data.augment_policy) == (200, "flamby_isic")
     else:
         assert (t.rounds, t.local_epochs, t.local_steps, t.batch_size, t.lr, config.model.arch) == (
             10, 5, 0, 32, 1e-4, "resnet18_imagenet")
@@ -58,7 +59,9 @@ def test_isic_ditto_mkmmd_runs_on_generated_files(tmp_path: Path) -> None:
     torch.save(weights, tmp_path / "b0.pth")
     summary, config = _run("fed_isic2019", "ditto_mkmmd", tmp_path / "data", tmp_path / "run", "train.local_steps=2",
                            f"model.weights={tmp_path / 'b0.pth'}")
-    counts = counts_table(build_federation(config.data, config.data_seed)).sum(axis=1)
+    federation = build_federation(config.data, config.data_seed)
+    assert federation.augment.transform == "flamby_isic"  # trained with FLamby's augmentation
+    counts = counts_table(federation).sum(axis=1)
     assert counts.tolist() == [sum(r["center"] == c and r["fold"] == "train" for r in rows) for c in range(6)]
     assert summary["headline"] == "balanced_accuracy"
     assert 0.0 <= summary["final"]["balanced_accuracy"] <= 1.0

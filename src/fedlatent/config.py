@@ -54,6 +54,9 @@ class DataConfig:
     autoaugment: str = _key("none", "AutoAugment policy applied after crop + flip ('cifar10': the 25 "
                             "sub-policies of Cubuk et al. 2019, as FedDecorr's release uses on CIFAR-100 "
                             "and Tiny-ImageNet)", choices=("none", "cifar10"))
+    augment_policy: str = _key("none", "a data set's own training augmentation ('flamby_isic': FLamby's "
+                               "Fed-ISIC2019 one — scale, rotate, brightness/contrast, flips, shear, random "
+                               "crop to data.image_size, coarse dropout)", choices=("none", "flamby_isic"))
     normalize: bool = _key(True, "standardise inputs with the training set's channel mean/std")
     image_size: int = _key(32, "side length images are resized to (domains, ham10000)", low=8)
     synthetic_alpha: float = _key(0.0, "Synthetic(α, β): model heterogeneity α", low=0.0)

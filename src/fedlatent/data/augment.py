@@ -1,4 +1,5 @@
-"""Batch augmentation in plain torch: random crop with zero padding, horizontal flip and AutoAugment.
+"""Batch augmentation in plain torch: random crop with zero padding, horizontal flip, AutoAugment
+and a data set's own training transform (FLamby's Fed-ISIC2019 one).
 
 Applied to a whole batch of tensors at once (no per-sample Python loop), driven by an explicit
 ``torch.Generator`` so runs stay deterministic for a seed.
@@ -6,6 +7,7 @@ Applied to a whole batch of tensors at once (no per-sample Python loop), driven 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 import torch
@@ -13,22 +15,29 @@ from torch import Tensor
 from torch.nn import functional as F
 
 from fedlatent.data.autoaugment import autoaugment
+from fedlatent.data.flamby_isic import flamby_isic
+
+# data.augment_policy → transform of images in [0, 1] ending in a crop to the model's input side
+POLICIES: dict[str, Callable[[Tensor, torch.Generator, int], Tensor]] = {"flamby_isic": flamby_isic}
 
 
 @dataclass(frozen=True)
 class Augmentation:
     """What a run does to its training batches: crop + flip (``data.augment``), then an AutoAugment
     policy (``data.autoaugment``) applied in pixel space — the batches hold standardised values,
-    so ``mean`` and ``std`` (per channel, C×1×1, or scalars) map them back to 0..1 and forth.
-    False when it does nothing."""
+    so ``mean`` and ``std`` (per channel, C×1×1, or scalars) map them back to 0..1 and forth —
+    and a data set's training transform (``data.augment_policy``), which crops the stored images
+    to ``size`` × ``size``. False when it does nothing."""
 
     crop_flip: bool = False
     policy: str = "none"
     mean: np.ndarray | float = 0.0
     std: np.ndarray | float = 1.0
+    transform: str = "none"
+    size: int = 0
 
     def __bool__(self) -> bool:
-        return self.crop_flip or self.policy != "none"
+        return self.crop_flip or self.policy != "none" or self.transform != "none"
 
 
 def random_crop(x: Tensor, padding: int, generator: torch.Generator) -> Tensor:
@@ -58,13 +67,24 @@ def pixel_autoaugment(x: Tensor, generator: torch.Generator, aug: Augmentation) 
     return (autoaugment(pixels, generator, aug.policy) / 255 - mean) / std
 
 
+def pixel_transform(x: Tensor, generator: torch.Generator, aug: Augmentation) -> Tensor:
+    """The data set's transform on standardised images: to [0, 1], the transform, and back (the
+    standardisation is the transform's final normalisation)."""
+    mean = torch.as_tensor(aug.mean, dtype=x.dtype, device=x.device)
+    std = torch.as_tensor(aug.std, dtype=x.dtype, device=x.device)
+    return (POLICIES[aug.transform]((x * std + mean).clamp(0, 1), generator, aug.size) - mean) / std
+
+
 def augment_batch(x: Tensor, generator: torch.Generator, augmentation: Augmentation | bool = True,
                   padding: int = 4) -> Tensor:
-    """The CIFAR-style augmentation of the seed papers (crop + flip; ``True``), then the AutoAugment
-    policy an :class:`Augmentation` names; inputs that are not images pass unchanged."""
+    """The data set's transform an :class:`Augmentation` names, the CIFAR-style augmentation of the
+    seed papers (crop + flip; ``True``), then its AutoAugment policy; inputs that are not images
+    pass unchanged."""
     aug = augmentation if isinstance(augmentation, Augmentation) else Augmentation(crop_flip=augmentation)
     if x.dim() != 4:
         return x
+    if aug.transform != "none":
+        x = pixel_transform(x, generator, aug)
     if aug.crop_flip:
         x = random_flip(random_crop(x, padding, generator), generator)
     if aug.policy != "none":

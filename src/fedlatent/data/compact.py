@@ -15,39 +15,57 @@ _CHUNK = 256  # images converted to floats at a time when computing statistics
 class Images:
     """uint8 N×C×H×W images; ``images[idx]`` is the float32 batch ``(u8 / 255 − mean) / std`` (per
     channel) for any index a tensor accepts, so training, evaluation and diagnostics read it as
-    they read a float tensor."""
+    they read a float tensor. With ``crop``, the stored images are larger than the model's input
+    (a margin for a training augmentation's random crop): indexing yields their centre
+    crop×crop, :meth:`full` the whole stored images."""
 
     dtype = torch.float32  # what indexing yields
 
-    def __init__(self, data: Tensor, mean: Sequence[float] | np.ndarray, std: Sequence[float] | np.ndarray) -> None:
+    def __init__(self, data: Tensor, mean: Sequence[float] | np.ndarray, std: Sequence[float] | np.ndarray,
+                 crop: int | None = None) -> None:
         if data.dtype != torch.uint8 or data.dim() != 4:
             raise ValueError(f"Images holds uint8 N×C×H×W data, got {data.dtype} of shape {tuple(data.shape)}")
+        if crop is not None and not 0 < crop <= min(data.shape[2:]):
+            raise ValueError(f"crop {crop} does not fit images of shape {tuple(data.shape)}")
         self.data = data
         self.mean = torch.as_tensor(np.asarray(mean, dtype=np.float32)).reshape(-1, 1, 1)
         self.std = torch.as_tensor(np.asarray(std, dtype=np.float32)).reshape(-1, 1, 1)
+        self.crop = crop
 
     @property
     def shape(self) -> torch.Size:
-        return self.data.shape
+        if self.crop is None:
+            return self.data.shape
+        return torch.Size((*self.data.shape[:2], self.crop, self.crop))
 
     def __len__(self) -> int:
         return int(self.data.shape[0])
+
+    def full(self, idx) -> Tensor:
+        """The standardised float32 batch of the whole stored images at ``idx`` (no centre crop)."""
+        return (self.data[idx].to(torch.float32) / 255.0 - self.mean) / self.std  # C×1×1 statistics broadcast
 
     def __getitem__(self, idx) -> Tensor:
         rest: tuple = ()
         if isinstance(idx, tuple):  # images first, then channels / pixels of the float result
             idx, rest = idx[0], idx[1:]
-        out = (self.data[idx].to(torch.float32) / 255.0 - self.mean) / self.std  # C×1×1 statistics broadcast
+        data = self.data
+        if self.crop is not None:
+            h, w = data.shape[2:]
+            top, left = (h - self.crop) // 2, (w - self.crop) // 2
+            data = data[:, :, top:top + self.crop, left:left + self.crop]
+        out = (data[idx].to(torch.float32) / 255.0 - self.mean) / self.std
         return out[(slice(None),) * (out.dim() - 3) + rest] if rest else out
 
     def take(self, idx: Tensor) -> "Images":
         """The images at ``idx``, still compact."""
-        return Images(self.data[idx], self.mean.flatten(), self.std.flatten())
+        return Images(self.data[idx], self.mean.flatten(), self.std.flatten(), self.crop)
 
     @staticmethod
     def concat(parts: Sequence["Images"]) -> "Images":
-        """Parts that share their statistics, one after another."""
-        return Images(torch.cat([p.data for p in parts]), parts[0].mean.flatten(), parts[0].std.flatten())
+        """Parts that share their statistics and crop, one after another."""
+        return Images(torch.cat([p.data for p in parts]), parts[0].mean.flatten(), parts[0].std.flatten(),
+                      parts[0].crop)
 
 
 def uint8_channel_stats(sets: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:

@@ -29,23 +29,30 @@ def build_federation(cfg: DataConfig, seed: int) -> Federation:
     return _from_pool(cfg, source, seed)
 
 
-def _split(x: np.ndarray, y: np.ndarray, stats: tuple[np.ndarray, np.ndarray] | None = None) -> Split:
+def _split(x: np.ndarray, y: np.ndarray, stats: tuple[np.ndarray, np.ndarray] | None = None,
+           crop: int | None = None) -> Split:
     """Tensors sharing the arrays' memory; uint8 images stay uint8 (:class:`Images`, standardised
-    with ``stats`` = (mean, std) per batch)."""
+    with ``stats`` = (mean, std) per batch, centre-cropped to ``crop`` unless augmented)."""
     data = torch.from_numpy(np.ascontiguousarray(x))
     if x.dtype == np.uint8:
         mean, std = stats if stats is not None else (np.zeros(x.shape[1]), np.ones(x.shape[1]))
-        return Split(Images(data, mean, std), torch.from_numpy(np.ascontiguousarray(y)))
+        return Split(Images(data, mean, std, crop), torch.from_numpy(np.ascontiguousarray(y)))
     return Split(data, torch.from_numpy(np.ascontiguousarray(y)))
 
 
 def _from_given(cfg: DataConfig, source: GivenClients) -> Federation:
-    clients = [ClientData(*(None if c[s] is None else _split(*c[s], source.stats) for s in ("train", "val", "test")))
+    crop = {"train": source.train_crop}
+    clients = [ClientData(*(None if c[s] is None else _split(*c[s], source.stats, crop.get(s))
+                            for s in ("train", "val", "test")))
                for c in source.clients]
     tests = [c.test for c in clients if c.test is not None]
     test = Split.concat(tests) if tests else None
     shape = tuple(clients[0].train.x.shape[1:])
-    return Federation(clients, test, source.num_classes, shape, name=cfg.dataset, augment=False)
+    augment: Augmentation | bool = False
+    if cfg.augment_policy != "none":
+        mean, std = (source.stats[0].reshape(-1, 1, 1), source.stats[1].reshape(-1, 1, 1)) if source.stats else (0.0, 1.0)
+        augment = Augmentation(mean=mean, std=std, transform=cfg.augment_policy, size=shape[-1])
+    return Federation(clients, test, source.num_classes, shape, name=cfg.dataset, augment=augment)
 
 
 def _holdout(pool: Pool, fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:

@@ -35,11 +35,14 @@ class Pool:
 class GivenClients:
     """A federation that already has its clients: per client (train, val, test) arrays;
     val/test entries may be None. uint8 image arrays stay compact until the batch, standardised
-    with ``stats`` = per-channel (mean, std) in [0, 1] units (None: kept in [0, 1])."""
+    with ``stats`` = per-channel (mean, std) in [0, 1] units (None: kept in [0, 1]). With
+    ``train_crop``, training images are stored larger (a margin for a training augmentation's
+    random crop) and read as their centre train_crop × train_crop unless augmented."""
 
     clients: list[dict[str, tuple[np.ndarray, np.ndarray] | None]]
     num_classes: int
     stats: tuple[np.ndarray, np.ndarray] | None = None
+    train_crop: int | None = None
 
 
 def read_client_arrays(path: str | Path) -> GivenClients:

@@ -21,6 +21,7 @@ import torch
 from torch import Tensor
 
 from fedlatent.data.augment import Augmentation, augment_batch
+from fedlatent.data.compact import Images
 from fedlatent.data.types import Split
 from fedlatent.methods.parts import (ClientRound, MethodSpec, Part, Personalization, TermContext, Tensors,
                                      Upload, task_loss, trainable_names)
@@ -170,9 +171,12 @@ def local_update(ws: Workspace, global_state: Tensors, data: Split, spec: Method
     params = dict(model.named_parameters())
     for epoch in _epochs(len(data), s, generator):
         for idx in epoch:
-            x, y = x_all[idx].to(s.device), y_all[idx].to(s.device)
-            if s.augment:
-                x = augment_batch(x, generator, s.augment)
+            y = y_all[idx].to(s.device)
+            if s.augment:  # the whole stored images: a training transform may crop them to the input size
+                x = x_all.full(idx) if isinstance(x_all, Images) else x_all[idx]
+                x = augment_batch(x.to(s.device), generator, s.augment)
+            else:
+                x = x_all[idx].to(s.device)
             global_out = None
             if need_global:
                 with torch.no_grad():

@@ -11,8 +11,13 @@ client's train and test split (the union of the tests is the global test set). I
 FLamby's test transform cuts them, scaled to ``data.image_size``: the shorter side resized to
 224/200 · image_size, then the centre image_size × image_size crop (FLamby: shorter side 224,
 centre crop 200); standardised with ImageNet's channel statistics, as FLamby does for its
-ImageNet-pretrained EfficientNet-B0 (``data.normalize = false`` keeps them in [0, 1]). FLamby's
-training augmentation (random crop among them) is not applied here.
+ImageNet-pretrained EfficientNet-B0 (``data.normalize = false`` keeps them in [0, 1]).
+
+``data.augment_policy = "flamby_isic"`` turns on FLamby's training augmentation
+(:mod:`fedlatent.data.flamby_isic`): training images are then kept as the centre square of side
+224/200 · image_size (FLamby's 224-side image, less its long side's ends) so that the
+augmentation's random crop to image_size has FLamby's margin; read without augmentation
+(evaluation, diagnostics) they give the centre image_size crop, the test cut.
 
 >>> cfg = DataConfig(dataset="fed_isic2019", partition="given", root="~/flamby/isic2019", image_size=200)
 """
@@ -52,9 +57,9 @@ def _index(row: dict[str, str], column: str, count: int, path: Path) -> int:
     return value
 
 
-def read_centre_crop(path: Path, size: int) -> np.ndarray:
+def read_centre_crop(path: Path, size: int, margin: bool = False) -> np.ndarray:
     """``path`` as RGB, shorter side scaled to round(224/200 · size) (bilinear), centre size×size
-    crop; uint8 3×size×size."""
+    crop (``margin``: the centre square of that shorter side); uint8 3×size×size."""
     try:
         with Image.open(path) as img:
             rgb = img.convert("RGB")
@@ -66,12 +71,21 @@ def read_centre_crop(path: Path, size: int) -> np.ndarray:
     new = (max(size, round(w * scale)), max(size, round(h * scale)))
     if new != (w, h):
         rgb = rgb.resize(new, Image.Resampling.BILINEAR)
-    left, top = (new[0] - size) // 2, (new[1] - size) // 2
-    return np.asarray(rgb.crop((left, top, left + size, top + size)), dtype=np.uint8).transpose(2, 0, 1)
+    cut = max(side, size) if margin else size
+    # placed so that the centre size×size of the margin square is exactly the plain centre crop
+    left, top = ((n - size) // 2 - (cut - size) // 2 for n in new)
+    return np.asarray(rgb.crop((left, top, left + cut, top + cut)), dtype=np.uint8).transpose(2, 0, 1)
 
 
-def read_fed_isic2019(root: Path, image_size: int) -> list[dict[str, tuple[np.ndarray, np.ndarray] | None]]:
-    """Per center (0..5): uint8 train/test images N×3×S×S and int64 labels, in the file's row order."""
+def train_side(image_size: int) -> int:
+    """The side training images are kept at for FLamby's augmentation: round(224/200 · image_size)."""
+    return max(image_size, round(_SIDE_PER_CROP * image_size))
+
+
+def read_fed_isic2019(root: Path, image_size: int,
+                      margin: bool = False) -> list[dict[str, tuple[np.ndarray, np.ndarray] | None]]:
+    """Per center (0..5): uint8 train/test images N×3×S×S and int64 labels, in the file's row order
+    (``margin``: training images at :func:`train_side` instead of S)."""
     split_path = root / SPLIT_FILE
     rows = read_rows(split_path, _NEEDED, _WHAT,
                      f"FLamby's split file, columns image,{','.join(CLASSES)},UNK,target,center,fold,fold2")
@@ -96,20 +110,24 @@ def read_fed_isic2019(root: Path, image_size: int) -> list[dict[str, tuple[np.nd
         for fold in ("train", "test"):
             items = chosen.get((center, fold), [])
             if items:
-                x = np.empty((len(items), 3, image_size, image_size), dtype=np.uint8)
+                keep = margin and fold == "train"
+                side = train_side(image_size) if keep else image_size
+                x = np.empty((len(items), 3, side, side), dtype=np.uint8)
                 for i, (path, _) in enumerate(items):
-                    x[i] = read_centre_crop(path, image_size)
+                    x[i] = read_centre_crop(path, image_size, keep)
                 client[fold] = (x,
                                 np.array([lab for _, lab in items], dtype=np.int64))
         clients.append(client)
     return clients
 
 
-@register_dataset("fed_isic2019", reads=("image_size",), own_clients=True,
+@register_dataset("fed_isic2019", reads=("image_size", "augment_policy"), own_clients=True,
                   headline="balanced_accuracy")
 def _fed_isic2019(cfg: DataConfig, seed: int) -> GivenClients:
     """FLamby's Fed-ISIC2019 (6 centers, 8 classes, fixed train/test per center) under data.root."""
     root = Path(cfg.root).expanduser()
     check_root(root)
-    return GivenClients(read_fed_isic2019(root, cfg.image_size), num_classes=len(CLASSES),
-                        stats=(IMAGENET_MEAN, IMAGENET_STD) if cfg.normalize else None)
+    margin = cfg.augment_policy == "flamby_isic"
+    return GivenClients(read_fed_isic2019(root, cfg.image_size, margin), num_classes=len(CLASSES),
+                        stats=(IMAGENET_MEAN, IMAGENET_STD) if cfg.normalize else None,
+                        train_crop=cfg.image_size if margin else None)

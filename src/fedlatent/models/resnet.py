@@ -16,7 +16,7 @@ Example:
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -35,14 +35,16 @@ _PLANES = (64, 128, 256, 512)
 _STRIDES = (1, 2, 2, 2)
 
 
-def staged_encode(model: nn.Module, x: Tensor, taps: frozenset[str]) -> tuple[Tensor, dict[str, Tensor]]:
-    """``stem`` → ``layer1..4`` → global average pool, returning the requested taps by those names
-    (the encoder of every ResNet-shaped model: ResNet-18/50, SENet-18)."""
+def staged_encode(model: nn.Module, x: Tensor, taps: frozenset[str], *, stem: Callable[[Tensor], Tensor] | None = None,
+                  stages: tuple[str, ...] = ("layer1", "layer2", "layer3", "layer4")) -> tuple[Tensor, dict[str, Tensor]]:
+    """stem (``model.stem`` unless given) → ``stages`` → global average pool, returning the requested
+    taps by those names (the encoder of every ResNet-shaped model: ResNet-18/32/50, the ImageNet
+    ResNet-18, SENet-18)."""
     features: dict[str, Tensor] = {}
-    x = model.stem(x)
+    x = (stem or model.stem)(x)
     if "stem" in taps:
         features["stem"] = x
-    for name in ("layer1", "layer2", "layer3", "layer4"):
+    for name in stages:
         x = getattr(model, name)(x)
         if name in taps:
             features[name] = x

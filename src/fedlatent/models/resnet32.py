@@ -15,7 +15,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
@@ -23,6 +22,7 @@ from fedlatent.models.base import FedModel, mlp_projector
 from fedlatent.models.cnn import check_input_shape, check_projector
 from fedlatent.models.norm import NORM, norm2d
 from fedlatent.models.registry import register_model
+from fedlatent.models.resnet import staged_encode
 
 __all__ = ["ResNet32", "build"]
 
@@ -84,18 +84,7 @@ class ResNet32(FedModel):
         self.layer1, self.layer2, self.layer3 = stages
 
     def encode(self, x: Tensor, taps: frozenset[str]) -> tuple[Tensor, dict[str, Tensor]]:
-        features: dict[str, Tensor] = {}
-        x = self.stem(x)
-        if "stem" in taps:
-            features["stem"] = x
-        for name in ("layer1", "layer2", "layer3"):
-            x = getattr(self, name)(x)
-            if name in taps:
-                features[name] = x
-        x = torch.flatten(F.adaptive_avg_pool2d(x, 1), 1)
-        if "pool" in taps:
-            features["pool"] = x
-        return x, features
+        return staged_encode(self, x, taps, stages=("layer1", "layer2", "layer3"))
 
 
 def build(input_shape: Sequence[int], num_classes: int, *, data_name: str | None = None,

@@ -14,13 +14,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
 from fedlatent.models.base import FedModel
 from fedlatent.models.cnn import check_input_shape
 from fedlatent.models.registry import register_model
+from fedlatent.models.resnet import staged_encode
 
 
 class BasicBlock(nn.Module):
@@ -56,18 +56,11 @@ class ResNet18ImageNet(FedModel):
             cin = planes
 
     def encode(self, x: Tensor, taps: frozenset[str]) -> tuple[Tensor, dict[str, Tensor]]:
-        features: dict[str, Tensor] = {}
-        x = F.max_pool2d(F.relu(self.bn1(self.conv1(x))), 3, stride=2, padding=1)
-        if "stem" in taps:
-            features["stem"] = x
-        for name in ("layer1", "layer2", "layer3", "layer4"):
-            x = getattr(self, name)(x)
-            if name in taps:
-                features[name] = x
-        x = torch.flatten(F.adaptive_avg_pool2d(x, 1), 1)
-        if "pool" in taps:
-            features["pool"] = x
-        return x, features
+        return staged_encode(self, x, taps, stem=self._stem)
+
+    def _stem(self, x: Tensor) -> Tensor:
+        """7×7 stride-2 convolution, BN, ReLU, 3×3 stride-2 max-pool (torchvision's form)."""
+        return F.max_pool2d(F.relu(self.bn1(self.conv1(x))), 3, stride=2, padding=1)
 
 
 def build_resnet18_imagenet(input_shape: Sequence[int], num_classes: int, *,

@@ -155,21 +155,13 @@ def test_depth_reads_the_model_tap_names_and_bad_keys_are_config_errors() -> Non
     ("ditto_mkmmd", "mk_mmd.beta.z", {"beta_every": 5, "beta_batches": 4, "stale_first_step": True}),
     ("ditto_mmdd", "mmd_d.kernel.z.featurizer.0.weight", {"kernel_every": 5, "kernel_batches": 4}),
 ])
-def test_constraint_state_survives_checkpoint_and_resume(tmp_path: Path, monkeypatch, name: str, key: str,
-                                                         algorithm) -> None:
+def test_constraint_state_survives_checkpoint_and_resume(tmp_path: Path, monkeypatch, crash_at_round_2,
+                                                         name: str, key: str, algorithm) -> None:
     config = small_config(name, rounds=3, **algorithm)
-    final_full = fedlatent.run(config, tmp_path / "full")["final"]
-    real_round = simulation.run_round
-
-    def crash_in_round_two(s, rnd):
-        if rnd == 1:
-            raise KeyboardInterrupt("killed")
-        return real_round(s, rnd)
-
-    monkeypatch.setattr(simulation, "run_round", crash_in_round_two)
-    with pytest.raises(KeyboardInterrupt):
+    with pytest.raises(KeyboardInterrupt):  # crash_at_round_2: killed after two of the three rounds
         fedlatent.run(config, tmp_path / "resumed")
-    monkeypatch.setattr(simulation, "run_round", real_round)
+    monkeypatch.undo()
+    final_full = fedlatent.run(config, tmp_path / "full")["final"]
     final_resumed = fedlatent.run(config, tmp_path / "resumed", resume=True)["final"]
 
     def states(run: str):

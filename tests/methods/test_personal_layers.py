@@ -140,20 +140,12 @@ def test_personal_model_is_the_clients_own_layers_with_the_global_ones(name: str
 
 
 @pytest.mark.parametrize("name", ["fedrep", "lg_fedavg"])
-def test_resume_reproduces_the_uninterrupted_run(tmp_path: Path, monkeypatch, name: str) -> None:
+def test_resume_reproduces_the_uninterrupted_run(tmp_path: Path, monkeypatch, crash_at_round_2, name: str) -> None:
     config = small_config(name, rounds=3, **({"head_epochs": 2} if name == "fedrep" else {}))
-    final_full = fedlatent.run(config, tmp_path / "full")["final"]
-    real_round = simulation.run_round
-
-    def crash_in_round_two(s, rnd):
-        if rnd == 1:
-            raise KeyboardInterrupt("killed")
-        return real_round(s, rnd)
-
-    monkeypatch.setattr(simulation, "run_round", crash_in_round_two)
-    with pytest.raises(KeyboardInterrupt):
+    with pytest.raises(KeyboardInterrupt):  # crash_at_round_2: killed after two of the three rounds
         fedlatent.run(config, tmp_path / "resumed")
-    monkeypatch.setattr(simulation, "run_round", real_round)
+    monkeypatch.undo()
+    final_full = fedlatent.run(config, tmp_path / "full")["final"]
     final_resumed = fedlatent.run(config, tmp_path / "resumed", resume=True)["final"]
 
     from fedlatent.federated.state import load_checkpoint

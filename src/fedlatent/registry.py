@@ -103,13 +103,18 @@ class Registry:
         return "\n".join(rows)
 
 
+def same_kind(value: Any, default: Any) -> bool:
+    """Whether ``value`` may stand where ``default`` does: bools only for bools, any number for a
+    float, integers (not bools) for an int, else the default's type."""
+    return (isinstance(value, bool) if isinstance(default, bool) else
+            isinstance(value, (int, float)) and not isinstance(value, bool) if isinstance(default, float) else
+            isinstance(value, int) and not isinstance(value, bool) if isinstance(default, int) else
+            isinstance(value, type(default)))
+
+
 def _check_value(where: str, value: Any, key: Key) -> Any:
     default = key.default
-    ok = (isinstance(value, bool) if isinstance(default, bool) else
-          isinstance(value, (int, float)) and not isinstance(value, bool) if isinstance(default, float) else
-          isinstance(value, int) and not isinstance(value, bool) if isinstance(default, int) else
-          isinstance(value, type(default)))
-    if not ok:
+    if not same_kind(value, default):
         raise ConfigError(f"{where} = {value!r}: expected {type(default).__name__} like {default!r}")
     if key.choices and value not in key.choices:
         raise ConfigError(f"{where} = {value!r}: allowed values are {', '.join(map(str, key.choices))}")

@@ -11,6 +11,7 @@ from typing import Any, Callable
 
 from fedlatent.errors import ConfigError
 from fedlatent.methods.parts import Calibration, HeadPolicy, MethodSpec, Part, Personalization
+from fedlatent.registry import same_kind
 
 # keys every preset accepts (None = the preset's own choice)
 COMMON_KEYS: dict[str, Any] = {
@@ -63,11 +64,7 @@ def _validated(where: str, given: dict[str, Any], defaults: dict[str, Any]) -> d
             raise ConfigError(f"{where}.{key} is not a key of '{given.get('name')}'; its keys: "
                               f"{', '.join(k for k in defaults) or '(none)'}")
         default = defaults[key]
-        ok = (isinstance(value, bool) if isinstance(default, bool) else
-              isinstance(value, (int, float)) and not isinstance(value, bool) if isinstance(default, float) else
-              isinstance(value, int) and not isinstance(value, bool) if isinstance(default, int) else
-              isinstance(value, type(default)))
-        if not ok:
+        if not same_kind(value, default):
             raise ConfigError(f"{where}.{key} = {value!r}: expected {type(default).__name__} like {default!r}")
         if key in CHOICES and value not in CHOICES[key]:
             raise ConfigError(f"{where}.{key} = {value!r}: allowed values are "

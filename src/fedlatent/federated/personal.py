@@ -17,6 +17,7 @@ from fedlatent.data.types import Federation
 from fedlatent.federated.calibrate import ffc_head
 from fedlatent.federated.client import PERSONAL, LocalSettings, Workspace, local_update, own_state, prefixed
 from fedlatent.federated.evaluation import evaluate, fairness, majority_rate
+from fedlatent.federated.finetune import finetuning
 from fedlatent.methods.parts import ClientRound, MethodSpec, Tensors
 from fedlatent.models.base import FedModel
 
@@ -24,7 +25,8 @@ from fedlatent.models.base import FedModel
 def client_model(ws: Workspace, spec: MethodSpec, client_state: Tensors, global_state: Tensors, cid: int,
                  fed: Federation, settings: LocalSettings | None, generator: torch.Generator) -> FedModel:
     """The model client ``cid`` would use: personal (Ditto), its own layers with the global ones
-    (partial personalisation), fine-tuned, or the global one."""
+    (partial personalisation), fine-tuned (the whole model or the head alone, the personalisation's
+    ``scope``), or the global one."""
     if spec.personalization.kind == "partial":
         ws.model.load_state_dict(own_state(ws.model, spec.personalization, client_state, global_state))
         return ws.model
@@ -36,7 +38,8 @@ def client_model(ws: Workspace, spec: MethodSpec, client_state: Tensors, global_
         plain = MethodSpec("finetune", loss=spec.loss)
         rc = ClientRound(cid, ws.model, {}, {}, {}, settings.lr, len(fed.clients[cid].train), len(fed.clients),
                          0, settings.momentum)
-        upload = local_update(ws, global_state, fed.clients[cid].train, plain, rc, settings, generator)
+        with finetuning(ws.model, spec.personalization.scope, spec.head.bias):
+            upload = local_update(ws, global_state, fed.clients[cid].train, plain, rc, settings, generator)
         ws.model.load_state_dict(upload.state)
         return ws.model
     ws.model.load_state_dict(global_state)

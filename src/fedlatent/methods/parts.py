@@ -181,7 +181,9 @@ class HeadPolicy:
 class Personalization:
     """``ditto``: a personal model per client trained beside the global copy with
     (λ/2)‖w_L − w̄‖² and the constraint parts; ``finetune``: the global model fine-tuned locally
-    for ``epochs`` at evaluation time; ``partial``: the state entries ``local`` picks stay with
+    for ``epochs`` at evaluation time, every parameter (``scope = "all"``, FedBABU; a head fixed
+    during training included) or the classifier alone on the fixed encoder (``"head"``, SphereFed's
+    "Ours (SGD)", Appendix B); ``partial``: the state entries ``local`` picks stay with
     each client (never averaged), the others are shared (FedRep, LG-FedAvg).
 
     For ``partial``, ``local(parameter names, state keys)`` returns the client's own keys (both in
@@ -193,6 +195,7 @@ class Personalization:
     lam: float = 0.0
     parts: list[Part] = field(default_factory=list)
     epochs: int = 1
+    scope: str = "all"  # finetune: all | head
     local: Callable[[list[str], list[str]], list[str]] | None = None
     local_epochs: int = 0
     freeze_local: bool = False

@@ -24,10 +24,11 @@ COMMON_KEYS: dict[str, Any] = {
     "calibration_every": 0,
     "calibration_personal": False,
     "finetune_epochs": 0,
+    "finetune_scope": "",       # "" (preset; all) | all | head
 }
 CHOICES = {"loss": ("", "ce", "mse"), "head": ("", "learned", "fixed"),
            "head_init": ("", "default", "orthogonal"), "normalize_z": ("", "true", "false"),
-           "calibration": ("", "none", "ffc", "ccvr")}
+           "calibration": ("", "none", "ffc", "ccvr"), "finetune_scope": ("", "all", "head")}
 
 
 @dataclass
@@ -134,9 +135,17 @@ def _apply_common(spec: MethodSpec, opts: dict[str, Any]) -> None:
         spec.calibration.every = opts["calibration_every"] or spec.calibration.every
         spec.calibration.personal = opts["calibration_personal"] or spec.calibration.personal
     if opts["finetune_epochs"]:
-        if spec.personalization.kind != "none":
+        if spec.personalization.kind == "finetune":
+            spec.personalization.epochs = opts["finetune_epochs"]
+        elif spec.personalization.kind != "none":
             raise ConfigError(f"algorithm.finetune_epochs: '{spec.name}' already personalises")
-        spec.personalization = Personalization(kind="finetune", epochs=opts["finetune_epochs"])
+        else:
+            spec.personalization = Personalization(kind="finetune", epochs=opts["finetune_epochs"])
+    if opts["finetune_scope"]:
+        if spec.personalization.kind != "finetune":
+            raise ConfigError(f"algorithm.finetune_scope = {opts['finetune_scope']!r}: '{spec.name}' does not "
+                              "fine-tune; set algorithm.finetune_epochs > 0")
+        spec.personalization.scope = opts["finetune_scope"]
 
 
 def catalogue() -> str:

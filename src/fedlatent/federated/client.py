@@ -186,7 +186,7 @@ def local_update(ws: Workspace, global_state: Tensors, data: Split, spec: Method
                 with torch.no_grad():
                     prev_out = ws.previous(x, taps)
             out = model(x, taps)
-            task = task_loss(spec.loss, out.logits, y)
+            task = task_loss(spec.loss, out.logits, y, temperature=spec.temperature)
             ctx = TermContext(out, y, params, rc.global_params, global_out,
                               prev_out, s.num_classes, rc.state, rc.payload)
             loss = _add_terms(task, parts, ctx, term_sums)
@@ -237,7 +237,7 @@ def _personal_step(personal: FedModel, optimizer: torch.optim.Optimizer, spec: M
                    term_sums: dict[str, Tensor]) -> Tensor:
     """One Ditto step: task loss + (λ/2)‖w_L − w̄‖² + the constraint parts against the frozen global model."""
     out = personal(x, taps)
-    task = task_loss(spec.loss, out.logits, y)
+    task = task_loss(spec.loss, out.logits, y, temperature=spec.temperature)
     params = dict(personal.named_parameters())
     loss = task
     lam = spec.personalization.lam
@@ -290,7 +290,7 @@ def _partial_update(ws: Workspace, global_state: Tensors, data: Split, spec: Met
         alone = replace(rc, state={}, payload={}, steps=0, metrics={})
         settings = replace(s, epochs=p.local_epochs, steps=0, keep_optimizer=False)
         with _training_only(ws.model, local):
-            first = local_update(ws, start, data, MethodSpec("local", loss=spec.loss), alone, settings, generator)
+            first = local_update(ws, start, data, MethodSpec("local", loss=spec.loss, temperature=spec.temperature), alone, settings, generator)
         start, local_loss = first.state, first.metrics["train_loss"]
     shared = {n for n in names if n not in local} if p.freeze_local else set(names)
     shared_spec = replace(spec, personalization=Personalization())

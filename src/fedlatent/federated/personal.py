@@ -35,7 +35,7 @@ def client_model(ws: Workspace, spec: MethodSpec, client_state: Tensors, global_
         ws.model.load_state_dict(own)
         return ws.model
     if spec.personalization.kind == "finetune" and settings is not None:
-        plain = MethodSpec("finetune", loss=spec.loss)
+        plain = MethodSpec("finetune", loss=spec.loss, temperature=spec.temperature)
         rc = ClientRound(cid, ws.model, {}, {}, {}, settings.lr, len(fed.clients[cid].train), len(fed.clients),
                          0, settings.momentum)
         with finetuning(ws.model, spec.personalization.scope, spec.head.bias):

@@ -225,6 +225,7 @@ class MethodSpec:
 
     name: str
     loss: str = "ce"  # ce | mse
+    temperature: float = 1.0  # cross-entropy of logits / temperature
     server_optimizer: str = "sgd"  # the preset's choice when [server] optimizer = "auto"
     parts: list[Part] = field(default_factory=list)
     head: HeadPolicy = field(default_factory=HeadPolicy)
@@ -265,14 +266,15 @@ def _identity(num_classes: int, dtype: torch.dtype, device: torch.device) -> Ten
         return torch.eye(num_classes, dtype=dtype, device=device)
 
 
-def task_loss(kind: str, logits: Tensor, y: Tensor, reduction: str = "mean") -> Tensor:
-    """Cross-entropy, or SphereFed's MSE (1/C)‖logits − onehot(y)‖² averaged over the batch
-    (``reduction="none"``: per sample for cross-entropy, per sample and class for MSE, so that
-    their mean is the default value)."""
+def task_loss(kind: str, logits: Tensor, y: Tensor, reduction: str = "mean", temperature: float = 1.0) -> Tensor:
+    """Cross-entropy of ``logits / temperature``, or SphereFed's MSE (1/C)‖logits − onehot(y)‖²
+    averaged over the batch (``reduction="none"``: per sample for cross-entropy, per sample and
+    class for MSE, so that their mean is the default value). The temperature T is SphereFed's
+    scaling τ·Wz with τ = 1/T (Sec. 4.3, the "CE + Fix(OU) + Norm" row of Table 3)."""
     if kind == "mse":  # rows of a cached identity: F.one_hot validates the labels with two host syncs per call
         target = _identity(logits.shape[1], logits.dtype, logits.device)[y]
         return F.mse_loss(logits, target, reduction=reduction)
-    return F.cross_entropy(logits, y, reduction=reduction)
+    return F.cross_entropy(logits if temperature == 1.0 else logits / temperature, y, reduction=reduction)
 
 
 def trainable_names(model: torch.nn.Module) -> list[str]:

@@ -16,6 +16,7 @@ from fedlatent.registry import same_kind
 # keys every preset accepts (None = the preset's own choice)
 COMMON_KEYS: dict[str, Any] = {
     "loss": "",                 # "" (preset) | ce | mse
+    "temperature": 1.0,         # cross-entropy of logits / temperature (SphereFed Table 3's CE rows)
     "head": "",                 # "" | learned | fixed
     "head_init": "",            # "" | default | orthogonal
     "normalize_z": "",          # "" | "true" | "false" (tri-state, TOML has no null)
@@ -121,6 +122,11 @@ def _apply_common(spec: MethodSpec, opts: dict[str, Any]) -> None:
     """Universal switches override the preset's choices when given."""
     if opts["loss"]:
         spec.loss = opts["loss"]
+    if opts["temperature"] != 1.0:
+        if opts["temperature"] <= 0 or spec.loss != "ce":
+            raise ConfigError(f"algorithm.temperature = {opts['temperature']}: must be > 0, with loss = 'ce' "
+                              f"('{spec.name}' trains with '{spec.loss}')")
+        spec.temperature = opts["temperature"]
     head: HeadPolicy = spec.head
     if opts["head"]:
         head.fixed = opts["head"] == "fixed"

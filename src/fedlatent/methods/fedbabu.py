@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from fedlatent.errors import ConfigError
-from fedlatent.methods.parts import HeadPolicy, MethodSpec, Personalization
+from fedlatent.methods.parts import HEAD_INITS, HeadPolicy, MethodSpec, Personalization
 from fedlatent.methods.registry import register_preset
 
 FINETUNE_EPOCHS = 5
@@ -20,7 +20,7 @@ FINETUNE_EPOCHS = 5
 @register_preset("fedbabu", init="default")
 def fedbabu(opts: dict[str, Any]) -> MethodSpec:
     """FedBABU: head fixed at init during training, the whole model fine-tuned per client at evaluation."""
-    if opts["init"] not in ("default", "orthogonal"):
-        raise ConfigError(f"algorithm.init = {opts['init']!r}: allowed values are default, orthogonal")
+    if opts["init"] not in HEAD_INITS:
+        raise ConfigError(f"algorithm.init = {opts['init']!r}: allowed values are {', '.join(HEAD_INITS)}")
     return MethodSpec("fedbabu", head=HeadPolicy(fixed=True, init=opts["init"]),
                       personalization=Personalization(kind="finetune", epochs=FINETUNE_EPOCHS, scope="all"))

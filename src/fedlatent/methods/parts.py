@@ -166,13 +166,17 @@ class Part:
         return {"name": self.name, "weight": self.weight}
 
 
+HEAD_INITS = ("default", "orthogonal", "tammes")
+
+
 @dataclass
 class HeadPolicy:
-    """The classifier: learned, or fixed at init (random or orthonormal rows, no bias);
-    ``normalize_z`` L2-normalises features before it (SphereFed's switches, separable)."""
+    """The classifier: learned, or fixed at init (random, orthonormal or Tammes-spread rows, no
+    bias); ``normalize_z`` L2-normalises features before it (SphereFed's switches, separable)."""
 
     fixed: bool = False
-    init: str = "default"  # default | orthogonal (rows orthonormal, SphereFed / Freeze option)
+    init: str = "default"  # one of HEAD_INITS (orthogonal: SphereFed / Freeze option; tammes: SphereFed App. D)
+    init_steps: int = 10_000  # tammes: SGD steps
     bias: bool = True
     normalize_z: bool = False
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from fedlatent.errors import ConfigError
-from fedlatent.methods.parts import Calibration, HeadPolicy, MethodSpec, Part, Personalization
+from fedlatent.methods.parts import HEAD_INITS, Calibration, HeadPolicy, MethodSpec, Part, Personalization
 from fedlatent.registry import same_kind
 
 # keys every preset accepts (None = the preset's own choice)
@@ -18,7 +18,8 @@ COMMON_KEYS: dict[str, Any] = {
     "loss": "",                 # "" (preset) | ce | mse
     "temperature": 1.0,         # cross-entropy of logits / temperature (SphereFed Table 3's CE rows)
     "head": "",                 # "" | learned | fixed
-    "head_init": "",            # "" | default | orthogonal
+    "head_init": "",            # "" | default | orthogonal | tammes
+    "tammes_steps": 10_000,     # head_init = tammes: SGD steps (SphereFed App. D)
     "normalize_z": "",          # "" | "true" | "false" (tri-state, TOML has no null)
     "calibration": "",          # "" | none | ffc | ccvr
     "calibration_ridge": 0.0,
@@ -28,7 +29,7 @@ COMMON_KEYS: dict[str, Any] = {
     "finetune_scope": "",       # "" (preset; all) | all | head
 }
 CHOICES = {"loss": ("", "ce", "mse"), "head": ("", "learned", "fixed"),
-           "head_init": ("", "default", "orthogonal"), "normalize_z": ("", "true", "false"),
+           "head_init": ("", *HEAD_INITS), "normalize_z": ("", "true", "false"),
            "calibration": ("", "none", "ffc", "ccvr"), "finetune_scope": ("", "all", "head")}
 
 
@@ -132,6 +133,7 @@ def _apply_common(spec: MethodSpec, opts: dict[str, Any]) -> None:
         head.fixed = opts["head"] == "fixed"
     if opts["head_init"]:
         head.init = opts["head_init"]
+    head.init_steps = opts["tammes_steps"]
     if opts["normalize_z"]:
         head.normalize_z = opts["normalize_z"] == "true"
     if opts["calibration"]:

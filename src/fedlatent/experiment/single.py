@@ -24,6 +24,7 @@ from fedlatent.data.registry import DATASETS
 from fedlatent.data.types import Federation
 from fedlatent.errors import ConfigError, UserInputError
 from fedlatent.experiment.figures import FigureWorker
+from fedlatent.experiment.trace import TermTrace
 from fedlatent.federated.failures import RunStopped
 from fedlatent.federated.state import write_atomically
 from fedlatent.methods import resolve, resolved_keys
@@ -65,6 +66,11 @@ def prepare(config: RunConfig) -> tuple[Federation, MethodSpec]:
     if config.backend not in BACKENDS and config.backend != "auto":
         raise ConfigError(f"backend = '{config.backend}': not available in this version; "
                           f"use 'auto' or {' or '.join(repr(b) for b in BACKENDS)}")
+    if config.diagnostics.trace_terms:
+        if config.backend == "vectorized":
+            raise ConfigError("diagnostics.trace_terms: the step trace is recorded on backend = 'simulation' "
+                              "(or 'auto'), not 'vectorized'")
+        spec.trace = True
     federation = build_federation(config.data, config.data_seed)
     if config.backend == "vectorized":
         vectorized.check(config, federation, spec)
@@ -80,7 +86,8 @@ def resolve_backend(config: RunConfig, federation: Federation, spec: MethodSpec,
     picks (told to ``echo`` in one line); any other backend unchanged."""
     if config.backend != "auto":
         return config
-    backend, why = auto.choose(config, federation, spec)
+    backend, why = ("simulation", "diagnostics.trace_terms records steps there") if spec.trace else \
+        auto.choose(config, federation, spec)
     if echo:
         echo(f"backend = 'auto': {backend} ({why})")
     return dataclasses.replace(config, backend=backend)
@@ -178,8 +185,9 @@ def _train(config: RunConfig, out: Path, federation: Federation, spec: MethodSpe
     bar = _progress_bar(config) if progress else None
     backend_started = time.perf_counter()
     try:
+        traced = {"trainer": TermTrace(simulation.train_in_turn, out)} if spec.trace else {}
         final, wall = BACKENDS[config.backend](config, federation, spec, out, resume=resume,
-                                               progress=bar.update_line if bar else None)
+                                               progress=bar.update_line if bar else None, **traced)
     except RunStopped as stop:
         if bar:
             bar.close()

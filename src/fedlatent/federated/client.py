@@ -126,13 +126,17 @@ def _epochs(num_samples: int, s: LocalSettings, generator: torch.Generator) -> I
         left -= len(epoch)
 
 
-def _add_terms(loss: Tensor, parts: list[Part], ctx: TermContext, sums: dict[str, Tensor]) -> Tensor:
-    """``loss`` plus each part's weighted term (no extra autograd node when no part contributes)."""
+def _add_terms(loss: Tensor, parts: list[Part], ctx: TermContext, sums: dict[str, Tensor],
+               step: dict[str, Tensor] | None = None, prefix: str = "") -> Tensor:
+    """``loss`` plus each part's weighted term (no extra autograd node when no part contributes);
+    each unweighted term is also kept in ``step`` under ``prefix + name`` when tracing."""
     for part in parts:
         value = part.loss(ctx)
         if value is None:
             continue
         sums[part.name] = sums.get(part.name, 0.0) + value.detach()
+        if step is not None:
+            step[prefix + part.name] = value.detach()
         loss = loss + part.weight * value
     return loss
 
@@ -167,6 +171,7 @@ def local_update(ws: Workspace, global_state: Tensors, data: Split, spec: Method
 
     loss_sum, personal_sum, count = torch.zeros(()), torch.zeros(()), 0
     term_sums: dict[str, Tensor] = {}
+    trace: list[dict[str, Tensor]] | None = [] if spec.trace else None
     x_all, y_all = data.x, data.y
     params = dict(model.named_parameters())
     for epoch in _epochs(len(data), s, generator):
@@ -189,7 +194,8 @@ def local_update(ws: Workspace, global_state: Tensors, data: Split, spec: Method
             task = task_loss(spec.loss, out.logits, y, temperature=spec.temperature)
             ctx = TermContext(out, y, params, rc.global_params, global_out,
                               prev_out, s.num_classes, rc.state, rc.payload)
-            loss = _add_terms(task, parts, ctx, term_sums)
+            step = {"task": task.detach()} if trace is not None else None
+            loss = _add_terms(task, parts, ctx, term_sums, step)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
@@ -198,7 +204,9 @@ def local_update(ws: Workspace, global_state: Tensors, data: Split, spec: Method
                 part.after_step(rc)
             if personal is not None:
                 personal_sum += _personal_step(ws.personal, personal, spec, x, y, global_out, rc, s,
-                                               taps, term_sums)
+                                               taps, term_sums, step)
+            if step is not None:
+                trace.append(step)
             loss_sum += task.detach().cpu()
             count += 1
     extras = {}
@@ -220,8 +228,9 @@ def local_update(ws: Workspace, global_state: Tensors, data: Split, spec: Method
     if personal is not None:
         metrics["personal_loss"] = float(personal_sum) / max(count, 1)
     metrics["train_seconds"] = time.perf_counter() - started
+    steps = [{k: float(v) for k, v in step.items()} for step in trace] if trace is not None else []
     return Upload(rc.client_id, state_to_cpu(model), rc.num_samples, rc.steps, s.lr, s.momentum,
-                  extras, metrics)
+                  extras, metrics, steps)
 
 
 def _personal_setup(ws: Workspace, rc: ClientRound, global_state: Tensors, s: LocalSettings):
@@ -234,7 +243,7 @@ def _personal_setup(ws: Workspace, rc: ClientRound, global_state: Tensors, s: Lo
 
 def _personal_step(personal: FedModel, optimizer: torch.optim.Optimizer, spec: MethodSpec, x: Tensor, y: Tensor,
                    global_out, rc: ClientRound, s: LocalSettings, taps: frozenset[str],
-                   term_sums: dict[str, Tensor]) -> Tensor:
+                   term_sums: dict[str, Tensor], step: dict[str, Tensor] | None = None) -> Tensor:
     """One Ditto step: task loss + (λ/2)‖w_L − w̄‖² + the constraint parts against the frozen global model."""
     out = personal(x, taps)
     task = task_loss(spec.loss, out.logits, y, temperature=spec.temperature)
@@ -245,7 +254,9 @@ def _personal_step(personal: FedModel, optimizer: torch.optim.Optimizer, spec: M
         loss = loss + 0.5 * lam * sum(((params[n] - rc.global_params[n]) ** 2).sum()
                                       for n in trainable_names(personal))
     ctx = TermContext(out, y, params, rc.global_params, global_out, None, s.num_classes, rc.state, rc.payload)
-    loss = _add_terms(loss, spec.personalization.parts, ctx, term_sums)
+    if step is not None:
+        step["personal_task"] = task.detach()
+    loss = _add_terms(loss, spec.personalization.parts, ctx, term_sums, step, prefix="personal_")
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     optimizer.step()

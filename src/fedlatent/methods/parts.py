@@ -85,6 +85,7 @@ class Upload:
     momentum: float
     extras: dict[str, Tensors] = field(default_factory=dict)
     metrics: dict[str, float] = field(default_factory=dict)
+    trace: list[dict[str, float]] = field(default_factory=list)  # per local step, when the spec asks
 
 
 class Part:
@@ -235,6 +236,7 @@ class MethodSpec:
     head: HeadPolicy = field(default_factory=HeadPolicy)
     personalization: Personalization = field(default_factory=Personalization)
     calibration: Calibration = field(default_factory=Calibration)
+    trace: bool = False  # record each local step's task loss and unweighted terms in Upload.trace
 
     @property
     def aggregator(self) -> Part | None:

@@ -61,10 +61,31 @@ def ccvr(model: FedModel, fed: Federation, state: Tensors, cal: Calibration, bat
     return out
 
 
+def centralized(model: FedModel, fed: Federation, state: Tensors, cal: Calibration, batch_size: int,
+                device: torch.device, generator: torch.Generator) -> Tensors:
+    """The centralised classifier-only baseline (SphereFed Sec. 5.3, Fig. 4's "sanity check"): the
+    head retrained with cross-entropy and SGD (``cal.epochs``, ``cal.lr``, batch 64) on the pooled
+    real features of every client's training split under the final global encoder — an oracle
+    that sees all the data, the upper bound FFC and CCVR are measured against."""
+    model.load_state_dict(state)
+    z = torch.cat([features(model, c.train, batch_size, device) for c in fed.clients])
+    y = torch.cat([c.train.y for c in fed.clients])
+    weight_key, bias_key = _head_keys(model)
+    weight, bias = retrain_classifier(state[weight_key], state[bias_key] if bias_key else None, z, y,
+                                      epochs=cal.epochs, lr=cal.lr, batch_size=64, generator=generator)
+    out = dict(state)
+    out[weight_key] = weight
+    if bias_key:
+        out[bias_key] = bias
+    return out
+
+
 def calibrate(model: FedModel, fed: Federation, state: Tensors, cal: Calibration, batch_size: int,
               device: torch.device, generator: torch.Generator) -> Tensors:
     if cal.kind == "ffc":
         return ffc(model, fed, state, cal, batch_size, device)
     if cal.kind == "ccvr":
         return ccvr(model, fed, state, cal, batch_size, device, generator)
+    if cal.kind == "centralized":
+        return centralized(model, fed, state, cal, batch_size, device, generator)
     return state

@@ -213,9 +213,10 @@ class Personalization:
 
 @dataclass
 class Calibration:
-    """After-training classifier calibration: ``ffc`` (SphereFed) or ``ccvr``."""
+    """After-training classifier calibration: ``ffc`` (SphereFed), ``ccvr`` or ``centralized`` (the
+    head retrained on all clients' pooled real features: SphereFed's oracle baseline)."""
 
-    kind: str = "none"  # none | ffc | ccvr
+    kind: str = "none"  # none | ffc | ccvr | centralized
     ridge: float = 0.0
     every: int = 0  # FFC every R rounds (0 = only after training)
     personal: bool = False

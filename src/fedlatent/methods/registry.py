@@ -21,7 +21,9 @@ COMMON_KEYS: dict[str, Any] = {
     "head_init": "",            # "" | default | orthogonal | tammes
     "tammes_steps": 10_000,     # head_init = tammes: SGD steps (SphereFed App. D)
     "normalize_z": "",          # "" | "true" | "false" (tri-state, TOML has no null)
-    "calibration": "",          # "" | none | ffc | ccvr
+    "calibration": "",          # "" | none | ffc | ccvr | centralized
+    "calibration_epochs": 0,    # ccvr / centralized: SGD epochs of the head (0 = 5)
+    "calibration_lr": 0.0,      # ccvr / centralized: its learning rate (0 = 0.01)
     "calibration_ridge": 0.0,
     "calibration_every": 0,
     "calibration_personal": False,
@@ -30,7 +32,7 @@ COMMON_KEYS: dict[str, Any] = {
 }
 CHOICES = {"loss": ("", "ce", "mse"), "head": ("", "learned", "fixed"),
            "head_init": ("", *HEAD_INITS), "normalize_z": ("", "true", "false"),
-           "calibration": ("", "none", "ffc", "ccvr"), "finetune_scope": ("", "all", "head")}
+           "calibration": ("", "none", "ffc", "ccvr", "centralized"), "finetune_scope": ("", "all", "head")}
 
 
 @dataclass
@@ -142,6 +144,8 @@ def _apply_common(spec: MethodSpec, opts: dict[str, Any]) -> None:
         spec.calibration.ridge = opts["calibration_ridge"] or spec.calibration.ridge
         spec.calibration.every = opts["calibration_every"] or spec.calibration.every
         spec.calibration.personal = opts["calibration_personal"] or spec.calibration.personal
+        spec.calibration.epochs = opts["calibration_epochs"] or spec.calibration.epochs
+        spec.calibration.lr = opts["calibration_lr"] or spec.calibration.lr
     if opts["finetune_epochs"]:
         if spec.personalization.kind == "finetune":
             spec.personalization.epochs = opts["finetune_epochs"]

@@ -146,7 +146,7 @@ class EvalConfig:
                              choices=("auto", "always", "never"))
 
 
-DIAGNOSTICS = ("collapse", "classifier", "alignment", "uniformity", "per_class", "tsne", "data")
+DIAGNOSTICS = ("collapse", "classifier", "alignment", "uniformity", "per_class", "tsne", "data", "flops")
 
 
 @dataclass

@@ -66,11 +66,13 @@ def prepare(config: RunConfig) -> tuple[Federation, MethodSpec]:
     if config.backend not in BACKENDS and config.backend != "auto":
         raise ConfigError(f"backend = '{config.backend}': not available in this version; "
                           f"use 'auto' or {' or '.join(repr(b) for b in BACKENDS)}")
-    if config.diagnostics.trace_terms:
-        if config.backend == "vectorized":
-            raise ConfigError("diagnostics.trace_terms: the step trace is recorded on backend = 'simulation' "
-                              "(or 'auto'), not 'vectorized'")
-        spec.trace = True
+    recorded = [key for key, on in (("diagnostics.trace_terms", config.diagnostics.trace_terms),
+                                     ("diagnostics.which = 'flops'", "flops" in config.diagnostics.which)) if on]
+    if recorded and config.backend == "vectorized":
+        raise ConfigError(f"{recorded[0]}: recorded by the clients of backend = 'simulation' (or 'auto'), "
+                          "not 'vectorized'")
+    spec.trace = config.diagnostics.trace_terms
+    spec.count_flops = "flops" in config.diagnostics.which
     federation = build_federation(config.data, config.data_seed)
     if config.backend == "vectorized":
         vectorized.check(config, federation, spec)
@@ -86,8 +88,8 @@ def resolve_backend(config: RunConfig, federation: Federation, spec: MethodSpec,
     picks (told to ``echo`` in one line); any other backend unchanged."""
     if config.backend != "auto":
         return config
-    backend, why = ("simulation", "diagnostics.trace_terms records steps there") if spec.trace else \
-        auto.choose(config, federation, spec)
+    backend, why = ("simulation", "its clients record the step trace and FLOPs") \
+        if spec.trace or spec.count_flops else auto.choose(config, federation, spec)
     if echo:
         echo(f"backend = 'auto': {backend} ({why})")
     return dataclasses.replace(config, backend=backend)

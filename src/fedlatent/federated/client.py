@@ -26,6 +26,7 @@ from fedlatent.data.types import Split
 from fedlatent.methods.parts import (ClientRound, MethodSpec, Part, Personalization, TermContext, Tensors,
                                      Upload, task_loss, trainable_names)
 from fedlatent.models.base import FedModel
+from fedlatent.models.flops import per_sample_flops
 
 PERSONAL = "personal."   # client-state prefix of the Ditto personal model
 PREVIOUS = "previous."   # client-state prefix of the previous local model (MOON)
@@ -172,6 +173,7 @@ def local_update(ws: Workspace, global_state: Tensors, data: Split, spec: Method
     loss_sum, personal_sum, count = torch.zeros(()), torch.zeros(()), 0
     term_sums: dict[str, Tensor] = {}
     trace: list[dict[str, Tensor]] | None = [] if spec.trace else None
+    flops = 0
     x_all, y_all = data.x, data.y
     params = dict(model.named_parameters())
     for epoch in _epochs(len(data), s, generator):
@@ -207,6 +209,8 @@ def local_update(ws: Workspace, global_state: Tensors, data: Split, spec: Method
                                                taps, term_sums, step)
             if step is not None:
                 trace.append(step)
+            if spec.count_flops:
+                flops += _step_flops(ws, x, need_global + has_previous, personal is not None)
             loss_sum += task.detach().cpu()
             count += 1
     extras = {}
@@ -227,10 +231,25 @@ def local_update(ws: Workspace, global_state: Tensors, data: Split, spec: Method
                **rc.metrics}
     if personal is not None:
         metrics["personal_loss"] = float(personal_sum) / max(count, 1)
+    if spec.count_flops:
+        metrics["flops"] = flops
     metrics["train_seconds"] = time.perf_counter() - started
     steps = [{k: float(v) for k, v in step.items()} for step in trace] if trace is not None else []
     return Upload(rc.client_id, state_to_cpu(model), rc.num_samples, rc.steps, s.lr, s.momentum,
                   extras, metrics, steps)
+
+
+def _step_flops(ws: Workspace, x: Tensor, frozen_passes: int, personal: bool) -> int:
+    """FLOPs of one local step on batch ``x``: the model's forward and backward, a forward of each
+    frozen model run on the batch (the round's global model, the previous local model) and Ditto's
+    personal step (:func:`fedlatent.models.flops.per_sample_flops`; a part's own computations,
+    e.g. kernel training, are not counted)."""
+    shape = tuple(x.shape[1:])
+    forward, backward = per_sample_flops(ws.model, shape)
+    total = forward + backward + frozen_passes * forward
+    if personal:
+        total += sum(per_sample_flops(ws.personal, shape))
+    return len(x) * total
 
 
 def _personal_setup(ws: Workspace, rc: ClientRound, global_state: Tensors, s: LocalSettings):
@@ -301,7 +320,8 @@ def _partial_update(ws: Workspace, global_state: Tensors, data: Split, spec: Met
         alone = replace(rc, state={}, payload={}, steps=0, metrics={})
         settings = replace(s, epochs=p.local_epochs, steps=0, keep_optimizer=False)
         with _training_only(ws.model, local):
-            first = local_update(ws, start, data, MethodSpec("local", loss=spec.loss, temperature=spec.temperature), alone, settings, generator)
+            local_spec = MethodSpec("local", loss=spec.loss, temperature=spec.temperature, count_flops=spec.count_flops)
+            first = local_update(ws, start, data, local_spec, alone, settings, generator)
         start, local_loss = first.state, first.metrics["train_loss"]
     shared = {n for n in names if n not in local} if p.freeze_local else set(names)
     shared_spec = replace(spec, personalization=Personalization())
@@ -311,4 +331,6 @@ def _partial_update(ws: Workspace, global_state: Tensors, data: Split, spec: Met
     rc.state.update({LOCAL + k: upload.state[k].clone() for k in local})
     if local_loss is not None:
         upload.metrics["local_layers_loss"] = local_loss
+        if spec.count_flops:
+            upload.metrics["flops"] += first.metrics["flops"]
     return upload

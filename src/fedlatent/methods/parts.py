@@ -238,6 +238,7 @@ class MethodSpec:
     personalization: Personalization = field(default_factory=Personalization)
     calibration: Calibration = field(default_factory=Calibration)
     trace: bool = False  # record each local step's task loss and unweighted terms in Upload.trace
+    count_flops: bool = False  # count the local training's FLOPs in Upload.metrics["flops"]
 
     @property
     def aggregator(self) -> Part | None:

@@ -13,8 +13,10 @@ from safetensors.torch import load_file
 import fedlatent
 from fedlatent import load_config
 from fedlatent.backends import simulation
+from fedlatent.data.federation import build_federation
 from fedlatent.errors import ConfigError
 from fedlatent.experiment import single
+from fedlatent.federated.client import batches
 
 DIGITS_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "digits_fedavg.toml"
 SHORT = ["train.rounds=3", "train.participation=0.5", "data.num_clients=6", "backend=simulation",
@@ -117,3 +119,14 @@ def test_ditto_records_its_personal_step(tmp_path) -> None:
 def test_vectorized_is_refused() -> None:
     with pytest.raises(ConfigError, match="diagnostics.trace_terms"):
         single.prepare(load_config(DIGITS_CONFIG, ["backend=vectorized"] + TRACE))
+
+
+def test_fedrep_traces_both_phases(tmp_path) -> None:
+    """The client's own layers' steps (the head phase) come first, then the shared layers' steps."""
+    config = load_config(DIGITS_CONFIG, ["train.rounds=1", "data.num_clients=2", "data.local_test_fraction=0.2",
+                                         'algorithm.name="fedrep"', "algorithm.head_epochs=1"] + TRACE)
+    fedlatent.run(config, tmp_path / "fedrep")
+    steps = [s for s in _lines(tmp_path / "fedrep" / "terms_trace.jsonl") if s["client"] == 0]
+    n = len(build_federation(config.data, config.data_seed).clients[0].train)
+    per_epoch = len(batches(n, config.train.batch_size, config.train.drop_last, torch.Generator()))
+    assert [s["step"] for s in steps] == list(range(1, 2 * per_epoch + 1))

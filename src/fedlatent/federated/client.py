@@ -320,7 +320,8 @@ def _partial_update(ws: Workspace, global_state: Tensors, data: Split, spec: Met
         alone = replace(rc, state={}, payload={}, steps=0, metrics={})
         settings = replace(s, epochs=p.local_epochs, steps=0, keep_optimizer=False)
         with _training_only(ws.model, local):
-            local_spec = MethodSpec("local", loss=spec.loss, temperature=spec.temperature, count_flops=spec.count_flops)
+            local_spec = MethodSpec("local", loss=spec.loss, temperature=spec.temperature, trace=spec.trace,
+                                    count_flops=spec.count_flops)
             first = local_update(ws, start, data, local_spec, alone, settings, generator)
         start, local_loss = first.state, first.metrics["train_loss"]
     shared = {n for n in names if n not in local} if p.freeze_local else set(names)
@@ -331,6 +332,7 @@ def _partial_update(ws: Workspace, global_state: Tensors, data: Split, spec: Met
     rc.state.update({LOCAL + k: upload.state[k].clone() for k in local})
     if local_loss is not None:
         upload.metrics["local_layers_loss"] = local_loss
+        upload.trace = first.trace + upload.trace  # the own layers' steps first, as they ran
         if spec.count_flops:
             upload.metrics["flops"] += first.metrics["flops"]
     return upload

@@ -50,6 +50,9 @@ class DataConfig:
                                "(FedUV protocol: 0.1)", low=0.0, high=0.9)
     local_test_fraction: float = _key(0.0, "per-client test split of each client's data, for "
                                       "personalised evaluation", low=0.0, high=0.9)
+    merge_test: bool = _key(False, "merge the official test split into the training pool before partitioning "
+                            "(no hold-out either); the global test set is then the union of the clients' "
+                            "local_test_fraction splits (SphereFed's personalisation setting, Appendix B: 0.15)")
     augment: bool = _key(False, "random crop (pad 4) + horizontal flip on image batches")
     autoaugment: str = _key("none", "AutoAugment policy applied after crop + flip ('cifar10': the 25 "
                             "sub-policies of Cubuk et al. 2019, as FedDecorr's release uses on CIFAR-100 "
@@ -143,7 +146,7 @@ class EvalConfig:
                              choices=("auto", "always", "never"))
 
 
-DIAGNOSTICS = ("collapse", "classifier", "alignment", "uniformity", "per_class", "tsne", "data")
+DIAGNOSTICS = ("collapse", "classifier", "alignment", "uniformity", "per_class", "tsne", "data", "flops")
 
 
 @dataclass
@@ -164,6 +167,8 @@ class DiagnosticsConfig:
     tsne_clients: int = _key(5, "tsne: the first clients (by id) holding that class", low=1)
     tsne_samples: int = _key(50, "tsne: at most this many samples per client (seeded subsample)", low=2)
     histogram_bins: int = _key(30, "data: bins of the per-client histogram of mean input values", low=2)
+    trace_terms: bool = _key(False, "write every client step's task loss and unweighted loss terms to "
+                             "terms_trace.jsonl (the papers' ablation curves; simulation backend)")
 
 
 @dataclass
@@ -283,6 +288,9 @@ def _check_consistency(config: RunConfig) -> None:
     d = config.data
     if d.val_fraction + d.local_test_fraction >= 0.95:
         raise ConfigError("data.val_fraction + data.local_test_fraction must leave training data (< 0.95)")
+    if d.merge_test and d.local_test_fraction == 0:
+        raise ConfigError("data.merge_test = true needs data.local_test_fraction > 0 (the clients' test "
+                          "splits are then the only test data)")
     if config.server.lr <= 0 and config.server.lr != -1.0:
         raise ConfigError(f"server.lr = {config.server.lr}: must be > 0 (or -1 for the optimiser's default)")
     if not all(isinstance(h, int) and not isinstance(h, bool) and h > 0 for h in config.model.hidden) \

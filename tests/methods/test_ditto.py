@@ -228,3 +228,25 @@ def test_deep_kernel_initialisation_follows_the_run_seed() -> None:
         torch.testing.assert_close(v, same[k], rtol=0, atol=0)
     for other in (initial_kernel(2, 0), initial_kernel(1, 1)):
         assert not torch.equal(other["featurizer.0.weight"], same["featurizer.0.weight"])
+
+
+def test_mk_mmd_first_r_fixed_kernels_is_their_mean_mmd() -> None:
+    """Figure 3 (right) of the Ditto+MMD paper: the first r kernels, each weighted 1/r, never re-solved."""
+    part = build_part({"name": "mk_mmd", "fixed_kernels": 5, "beta_every": 1, "beta_batches": 1}, "terms")
+    state: dict = {}
+    rc = _round(state)
+    part.begin(rc)
+    g = torch.Generator().manual_seed(1)
+    for _ in range(3):
+        x, y = torch.randn(8, 20, generator=g), 0.5 * torch.randn(8, 20, generator=g) + 1.0
+        loss = part.loss(_ctx(x, y, state))
+    xd, yd = x.double(), y.double()
+    by_hand = 0.0
+    for e in (-3.5, -3.25, -3.0, -2.75, -2.5):  # γ_j = 2^e, k = exp(−γ‖a − b‖²), biased estimator
+        kxx, kyy, kxy = (torch.exp(-(2.0 ** e) * torch.cdist(a, b) ** 2) for a, b in ((xd, xd), (yd, yd), (xd, yd)))
+        by_hand += (kxx.mean() + kyy.mean() - 2 * kxy.mean()).item() / 5
+    assert float(loss) == pytest.approx(by_hand, rel=1e-4)
+    assert state["mk_mmd.beta.z"].tolist() == pytest.approx([0.2] * 5 + [0.0] * 14)
+    assert "personal_beta_refreshes" not in rc.metrics
+    with pytest.raises(ConfigError, match="fixed_kernels"):
+        build_part({"name": "mk_mmd", "fixed_kernels": 20}, "terms")

@@ -5,6 +5,7 @@ import pytest
 import torch
 from torch import nn
 
+from fedlatent.config import load_config
 from fedlatent.errors import ConfigError
 from fedlatent.models import cnn, mobilenet, resnet
 from fedlatent.models.base import FedModel
@@ -144,6 +145,26 @@ def test_mobilenet_shapes_taps_and_projector() -> None:
     with_proj = mobilenet.build((3, 16, 16), 10, projector_width=64)
     assert with_proj.z_dim == 64 and with_proj(_input((3, 16, 16), n=2)).z.shape == (2, 64)
     assert MobileNetV2.min_input_size() == 1
+
+
+def test_mobilenet_projection_relu_same_parameters_other_output() -> None:
+    """SphereFed's Table 14 form: a ReLU after each projection, inside the block, before the sum."""
+    plain = mobilenet.build((3, 8, 8), 10)
+    relu = mobilenet.build((3, 8, 8), 10, projection_relu=True)
+    assert [(n, p.shape) for n, p in plain.named_parameters()] == [(n, p.shape) for n, p in relu.named_parameters()]
+    relu.load_state_dict(plain.state_dict())
+    plain.eval()
+    relu.eval()
+    x = _input((3, 8, 8), n=2)
+    assert not torch.allclose(plain(x).logits, relu(x).logits)
+    block, reference = relu.stages[1][1], plain.stages[1][1]  # a stride-1 block with an identity shortcut
+    h = plain.stages[1][0](plain.stages[0](torch.randn(2, 32, 8, 8, generator=torch.Generator().manual_seed(0))))
+    with torch.no_grad():
+        torch.testing.assert_close(block(h), torch.relu(reference.body(h)) + h)
+    config = load_config(None, ['model.arch="mobilenetv2"', "model.projection_relu=true"])
+    assert config.model.options["projection_relu"] is True
+    with pytest.raises(ConfigError, match="model.projection_relu"):
+        load_config(None, ['model.arch="resnet18"', "model.projection_relu=true"])
 
 
 def test_mobilenet_residual_rule() -> None:

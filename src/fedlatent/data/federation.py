@@ -32,6 +32,8 @@ def build_federation(cfg: DataConfig, seed: int) -> Federation:
         key = "data.path" if "path" in entry.reads else "data.root"
         raise DataError(f"{key}: cannot read {err.filename} (permission denied)") from None
     if isinstance(source, GivenClients):
+        if cfg.merge_test:
+            raise DataError(f"data.merge_test: data set '{cfg.dataset}' comes with its own clients and their splits")
         return _from_given(cfg, source)
     return _from_pool(cfg, source, seed)
 
@@ -73,10 +75,26 @@ def _holdout(pool: Pool, fraction: float, seed: int) -> tuple[np.ndarray, np.nda
     return np.setdiff1d(np.arange(len(pool.y)), test_idx), test_idx
 
 
+def merged(pool: Pool) -> Pool:
+    """The pool with its official test split appended to the samples to partition (``data.merge_test``;
+    SphereFed, Appendix B, after FedBABU and Jiang et al. 2019: CIFAR-100's 50,000 + 10,000 images
+    partitioned together, each client's test split cut from its share)."""
+    if pool.test_x is None:
+        return pool
+    if pool.groups is not None:
+        raise DataError("data.merge_test: this data set's test split has no domains to partition by")
+    return Pool(np.concatenate([pool.x, pool.test_x]), np.concatenate([pool.y, pool.test_y]), None, None,
+                pool.num_classes)
+
+
 def _from_pool(cfg: DataConfig, pool: Pool, seed: int) -> Federation:
+    if cfg.merge_test:
+        pool = merged(pool)
     x, y, groups = pool.x, pool.y, pool.groups
     held_out: np.ndarray | None = None
-    if pool.test_x is None:
+    if cfg.merge_test:
+        train_idx, test_x, test_y = np.arange(len(y)), None, None
+    elif pool.test_x is None:
         train_idx, held_out = _holdout(pool, cfg.test_fraction, seed)
         test_x, test_y = x[held_out], y[held_out]
     else:
@@ -100,7 +118,9 @@ def _from_pool(cfg: DataConfig, pool: Pool, seed: int) -> Federation:
             own = held_out[groups[held_out] == np.unique(groups)[i]]  # this domain's held-out test
             test = split(x[own], y[own])
         clients.append(ClientData(split(x[train], y[train]), split(x[val], y[val]) if len(val) else None, test))
-    return Federation(clients, split(test_x, test_y), pool.num_classes, tuple(x.shape[1:]),
+    global_test = split(test_x, test_y) if test_x is not None else \
+        Split.concat([c.test for c in clients if c.test is not None])
+    return Federation(clients, global_test, pool.num_classes, tuple(x.shape[1:]),
                       name=cfg.dataset, augment=Augmentation(cfg.augment, cfg.autoaugment, mean, std))
 
 

@@ -24,6 +24,7 @@ from fedlatent.data.registry import DATASETS
 from fedlatent.data.types import Federation
 from fedlatent.errors import ConfigError, UserInputError
 from fedlatent.experiment.figures import FigureWorker
+from fedlatent.experiment.trace import TermTrace
 from fedlatent.federated.failures import RunStopped
 from fedlatent.federated.round import sample_clients
 from fedlatent.federated.state import write_atomically
@@ -66,6 +67,13 @@ def prepare(config: RunConfig) -> tuple[Federation, MethodSpec]:
     if config.backend not in BACKENDS and config.backend != "auto":
         raise ConfigError(f"backend = '{config.backend}': not available in this version; "
                           f"use 'auto' or {' or '.join(repr(b) for b in BACKENDS)}")
+    recorded = [key for key, on in (("diagnostics.trace_terms", config.diagnostics.trace_terms),
+                                     ("diagnostics.which = 'flops'", "flops" in config.diagnostics.which)) if on]
+    if recorded and config.backend == "vectorized":
+        raise ConfigError(f"{recorded[0]}: recorded by the clients of backend = 'simulation' (or 'auto'), "
+                          "not 'vectorized'")
+    spec.trace = config.diagnostics.trace_terms
+    spec.count_flops = "flops" in config.diagnostics.which
     federation = build_federation(config.data, config.data_seed)
     if config.backend == "vectorized":
         vectorized.check(config, federation, spec)
@@ -81,7 +89,8 @@ def resolve_backend(config: RunConfig, federation: Federation, spec: MethodSpec,
     picks (told to ``echo`` in one line); any other backend unchanged."""
     if config.backend != "auto":
         return config
-    backend, why = auto.choose(config, federation, spec)
+    backend, why = ("simulation", "its clients record the step trace and FLOPs") \
+        if spec.trace or spec.count_flops else auto.choose(config, federation, spec)
     if echo:
         echo(f"backend = 'auto': {backend} ({why})")
     return dataclasses.replace(config, backend=backend)
@@ -179,8 +188,9 @@ def _train(config: RunConfig, out: Path, federation: Federation, spec: MethodSpe
     bar = _progress_bar(config) if progress else None
     backend_started = time.perf_counter()
     try:
+        traced = {"trainer": TermTrace(simulation.train_in_turn, out)} if spec.trace else {}
         final, wall = BACKENDS[config.backend](config, federation, spec, out, resume=resume,
-                                               progress=bar.update_line if bar else None)
+                                               progress=bar.update_line if bar else None, **traced)
     except RunStopped as stop:
         if bar:
             bar.close()

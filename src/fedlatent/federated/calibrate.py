@@ -36,7 +36,8 @@ def client_statistics(model: FedModel, global_state: Tensors, train: Split, cal:
                       device: torch.device) -> Tensors:
     """The client half: what this client sends for calibration, from its training split under the
     global model. FFC (SphereFed Sec. 3.3): V = ZᵀZ and U = Zᵀ onehot(y) in float64; CCVR
-    (Luo et al. 2021, Eq. 3-4): per-class count, mean and unbiased covariance of z."""
+    (Luo et al. 2021, Eq. 3-4): per-class count, mean and unbiased covariance of z; the centralised
+    baseline: the features and labels themselves (an oracle that sees every client's data)."""
     model.load_state_dict(global_state)
     num_classes = model.classifier.weight.shape[0]
     if cal.kind == "ffc":
@@ -45,6 +46,8 @@ def client_statistics(model: FedModel, global_state: Tensors, train: Split, cal:
     if cal.kind == "ccvr":
         mean, cov, count = class_statistics(features(model, train, batch_size, device), train.y, num_classes)
         return {"mean": mean, "cov": cov, "count": count}
+    if cal.kind == "centralized":
+        return {"z": features(model, train, batch_size, device), "y": train.y}
     return {}
 
 
@@ -53,19 +56,26 @@ def apply_statistics(global_state: Tensors, stats: list[Tensors], cal: Calibrati
     """The server half: the global state with its head calibrated from the clients' statistics
     (``stats`` in client-id order, so the sums do not depend on reply order). FFC:
     W* = (Σ V_k + λI)⁻¹ Σ U_k, bias set to 0; CCVR: per-class Gaussians pooled, virtual features
-    sampled from ``generator``, the head retrained on them."""
+    sampled from ``generator``, the head retrained on them; centralised (SphereFed Sec. 5.3,
+    Fig. 4's sanity check): the head retrained with cross-entropy and SGD (``cal.epochs``,
+    ``cal.lr``, batch 64) on the pooled real features, the upper bound FFC and CCVR are measured against."""
     out = dict(global_state)
     if cal.kind == "ffc":
         out[weight_key] = ffc_solve([(s["V"], s["U"]) for s in stats], ridge=cal.ridge).to(global_state[weight_key].dtype)
         if bias_key:
             out[bias_key] = torch.zeros_like(global_state[bias_key])
-    elif cal.kind == "ccvr":
+        return out
+    if cal.kind == "ccvr":
         mean, cov, count = pool_statistics([(s["mean"], s["cov"], s["count"]) for s in stats])
         per_class = torch.where(count > 0, torch.full_like(count, cal.virtual_per_class), torch.zeros_like(count))
-        virtual_x, virtual_y = sample_virtual_features(mean, cov, per_class, generator)
-        out[weight_key], bias = retrain_classifier(
-            global_state[weight_key], global_state[bias_key] if bias_key else None, virtual_x, virtual_y,
-            epochs=cal.epochs, lr=cal.lr, batch_size=64, generator=generator)
-        if bias_key:
-            out[bias_key] = bias
+        x, y = sample_virtual_features(mean, cov, per_class, generator)
+    elif cal.kind == "centralized":
+        x, y = torch.cat([s["z"] for s in stats]), torch.cat([s["y"] for s in stats])
+    else:
+        return out
+    out[weight_key], bias = retrain_classifier(
+        global_state[weight_key], global_state[bias_key] if bias_key else None, x, y,
+        epochs=cal.epochs, lr=cal.lr, batch_size=64, generator=generator)
+    if bias_key:
+        out[bias_key] = bias
     return out

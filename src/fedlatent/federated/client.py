@@ -26,6 +26,7 @@ from fedlatent.data.types import Split
 from fedlatent.methods.parts import (ClientRound, MethodSpec, Part, Personalization, TermContext, Tensors,
                                      Upload, task_loss, trainable_names)
 from fedlatent.models.base import FedModel
+from fedlatent.models.flops import per_sample_flops
 
 PERSONAL = "personal."   # client-state prefix of the Ditto personal model
 PREVIOUS = "previous."   # client-state prefix of the previous local model (MOON)
@@ -126,13 +127,17 @@ def _epochs(num_samples: int, s: LocalSettings, generator: torch.Generator) -> I
         left -= len(epoch)
 
 
-def _add_terms(loss: Tensor, parts: list[Part], ctx: TermContext, sums: dict[str, Tensor]) -> Tensor:
-    """``loss`` plus each part's weighted term (no extra autograd node when no part contributes)."""
+def _add_terms(loss: Tensor, parts: list[Part], ctx: TermContext, sums: dict[str, Tensor],
+               step: dict[str, Tensor] | None = None, prefix: str = "") -> Tensor:
+    """``loss`` plus each part's weighted term (no extra autograd node when no part contributes);
+    each unweighted term is also kept in ``step`` under ``prefix + name`` when tracing."""
     for part in parts:
         value = part.loss(ctx)
         if value is None:
             continue
         sums[part.name] = sums.get(part.name, 0.0) + value.detach()
+        if step is not None:
+            step[prefix + part.name] = value.detach()
         loss = loss + part.weight * value
     return loss
 
@@ -167,6 +172,8 @@ def local_update(ws: Workspace, global_state: Tensors, data: Split, spec: Method
 
     loss_sum, personal_sum, count = torch.zeros(()), torch.zeros(()), 0
     term_sums: dict[str, Tensor] = {}
+    trace: list[dict[str, Tensor]] | None = [] if spec.trace else None
+    flops = 0
     x_all, y_all = data.x, data.y
     params = dict(model.named_parameters())
     for epoch in _epochs(len(data), s, generator):
@@ -186,10 +193,11 @@ def local_update(ws: Workspace, global_state: Tensors, data: Split, spec: Method
                 with torch.no_grad():
                     prev_out = ws.previous(x, taps)
             out = model(x, taps)
-            task = task_loss(spec.loss, out.logits, y)
+            task = task_loss(spec.loss, out.logits, y, temperature=spec.temperature)
             ctx = TermContext(out, y, params, rc.global_params, global_out,
                               prev_out, s.num_classes, rc.state, rc.payload)
-            loss = _add_terms(task, parts, ctx, term_sums)
+            step = {"task": task.detach()} if trace is not None else None
+            loss = _add_terms(task, parts, ctx, term_sums, step)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
@@ -198,7 +206,11 @@ def local_update(ws: Workspace, global_state: Tensors, data: Split, spec: Method
                 part.after_step(rc)
             if personal is not None:
                 personal_sum += _personal_step(ws.personal, personal, spec, x, y, global_out, rc, s,
-                                               taps, term_sums)
+                                               taps, term_sums, step)
+            if step is not None:
+                trace.append(step)
+            if spec.count_flops:
+                flops += _step_flops(ws, x, need_global + has_previous, personal is not None)
             loss_sum += task.detach().cpu()
             count += 1
     extras = {}
@@ -219,9 +231,25 @@ def local_update(ws: Workspace, global_state: Tensors, data: Split, spec: Method
                **rc.metrics}
     if personal is not None:
         metrics["personal_loss"] = float(personal_sum) / max(count, 1)
+    if spec.count_flops:
+        metrics["flops"] = flops
     metrics["train_seconds"] = time.perf_counter() - started
+    steps = [{k: float(v) for k, v in step.items()} for step in trace] if trace is not None else []
     return Upload(rc.client_id, state_to_cpu(model), rc.num_samples, rc.steps, s.lr, s.momentum,
-                  extras, metrics)
+                  extras, metrics, steps)
+
+
+def _step_flops(ws: Workspace, x: Tensor, frozen_passes: int, personal: bool) -> int:
+    """FLOPs of one local step on batch ``x``: the model's forward and backward, a forward of each
+    frozen model run on the batch (the round's global model, the previous local model) and Ditto's
+    personal step (:func:`fedlatent.models.flops.per_sample_flops`; a part's own computations,
+    e.g. kernel training, are not counted)."""
+    shape = tuple(x.shape[1:])
+    forward, backward = per_sample_flops(ws.model, shape)
+    total = forward + backward + frozen_passes * forward
+    if personal:
+        total += sum(per_sample_flops(ws.personal, shape))
+    return len(x) * total
 
 
 def _personal_setup(ws: Workspace, rc: ClientRound, global_state: Tensors, s: LocalSettings):
@@ -234,10 +262,10 @@ def _personal_setup(ws: Workspace, rc: ClientRound, global_state: Tensors, s: Lo
 
 def _personal_step(personal: FedModel, optimizer: torch.optim.Optimizer, spec: MethodSpec, x: Tensor, y: Tensor,
                    global_out, rc: ClientRound, s: LocalSettings, taps: frozenset[str],
-                   term_sums: dict[str, Tensor]) -> Tensor:
+                   term_sums: dict[str, Tensor], step: dict[str, Tensor] | None = None) -> Tensor:
     """One Ditto step: task loss + (λ/2)‖w_L − w̄‖² + the constraint parts against the frozen global model."""
     out = personal(x, taps)
-    task = task_loss(spec.loss, out.logits, y)
+    task = task_loss(spec.loss, out.logits, y, temperature=spec.temperature)
     params = dict(personal.named_parameters())
     loss = task
     lam = spec.personalization.lam
@@ -245,7 +273,9 @@ def _personal_step(personal: FedModel, optimizer: torch.optim.Optimizer, spec: M
         loss = loss + 0.5 * lam * sum(((params[n] - rc.global_params[n]) ** 2).sum()
                                       for n in trainable_names(personal))
     ctx = TermContext(out, y, params, rc.global_params, global_out, None, s.num_classes, rc.state, rc.payload)
-    loss = _add_terms(loss, spec.personalization.parts, ctx, term_sums)
+    if step is not None:
+        step["personal_task"] = task.detach()
+    loss = _add_terms(loss, spec.personalization.parts, ctx, term_sums, step, prefix="personal_")
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     optimizer.step()
@@ -290,7 +320,9 @@ def _partial_update(ws: Workspace, global_state: Tensors, data: Split, spec: Met
         alone = replace(rc, state={}, payload={}, steps=0, metrics={})
         settings = replace(s, epochs=p.local_epochs, steps=0, keep_optimizer=False)
         with _training_only(ws.model, local):
-            first = local_update(ws, start, data, MethodSpec("local", loss=spec.loss), alone, settings, generator)
+            local_spec = MethodSpec("local", loss=spec.loss, temperature=spec.temperature, trace=spec.trace,
+                                    count_flops=spec.count_flops)
+            first = local_update(ws, start, data, local_spec, alone, settings, generator)
         start, local_loss = first.state, first.metrics["train_loss"]
     shared = {n for n in names if n not in local} if p.freeze_local else set(names)
     shared_spec = replace(spec, personalization=Personalization())
@@ -300,4 +332,7 @@ def _partial_update(ws: Workspace, global_state: Tensors, data: Split, spec: Met
     rc.state.update({LOCAL + k: upload.state[k].clone() for k in local})
     if local_loss is not None:
         upload.metrics["local_layers_loss"] = local_loss
+        upload.trace = first.trace + upload.trace  # the own layers' steps first, as they ran
+        if spec.count_flops:
+            upload.metrics["flops"] += first.metrics["flops"]
     return upload

@@ -116,6 +116,8 @@ class Diagnostics:
         started = time.perf_counter()
         model.load_state_dict(global_state)
         line = {"round": rnd, "model": "global", "split": self.cfg.split, **self.model_values(model)}
+        if "flops" in self.which:  # the round's local training, counted by each client
+            line["flops"] = sum(u.metrics["flops"] for u in uploads)
         if "alignment" in self.which:
             align = dg.classifier_alignment([u.state[CLASSIFIER] for u in uploads])
             line.update({f"alignment_{k}": v for k, v in align.items()})
@@ -124,7 +126,8 @@ class Diagnostics:
             for upload in uploads:
                 model.load_state_dict(upload.state)
                 lines.append({"round": rnd, "model": f"client{upload.client_id}", "split": self.cfg.split,
-                              **self.model_values(model)})
+                              **self.model_values(model),
+                              **({"flops": upload.metrics["flops"]} if "flops" in self.which else {})})
         if "tsne" in self.which:
             line["tsne"] = self.tsne(rnd, model, global_state, uploads)
         model.load_state_dict(global_state)

@@ -171,7 +171,7 @@ def lockstep_update(ws: Workspace, global_state: Tensors, datas: list[Split], sp
 
             def global_loss(params: dict[str, Tensor]) -> Tensor:
                 out = _output(forward(params, x), taps)
-                task = _task_losses(spec.loss, out.logits, y)
+                task = _task_losses(spec.loss, out.logits, y, spec.temperature)
                 record("train_loss", task)
                 return _with_terms(task, spec.parts, LockstepContext(
                     out, y, params, global_params, None, s.num_classes, [rcs[c] for c in members]), record)
@@ -208,11 +208,11 @@ def lockstep_update(ws: Workspace, global_state: Tensors, datas: list[Split], sp
     return uploads
 
 
-def _task_losses(kind: str, logits: Tensor, y: Tensor) -> Tensor:
+def _task_losses(kind: str, logits: Tensor, y: Tensor, temperature: float) -> Tensor:
     """Per-client :func:`~fedlatent.methods.parts.task_loss` of (clients, batch, classes) logits:
     the same means, from one flat call outside vmap (cross-entropy's batching rule is a slow
     decomposition)."""
-    flat = task_loss(kind, logits.flatten(0, 1), y.flatten(), reduction="none")
+    flat = task_loss(kind, logits.flatten(0, 1), y.flatten(), reduction="none", temperature=temperature)
     return flat.reshape(logits.shape[0], -1).mean(1)
 
 
@@ -252,7 +252,7 @@ def _personal_loss(spec: MethodSpec, forward: Callable, frozen: FedModel | None,
 
     def loss(params: dict[str, Tensor]) -> Tensor:
         out = _output(forward(params, x), taps)
-        task = _task_losses(spec.loss, out.logits, y)
+        task = _task_losses(spec.loss, out.logits, y, spec.temperature)
         record("personal_loss", task)
         return _with_terms(task, spec.personalization.parts, LockstepContext(
             out, y, params, global_params, global_out, s.num_classes, rcs), record)

@@ -19,6 +19,7 @@ from fedlatent.data.types import ClientData, Split
 from fedlatent.federated.calibrate import ffc_head
 from fedlatent.federated.client import PERSONAL, LocalSettings, Workspace, local_update, own_state, prefixed
 from fedlatent.federated.evaluation import evaluate, fairness, majority_rate
+from fedlatent.federated.finetune import finetuning
 from fedlatent.methods.parts import ClientRound, MethodSpec, Tensors
 from fedlatent.models.base import FedModel
 
@@ -26,7 +27,8 @@ from fedlatent.models.base import FedModel
 def client_model(ws: Workspace, spec: MethodSpec, client_state: Tensors, global_state: Tensors, cid: int,
                  train: Split, settings: LocalSettings | None, generator: torch.Generator) -> FedModel:
     """The model client ``cid`` would use: personal (Ditto), its own layers with the global ones
-    (partial personalisation), fine-tuned on its ``train`` split, or the global one."""
+    (partial personalisation), fine-tuned on its ``train`` split (the whole model or the head alone,
+    the personalisation's ``scope``), or the global one."""
     if spec.personalization.kind == "partial":
         ws.model.load_state_dict(own_state(ws.model, spec.personalization, client_state, global_state))
         return ws.model
@@ -35,9 +37,11 @@ def client_model(ws: Workspace, spec: MethodSpec, client_state: Tensors, global_
         ws.model.load_state_dict(own)
         return ws.model
     if spec.personalization.kind == "finetune" and settings is not None:
-        plain = MethodSpec("finetune", loss=spec.loss)  # no parts: nothing federation-wide is read
+        # no parts: nothing federation-wide is read
+        plain = MethodSpec("finetune", loss=spec.loss, temperature=spec.temperature)
         rc = ClientRound(cid, ws.model, {}, {}, {}, settings.lr, len(train), 1, len(train), settings.momentum)
-        upload = local_update(ws, global_state, train, plain, rc, settings, generator)
+        with finetuning(ws.model, spec.personalization.scope, spec.head.bias):
+            upload = local_update(ws, global_state, train, plain, rc, settings, generator)
         ws.model.load_state_dict(upload.state)
         return ws.model
     ws.model.load_state_dict(global_state)

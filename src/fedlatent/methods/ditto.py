@@ -67,7 +67,7 @@ LAYER_KEYS: dict[str, Any] = {"depth": 1, "layers": []}
 MKMMD_KEYS: dict[str, Any] = {
     **LAYER_KEYS, "kernel": "paper", "estimator": "biased", "normalize": False, "beta_every": 20,
     "beta_batches": 50, "release_off_by_one": False, "eps": 1e-3, "stale_first_step": False,
-    "quadruples": "all"}
+    "quadruples": "all", "fixed_kernels": 0}
 MMDD_KEYS: dict[str, Any] = {
     **LAYER_KEYS, "semantics": "paper", "estimator": "unbiased", "kernel_every": 20,
     "kernel_batches": 50, "train_steps": 5, "kernel_lr": 1e-3, "hidden": 10, "out_dim": 50,
@@ -181,7 +181,9 @@ class MkMmd(FeatureDrift):
     features of the last ``beta_batches`` batches: argmin βᵀ(Q + εI)β s.t. βᵀm̂ = 1, β ≥ 0, then
     normalised to sum 1 (:func:`fedlatent.losses.mmd.optimize_kernel_weights`). β is per client
     and layer, kept in the client state (initially uniform); the seconds spent re-solving it are
-    reported as ``personal_beta_seconds``.
+    reported as ``personal_beta_seconds``. ``fixed_kernels = r`` > 0 is the paper's fixed-kernel
+    ablation (Sec. 5, Figure 3 right): only the first r kernels (smallest γ), each with the fixed
+    weight 1/r, never re-optimised.
     """
 
     name = "mk_mmd"
@@ -195,6 +197,11 @@ class MkMmd(FeatureDrift):
         self.every, self.stale = opts["beta_every"], opts["stale_first_step"]
         self.window = _window(opts["beta_batches"], opts["release_off_by_one"])
         self.num_kernels = len(kernel_bandwidths(self.kernel))
+        self.fixed = opts["fixed_kernels"]
+        if self.fixed > self.num_kernels:
+            raise ConfigError(f"{self.name}.fixed_kernels = {self.fixed}: there are {self.num_kernels} kernels")
+        if self.fixed:
+            self.every = 0
         self._windows: dict[int, _Window] = {}
         self._current: _Window | None = None
 
@@ -205,7 +212,10 @@ class MkMmd(FeatureDrift):
         super().begin(rc)
         self._current = self._windows[rc.client_id] = _Window(rc, self.layers, self.window)
         for l in self.layers:
-            rc.state.setdefault(self.key(l), torch.full((self.num_kernels,), 1.0 / self.num_kernels))
+            if self.fixed:
+                rc.state[self.key(l)] = (torch.arange(self.num_kernels) < self.fixed).float() / self.fixed
+            else:
+                rc.state.setdefault(self.key(l), torch.full((self.num_kernels,), 1.0 / self.num_kernels))
 
     def loss(self, ctx: TermContext) -> Tensor:
         pairs = self.pairs(ctx.out, ctx.global_out)

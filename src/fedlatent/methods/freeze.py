@@ -5,13 +5,13 @@ from __future__ import annotations
 from typing import Any
 
 from fedlatent.errors import ConfigError
-from fedlatent.methods.parts import HeadPolicy, MethodSpec
+from fedlatent.methods.parts import HEAD_INITS, HeadPolicy, MethodSpec
 from fedlatent.methods.registry import register_preset
 
 
 @register_preset("freeze", init="default")
 def freeze(opts: dict[str, Any]) -> MethodSpec:
     """Freeze: fixed classifier at init ('default' random or 'orthogonal')."""
-    if opts["init"] not in ("default", "orthogonal"):
-        raise ConfigError(f"algorithm.init = {opts['init']!r}: allowed values are default, orthogonal")
+    if opts["init"] not in HEAD_INITS:
+        raise ConfigError(f"algorithm.init = {opts['init']!r}: allowed values are {', '.join(HEAD_INITS)}")
     return MethodSpec("freeze", head=HeadPolicy(fixed=True, init=opts["init"]))

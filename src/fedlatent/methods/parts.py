@@ -85,6 +85,7 @@ class Upload:
     momentum: float
     extras: dict[str, Tensors] = field(default_factory=dict)
     metrics: dict[str, float] = field(default_factory=dict)
+    trace: list[dict[str, float]] = field(default_factory=list)  # per local step, when the spec asks
 
 
 class Part:
@@ -166,13 +167,17 @@ class Part:
         return {"name": self.name, "weight": self.weight}
 
 
+HEAD_INITS = ("default", "orthogonal", "tammes")
+
+
 @dataclass
 class HeadPolicy:
-    """The classifier: learned, or fixed at init (random or orthonormal rows, no bias);
-    ``normalize_z`` L2-normalises features before it (SphereFed's switches, separable)."""
+    """The classifier: learned, or fixed at init (random, orthonormal or Tammes-spread rows, no
+    bias); ``normalize_z`` L2-normalises features before it (SphereFed's switches, separable)."""
 
     fixed: bool = False
-    init: str = "default"  # default | orthogonal (rows orthonormal, SphereFed / Freeze option)
+    init: str = "default"  # one of HEAD_INITS (orthogonal: SphereFed / Freeze option; tammes: SphereFed App. D)
+    init_steps: int = 10_000  # tammes: SGD steps
     bias: bool = True
     normalize_z: bool = False
 
@@ -181,7 +186,9 @@ class HeadPolicy:
 class Personalization:
     """``ditto``: a personal model per client trained beside the global copy with
     (λ/2)‖w_L − w̄‖² and the constraint parts; ``finetune``: the global model fine-tuned locally
-    for ``epochs`` at evaluation time; ``partial``: the state entries ``local`` picks stay with
+    for ``epochs`` at evaluation time, every parameter (``scope = "all"``, FedBABU; a head fixed
+    during training included) or the classifier alone on the fixed encoder (``"head"``, SphereFed's
+    "Ours (SGD)", Appendix B); ``partial``: the state entries ``local`` picks stay with
     each client (never averaged), the others are shared (FedRep, LG-FedAvg).
 
     For ``partial``, ``local(parameter names, state keys)`` returns the client's own keys (both in
@@ -193,6 +200,7 @@ class Personalization:
     lam: float = 0.0
     parts: list[Part] = field(default_factory=list)
     epochs: int = 1
+    scope: str = "all"  # finetune: all | head
     local: Callable[[list[str], list[str]], list[str]] | None = None
     local_epochs: int = 0
     freeze_local: bool = False
@@ -205,9 +213,10 @@ class Personalization:
 
 @dataclass
 class Calibration:
-    """After-training classifier calibration: ``ffc`` (SphereFed) or ``ccvr``."""
+    """After-training classifier calibration: ``ffc`` (SphereFed), ``ccvr`` or ``centralized`` (the
+    head retrained on all clients' pooled real features: SphereFed's oracle baseline)."""
 
-    kind: str = "none"  # none | ffc | ccvr
+    kind: str = "none"  # none | ffc | ccvr | centralized
     ridge: float = 0.0
     every: int = 0  # FFC every R rounds (0 = only after training)
     personal: bool = False
@@ -222,11 +231,14 @@ class MethodSpec:
 
     name: str
     loss: str = "ce"  # ce | mse
+    temperature: float = 1.0  # cross-entropy of logits / temperature
     server_optimizer: str = "sgd"  # the preset's choice when [server] optimizer = "auto"
     parts: list[Part] = field(default_factory=list)
     head: HeadPolicy = field(default_factory=HeadPolicy)
     personalization: Personalization = field(default_factory=Personalization)
     calibration: Calibration = field(default_factory=Calibration)
+    trace: bool = False  # record each local step's task loss and unweighted terms in Upload.trace
+    count_flops: bool = False  # count the local training's FLOPs in Upload.metrics["flops"]
 
     @property
     def aggregator(self) -> Part | None:
@@ -262,14 +274,15 @@ def _identity(num_classes: int, dtype: torch.dtype, device: torch.device) -> Ten
         return torch.eye(num_classes, dtype=dtype, device=device)
 
 
-def task_loss(kind: str, logits: Tensor, y: Tensor, reduction: str = "mean") -> Tensor:
-    """Cross-entropy, or SphereFed's MSE (1/C)‖logits − onehot(y)‖² averaged over the batch
-    (``reduction="none"``: per sample for cross-entropy, per sample and class for MSE, so that
-    their mean is the default value)."""
+def task_loss(kind: str, logits: Tensor, y: Tensor, reduction: str = "mean", temperature: float = 1.0) -> Tensor:
+    """Cross-entropy of ``logits / temperature``, or SphereFed's MSE (1/C)‖logits − onehot(y)‖²
+    averaged over the batch (``reduction="none"``: per sample for cross-entropy, per sample and
+    class for MSE, so that their mean is the default value). The temperature T is SphereFed's
+    scaling τ·Wz with τ = 1/T (Sec. 4.3, the "CE + Fix(OU) + Norm" row of Table 3)."""
     if kind == "mse":  # rows of a cached identity: F.one_hot validates the labels with two host syncs per call
         target = _identity(logits.shape[1], logits.dtype, logits.device)[y]
         return F.mse_loss(logits, target, reduction=reduction)
-    return F.cross_entropy(logits, y, reduction=reduction)
+    return F.cross_entropy(logits if temperature == 1.0 else logits / temperature, y, reduction=reduction)
 
 
 def trainable_names(model: torch.nn.Module) -> list[str]:

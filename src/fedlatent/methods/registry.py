@@ -10,24 +10,29 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from fedlatent.errors import ConfigError
-from fedlatent.methods.parts import Calibration, HeadPolicy, MethodSpec, Part, Personalization
+from fedlatent.methods.parts import HEAD_INITS, Calibration, HeadPolicy, MethodSpec, Part, Personalization
 from fedlatent.registry import same_kind
 
 # keys every preset accepts (None = the preset's own choice)
 COMMON_KEYS: dict[str, Any] = {
     "loss": "",                 # "" (preset) | ce | mse
+    "temperature": 1.0,         # cross-entropy of logits / temperature (SphereFed Table 3's CE rows)
     "head": "",                 # "" | learned | fixed
-    "head_init": "",            # "" | default | orthogonal
+    "head_init": "",            # "" | default | orthogonal | tammes
+    "tammes_steps": 10_000,     # head_init = tammes: SGD steps (SphereFed App. D)
     "normalize_z": "",          # "" | "true" | "false" (tri-state, TOML has no null)
-    "calibration": "",          # "" | none | ffc | ccvr
+    "calibration": "",          # "" | none | ffc | ccvr | centralized
+    "calibration_epochs": 0,    # ccvr / centralized: SGD epochs of the head (0 = 5)
+    "calibration_lr": 0.0,      # ccvr / centralized: its learning rate (0 = 0.01)
     "calibration_ridge": 0.0,
     "calibration_every": 0,
     "calibration_personal": False,
     "finetune_epochs": 0,
+    "finetune_scope": "",       # "" (preset; all) | all | head
 }
 CHOICES = {"loss": ("", "ce", "mse"), "head": ("", "learned", "fixed"),
-           "head_init": ("", "default", "orthogonal"), "normalize_z": ("", "true", "false"),
-           "calibration": ("", "none", "ffc", "ccvr")}
+           "head_init": ("", *HEAD_INITS), "normalize_z": ("", "true", "false"),
+           "calibration": ("", "none", "ffc", "ccvr", "centralized"), "finetune_scope": ("", "all", "head")}
 
 
 @dataclass
@@ -120,11 +125,17 @@ def _apply_common(spec: MethodSpec, opts: dict[str, Any]) -> None:
     """Universal switches override the preset's choices when given."""
     if opts["loss"]:
         spec.loss = opts["loss"]
+    if opts["temperature"] != 1.0:
+        if opts["temperature"] <= 0 or spec.loss != "ce":
+            raise ConfigError(f"algorithm.temperature = {opts['temperature']}: must be > 0, with loss = 'ce' "
+                              f"('{spec.name}' trains with '{spec.loss}')")
+        spec.temperature = opts["temperature"]
     head: HeadPolicy = spec.head
     if opts["head"]:
         head.fixed = opts["head"] == "fixed"
     if opts["head_init"]:
         head.init = opts["head_init"]
+    head.init_steps = opts["tammes_steps"]
     if opts["normalize_z"]:
         head.normalize_z = opts["normalize_z"] == "true"
     if opts["calibration"]:
@@ -133,10 +144,20 @@ def _apply_common(spec: MethodSpec, opts: dict[str, Any]) -> None:
         spec.calibration.ridge = opts["calibration_ridge"] or spec.calibration.ridge
         spec.calibration.every = opts["calibration_every"] or spec.calibration.every
         spec.calibration.personal = opts["calibration_personal"] or spec.calibration.personal
+        spec.calibration.epochs = opts["calibration_epochs"] or spec.calibration.epochs
+        spec.calibration.lr = opts["calibration_lr"] or spec.calibration.lr
     if opts["finetune_epochs"]:
-        if spec.personalization.kind != "none":
+        if spec.personalization.kind == "finetune":
+            spec.personalization.epochs = opts["finetune_epochs"]
+        elif spec.personalization.kind != "none":
             raise ConfigError(f"algorithm.finetune_epochs: '{spec.name}' already personalises")
-        spec.personalization = Personalization(kind="finetune", epochs=opts["finetune_epochs"])
+        else:
+            spec.personalization = Personalization(kind="finetune", epochs=opts["finetune_epochs"])
+    if opts["finetune_scope"]:
+        if spec.personalization.kind != "finetune":
+            raise ConfigError(f"algorithm.finetune_scope = {opts['finetune_scope']!r}: '{spec.name}' does not "
+                              "fine-tune; set algorithm.finetune_epochs > 0")
+        spec.personalization.scope = opts["finetune_scope"]
 
 
 def catalogue() -> str:

@@ -2,7 +2,8 @@
 MSE loss, then fast federated calibration (FFC) of the classifier from per-client sums.
 
 Each switch is separate, for the paper's ablation (Fix(R), Fix(OU), Norm, CE/MSE): ``fix`` =
-'orthonormal' | 'random' | 'none', ``normalize``, ``loss``, ``ffc``. The same switches are a
+'orthonormal' | 'tammes' (Appendix D's alternative, Table 10) | 'random' | 'none',
+``normalize``, ``loss``, ``ffc``. The same switches are a
 part, so SphereFed stacks on any base: ``[[terms]] name = "spherefed"`` beside
 ``algorithm.name = "fednova"`` (or fedprox, fedadam, ...).
 """
@@ -14,6 +15,7 @@ from fedlatent.errors import ConfigError
 from fedlatent.methods.parts import Calibration, HeadPolicy, MethodSpec, Part
 from fedlatent.methods.registry import register_part, register_preset
 
+FIXES = {"orthonormal": "orthogonal", "tammes": "tammes", "random": "default", "none": "default"}  # fix → init
 KEYS = dict(fix="orthonormal", normalize=True, loss="mse", ffc=True, ridge=0.0, ffc_every=0)
 
 
@@ -24,15 +26,15 @@ class Sphere(Part):
     weight = 0.0
 
     def __init__(self, opts: dict[str, Any]) -> None:
-        if opts["fix"] not in ("orthonormal", "random", "none"):
-            raise ConfigError(f"algorithm.fix = {opts['fix']!r}: allowed values are orthonormal, random, none")
+        if opts["fix"] not in FIXES:
+            raise ConfigError(f"algorithm.fix = {opts['fix']!r}: allowed values are {', '.join(FIXES)}")
         if opts["loss"] not in ("ce", "mse"):
             raise ConfigError(f"algorithm.loss = {opts['loss']!r}: allowed values are ce, mse")
         self.opts = opts
 
     def configure(self, spec: MethodSpec) -> None:
         o = self.opts
-        spec.head = HeadPolicy(fixed=o["fix"] != "none", init="orthogonal" if o["fix"] == "orthonormal" else "default",
+        spec.head = HeadPolicy(fixed=o["fix"] != "none", init=FIXES[o["fix"]],
                                bias=o["fix"] == "none", normalize_z=o["normalize"])
         spec.loss = o["loss"]
         if o["ffc"]:

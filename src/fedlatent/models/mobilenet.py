@@ -13,6 +13,9 @@ original, the block adds a residual *whenever its stride is 1*: the identity whe
 count is unchanged, otherwise a 1×1 conv + BN shortcut; stride-2 blocks have none. As in the
 CIFAR code these papers build on, the 1×1 expand conv is kept for t = 1 as well (a c_in→c_in conv).
 All convs are bias-free. ``norm = "group"`` puts GroupNorm where BatchNorm is (see :mod:`.norm`).
+``projection_relu = True`` adds a ReLU after the projection's norm layer, inside the block before
+the residual sum, as SphereFed's architecture table lists every block (Dong et al. 2022, Table 14:
+"Conv(…, k=1), NormLayer, ReLU" for the projection); it adds no parameter.
 
 Example:
     >>> model = build((3, 32, 32), num_classes=100)
@@ -32,6 +35,7 @@ from fedlatent.models.base import FedModel, mlp_projector
 from fedlatent.models.cnn import ConvSpec, check_input_shape, check_projector, min_spatial_size, parse_options
 from fedlatent.models.norm import NORM, norm2d
 from fedlatent.models.registry import register_model
+from fedlatent.registry import Key
 
 __all__ = ["CONFIG", "InvertedResidual", "MobileNetV2", "build"]
 
@@ -56,13 +60,14 @@ class InvertedResidual(nn.Module):
     1×1 conv + BN for stride 1 with a channel change.
     """
 
-    def __init__(self, cin: int, cout: int, expansion: int, stride: int, norm: str = "batch") -> None:
+    def __init__(self, cin: int, cout: int, expansion: int, stride: int, norm: str = "batch",
+                 projection_relu: bool = False) -> None:
         super().__init__()
         hidden = cin * expansion
         self.body = nn.Sequential(
             *_conv_bn(cin, hidden, 1, norm=norm), nn.ReLU(),
             *_conv_bn(hidden, hidden, 3, stride=stride, groups=hidden, norm=norm), nn.ReLU(),
-            *_conv_bn(hidden, cout, 1, norm=norm),
+            *_conv_bn(hidden, cout, 1, norm=norm), *([nn.ReLU()] if projection_relu else []),
         )
         self.shortcut: nn.Module | None
         if stride != 1:
@@ -93,7 +98,7 @@ class MobileNetV2(FedModel):
                  "stem")
 
     def __init__(self, num_classes: int, in_channels: int = 3, projector_width: int = 0,
-                 projector_layers: int = 2, norm: str = "batch") -> None:
+                 projector_layers: int = 2, norm: str = "batch", projection_relu: bool = False) -> None:
         check_projector(projector_width, projector_layers)
         projector = mlp_projector(LAST_CHANNELS, projector_width, projector_layers) if projector_width else None
         super().__init__(LAST_CHANNELS, num_classes, projector=projector, z_dim=projector_width or None)
@@ -103,7 +108,7 @@ class MobileNetV2(FedModel):
         for t, c, n, s in CONFIG:
             blocks = []
             for stride in [s] + [1] * (n - 1):
-                blocks.append(InvertedResidual(cin, c, t, stride, norm))
+                blocks.append(InvertedResidual(cin, c, t, stride, norm, projection_relu))
                 cin = c
             stages.append(nn.Sequential(*blocks))
         self.stages = nn.ModuleList(stages)
@@ -137,19 +142,25 @@ def build(input_shape: Sequence[int], num_classes: int, *, data_name: str | None
           **options: Any) -> MobileNetV2:
     """Build a :class:`MobileNetV2` for ``input_shape`` = (C, H, W).
 
-    Options: ``projector_width`` (0 = none, default), ``projector_layers`` (default 2), ``norm``.
+    Options: ``projector_width`` (0 = none, default), ``projector_layers`` (default 2), ``norm``,
+    ``projection_relu`` (default False).
     ``data_name`` only names the data in error messages.
     """
-    opts = parse_options(options, {"projector_width": 0, "projector_layers": 2, "norm": "batch"},
-                         arch="mobilenetv2")
+    opts = parse_options(options, {"projector_width": 0, "projector_layers": 2, "norm": "batch",
+                                   "projection_relu": False}, arch="mobilenetv2")
     channels, _, _ = check_input_shape(input_shape, arch="mobilenetv2", min_size=MobileNetV2.min_input_size(),
                                        data_name=data_name)
     return MobileNetV2(num_classes, in_channels=channels, projector_width=opts["projector_width"],
-                       projector_layers=opts["projector_layers"], norm=opts["norm"])
+                       projector_layers=opts["projector_layers"], norm=opts["norm"],
+                       projection_relu=opts["projection_relu"])
 
 
-@register_model("mobilenetv2", reads=("projector",), keys={"norm": NORM})
+PROJECTION_RELU = Key(False, "a ReLU after each block's linear projection (SphereFed's Table 14 lists one)")
+
+
+@register_model("mobilenetv2", reads=("projector",), keys={"norm": NORM, "projection_relu": PROJECTION_RELU})
 def _mobilenetv2(input_shape: Sequence[int], num_classes: int, *, data_name: str, projector: int,
-                 norm: str) -> MobileNetV2:
+                 norm: str, projection_relu: bool) -> MobileNetV2:
     """CIFAR MobileNetV2 (1280-d; FedDecorr, MOON, SphereFed; model.projector as resnet18)."""
-    return build(input_shape, num_classes, data_name=data_name, projector_width=projector, norm=norm)
+    return build(input_shape, num_classes, data_name=data_name, projector_width=projector, norm=norm,
+                 projection_relu=projection_relu)

@@ -188,7 +188,7 @@ def local_update(ws: Workspace, global_state: Tensors, data: Split, spec: Method
             out = model(x, taps)
             task = task_loss(spec.loss, out.logits, y)
             ctx = TermContext(out, y, params, rc.global_params, global_out,
-                              prev_out, s.num_classes, rc.state, rc.payload)
+                              prev_out, s.num_classes, rc.state, rc.payload, rc.scratch)
             loss = _add_terms(task, parts, ctx, term_sums)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
@@ -206,6 +206,7 @@ def local_update(ws: Workspace, global_state: Tensors, data: Split, spec: Method
         extra = part.finish(rc)
         if extra:
             extras[part.name] = extra
+    rc.scratch.clear()
     if personal is not None:
         rc.state.update({PERSONAL + k: v for k, v in state_to_cpu(ws.personal).items()})
     if s.keep_optimizer:
@@ -244,7 +245,8 @@ def _personal_step(personal: FedModel, optimizer: torch.optim.Optimizer, spec: M
     if lam > 0:
         loss = loss + 0.5 * lam * sum(((params[n] - rc.global_params[n]) ** 2).sum()
                                       for n in trainable_names(personal))
-    ctx = TermContext(out, y, params, rc.global_params, global_out, None, s.num_classes, rc.state, rc.payload)
+    ctx = TermContext(out, y, params, rc.global_params, global_out, None, s.num_classes, rc.state, rc.payload,
+                      rc.scratch)
     loss = _add_terms(loss, spec.personalization.parts, ctx, term_sums)
     optimizer.zero_grad(set_to_none=True)
     loss.backward()

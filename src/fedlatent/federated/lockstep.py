@@ -194,6 +194,7 @@ def lockstep_update(ws: Workspace, global_state: Tensors, datas: list[Split], sp
                 extras[part.name] = extra
         for part in personal_parts:
             part.finish(rc)
+        rc.scratch.clear()
         if ditto:
             rc.state.update({PERSONAL + k: v for k, v in personal_stack.client_state(c).items()})
         steps = max(rc.steps, 1)

@@ -21,6 +21,24 @@ from fedlatent.methods.registry import register_part, register_preset
 PROTO, PRESENT = "fedproto.prototypes", "fedproto.present"
 
 
+class _Prototypes:
+    """One client's round: per-class sums of z (float64) and counts over its training batches."""
+
+    def __init__(self) -> None:
+        self.sums: Tensor | None = None
+        self.counts: Tensor | None = None
+
+    def add(self, z: Tensor, y: Tensor, num_classes: int) -> None:
+        if self.sums is None:
+            self.sums = torch.zeros(num_classes, z.shape[1], dtype=torch.float64)
+            self.counts = torch.zeros(num_classes, dtype=torch.float64)
+        self.sums.index_add_(0, y.cpu(), z.detach().cpu().double())
+        self.counts.index_add_(0, y.cpu(), torch.ones(len(y), dtype=torch.float64))
+
+    def extras(self) -> Tensors | None:
+        return None if self.sums is None else {"sums": self.sums, "counts": self.counts}
+
+
 class FedProto(Part):
     name = "fedproto"
 
@@ -28,25 +46,18 @@ class FedProto(Part):
         self.weight, self.semantics = lam, semantics
 
     def begin(self, rc: ClientRound) -> None:
-        self._sums: Tensor | None = None
-        self._counts: Tensor | None = None
+        rc.scratch[self.name] = _Prototypes()
 
     def loss(self, ctx: TermContext) -> Tensor | None:
         z, y = ctx.out.z, ctx.y
-        if self._sums is None:
-            self._sums = torch.zeros(ctx.num_classes, z.shape[1], dtype=torch.float64)
-            self._counts = torch.zeros(ctx.num_classes, dtype=torch.float64)
-        self._sums.index_add_(0, y.cpu(), z.detach().cpu().double())
-        self._counts.index_add_(0, y.cpu(), torch.ones(len(y), dtype=torch.float64))
+        ctx.scratch[self.name].add(z, y, ctx.num_classes)
         if PROTO not in ctx.payload:
             return None
         return prototype_distance(z, y, ctx.payload[PROTO].to(z.device), ctx.payload[PRESENT].to(z.device),
                                   semantics=self.semantics)
 
     def finish(self, rc: ClientRound) -> Tensors | None:
-        if self._sums is None:
-            return None
-        return {"sums": self._sums, "counts": self._counts}
+        return rc.scratch[self.name].extras()
 
     def payload(self, server_state: Tensors) -> Tensors:
         return {k: server_state[k] for k in (PROTO, PRESENT) if k in server_state}

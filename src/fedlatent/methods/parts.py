@@ -25,7 +25,8 @@ Tensors = dict[str, Tensor]
 
 @dataclass
 class TermContext:
-    """What a loss term may read for one mini-batch (tensors only, nothing to mutate)."""
+    """What a loss term may read for one mini-batch: tensors, and the client's round-scoped
+    ``scratch`` (:attr:`ClientRound.scratch`), the one thing a term may mutate."""
 
     out: ModelOutput
     y: Tensor
@@ -36,6 +37,7 @@ class TermContext:
     num_classes: int
     state: Tensors
     payload: Tensors
+    scratch: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -55,7 +57,12 @@ class LockstepContext:
 
 @dataclass
 class ClientRound:
-    """One client's round as the hooks see it: the model being trained, its stores and settings."""
+    """One client's round as the hooks see it: the model being trained, its stores and settings.
+
+    ``scratch`` holds round-scoped working data keyed by part name (SCAFFOLD's corrections,
+    FedProto's running sums, the MMD windows and kernels): filled from :meth:`Part.begin`,
+    discarded after :meth:`Part.finish`, never checkpointed, so that a part object holds only
+    its configuration and one client's round never sees another's."""
 
     client_id: int
     model: FedModel
@@ -71,6 +78,7 @@ class ClientRound:
     extra_weight_decay: float = 0.0
     metrics: dict[str, float] = field(default_factory=dict)
     seed: int = 0  # the run's seed, for parts that draw (derive_seed(seed, PURPOSE, client, …))
+    scratch: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -114,7 +122,8 @@ class Part:
 
     # client side -------------------------------------------------------------------------------
     def begin(self, rc: ClientRound) -> None:
-        """Before local training (read state/payload, set ``rc.extra_weight_decay``; a part may
+        """Before local training (read state/payload, keep round-scoped data in
+        ``rc.scratch[self.name]``, set ``rc.extra_weight_decay``; a part may
         still set its ``taps`` here from ``rc.model.tap_names``: the client reads them afterwards)."""
 
     def loss(self, ctx: TermContext) -> Tensor | None:

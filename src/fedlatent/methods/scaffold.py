@@ -21,13 +21,14 @@ class Scaffold(Part):
     needs_global_params = True
 
     def begin(self, rc: ClientRound) -> None:
-        self._params = [(n, p) for n, p in rc.model.named_parameters() if p.requires_grad]
-        self._correction = [(p, rc.payload.get(C + n, torch.zeros_like(p)).to(p.device)
-                             - rc.state.get(CI + n, torch.zeros_like(p)).to(p.device)) for n, p in self._params]
+        """Keep (parameter, c − c_i) pairs for the round in the client's scratch."""
+        rc.scratch[self.name] = [(p, rc.payload.get(C + n, torch.zeros_like(p)).to(p.device)
+                                  - rc.state.get(CI + n, torch.zeros_like(p)).to(p.device))
+                                 for n, p in rc.model.named_parameters() if p.requires_grad]
 
     @torch.no_grad()
     def after_step(self, rc: ClientRound) -> None:
-        for p, correction in self._correction:
+        for p, correction in rc.scratch[self.name]:
             p.sub_(rc.lr * correction)
 
     def lockstep_drift(self, rcs: list[ClientRound], trainable: list[str]) -> Tensors:

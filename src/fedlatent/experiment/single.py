@@ -67,7 +67,7 @@ def prepare(config: RunConfig) -> tuple[Federation, MethodSpec]:
                           f"use 'auto' or {' or '.join(repr(b) for b in BACKENDS)}")
     federation = build_federation(config.data, config.data_seed)
     if config.backend == "vectorized":
-        vectorized.check(config, federation, spec)
+        vectorized.check(config, spec)
     sampled = len(simulation.sample_clients(config.seed, 0, len(federation.clients), config.train.participation))
     if config.train.min_clients > sampled:
         raise ConfigError(f"train.min_clients = {config.train.min_clients}: more than the {sampled} clients "

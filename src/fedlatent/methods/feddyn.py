@@ -18,7 +18,7 @@ import torch
 from torch import Tensor
 
 from fedlatent.methods.aggregation import weighted_mean
-from fedlatent.methods.parts import ClientRound, MethodSpec, Part, TermContext, Tensors, Upload
+from fedlatent.methods.parts import ClientRound, LockstepContext, MethodSpec, Part, TermContext, Tensors, Upload
 from fedlatent.methods.registry import register_part, register_preset
 
 LAM, H = "feddyn.lambda.", "feddyn.h."
@@ -44,6 +44,13 @@ class FedDyn(Part):
     def loss(self, ctx: TermContext) -> Tensor:
         alpha_k, linear = ctx.scratch[self.name]
         return alpha_k * sum((ctx.params[n] * lin).sum() for n, lin in linear.items())
+
+    def lockstep_loss(self, ctx: LockstepContext) -> Tensor:
+        """α_k⟨θ_k, λ_k − θ_srv⟩ per client, each client's α_k and coefficients stacked."""
+        scratch = [rc.scratch[self.name] for rc in ctx.rcs]
+        alphas = torch.tensor([alpha_k for alpha_k, _ in scratch], dtype=ctx.out.z.dtype, device=ctx.out.z.device)
+        return alphas * sum((ctx.params[n] * torch.stack([linear[n] for _, linear in scratch])).flatten(1).sum(1)
+                            for n in scratch[0][1])
 
     @torch.no_grad()
     def finish(self, rc: ClientRound) -> Tensors:

@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 from fedlatent.losses.contrastive import prototype_distance
-from fedlatent.methods.parts import ClientRound, MethodSpec, Part, TermContext, Tensors, Upload
+from fedlatent.methods.parts import ClientRound, LockstepContext, MethodSpec, Part, TermContext, Tensors, Upload
 from fedlatent.methods.registry import register_part, register_preset
 
 PROTO, PRESENT = "fedproto.prototypes", "fedproto.present"
@@ -55,6 +55,18 @@ class FedProto(Part):
             return None
         return prototype_distance(z, y, ctx.payload[PROTO].to(z.device), ctx.payload[PRESENT].to(z.device),
                                   semantics=self.semantics)
+
+    def lockstep_loss(self, ctx: LockstepContext) -> Tensor | None:
+        """Each client's sums from its rows of the group; the distance to the one set of global
+        prototypes per client under ``vmap``."""
+        z, y = ctx.out.z, ctx.y
+        for i, rc in enumerate(ctx.rcs):
+            rc.scratch[self.name].add(z[i], y[i], ctx.num_classes)
+        payload = ctx.rcs[0].payload  # the server sends every client the same prototypes
+        if PROTO not in payload:
+            return None
+        protos, present = payload[PROTO].to(z.device), payload[PRESENT].to(z.device)
+        return torch.vmap(lambda zc, yc: prototype_distance(zc, yc, protos, present, semantics=self.semantics))(z, y)
 
     def finish(self, rc: ClientRound) -> Tensors | None:
         return rc.scratch[self.name].extras()

@@ -44,7 +44,8 @@ class TermContext:
 class LockstepContext:
     """What a loss term may read for a group of clients trained at once (the vectorized backend):
     outputs and labels with a leading client axis, the stacked weights being trained, the round's
-    global weights (no client axis) and the clients' rounds in the same order."""
+    global weights (no client axis) and the clients' rounds in the same order (their ``scratch``);
+    the previous local models' outputs where some client has one, ``prev_present`` marking which."""
 
     out: ModelOutput
     y: Tensor
@@ -53,6 +54,8 @@ class LockstepContext:
     global_out: ModelOutput | None
     num_classes: int
     rcs: list["ClientRound"]
+    prev_out: ModelOutput | None = None
+    prev_present: Tensor | None = None
 
 
 @dataclass
@@ -130,9 +133,9 @@ class Part:
         """This part's loss term for one batch (unweighted), or None."""
         return None
 
-    def lockstep_loss(self, ctx: LockstepContext) -> Tensor:
+    def lockstep_loss(self, ctx: LockstepContext) -> Tensor | None:
         """:meth:`loss` for a group of clients trained at once (the vectorized backend): the
-        (clients,) unweighted terms. By default :meth:`loss` under ``torch.vmap`` for an
+        (clients,) unweighted terms, or None where :meth:`loss` would give None for all of them. By default :meth:`loss` under ``torch.vmap`` for an
         ``output_only`` part; a part with state or weights in its term overrides this."""
         if not self.output_only:
             raise NotImplementedError(f"part '{self.name}' has no lockstep form")
@@ -147,8 +150,9 @@ class Part:
     def lockstep_drift(self, rcs: list[ClientRound], trainable: list[str]) -> Tensors | None:
         """The vectorized backend's form of ``begin`` + ``after_step`` for a part whose step hook
         moves each client's weights by a fixed −lr·d after every optimiser step: d per trainable
-        weight with a leading client axis (SCAFFOLD's c − c_i), or None. There :meth:`finish` is
-        called per client with ``rc.model`` holding that client's trained weights, without ``begin``."""
+        weight with a leading client axis (SCAFFOLD's c − c_i), or None. There :meth:`begin` is
+        called per client first and :meth:`finish` per client with ``rc.model`` holding that
+        client's trained weights."""
         return None
 
     def has_lockstep_steps(self) -> bool:

@@ -16,7 +16,7 @@ from fedlatent.data.federation import build_federation
 from fedlatent.errors import ConfigError
 from fedlatent.experiment import prepare
 from fedlatent.federated.lockstep import lockstep_update, unsupported
-from fedlatent.methods import PARTS, PRESETS, resolve
+from fedlatent.methods import PARTS, PRESETS, ditto, resolve
 
 from tests.methods.test_ditto import small_config
 
@@ -191,13 +191,20 @@ def test_ditto_mmdd_fixed_kernels_match_simulation(semantics: str) -> None:
     _assert_same_run(small_config("ditto_mmdd", rounds=2, train_steps=0, semantics=semantics))
 
 
-def test_ditto_mmdd_with_kernel_training_matches_simulation() -> None:
-    """With kernel training the two trainers agree only loosely: a fresh AdamW's first step is
-    lr·g/|g| per weight, so a weight whose gradient rounding moves across 0 steps the other way
-    (kernel weights differ by up to ~1e-2 after a round, the personal models by ~2e-4)."""
+def test_ditto_mmdd_with_kernel_training_matches_simulation(monkeypatch) -> None:
+    """The clients' deep kernels are trained together (stacked, one vmap per AdamW step:
+    tests/losses/test_mmd_d.py pins that to one-by-one training in float64). With kernel training
+    the two trainers agree only loosely: a fresh AdamW's first step is lr·g/|g| per weight, so a
+    weight whose gradient rounding moves across 0 steps the other way (kernel weights differ by up
+    to ~1e-2 after a round, the personal models by ~2e-4)."""
     config = small_config("ditto_mmdd", rounds=1, kernel_every=4, kernel_batches=3, train_steps=2)
     ref, ref_lines = _rounds(config, simulation.train_in_turn)
+    together: list[int] = []
+    train = ditto.train_deep_kernels
+    monkeypatch.setattr(ditto, "train_deep_kernels", lambda kernels, *a, **k: (together.append(len(kernels)),
+                                                                               train(kernels, *a, **k)))
     got, got_lines = _rounds(config, lockstep_update)
+    assert together and min(together) == len(got_lines[0]["clients"]) > 1
     for ref_state, got_state in zip(ref.client_states, got.client_states):
         assert sorted(got_state) == sorted(ref_state)
         for k, v in ref_state.items():

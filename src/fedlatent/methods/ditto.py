@@ -57,7 +57,7 @@ from torch.nn import functional as F
 from fedlatent.errors import ConfigError
 from fedlatent.losses.mmd import (kernel_bandwidths, mk_mmd, mk_mmd_batch, mmd_estimates_with_covariance_batch,
                                   optimize_kernel_weights)
-from fedlatent.losses.mmd_d import DeepKernel, mmd_d, train_deep_kernel
+from fedlatent.losses.mmd_d import DeepKernel, mmd_d, train_deep_kernel, train_deep_kernels
 from fedlatent.methods.parts import ClientRound, LockstepContext, MethodSpec, Part, Personalization, TermContext
 from fedlatent.methods.registry import register_part, register_preset
 from fedlatent.models.base import ModelOutput
@@ -310,11 +310,18 @@ class MmdD(FeatureDrift):
                    for l, (p, g) in pairs.items())
 
     def lockstep_loss(self, ctx: LockstepContext) -> Tensor:
-        """Each client's window and kernel training as in :meth:`loss`; the terms of all clients
-        from one ``vmap`` over their stacked kernel weights."""
+        """Each client's window as in :meth:`loss`, the kernels due trained together
+        (:func:`~fedlatent.losses.mmd_d.train_deep_kernels`); the terms of all clients from one
+        ``vmap`` over their stacked kernel weights."""
         pairs = self.pairs(ctx.out, ctx.global_out, batch_dims=2)
+        due = []
         for i, rc in enumerate(ctx.rcs):
-            self.observe(rc.scratch[self.name], {l: (p[i], g[i]) for l, (p, g) in pairs.items()})
+            window = rc.scratch[self.name]
+            window.observe({l: (p[i], g[i]) for l, (p, g) in pairs.items()})
+            if refresh_due(window.step, self.every, self.stale) and self.steps:
+                due.append(window)
+        if due:
+            self.train_kernels(due, pairs)
         total = 0.0
         for l, (p, g) in pairs.items():
             kernels = [self.kernel_for(rc, l, p) for rc in ctx.rcs]
@@ -329,19 +336,33 @@ class MmdD(FeatureDrift):
         """Record a personal step's features; train the window's kernels when due."""
         window.observe(pairs)
         if refresh_due(window.step, self.every, self.stale) and self.steps:
-            self.train_kernels(window, pairs)
+            self.train_kernels([window], pairs)
 
-    def train_kernels(self, window: _Window, pairs: dict[str, tuple[Tensor, Tensor]]) -> None:
+    def train_kernels(self, windows: list[_Window], pairs: dict[str, tuple[Tensor, Tensor]]) -> None:
+        """Train every layer's kernel of each window on its batches (kept as is when fewer than
+        two samples); one window alone with :func:`train_deep_kernel`, windows holding as many
+        samples together with :func:`train_deep_kernels`."""
         started = time.perf_counter()
-        for l in window.buffers:
-            kernel = self.kernel_for(window.rc, l, pairs[l][0]).requires_grad_(True)
-            x, y = window.samples(l)
-            if x.shape[0] >= 2:
-                train_deep_kernel(kernel, x, y, steps=self.steps, lr=self.lr, semantics=self.semantics)
-            kernel.requires_grad_(False)
-        metrics = window.rc.metrics
-        metrics["personal_kernel_seconds"] = metrics.get("personal_kernel_seconds", 0.0) + \
-            time.perf_counter() - started
+        for l in self.layers:
+            by_size: dict[int, list[tuple[DeepKernel, Tensor, Tensor]]] = {}
+            for window in windows:
+                x, y = window.samples(l)
+                if x.shape[0] >= 2:
+                    by_size.setdefault(x.shape[0], []).append((self.kernel_for(window.rc, l, pairs[l][0]), x, y))
+            for group in by_size.values():
+                if len(group) == 1:
+                    kernel, x, y = group[0]
+                    kernel.requires_grad_(True)
+                    train_deep_kernel(kernel, x, y, steps=self.steps, lr=self.lr, semantics=self.semantics)
+                    kernel.requires_grad_(False)
+                else:
+                    train_deep_kernels([k for k, _, _ in group], torch.stack([x for _, x, _ in group]),
+                                       torch.stack([y for _, _, y in group]), steps=self.steps, lr=self.lr,
+                                       semantics=self.semantics)
+        share = (time.perf_counter() - started) / len(windows)
+        for window in windows:
+            metrics = window.rc.metrics
+            metrics["personal_kernel_seconds"] = metrics.get("personal_kernel_seconds", 0.0) + share
 
     def finish(self, rc: ClientRound) -> None:
         for l, kernel in rc.scratch[self.name].kernels.items():

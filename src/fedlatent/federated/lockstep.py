@@ -20,8 +20,10 @@ per-client weight decay from ``rc.extra_weight_decay``), loss terms through thei
 MOON, the feature-drift constraints), after-step moves through
 :meth:`~fedlatent.methods.parts.Part.lockstep_drift` (SCAFFOLD); the frozen global model runs once
 per step for the group, MOON's previous local models stacked under ``vmap``; Ditto with its
-constraints. Not supported: layers kept per client (FedRep, LG-FedAvg) and step hooks without a
-lockstep form; :func:`unsupported` says why a run is not.
+constraints, MMD-D's deep kernels trained together. Layers kept per client (FedRep, LG-FedAvg):
+each client starts from its own weights (stacked: the round-start models and the weights a term
+pulls towards get a client axis), both phases as in ``client._partial_update``. A step hook
+without a lockstep form would not be supported; :func:`unsupported` says why a run is not.
 
 Dropout: ``vmap(randomness="different")`` draws an independent mask per client, from the global
 generator as the sequential client does, but not the same draws (those come client after client
@@ -34,6 +36,7 @@ from __future__ import annotations
 import time
 from collections import defaultdict
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import Callable
 
 import torch
@@ -43,9 +46,10 @@ from torch.func import functional_call, vmap
 from fedlatent.data.augment import augment_batch
 from fedlatent.data.compact import Images
 from fedlatent.data.types import Split
-from fedlatent.federated.client import PERSONAL, PREVIOUS, LocalSettings, Workspace, batches, prefixed
-from fedlatent.methods.parts import (ClientRound, LockstepContext, MethodSpec, Part, Tensors, Upload, task_loss,
-                                     trainable_names)
+from fedlatent.federated.client import (LOCAL, PERSONAL, PREVIOUS, LocalSettings, Workspace, _training_only,
+                                       batches, own_state, prefixed)
+from fedlatent.methods.parts import (ClientRound, LockstepContext, MethodSpec, Part, Personalization, Tensors, Upload,
+                                     task_loss, trainable_names)
 from fedlatent.models.base import FedModel, ModelOutput
 
 def unsupported(spec: MethodSpec) -> str | None:
@@ -55,8 +59,6 @@ def unsupported(spec: MethodSpec) -> str | None:
         has_loss = type(part).loss is not Part.loss
         if moves_weights or (has_loss and not part.has_lockstep_form()):
             return f"part '{part.name}' acts on the client's training step, which has no lockstep form yet"
-    if spec.personalization.kind == "partial":
-        return "layers kept per client (FedRep, LG-FedAvg) have no lockstep form yet"
     if spec.personalization.kind == "ditto":
         for part in spec.personalization.parts:
             if not part.has_lockstep_form() or part.needs_prev_out:
@@ -173,30 +175,69 @@ def _frozen_out(model: FedModel, x: Tensor, taps: tuple[str, ...]) -> ModelOutpu
                        features={k: v.unflatten(0, x.shape[:2]) for k, v in flat.features.items()})
 
 
-class _Previous:
-    """MOON's previous local models, stacked: each client's from its state (the global weights as a
-    stand-in where it has none, its term masked out by ``present``), run under ``vmap``."""
+class _Frozen:
+    """Frozen models, one per client, stacked and run under ``vmap`` in eval mode (BatchNorm reads
+    its running statistics): MOON's previous local models, or the round-start models when the
+    clients start from different weights (layers kept per client)."""
 
-    def __init__(self, ws: Workspace, rcs: list[ClientRound], global_state: Tensors, taps: tuple[str, ...],
-                 device: torch.device) -> None:
-        states = [prefixed(rc.state, PREVIOUS) for rc in rcs]
-        self.present = torch.tensor([bool(st) for st in states], device=device)
-        self.params = {n: torch.stack([(st or global_state)[n] for st in states]).to(device) for n in global_state}
-        ws.previous.eval()  # functional_call runs the module's mode: BatchNorm reads its running statistics
-        self.forward = vmap(_forward(ws.previous, taps))
+    def __init__(self, module: FedModel, states: list[Tensors], taps: tuple[str, ...], device: torch.device) -> None:
+        self.params = {n: torch.stack([st[n] for st in states]).to(device) for n in states[0]}
+        module.eval()  # functional_call runs the module's mode
+        self.forward = vmap(_forward(module, taps))
         self.taps = taps
 
-    def out(self, group: Tensor | None, x: Tensor) -> tuple[ModelOutput, Tensor]:
+    def out(self, group: Tensor | None, x: Tensor) -> ModelOutput:
         params = self.params if group is None else {n: p.index_select(0, group) for n, p in self.params.items()}
-        present = self.present if group is None else self.present.index_select(0, group)
         with torch.no_grad():
-            return _output(self.forward(params, x), self.taps), present
+            return _output(self.forward(params, x), self.taps)
+
+
+def _pick(values: dict[str, Tensor], group: Tensor | None) -> dict[str, Tensor]:
+    return values if group is None else {n: v.index_select(0, group) for n, v in values.items()}
 
 
 def lockstep_update(ws: Workspace, global_state: Tensors, datas: list[Split], spec: MethodSpec,
                     rcs: list[ClientRound], s: LocalSettings, generators: list[torch.Generator]) -> list[Upload]:
     """Train the clients of ``rcs`` from ``global_state`` on ``datas`` at once; update each
     ``rc.state`` in place and return their uploads (as :func:`client.local_update` would, one by one)."""
+    if spec.personalization.kind == "partial":
+        return _partial_together(ws, global_state, datas, spec, rcs, s, generators)
+    return _train_together(ws, [global_state] * len(rcs), datas, spec, rcs, s, generators)
+
+
+def _partial_together(ws: Workspace, global_state: Tensors, datas: list[Split], spec: MethodSpec,
+                      rcs: list[ClientRound], s: LocalSettings, generators: list[torch.Generator]) -> list[Upload]:
+    """A round of partial personalisation (FedRep, LG-FedAvg) for all clients at once, as
+    ``client._partial_update`` runs it for one: from the global state with each client's own
+    layers, those layers alone first (task loss only) for ``local_epochs``, then the shared
+    (``freeze_local``) or all layers with the method's parts; the own layers saved back to the
+    client states."""
+    p, model = spec.personalization, ws.model
+    names = [n for n, _ in model.named_parameters()]
+    local = set(p.local_keys(names, list(global_state)))
+    starts = [own_state(model, p, rc.state, global_state) for rc in rcs]
+    local_losses = None
+    if p.local_epochs and any(q.requires_grad for n, q in model.named_parameters() if n in local):
+        alone = [replace(rc, state={}, payload={}, steps=0, metrics={}, scratch={}) for rc in rcs]
+        settings = replace(s, epochs=p.local_epochs, steps=0, keep_optimizer=False)
+        with _training_only(model, local):
+            first = _train_together(ws, starts, datas, MethodSpec("local", loss=spec.loss), alone, settings, generators)
+        starts, local_losses = [u.state for u in first], [u.metrics["train_loss"] for u in first]
+    shared = {n for n in names if n not in local} if p.freeze_local else set(names)
+    with _training_only(model, shared):
+        uploads = _train_together(ws, starts, datas, replace(spec, personalization=Personalization()), rcs,
+                                  replace(s, epochs=p.shared_epochs or s.epochs), generators)
+    for c, (rc, upload) in enumerate(zip(rcs, uploads)):
+        rc.state.update({LOCAL + k: upload.state[k].clone() for k in local})
+        if local_losses is not None:
+            upload.metrics["local_layers_loss"] = local_losses[c]
+    return uploads
+
+
+def _train_together(ws: Workspace, starts: list[Tensors], datas: list[Split], spec: MethodSpec,
+                    rcs: list[ClientRound], s: LocalSettings, generators: list[torch.Generator]) -> list[Upload]:
+    """Train client c of ``rcs`` from ``starts[c]`` (one object for all when they start from the
+    global state) on ``datas[c]``, all at once."""
     started = time.perf_counter()
     model, device, count = ws.model, s.device, len(rcs)
     model.train()  # the template's mode is what functional_call runs (BatchNorm: batch statistics)
@@ -204,29 +245,37 @@ def lockstep_update(ws: Workspace, global_state: Tensors, datas: list[Split], sp
     trainable = trainable_names(model)
     ditto = spec.personalization.kind == "ditto"
     personal_parts = spec.personalization.parts if ditto else []
-    model.load_state_dict(global_state)  # what begin may read off rc.model (shapes, devices)
-    for rc in rcs:
-        rc.global_params = {n: global_state[n].to(device) for n, _ in model.named_parameters()}
+    same_start = all(st is starts[0] for st in starts)
+    model.load_state_dict(starts[0])  # what begin may read off rc.model (shapes, devices)
+    for rc, start in zip(rcs, starts):
+        rc.global_params = {n: start[n].to(device) for n, _ in model.named_parameters()}
         for part in spec.parts + personal_parts:
             part.begin(rc)
     decay = [rc.extra_weight_decay for rc in rcs]
-    global_stack = _Stack([global_state] * count, names, trainable, device, drift=_drift(spec.parts, rcs, trainable),
+    global_stack = _Stack(starts, names, trainable, device, drift=_drift(spec.parts, rcs, trainable),
                           extra_decay=torch.tensor(decay, device=device) if any(decay) else None)
     # after begin: a part may resolve its taps from rc.model.tap_names (feature-drift depth)
     taps = tuple(sorted(frozenset().union(*(p.taps for p in personal_parts + spec.parts))))
     randomness = "different" if _has_dropout(model) else "error"
     forward = vmap(_forward(model, taps), randomness=randomness)
-    global_params = rcs[0].global_params
-    personal_stack = _Stack([prefixed(rc.state, PERSONAL) or global_state for rc in rcs], names, trainable,
-                            device, anchor=global_state, pull=spec.personalization.lam) if ditto else None
-    frozen = None
+    # the weights the round started from: no client axis when shared, else stacked (picked per group)
+    global_params = rcs[0].global_params if same_start else \
+        {n: torch.stack([rc.global_params[n] for rc in rcs]) for n in rcs[0].global_params}
+    personal_stack = _Stack([prefixed(rc.state, PERSONAL) or starts[0] for rc in rcs], names, trainable,
+                            device, anchor=starts[0], pull=spec.personalization.lam) if ditto else None
+    frozen: FedModel | _Frozen | None = None
     if any(p.needs_global_out for p in personal_parts + spec.parts):
-        frozen = ws.global_copy
-        frozen.load_state_dict(global_state)
-        frozen.eval()
-    previous = None
+        if same_start:
+            frozen = ws.global_copy
+            frozen.load_state_dict(starts[0])
+            frozen.eval()
+        else:
+            frozen = _Frozen(ws.global_copy, starts, taps, device)
+    previous, present = None, None
     if any(p.needs_prev_out for p in spec.parts) and any(k.startswith(PREVIOUS) for rc in rcs for k in rc.state):
-        previous = _Previous(ws, rcs, global_state, taps, device)
+        own = [prefixed(rc.state, PREVIOUS) for rc in rcs]  # the start as a stand-in where a client has none
+        previous = _Frozen(ws.previous, [o or start for o, start in zip(own, starts)], taps, device)
+        present = torch.tensor([bool(o) for o in own], device=device)
 
     sums: dict[str, Tensor] = defaultdict(lambda: torch.zeros(count))
     seen: dict[str, Tensor] = defaultdict(lambda: torch.zeros(count, dtype=torch.bool))
@@ -246,19 +295,25 @@ def lockstep_update(ws: Workspace, global_state: Tensors, datas: list[Split], sp
             y = torch.stack([taken[c][2] for c in members])
             record = _recorder(sums, seen, members)
             group_rcs = [rcs[c] for c in members]
-            global_out = _frozen_out(frozen, x, taps) if frozen is not None else None
-            prev_out, present = previous.out(group, x) if previous is not None else (None, None)
+            if isinstance(frozen, _Frozen):
+                global_out = frozen.out(group, x)
+            else:
+                global_out = _frozen_out(frozen, x, taps) if frozen is not None else None
+            prev_out = previous.out(group, x) if previous is not None else None
+            group_present = present if present is None or group is None else present.index_select(0, group)
+            group_global = global_params if same_start else _pick(global_params, group)
 
             def global_loss(params: dict[str, Tensor]) -> Tensor:
                 out = _output(forward(params, x), taps)
                 task = _task_losses(spec.loss, out.logits, y)
                 record("train_loss", task)
                 return _with_terms(task, spec.parts, LockstepContext(
-                    out, y, params, global_params, global_out, s.num_classes, group_rcs, prev_out, present), record)
+                    out, y, params, group_global, global_out, s.num_classes, group_rcs, prev_out, group_present),
+                    record)
 
             global_stack.step(group, global_loss, s)
             if ditto:
-                personal_stack.step(group, _personal_loss(spec, forward, global_out, taps, x, y, s, global_params,
+                personal_stack.step(group, _personal_loss(spec, forward, global_out, taps, x, y, s, group_global,
                                                           group_rcs, record), s)
     seconds = time.perf_counter() - started
     uploads = []

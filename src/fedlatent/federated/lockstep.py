@@ -166,13 +166,21 @@ def _stream(data: Split, s: LocalSettings, generator: torch.Generator) -> Iterat
             yield idx, x, data.y[idx].to(s.device)
 
 
-def _frozen_out(model: FedModel, x: Tensor, taps: tuple[str, ...]) -> ModelOutput:
-    """The frozen round-start global model on a (clients, batch, …) input: one plain forward (eval
-    mode: no batch statistics, so flattening the clients together changes nothing)."""
-    with torch.no_grad():
-        flat = model(x.flatten(0, 1), frozenset(taps))
-    return ModelOutput(*(v.unflatten(0, x.shape[:2]) for v in (flat.logits, flat.z)),
-                       features={k: v.unflatten(0, x.shape[:2]) for k, v in flat.features.items()})
+class _Shared:
+    """The frozen round-start model every client starts from, run on a (clients, batch, …) input
+    as one plain forward (eval mode: no batch statistics, so flattening the clients together
+    changes nothing)."""
+
+    def __init__(self, module: FedModel, state: Tensors, taps: tuple[str, ...]) -> None:
+        module.load_state_dict(state)
+        module.eval()
+        self.module, self.taps = module, frozenset(taps)
+
+    def out(self, group: Tensor | None, x: Tensor) -> ModelOutput:
+        with torch.no_grad():
+            flat = self.module(x.flatten(0, 1), self.taps)
+        return ModelOutput(*(v.unflatten(0, x.shape[:2]) for v in (flat.logits, flat.z)),
+                           features={k: v.unflatten(0, x.shape[:2]) for k, v in flat.features.items()})
 
 
 class _Frozen:
@@ -187,13 +195,17 @@ class _Frozen:
         self.taps = taps
 
     def out(self, group: Tensor | None, x: Tensor) -> ModelOutput:
-        params = self.params if group is None else {n: p.index_select(0, group) for n, p in self.params.items()}
         with torch.no_grad():
-            return _output(self.forward(params, x), self.taps)
+            return _output(self.forward(_pick(self.params, group), x), self.taps)
+
+
+def _rows(t: Tensor | None, group: Tensor | None) -> Tensor | None:
+    """The rows of ``group`` (None: all) of a stacked tensor."""
+    return t if t is None or group is None else t.index_select(0, group)
 
 
 def _pick(values: dict[str, Tensor], group: Tensor | None) -> dict[str, Tensor]:
-    return values if group is None else {n: v.index_select(0, group) for n, v in values.items()}
+    return {n: _rows(v, group) for n, v in values.items()}
 
 
 def lockstep_update(ws: Workspace, global_state: Tensors, datas: list[Split], spec: MethodSpec,
@@ -263,14 +275,9 @@ def _train_together(ws: Workspace, starts: list[Tensors], datas: list[Split], sp
         {n: torch.stack([rc.global_params[n] for rc in rcs]) for n in rcs[0].global_params}
     personal_stack = _Stack([prefixed(rc.state, PERSONAL) or starts[0] for rc in rcs], names, trainable,
                             device, anchor=starts[0], pull=spec.personalization.lam) if ditto else None
-    frozen: FedModel | _Frozen | None = None
+    frozen: _Shared | _Frozen | None = None
     if any(p.needs_global_out for p in personal_parts + spec.parts):
-        if same_start:
-            frozen = ws.global_copy
-            frozen.load_state_dict(starts[0])
-            frozen.eval()
-        else:
-            frozen = _Frozen(ws.global_copy, starts, taps, device)
+        frozen = _Shared(ws.global_copy, starts[0], taps) if same_start else _Frozen(ws.global_copy, starts, taps, device)
     previous, present = None, None
     if any(p.needs_prev_out for p in spec.parts) and any(k.startswith(PREVIOUS) for rc in rcs for k in rc.state):
         own = [prefixed(rc.state, PREVIOUS) for rc in rcs]  # the start as a stand-in where a client has none
@@ -295,12 +302,9 @@ def _train_together(ws: Workspace, starts: list[Tensors], datas: list[Split], sp
             y = torch.stack([taken[c][2] for c in members])
             record = _recorder(sums, seen, members)
             group_rcs = [rcs[c] for c in members]
-            if isinstance(frozen, _Frozen):
-                global_out = frozen.out(group, x)
-            else:
-                global_out = _frozen_out(frozen, x, taps) if frozen is not None else None
+            global_out = frozen.out(group, x) if frozen is not None else None
             prev_out = previous.out(group, x) if previous is not None else None
-            group_present = present if present is None or group is None else present.index_select(0, group)
+            group_present = _rows(present, group)
             group_global = global_params if same_start else _pick(global_params, group)
 
             def global_loss(params: dict[str, Tensor]) -> Tensor:

@@ -343,3 +343,27 @@ def test_vectorized_resume_reproduces_the_uninterrupted_run(tmp_path, crash_at_r
     reference = fedlatent.experiment.run(config, tmp_path / "whole", echo=None)
     assert resumed["final"]["per_client"] == reference["final"]["per_client"]
     assert resumed["final"]["accuracy"] == reference["final"]["accuracy"]
+
+
+@pytest.mark.parametrize("trainer", [simulation.train_in_turn, lockstep_update])
+@pytest.mark.parametrize("name,keys", [("scaffold", {}), ("feddyn", {}), ("fedproto", {}), ("moon", {}),
+                                       ("ditto_mkmmd", {"beta_every": 2}), ("ditto_mmdd", {"kernel_every": 2})])
+def test_parts_hold_only_their_configuration(name: str, keys: dict, trainer) -> None:
+    """Round-scoped data lives in each client's scratch, emptied after finish: two rounds on either
+    trainer leave the part objects' attributes as resolving the method made them."""
+    config = _digits(name, **keys)
+    fed = build_federation(config.data, config.data_seed)
+    spec = resolve(config.algorithm, config.terms)
+    seen = []
+
+    def spy(*args):
+        seen.extend(args[4])
+        return trainer(*args)
+
+    s = simulation.setup(config, fed, spec, spy)
+    for rnd in range(2):
+        simulation.run_round(s, rnd)
+    fresh = resolve(config.algorithm, config.terms)
+    for part, made in zip(spec.all_parts(), fresh.all_parts()):
+        assert vars(part).keys() == vars(made).keys(), part.name
+    assert seen and all(rc.scratch == {} for rc in seen)

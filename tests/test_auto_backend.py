@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 import fedlatent
 from fedlatent.backends import auto
@@ -41,15 +42,24 @@ def _cnn_config(tmp_path, *overrides: str) -> fedlatent.RunConfig:
 def test_auto_is_the_default_and_picks_vectorized_for_a_lockstep_mlp_run() -> None:
     config = fedlatent.load_config(DIGITS_CONFIG, SMALL)
     assert config.backend == "auto"
-    for algorithm in ("fedavg", "fedprox", "scaffold", "ditto_mkmmd"):
+    for algorithm in ("fedavg", "fedprox", "scaffold", "ditto_mkmmd", "moon", "feddyn", "fedproto", "fednova",
+                      "fedrep", "lg_fedavg"):
         assert _choice(fedlatent.load_config(DIGITS_CONFIG, [*SMALL, f'algorithm.name="{algorithm}"']))[0] \
             == "vectorized", algorithm
 
 
-@pytest.mark.parametrize("algorithm", ["moon", "feddyn"])
-def test_auto_picks_simulation_where_lockstep_refuses_and_says_why(algorithm: str) -> None:
-    backend, why = _choice(fedlatent.load_config(DIGITS_CONFIG, [*SMALL, f'algorithm.name="{algorithm}"']))
-    assert backend == "simulation" and "lockstep" in why and "\n" not in why
+def test_auto_keeps_models_with_dropout_on_simulation(monkeypatch) -> None:
+    """Lockstep draws other dropout masks (same distribution): auto keeps the numbers the same."""
+    build = auto.simulation.make_model
+
+    def with_dropout(*args):
+        model = build(*args)
+        model.projector = torch.nn.Dropout(0.2)
+        return model
+
+    monkeypatch.setattr(auto.simulation, "make_model", with_dropout)
+    backend, why = _choice(fedlatent.load_config(DIGITS_CONFIG, SMALL))
+    assert backend == "simulation" and "dropout" in why
 
 
 def test_auto_keeps_convolutions_on_simulation_on_a_cpu_only(tmp_path) -> None:
@@ -117,4 +127,5 @@ def test_auto_keeps_runs_with_a_kept_optimiser_state_or_a_step_budget_on_simulat
     make auto choose simulation, with the reason."""
     for extra in (['train.optimizer="adamw"'], ['train.optimizer_state="kept"'], ["train.local_steps=3"]):
         backend, why = _choice(fedlatent.load_config(DIGITS_CONFIG, [*SMALL, *extra]))
-        assert backend == "simulation" and "train.optimizer" in why, (extra, why)
+        assert backend == "simulation" and "train.optimizer" in why and "lockstep" in why and "\n" not in why, \
+            (extra, why)

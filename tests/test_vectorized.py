@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from torch.func import functional_call, vmap
 
 import fedlatent
 from fedlatent.backends import simulation
@@ -15,8 +16,7 @@ from fedlatent.data.federation import build_federation
 from fedlatent.errors import ConfigError
 from fedlatent.experiment import prepare
 from fedlatent.federated.lockstep import lockstep_update, unsupported
-from fedlatent.methods import resolve
-from fedlatent.models.mlp import MLP
+from fedlatent.methods import PARTS, PRESETS, ditto, resolve
 
 from tests.methods.test_ditto import small_config
 
@@ -101,6 +101,85 @@ def test_scaffold_matches_simulation() -> None:
     assert len(ci) >= 2 and not torch.equal(ci[0], ci[1])
 
 
+def test_feddyn_matches_simulation() -> None:
+    """FedDyn's linear term α_k⟨θ, λ_k − θ_srv⟩ and its extra weight decay α_k differ per client
+    (unequal sizes); three rounds, so that λ_k is non-zero."""
+    config = _digits("feddyn", alpha=0.1)
+    config.train.rounds = 3
+    _assert_same_run(config)
+    s, _ = _rounds(config, lockstep_update)
+    lam = [st["feddyn.lambda.classifier.weight"] for st in s.client_states if st]
+    assert len(lam) >= 2 and all(v.abs().max() > 0 for v in lam)
+
+
+def test_moon_matches_simulation() -> None:
+    """MOON contrasts with the frozen global model and each client's previous local model (stacked
+    under vmap); in round 2 some clients have one and some do not yet (their term is left out)."""
+    config = _digits("moon", mu=1.0, tau=0.5)
+    config.train.rounds = 3
+    _assert_same_run(config)
+    _, lines = _rounds(config, simulation.train_in_turn)
+    first, second = set(lines[0]["clients"]), set(lines[1]["clients"])
+    assert first & second and second - first  # with and without a previous model in one round
+    assert "term_moon" not in lines[0] and lines[1]["term_moon"] > 0
+
+
+def test_fedproto_matches_simulation() -> None:
+    config = _digits("fedproto", lam=1.0, semantics="paper")
+    config.train.rounds = 3
+    _assert_same_run(config)
+    s, lines = _rounds(config, lockstep_update)
+    assert "term_fedproto" not in lines[0] and lines[1]["term_fedproto"] > 0
+    assert bool(s.server.state["fedproto.present"].all())
+
+
+# β re-solved from features that start equal to the global model's (MMD ≈ 0: the program is at its
+# worst conditioned) moves by ~1e-4 with float32 rounding, the weights by ~1e-6 after one round
+# and more after two: MK-MMD is compared over one round
+@pytest.mark.parametrize("term,rounds", [({"name": "cosine", "mu": 0.5}, 2),
+                                         ({"name": "mk_mmd", "mu": 0.5, "beta_every": 2}, 1)])
+def test_feature_drift_terms_on_the_global_step_match_simulation(term: dict, rounds: int) -> None:
+    """A constraint against the frozen global model as a term of FedAvg's own step."""
+    config = _digits("fedavg")
+    config.terms = [term]
+    config.train.rounds = rounds
+    _assert_same_run(config)
+
+
+@pytest.mark.parametrize("policy", ["none", "cifar10"])
+def test_augmented_batches_match_simulation(policy: str) -> None:
+    """Crops and flips (and an AutoAugment policy) drawn from each client's generator in the
+    sequential order (an epoch's permutation, then each batch's draws), for clients of unequal
+    size over two epochs."""
+    config = _digits("fedavg")
+    config.train.local_epochs = 2
+    plain, _ = _rounds(config, lockstep_update)
+    config.data.augment, config.data.autoaugment = True, policy
+    _assert_same_run(config)
+    augmented, _ = _rounds(config, lockstep_update)
+    assert not torch.allclose(plain.server.global_state["classifier.weight"],
+                              augmented.server.global_state["classifier.weight"], atol=1e-3)
+
+
+@pytest.mark.parametrize("name,keys,terms", [
+    ("fedrep", {"head_epochs": 2, "body_epochs": 1}, []),
+    ("lg_fedavg", {}, []),
+    ("lg_fedavg", {}, [{"name": "cosine", "mu": 0.5}, {"name": "prox", "mu": 0.5}]),
+    ("fedrep", {"head_epochs": 1}, [{"name": "moon", "mu": 0.5}]),
+])
+def test_layers_kept_per_client_match_simulation(name: str, keys: dict, terms: list) -> None:
+    """FedRep's two phases (own head alone, then the shared body) and LG-FedAvg, each client
+    starting from the global state with its own layers: the frozen round-start models and the
+    weights a term pulls towards differ per client (stacked), the batches of both phases come from
+    the one generator in turn. Three rounds, so that the own layers come back from the states."""
+    config = _digits(name, **keys)
+    config.terms = terms
+    config.train.rounds = 3
+    _assert_same_run(config)
+    s, _ = _rounds(config, lockstep_update)
+    assert sum(any(k.startswith("local.") for k in st) for st in s.client_states) >= 2
+
+
 def test_terms_stack_on_ditto_in_lockstep() -> None:
     config = _digits("ditto_cosine", lam=0.1)
     config.terms = [{"name": "uniformity", "mu": 0.2}]
@@ -131,13 +210,20 @@ def test_ditto_mmdd_fixed_kernels_match_simulation(semantics: str) -> None:
     _assert_same_run(small_config("ditto_mmdd", rounds=2, train_steps=0, semantics=semantics))
 
 
-def test_ditto_mmdd_with_kernel_training_matches_simulation() -> None:
-    """With kernel training the two trainers agree only loosely: a fresh AdamW's first step is
-    lr·g/|g| per weight, so a weight whose gradient rounding moves across 0 steps the other way
-    (kernel weights differ by up to ~1e-2 after a round, the personal models by ~2e-4)."""
+def test_ditto_mmdd_with_kernel_training_matches_simulation(monkeypatch) -> None:
+    """The clients' deep kernels are trained together (stacked, one vmap per AdamW step:
+    tests/losses/test_mmd_d.py pins that to one-by-one training in float64). With kernel training
+    the two trainers agree only loosely: a fresh AdamW's first step is lr·g/|g| per weight, so a
+    weight whose gradient rounding moves across 0 steps the other way (kernel weights differ by up
+    to ~1e-2 after a round, the personal models by ~2e-4)."""
     config = small_config("ditto_mmdd", rounds=1, kernel_every=4, kernel_batches=3, train_steps=2)
     ref, ref_lines = _rounds(config, simulation.train_in_turn)
+    together: list[int] = []
+    train = ditto.train_deep_kernels
+    monkeypatch.setattr(ditto, "train_deep_kernels", lambda kernels, *a, **k: (together.append(len(kernels)),
+                                                                               train(kernels, *a, **k)))
     got, got_lines = _rounds(config, lockstep_update)
+    assert together and min(together) == len(got_lines[0]["clients"]) > 1
     for ref_state, got_state in zip(ref.client_states, got.client_states):
         assert sorted(got_state) == sorted(ref_state)
         for k, v in ref_state.items():
@@ -150,8 +236,8 @@ def test_ditto_mkmmd_unequal_clients_matches_simulation() -> None:
 
 
 @pytest.mark.parametrize("overrides,needle", [
-    (['algorithm.name="moon"'], "part 'moon'"),
-    (["data.augment=true"], "augmentation"),
+    (['train.optimizer="adam"'], "train.optimizer"),
+    (["train.local_steps=3"], "local_steps"),
 ])
 def test_unsupported_runs_are_refused_in_one_line(overrides, needle) -> None:
     base = ['backend="vectorized"', 'data.dataset="digits"', "data.num_clients=3", 'model.arch="mlp"']
@@ -162,11 +248,57 @@ def test_unsupported_runs_are_refused_in_one_line(overrides, needle) -> None:
     assert needle in message
 
 
-def test_models_with_dropout_are_refused() -> None:
-    model = MLP(4, [3], 2)
-    assert unsupported(resolve({"name": "fedavg"}, []), model, False) is None
-    model.extra = torch.nn.Dropout(0.1)
-    assert "dropout" in unsupported(resolve({"name": "fedavg"}, []), model, False)
+def test_every_method_and_part_has_a_lockstep_form() -> None:
+    for name in PRESETS:
+        assert unsupported(resolve({"name": name})) is None, name
+    for name in PARTS:  # every part as a term on FedAvg's global step
+        assert unsupported(resolve({"name": "fedavg"}, [{"name": name}])) is None, name
+
+
+def _dropout_setup(config, trainer, p: float):
+    """A run whose model drops units of z (a Dropout projector) with probability ``p``."""
+    fed = build_federation(config.data, config.data_seed)
+    spec = resolve(config.algorithm, config.terms)
+    s = simulation.setup(config, fed, spec, trainer)
+    s.workspace.model.projector = torch.nn.Dropout(p)
+    return s
+
+
+def test_dropout_of_probability_zero_matches_simulation() -> None:
+    """vmap with per-client randomness leaves the rest of the step as it was."""
+    config = _digits("fedavg")
+    got, ref = (_dropout_setup(config, trainer, 0.0) for trainer in (lockstep_update, simulation.train_in_turn))
+    for rnd in range(2):
+        simulation.run_round(got, rnd)
+        simulation.run_round(ref, rnd)
+    for k, v in ref.server.global_state.items():
+        torch.testing.assert_close(got.server.global_state[k], v, atol=2e-5, rtol=1e-4, msg=k)
+
+
+def test_dropout_masks_are_per_client_bernoulli_and_follow_the_seed() -> None:
+    """Equivalence in distribution (federated/lockstep.py): with equal weights and inputs, every
+    client drops its own units, each with probability p and the kept ones scaled by 1/(1 − p); two
+    runs of one seed give the same weights, and the run still learns as the sequential one does."""
+    config = _digits("fedavg")
+    model = _dropout_setup(config, lockstep_update, 0.5).workspace.model
+    model.train()
+    params = {n: torch.stack([p.detach()] * 8) for n, p in model.state_dict().items()}
+    x = torch.ones(8, 256, 64)
+    values = vmap(lambda w, xc: functional_call(model.projector, {}, (xc,)), randomness="different")(params, x)
+    assert set(values.unique().tolist()) == {0.0, 2.0}
+    kept = (values > 0).float().mean((1, 2))
+    assert torch.allclose(kept, torch.full((8,), 0.5), atol=0.02)  # 16384 draws each: sd 0.004
+    assert len({tuple(m.flatten()[:64].tolist()) for m in values > 0}) == 8
+
+    runs = []
+    for trainer in (lockstep_update, lockstep_update, simulation.train_in_turn):
+        s = _dropout_setup(config, trainer, 0.3)
+        runs.append((s, [simulation.run_round(s, rnd) for rnd in range(2)]))
+    (a, lines_a), (b, _), (ref, ref_lines) = runs
+    for k, v in a.server.global_state.items():
+        torch.testing.assert_close(b.server.global_state[k], v, rtol=0, atol=0)
+    assert not torch.equal(a.server.global_state["classifier.weight"], ref.server.global_state["classifier.weight"])
+    assert lines_a[-1]["train_loss"] == pytest.approx(ref_lines[-1]["train_loss"], rel=0.1)
 
 
 @pytest.mark.parametrize("algorithm,rounds", [({"name": "fedavg"}, 2), ({"name": "ditto_cosine", "lam": 0.1}, 1)])
@@ -211,3 +343,27 @@ def test_vectorized_resume_reproduces_the_uninterrupted_run(tmp_path, crash_at_r
     reference = fedlatent.experiment.run(config, tmp_path / "whole", echo=None)
     assert resumed["final"]["per_client"] == reference["final"]["per_client"]
     assert resumed["final"]["accuracy"] == reference["final"]["accuracy"]
+
+
+@pytest.mark.parametrize("trainer", [simulation.train_in_turn, lockstep_update])
+@pytest.mark.parametrize("name,keys", [("scaffold", {}), ("feddyn", {}), ("fedproto", {}), ("moon", {}),
+                                       ("ditto_mkmmd", {"beta_every": 2}), ("ditto_mmdd", {"kernel_every": 2})])
+def test_parts_hold_only_their_configuration(name: str, keys: dict, trainer) -> None:
+    """Round-scoped data lives in each client's scratch, emptied after finish: two rounds on either
+    trainer leave the part objects' attributes as resolving the method made them."""
+    config = _digits(name, **keys)
+    fed = build_federation(config.data, config.data_seed)
+    spec = resolve(config.algorithm, config.terms)
+    seen = []
+
+    def spy(*args):
+        seen.extend(args[4])
+        return trainer(*args)
+
+    s = simulation.setup(config, fed, spec, spy)
+    for rnd in range(2):
+        simulation.run_round(s, rnd)
+    fresh = resolve(config.algorithm, config.terms)
+    for part, made in zip(spec.all_parts(), fresh.all_parts()):
+        assert vars(part).keys() == vars(made).keys(), part.name
+    assert seen and all(rc.scratch == {} for rc in seen)

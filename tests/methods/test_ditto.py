@@ -91,10 +91,10 @@ def _round(state: dict, model=None) -> ClientRound:
     return ClientRound(0, model or MLP(60, [20], 10), {}, state, {}, 0.01, 100, 4, 400, 0.9)
 
 
-def _ctx(personal: torch.Tensor, global_: torch.Tensor, state: dict) -> TermContext:
+def _ctx(personal: torch.Tensor, global_: torch.Tensor, rc: ClientRound) -> TermContext:
     logits = torch.zeros(len(personal), 10)
     return TermContext(ModelOutput(logits, personal), torch.zeros(len(personal), dtype=torch.long), {}, {},
-                       ModelOutput(logits, global_), None, 10, state, {})
+                       ModelOutput(logits, global_), None, 10, rc.state, {}, rc.scratch)
 
 
 @pytest.mark.parametrize("kernel", ["paper", "official"])
@@ -109,7 +109,7 @@ def test_mk_mmd_beta_after_refresh_is_a_non_uniform_distribution(kernel: str) ->
     for _ in range(3):
         x = torch.randn(10, 20, generator=g, requires_grad=True)
         y = 0.3 * torch.randn(10, 20, generator=g) + 1.5  # clearly different features
-        loss = part.loss(_ctx(x, y, state))
+        loss = part.loss(_ctx(x, y, rc))
     beta = state["mk_mmd.beta.z"]
     assert beta.shape == (19,) and bool((beta >= 0).all())
     assert float(beta.sum()) == pytest.approx(1.0, abs=1e-5)
@@ -121,9 +121,10 @@ def test_mk_mmd_beta_after_refresh_is_a_non_uniform_distribution(kernel: str) ->
 def test_mk_mmd_beta_every_zero_keeps_uniform_and_state_survives_begin() -> None:
     part = build_part({"name": "mk_mmd", "beta_every": 0}, "terms")
     state = {"mk_mmd.beta.z": torch.arange(19.0) / 171.0}  # a β from an earlier round
-    part.begin(_round(state))
+    rc = _round(state)
+    part.begin(rc)
     x, y = torch.randn(10, 20), torch.randn(10, 20) + 1
-    part.loss(_ctx(x, y, state))
+    part.loss(_ctx(x, y, rc))
     torch.testing.assert_close(state["mk_mmd.beta.z"], torch.arange(19.0) / 171.0)
 
 

@@ -40,8 +40,9 @@ def trained(config):
 
 
 def finetuned(s, cid: int = 0, seed: int = 11):
-    settings = simulation.local_settings(s, s.config.train.lr, s.spec.personalization.epochs)
-    model = client_model(s.workspace, s.spec, s.client_states[cid], s.server.global_state, cid, s.federation,
+    settings = simulation.settings(s, s.config.train.lr, s.spec.personalization.epochs)
+    model = client_model(s.workspace, s.spec, s.client_states[cid], s.server.global_state, cid,
+                         s.federation.clients[cid].train,
                          settings, torch.Generator().manual_seed(seed))
     return {k: v.detach().clone() for k, v in model.state_dict().items()}, settings
 

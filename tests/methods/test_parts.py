@@ -230,7 +230,7 @@ def test_feddyn_term_value_and_weight_decay_from_begin() -> None:
             p.add_(0.1)
     params = dict(model.named_parameters())
     out = model(torch.zeros(2, D, dtype=torch.float64))
-    ctx = TermContext(out, torch.zeros(2, dtype=torch.int64), params, theta_srv, None, None, C, state, {})
+    ctx = TermContext(out, torch.zeros(2, dtype=torch.int64), params, theta_srv, None, None, C, state, {}, rc.scratch)
     want = alpha_k * sum(float((params[n].detach() * (lam[n] - theta_srv[n])).sum()) for n in params)
     assert float(part.loss(ctx).detach()) == pytest.approx(want, rel=1e-12)
     extras = part.finish(rc)
@@ -284,7 +284,8 @@ def test_moon_part_without_previous_model_returns_none_and_with_it_the_formula()
 def test_fedproto_server_prototypes_are_count_weighted_means() -> None:
     """Two clients see different classes in different amounts; the global prototype of a class is
     the mean of z over *all* its samples (= count-weighted mean of the per-client means); a class
-    nobody saw is marked absent."""
+    nobody saw is marked absent. The two clients' rounds are interleaved on the one part object:
+    each keeps its running sums in its own scratch."""
     g = torch.Generator().manual_seed(1)
     num_classes, d = 4, 3
     part = resolve({"name": "fedproto"}).parts[0]
@@ -292,14 +293,17 @@ def test_fedproto_server_prototypes_are_count_weighted_means() -> None:
     data = {0: [(torch.randn(5, d, generator=g, dtype=torch.float64), torch.tensor([0, 0, 1, 1, 1])),
                 (torch.randn(3, d, generator=g, dtype=torch.float64), torch.tensor([0, 1, 1]))],
             1: [(torch.randn(6, d, generator=g, dtype=torch.float64), torch.tensor([1, 2, 2, 2, 2, 2]))]}
-    uploads = []
-    for cid, batches_ in data.items():
-        part.begin(None)
-        for z, y in batches_:
-            ctx = TermContext(ModelOutput(torch.zeros(len(y), num_classes), z), y, {}, {}, None, None,
-                              num_classes, {}, {})
-            assert part.loss(ctx) is None  # no global prototypes yet
-        uploads.append(Upload(cid, {}, 0, 0, 0.1, 0.0, extras={"fedproto": part.finish(None)}))
+    rcs = {cid: ClientRound(cid, None, {}, {}, {}, 0.1, 0, 2, 0, 0.0) for cid in data}
+    for rc in rcs.values():
+        part.begin(rc)
+    for step in range(2):
+        for cid, batches_ in data.items():
+            if step < len(batches_):
+                z, y = batches_[step]
+                ctx = TermContext(ModelOutput(torch.zeros(len(y), num_classes), z), y, {}, {}, None, None,
+                                  num_classes, {}, {}, rcs[cid].scratch)
+                assert part.loss(ctx) is None  # no global prototypes yet
+    uploads = [Upload(cid, {}, 0, 0, 0.1, 0.0, extras={"fedproto": part.finish(rc)}) for cid, rc in rcs.items()]
     server_state: dict[str, torch.Tensor] = {}
     part.server_update(uploads, server_state, num_clients=2)
     all_z = torch.cat([z for b in data.values() for z, _ in b])
@@ -314,9 +318,11 @@ def test_fedproto_server_prototypes_are_count_weighted_means() -> None:
     assert server_state[PRESENT].tolist() == [True, True, True, False]
     # next round: the payload carries them and the term is ‖z − p_y‖² averaged over N·d ('official')
     payload = part.payload(server_state)
-    part.begin(None)
+    rc = ClientRound(0, None, {}, {}, payload, 0.1, 0, 2, 0, 0.0)
+    part.begin(rc)
     z, y = torch.randn(4, d, generator=g), torch.tensor([0, 3, 2, 2])
-    ctx = TermContext(ModelOutput(torch.zeros(4, num_classes), z), y, {}, {}, None, None, num_classes, {}, payload)
+    ctx = TermContext(ModelOutput(torch.zeros(4, num_classes), z), y, {}, {}, None, None, num_classes, {}, payload,
+                      rc.scratch)
     protos = server_state[PROTO]
     want = sum(float(((z[i] - protos[y[i]]) ** 2).sum()) for i in range(4) if y[i] != 3) / (4 * d)
     assert float(part.loss(ctx)) == pytest.approx(want, rel=1e-5)

@@ -15,7 +15,6 @@ from fedlatent.backends import simulation
 from fedlatent.data.federation import build_federation
 from fedlatent.errors import ConfigError
 from fedlatent.federated.client import LOCAL, Workspace, batches, prefixed
-from fedlatent.federated.lockstep import unsupported
 from fedlatent.federated.personal import client_model
 from fedlatent.methods import resolve
 from fedlatent.methods.lg_fedavg import local_keys
@@ -158,16 +157,6 @@ def test_resume_reproduces_the_uninterrupted_run(tmp_path: Path, monkeypatch, cr
         for k in c1:
             torch.testing.assert_close(c1[k], c2[k], rtol=0, atol=0)
     assert final_full["personalized_accuracy"] == final_resumed["personalized_accuracy"]
-
-
-@pytest.mark.parametrize("name", ["fedrep", "lg_fedavg"])
-def test_lockstep_refuses_layers_kept_per_client(name: str) -> None:
-    config = small_config(name)
-    fed = build_federation(config.data, config.data_seed)
-    spec = resolve(config.algorithm)
-    reason = unsupported(spec, simulation.make_model(config, fed, spec), False)
-    assert reason is not None and "per client" in reason
-    assert unsupported(resolve({"name": "fedavg"}), simulation.make_model(config, fed, spec), False) is None
 
 
 @pytest.mark.parametrize("algorithm, key", [

@@ -3,7 +3,7 @@
 ``federated.lockstep``: stacked weights, ``torch.func.vmap``) instead of in turn.
 
 Same server, checkpoints, evaluation and results as ``simulation``; the weights agree with it up to
-floating-point rounding. Worth it when clients are many and steps small (per-operator overhead is
+floating-point rounding (models with dropout: in distribution only, see ``federated.lockstep``). Worth it when clients are many and steps small (per-operator overhead is
 paid once per step for all clients, not once per client); :func:`check` names what it cannot run.
 """
 from __future__ import annotations
@@ -12,26 +12,24 @@ from functools import partial
 
 from fedlatent.backends import simulation
 from fedlatent.config import RunConfig
-from fedlatent.data.types import Federation
 from fedlatent.errors import ConfigError
 from fedlatent.federated.lockstep import lockstep_update, unsupported
 from fedlatent.methods.parts import MethodSpec
-from fedlatent.models import FedModel
 
 run = partial(simulation.run, trainer=lockstep_update)
 
 
-def refusal(config: RunConfig, federation: Federation, spec: MethodSpec, model: FedModel) -> str | None:
+def refusal(config: RunConfig, spec: MethodSpec) -> str | None:
     """Why this run cannot train in lockstep (a few words), or None when it can."""
     t = config.train
     if t.optimizer != "sgd" or t.local_steps or t.optimizer_state != "fresh":
         return "train.optimizer = 'sgd' with a fresh state each round and train.local_steps = 0 only"
-    return unsupported(spec, model, federation.augment)
+    return unsupported(spec)
 
 
-def check(config: RunConfig, federation: Federation, spec: MethodSpec) -> None:
+def check(config: RunConfig, spec: MethodSpec) -> None:
     """Raise a one-line ConfigError when this run cannot train in lockstep."""
-    reason = refusal(config, federation, spec, simulation.make_model(config, federation, spec))
+    reason = refusal(config, spec)
     if reason:
         raise ConfigError(f"backend = 'vectorized': {reason} (method '{spec.name}', model '{config.model.arch}'); "
                           f"use backend = 'simulation'")

@@ -76,7 +76,7 @@ def prepare(config: RunConfig) -> tuple[Federation, MethodSpec]:
     spec.count_flops = "flops" in config.diagnostics.which
     federation = build_federation(config.data, config.data_seed)
     if config.backend == "vectorized":
-        vectorized.check(config, federation, spec)
+        vectorized.check(config, spec)
     sampled = len(sample_clients(config.seed, 0, len(federation.clients), config.train.participation))
     if config.train.min_clients > sampled:
         raise ConfigError(f"train.min_clients = {config.train.min_clients}: more than the {sampled} clients "

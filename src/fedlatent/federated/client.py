@@ -195,7 +195,7 @@ def local_update(ws: Workspace, global_state: Tensors, data: Split, spec: Method
             out = model(x, taps)
             task = task_loss(spec.loss, out.logits, y, temperature=spec.temperature)
             ctx = TermContext(out, y, params, rc.global_params, global_out,
-                              prev_out, s.num_classes, rc.state, rc.payload)
+                              prev_out, s.num_classes, rc.state, rc.payload, rc.scratch)
             step = {"task": task.detach()} if trace is not None else None
             loss = _add_terms(task, parts, ctx, term_sums, step)
             optimizer.zero_grad(set_to_none=True)
@@ -218,6 +218,7 @@ def local_update(ws: Workspace, global_state: Tensors, data: Split, spec: Method
         extra = part.finish(rc)
         if extra:
             extras[part.name] = extra
+    rc.scratch.clear()
     if personal is not None:
         rc.state.update({PERSONAL + k: v for k, v in state_to_cpu(ws.personal).items()})
     if s.keep_optimizer:
@@ -272,7 +273,8 @@ def _personal_step(personal: FedModel, optimizer: torch.optim.Optimizer, spec: M
     if lam > 0:
         loss = loss + 0.5 * lam * sum(((params[n] - rc.global_params[n]) ** 2).sum()
                                       for n in trainable_names(personal))
-    ctx = TermContext(out, y, params, rc.global_params, global_out, None, s.num_classes, rc.state, rc.payload)
+    ctx = TermContext(out, y, params, rc.global_params, global_out, None, s.num_classes, rc.state, rc.payload,
+                      rc.scratch)
     if step is not None:
         step["personal_task"] = task.detach()
     loss = _add_terms(loss, spec.personalization.parts, ctx, term_sums, step, prefix="personal_")

@@ -9,58 +9,73 @@ sequential client: the weights agree with the simulation backend up to floating-
 
 Clients with fewer batches drop out of the later steps; a step whose active clients hold batches of
 different sizes (an epoch's short last batch) runs once per batch size. BatchNorm statistics are
-stacked with the weights and updated per client. Supported: models without randomness (dropout),
-no augmentation, global-step parts without
-client-side hooks (server optimisers, FedNova's aggregation), with a lockstep form of their loss
-(:meth:`~fedlatent.methods.parts.Part.lockstep_loss`: FedProx, FedUV, FedDecorr) or of their
-after-step move (:meth:`~fedlatent.methods.parts.Part.lockstep_drift`: SCAFFOLD), and Ditto with
-its constraints (cosine, MK-MMD, MMD-D). :func:`unsupported` says why a run is not.
+stacked with the weights and updated per client. Each client's batches and augmentation (crops,
+flips, policies) are drawn from its own seeded generator in the sequential client's order, so
+augmented runs agree too.
+
+Parts take part as in the sequential client: :meth:`~fedlatent.methods.parts.Part.begin` and
+:meth:`~fedlatent.methods.parts.Part.finish` per client (round-scoped data in ``rc.scratch``,
+per-client weight decay from ``rc.extra_weight_decay``), loss terms through their lockstep form
+(:meth:`~fedlatent.methods.parts.Part.lockstep_loss`: FedProx, FedUV, FedDecorr, FedDyn, FedProto,
+MOON, the feature-drift constraints), after-step moves through
+:meth:`~fedlatent.methods.parts.Part.lockstep_drift` (SCAFFOLD); the frozen global model runs once
+per step for the group, MOON's previous local models stacked under ``vmap``; Ditto with its
+constraints, MMD-D's deep kernels trained together. Layers kept per client (FedRep, LG-FedAvg):
+each client starts from its own weights (stacked: the round-start models and the weights a term
+pulls towards get a client axis), both phases as in ``client._partial_update``. A step hook
+without a lockstep form would not be supported; :func:`unsupported` says why a run is not.
+
+Dropout: ``vmap(randomness="different")`` draws an independent mask per client, from the global
+generator as the sequential client does, but not the same draws (those come client after client
+there; reproducing them would serialise the step). Runs with dropout are therefore equivalent in
+distribution, not in numbers: every client's masks are Bernoulli(1 − p) scaled by 1/(1 − p), drawn
+afresh each step, and a run is still determined by its seed.
 """
 from __future__ import annotations
 
 import time
 from collections import defaultdict
+from collections.abc import Iterator
+from dataclasses import replace
 from typing import Callable
 
 import torch
 from torch import Tensor
 from torch.func import functional_call, vmap
 
+from fedlatent.data.augment import augment_batch
+from fedlatent.data.compact import Images
 from fedlatent.data.types import Split
-from fedlatent.federated.client import PERSONAL, LocalSettings, Workspace, batches, prefixed
-from fedlatent.methods.parts import (ClientRound, LockstepContext, MethodSpec, Part, Tensors, Upload, task_loss,
-                                     trainable_names)
+from fedlatent.federated.client import (LOCAL, PERSONAL, PREVIOUS, LocalSettings, Workspace, _training_only,
+                                       batches, own_state, prefixed)
+from fedlatent.methods.parts import (ClientRound, LockstepContext, MethodSpec, Part, Personalization, Tensors, Upload,
+                                     task_loss, trainable_names)
 from fedlatent.models.base import FedModel, ModelOutput
 
-STEP_HOOKS = ("begin", "after_step", "finish")  # client hooks the lockstep global step does not call
-
-
-def unsupported(spec: MethodSpec, model: FedModel, augment: bool) -> str | None:
-    """Why ``spec`` on ``model`` cannot train in lockstep (one line), or None when it can."""
-    if any(isinstance(m, torch.nn.Dropout) for m in model.modules()):
-        return "models with dropout are not supported"
-    if augment:
-        return "data augmentation is not supported"
+def unsupported(spec: MethodSpec) -> str | None:
+    """Why ``spec`` cannot train in lockstep (one line), or None when it can."""
     for part in spec.parts:
-        hooks = [h for h in STEP_HOOKS if getattr(type(part), h) is not getattr(Part, h)]
+        moves_weights = type(part).after_step is not Part.after_step and not part.has_lockstep_steps()
         has_loss = type(part).loss is not Part.loss
-        if (hooks and not part.has_lockstep_steps()) or part.needs_global_out or part.needs_prev_out \
-                or (has_loss and not part.has_lockstep_form()):
+        if moves_weights or (has_loss and not part.has_lockstep_form()):
             return f"part '{part.name}' acts on the client's training step, which has no lockstep form yet"
-    if spec.personalization.kind == "partial":
-        return "layers kept per client (FedRep, LG-FedAvg) have no lockstep form yet"
     if spec.personalization.kind == "ditto":
         for part in spec.personalization.parts:
-            if not part.has_lockstep_form():
+            if not part.has_lockstep_form() or part.needs_prev_out:
                 return f"Ditto constraint '{part.name}' has no lockstep form yet"
     return None
+
+
+def _has_dropout(model: FedModel) -> bool:
+    return any(isinstance(m, torch.nn.modules.dropout._DropoutNd) for m in model.modules())
 
 
 class _Stack:
     """C models' parameters on a leading client axis with their SGD momentum buffers."""
 
     def __init__(self, states: list[Tensors], names: list[str], trainable: list[str], device: torch.device,
-                 anchor: Tensors | None = None, pull: float = 0.0, drift: Tensors | None = None) -> None:
+                 anchor: Tensors | None = None, pull: float = 0.0, drift: Tensors | None = None,
+                 extra_decay: Tensor | None = None) -> None:
         # weights and buffers (BatchNorm statistics: the forward updates them in place, per client)
         self.params = {n: torch.stack([s[n] for s in states]).to(device) for n in names}
         self.trainable = trainable
@@ -70,6 +85,8 @@ class _Stack:
         self.anchor = {n: anchor[n].to(device).expand_as(self.params[n]) for n in trainable} if pull else {}
         # parts' after-step moves (Part.lockstep_drift): p −= lr·d after each SGD step
         self.drift = {n: d.to(device) for n, d in drift.items()} if drift else {}
+        # parts' per-client weight decay on top of train.weight_decay (rc.extra_weight_decay: FedDyn's α_k)
+        self.extra_decay = extra_decay
 
     def client_state(self, c: int) -> Tensors:
         return {n: p[c].detach().to("cpu", copy=True) for n, p in self.params.items()}
@@ -78,7 +95,8 @@ class _Stack:
              s: LocalSettings) -> None:
         """One SGD step of the clients in ``group`` (None: all) on ``loss_fn(params).sum()``.
 
-        The update is torch.optim.SGD's (dampening 0, no Nesterov): d = g + wd·p,
+        The update is torch.optim.SGD's (dampening 0, no Nesterov): d = g + wd·p (wd per client
+        with an extra decay),
         b = m·b + d (b = d on the first step: the buffers start at zero), p −= lr·b; with a pull,
         g includes λ(p − w̄); with a drift, p −= lr·drift afterwards (outside the momentum)."""
         def pick(t: Tensor) -> Tensor:
@@ -92,7 +110,13 @@ class _Stack:
             if self.pull:
                 grads = torch._foreach_add(grads, torch._foreach_sub(leaves, [pick(self.anchor[n]) for n in self.trainable]),
                                            alpha=self.pull)
-            direction = torch._foreach_add(grads, leaves, alpha=s.weight_decay) if s.weight_decay else list(grads)
+            if self.extra_decay is not None:
+                decay = pick(self.extra_decay) + s.weight_decay
+                direction = [g + p * decay.view(-1, *[1] * (p.dim() - 1)) for g, p in zip(grads, leaves)]
+            elif s.weight_decay:
+                direction = torch._foreach_add(grads, leaves, alpha=s.weight_decay)
+            else:
+                direction = list(grads)
             if s.momentum:
                 torch._foreach_mul_(bufs, s.momentum)
                 torch._foreach_add_(bufs, direction)
@@ -128,81 +152,199 @@ def _output(values: tuple[Tensor, ...], taps: tuple[str, ...]) -> ModelOutput:
     return ModelOutput(logits=values[0], z=values[1], features=dict(zip(taps, values[2:])))
 
 
+def _stream(data: Split, s: LocalSettings, generator: torch.Generator) -> Iterator[tuple[Tensor, Tensor, Tensor]]:
+    """One client's (indices, x, y) batches of the round, drawn from its generator in the order the
+    sequential client draws them: each epoch's permutation when the epoch starts, each batch's
+    augmentation when it is taken."""
+    for _ in range(s.epochs):
+        for idx in batches(len(data), s.batch_size, s.drop_last, generator):
+            if s.augment:  # the whole stored images: a training transform may crop them to the input size
+                x = data.x.full(idx) if isinstance(data.x, Images) else data.x[idx]
+                x = augment_batch(x.to(s.device), generator, s.augment)
+            else:
+                x = data.x[idx].to(s.device)
+            yield idx, x, data.y[idx].to(s.device)
+
+
+class _Shared:
+    """The frozen round-start model every client starts from, run on a (clients, batch, …) input
+    as one plain forward (eval mode: no batch statistics, so flattening the clients together
+    changes nothing)."""
+
+    def __init__(self, module: FedModel, state: Tensors, taps: tuple[str, ...]) -> None:
+        module.load_state_dict(state)
+        module.eval()
+        self.module, self.taps = module, frozenset(taps)
+
+    def out(self, group: Tensor | None, x: Tensor) -> ModelOutput:
+        with torch.no_grad():
+            flat = self.module(x.flatten(0, 1), self.taps)
+        return ModelOutput(*(v.unflatten(0, x.shape[:2]) for v in (flat.logits, flat.z)),
+                           features={k: v.unflatten(0, x.shape[:2]) for k, v in flat.features.items()})
+
+
+class _Frozen:
+    """Frozen models, one per client, stacked and run under ``vmap`` in eval mode (BatchNorm reads
+    its running statistics): MOON's previous local models, or the round-start models when the
+    clients start from different weights (layers kept per client)."""
+
+    def __init__(self, module: FedModel, states: list[Tensors], taps: tuple[str, ...], device: torch.device) -> None:
+        self.params = {n: torch.stack([st[n] for st in states]).to(device) for n in states[0]}
+        module.eval()  # functional_call runs the module's mode
+        self.forward = vmap(_forward(module, taps))
+        self.taps = taps
+
+    def out(self, group: Tensor | None, x: Tensor) -> ModelOutput:
+        with torch.no_grad():
+            return _output(self.forward(_pick(self.params, group), x), self.taps)
+
+
+def _rows(t: Tensor | None, group: Tensor | None) -> Tensor | None:
+    """The rows of ``group`` (None: all) of a stacked tensor."""
+    return t if t is None or group is None else t.index_select(0, group)
+
+
+def _pick(values: dict[str, Tensor], group: Tensor | None) -> dict[str, Tensor]:
+    return {n: _rows(v, group) for n, v in values.items()}
+
+
 def lockstep_update(ws: Workspace, global_state: Tensors, datas: list[Split], spec: MethodSpec,
                     rcs: list[ClientRound], s: LocalSettings, generators: list[torch.Generator]) -> list[Upload]:
     """Train the clients of ``rcs`` from ``global_state`` on ``datas`` at once; update each
     ``rc.state`` in place and return their uploads (as :func:`client.local_update` would, one by one)."""
+    if spec.personalization.kind == "partial":
+        return _partial_together(ws, global_state, datas, spec, rcs, s, generators)
+    return _train_together(ws, [global_state] * len(rcs), datas, spec, rcs, s, generators)
+
+
+def _partial_together(ws: Workspace, global_state: Tensors, datas: list[Split], spec: MethodSpec,
+                      rcs: list[ClientRound], s: LocalSettings, generators: list[torch.Generator]) -> list[Upload]:
+    """A round of partial personalisation (FedRep, LG-FedAvg) for all clients at once, as
+    ``client._partial_update`` runs it for one: from the global state with each client's own
+    layers, those layers alone first (task loss only) for ``local_epochs``, then the shared
+    (``freeze_local``) or all layers with the method's parts; the own layers saved back to the
+    client states."""
+    p, model = spec.personalization, ws.model
+    names = [n for n, _ in model.named_parameters()]
+    local = set(p.local_keys(names, list(global_state)))
+    starts = [own_state(model, p, rc.state, global_state) for rc in rcs]
+    local_losses = None
+    if p.local_epochs and any(q.requires_grad for n, q in model.named_parameters() if n in local):
+        alone = [replace(rc, state={}, payload={}, steps=0, metrics={}, scratch={}) for rc in rcs]
+        settings = replace(s, epochs=p.local_epochs, steps=0, keep_optimizer=False)
+        with _training_only(model, local):
+            first = _train_together(ws, starts, datas, MethodSpec("local", loss=spec.loss), alone, settings, generators)
+        starts, local_losses = [u.state for u in first], [u.metrics["train_loss"] for u in first]
+    shared = {n for n in names if n not in local} if p.freeze_local else set(names)
+    with _training_only(model, shared):
+        uploads = _train_together(ws, starts, datas, replace(spec, personalization=Personalization()), rcs,
+                                  replace(s, epochs=p.shared_epochs or s.epochs), generators)
+    for c, (rc, upload) in enumerate(zip(rcs, uploads)):
+        rc.state.update({LOCAL + k: upload.state[k].clone() for k in local})
+        if local_losses is not None:
+            upload.metrics["local_layers_loss"] = local_losses[c]
+    return uploads
+
+
+def _train_together(ws: Workspace, starts: list[Tensors], datas: list[Split], spec: MethodSpec,
+                    rcs: list[ClientRound], s: LocalSettings, generators: list[torch.Generator]) -> list[Upload]:
+    """Train client c of ``rcs`` from ``starts[c]`` (one object for all when they start from the
+    global state) on ``datas[c]``, all at once."""
     started = time.perf_counter()
     model, device, count = ws.model, s.device, len(rcs)
     model.train()  # the template's mode is what functional_call runs (BatchNorm: batch statistics)
     names = list(model.state_dict())
     trainable = trainable_names(model)
-    plans = [[idx for _ in range(s.epochs) for idx in batches(len(d), s.batch_size, s.drop_last, g)]
-             for d, g in zip(datas, generators)]
     ditto = spec.personalization.kind == "ditto"
     personal_parts = spec.personalization.parts if ditto else []
-    for rc in rcs:
-        rc.global_params = {n: global_state[n].to(device) for n, _ in model.named_parameters()}
-        for part in personal_parts:
+    same_start = all(st is starts[0] for st in starts)
+    model.load_state_dict(starts[0])  # what begin may read off rc.model (shapes, devices)
+    for rc, start in zip(rcs, starts):
+        rc.global_params = {n: start[n].to(device) for n, _ in model.named_parameters()}
+        for part in spec.parts + personal_parts:
             part.begin(rc)
-    global_stack = _Stack([global_state] * count, names, trainable, device, drift=_drift(spec.parts, rcs, trainable))
+    decay = [rc.extra_weight_decay for rc in rcs]
+    global_stack = _Stack(starts, names, trainable, device, drift=_drift(spec.parts, rcs, trainable),
+                          extra_decay=torch.tensor(decay, device=device) if any(decay) else None)
+    # after begin: a part may resolve its taps from rc.model.tap_names (feature-drift depth)
     taps = tuple(sorted(frozenset().union(*(p.taps for p in personal_parts + spec.parts))))
-    forward = vmap(_forward(model, taps))
-    global_params = rcs[0].global_params
-    personal_stack = _Stack([prefixed(rc.state, PERSONAL) or global_state for rc in rcs], names, trainable,
-                            device, anchor=global_state, pull=spec.personalization.lam) if ditto else None
-    frozen = None
-    if any(p.needs_global_out for p in personal_parts):
-        frozen = ws.global_copy
-        frozen.load_state_dict(global_state)
-        frozen.eval()
+    randomness = "different" if _has_dropout(model) else "error"
+    forward = vmap(_forward(model, taps), randomness=randomness)
+    # the weights the round started from: no client axis when shared, else stacked (picked per group)
+    global_params = rcs[0].global_params if same_start else \
+        {n: torch.stack([rc.global_params[n] for rc in rcs]) for n in rcs[0].global_params}
+    personal_stack = _Stack([prefixed(rc.state, PERSONAL) or starts[0] for rc in rcs], names, trainable,
+                            device, anchor=starts[0], pull=spec.personalization.lam) if ditto else None
+    frozen: _Shared | _Frozen | None = None
+    if any(p.needs_global_out for p in personal_parts + spec.parts):
+        frozen = _Shared(ws.global_copy, starts[0], taps) if same_start else _Frozen(ws.global_copy, starts, taps, device)
+    previous, present = None, None
+    if any(p.needs_prev_out for p in spec.parts) and any(k.startswith(PREVIOUS) for rc in rcs for k in rc.state):
+        own = [prefixed(rc.state, PREVIOUS) for rc in rcs]  # the start as a stand-in where a client has none
+        previous = _Frozen(ws.previous, [o or start for o, start in zip(own, starts)], taps, device)
+        present = torch.tensor([bool(o) for o in own], device=device)
 
     sums: dict[str, Tensor] = defaultdict(lambda: torch.zeros(count))
-    for t in range(max(len(p) for p in plans)):
+    seen: dict[str, Tensor] = defaultdict(lambda: torch.zeros(count, dtype=torch.bool))
+    streams = [_stream(d, s, g) for d, g in zip(datas, generators)]
+    steps = [0] * count
+    active = list(range(count))
+    while active:
+        taken = {c: next(streams[c], None) for c in active}
+        active = [c for c in active if taken[c] is not None]
         by_size: dict[int, list[int]] = defaultdict(list)
-        for c, plan in enumerate(plans):
-            if t < len(plan):
-                by_size[len(plan[t])].append(c)
+        for c in active:
+            steps[c] += 1
+            by_size[len(taken[c][0])].append(c)
         for members in by_size.values():
             group = None if len(members) == count else torch.tensor(members, device=device)
-            x = torch.stack([datas[c].x[plans[c][t]] for c in members]).to(device)
-            y = torch.stack([datas[c].y[plans[c][t]] for c in members]).to(device)
-            record = _recorder(sums, members)
+            x = torch.stack([taken[c][1] for c in members])
+            y = torch.stack([taken[c][2] for c in members])
+            record = _recorder(sums, seen, members)
+            group_rcs = [rcs[c] for c in members]
+            global_out = frozen.out(group, x) if frozen is not None else None
+            prev_out = previous.out(group, x) if previous is not None else None
+            group_present = _rows(present, group)
+            group_global = global_params if same_start else _pick(global_params, group)
 
             def global_loss(params: dict[str, Tensor]) -> Tensor:
                 out = _output(forward(params, x), taps)
                 task = _task_losses(spec.loss, out.logits, y, spec.temperature)
                 record("train_loss", task)
                 return _with_terms(task, spec.parts, LockstepContext(
-                    out, y, params, global_params, None, s.num_classes, [rcs[c] for c in members]), record)
+                    out, y, params, group_global, global_out, s.num_classes, group_rcs, prev_out, group_present),
+                    record)
 
             global_stack.step(group, global_loss, s)
             if ditto:
-                personal_stack.step(group, _personal_loss(spec, forward, frozen, taps, x, y, s, global_params,
-                                                          [rcs[c] for c in members], record), s)
+                personal_stack.step(group, _personal_loss(spec, forward, global_out, taps, x, y, s, group_global,
+                                                          group_rcs, record), s)
     seconds = time.perf_counter() - started
     uploads = []
-    finishing = [p for p in spec.parts if p.has_lockstep_steps()]
+    finishing = [p for p in spec.parts if type(p).finish is not Part.finish]
     for c, rc in enumerate(rcs):
-        rc.steps = len(plans[c])
+        rc.steps = steps[c]
         extras = {}
-        if finishing:  # their finish reads the client's trained weights off rc.model
-            model.load_state_dict(global_stack.client_state(c))
+        if finishing:
+            model.load_state_dict(global_stack.client_state(c))  # finish reads the trained weights off rc.model
         for part in finishing:
             extra = part.finish(rc)
             if extra:
                 extras[part.name] = extra
         for part in personal_parts:
             part.finish(rc)
+        rc.scratch.clear()
         if ditto:
             rc.state.update({PERSONAL + k: v for k, v in personal_stack.client_state(c).items()})
-        steps = max(rc.steps, 1)
-        metrics = {"train_loss": float(sums["train_loss"][c]) / steps, "steps": rc.steps,
-                   **{f"term_{k}": float(v[c]) / steps for k, v in sums.items()
-                      if k not in ("train_loss", "personal_loss")},
+        if any(p.needs_prev_out for p in spec.parts):
+            rc.state.update({PREVIOUS + k: v for k, v in global_stack.client_state(c).items()})
+        done = max(rc.steps, 1)
+        metrics = {"train_loss": float(sums["train_loss"][c]) / done, "steps": rc.steps,
+                   **{f"term_{k}": float(v[c]) / done for k, v in sums.items()
+                      if k not in ("train_loss", "personal_loss") and seen[k][c]},
                    **rc.metrics, "train_seconds": seconds / count}
         if ditto:
-            metrics["personal_loss"] = float(sums["personal_loss"][c]) / steps
+            metrics["personal_loss"] = float(sums["personal_loss"][c]) / done
         uploads.append(Upload(rc.client_id, global_stack.client_state(c), rc.num_samples, rc.steps, s.lr,
                               s.momentum, extras, metrics))
     return uploads
@@ -216,40 +358,42 @@ def _task_losses(kind: str, logits: Tensor, y: Tensor, temperature: float) -> Te
     return flat.reshape(logits.shape[0], -1).mean(1)
 
 
-def _recorder(sums: dict[str, Tensor], members: list[int]) -> Callable[[str, Tensor], None]:
-    """Adds a (group,) tensor of per-client values to the running per-client sums under ``key``."""
+def _recorder(sums: dict[str, Tensor], seen: dict[str, Tensor],
+              members: list[int]) -> Callable[[str, Tensor, Tensor | None], None]:
+    """Adds a (group,) tensor of per-client values to the running per-client sums under ``key``,
+    for the clients ``present`` marks (all by default: a term absent for a client, as MOON's
+    without a previous model, is left out of its metrics as the sequential client leaves it)."""
     index = torch.tensor(members)
 
-    def record(key: str, values: Tensor) -> None:
-        sums[key].index_add_(0, index, values.detach().to("cpu", torch.float32))
+    def record(key: str, values: Tensor, present: Tensor | None = None) -> None:
+        values = values.detach().to("cpu", torch.float32)
+        mask = torch.ones(len(members), dtype=torch.bool) if present is None else present.to("cpu")
+        sums[key].index_add_(0, index, torch.where(mask, values, 0.0))
+        seen[key].index_copy_(0, index, seen[key].index_select(0, index) | mask)
     return record
 
 
 def _with_terms(task: Tensor, parts: list[Part], ctx: LockstepContext,
-                record: Callable[[str, Tensor], None]) -> Tensor:
-    """Σ over clients of task + Σ weight·term, each part's (clients,) term recorded."""
+                record: Callable[[str, Tensor, Tensor | None], None]) -> Tensor:
+    """Σ over clients of task + Σ weight·term, each part's (clients,) term recorded (a part with
+    no term for any client of the group returns None, as its :meth:`~Part.loss` would)."""
     total = task
     for part in parts:
         if type(part).loss is Part.loss:  # a part without a loss term (server-side only)
             continue
         value = part.lockstep_loss(ctx)
-        record(part.name, value)
+        if value is None:
+            continue
+        record(part.name, value, ctx.prev_present if part.needs_prev_out else None)
         total = total + part.weight * value
     return total.sum()
 
 
-def _personal_loss(spec: MethodSpec, forward: Callable, frozen: FedModel | None, taps: tuple[str, ...],
+def _personal_loss(spec: MethodSpec, forward: Callable, global_out: ModelOutput | None, taps: tuple[str, ...],
                    x: Tensor, y: Tensor, s: LocalSettings, global_params: dict[str, Tensor],
-                   rcs: list[ClientRound], record: Callable[[str, Tensor], None]) -> Callable[[dict[str, Tensor]], Tensor]:
+                   rcs: list[ClientRound], record: Callable) -> Callable[[dict[str, Tensor]], Tensor]:
     """The Ditto personal objective of a group but its (λ/2)‖w_L − w̄‖² (``_Stack``'s pull):
     task + Σ μ·constraint, summed over clients."""
-    global_out = None
-    if frozen is not None:
-        with torch.no_grad():  # one round-start global model for every client: one plain forward
-            flat = frozen(x.flatten(0, 1), frozenset(taps))
-        global_out = ModelOutput(*(v.unflatten(0, x.shape[:2]) for v in (flat.logits, flat.z)),
-                                 features={k: v.unflatten(0, x.shape[:2]) for k, v in flat.features.items()})
-
     def loss(params: dict[str, Tensor]) -> Tensor:
         out = _output(forward(params, x), taps)
         task = _task_losses(spec.loss, out.logits, y, spec.temperature)

@@ -28,10 +28,11 @@ import math
 
 import torch
 from torch import Tensor, nn
+from torch.func import functional_call
 
 from fedlatent.losses.mmd import squared_distances
 
-__all__ = ["DeepKernel", "deep_kernel_matrix", "mmd_d", "mmd_d_power", "train_deep_kernel"]
+__all__ = ["DeepKernel", "deep_kernel_matrix", "mmd_d", "mmd_d_power", "train_deep_kernel", "train_deep_kernels"]
 
 _SEMANTICS = ("official", "paper")
 _ESTIMATORS = ("unbiased", "unbiased_two_sample", "biased")
@@ -192,6 +193,65 @@ def train_deep_kernel(kernel: DeepKernel, x: Tensor, y: Tensor, *, steps: int, l
         opt.step()
         values.append(float(power.detach()))
     return values
+
+
+def train_deep_kernels(kernels: list[DeepKernel], xs: Tensor, ys: Tensor, *, steps: int, lr: float = 1e-3,
+                       semantics: str = "official", weight_decay: float = 0.01, reg: float = 1e-8) -> None:
+    """:func:`train_deep_kernel` for K kernels of one shape at once, kernel k on ``xs[k]``, ``ys[k]``
+    ((K, N, …) each): their parameters stacked, Ĵ of all of them from one ``vmap`` and the AdamW
+    step of ``torch.optim.AdamW`` (single-tensor form, torch defaults besides ``lr`` and
+    ``weight_decay``, fresh moments) applied to the stacks. Updates the kernels in place; the
+    result equals K separate calls up to float rounding (batched matrix products round
+    differently)."""
+    if steps < 0:
+        raise ValueError(f"steps = {steps}: must be ≥ 0")
+    if not steps:
+        return
+    template = kernels[0]
+    xs = xs.detach().flatten(2)
+    ys = ys.detach().flatten(2)
+    _require_equal(xs.shape[1], ys.shape[1], "train_deep_kernels (Liu et al. Eq. 5 pairs x_i with y_i)")
+    names = [n for n, _ in template.named_parameters()]
+    params = [torch.stack([dict(k.named_parameters())[n].detach() for k in kernels]) for n in names]
+    raw_d2 = torch.vmap(lambda x, y: squared_distances(torch.cat([x, y])))(xs, ys)
+
+    def power(weights: tuple[Tensor, ...], x: Tensor, y: Tensor, d2: Tensor) -> Tensor:
+        return functional_call(module, {f"kernel.{n}": w for n, w in zip(names, weights)}, (x, y, d2))
+
+    module = _PowerOf(template, semantics, reg)
+    batched = torch.vmap(power)
+    beta1, beta2, eps = 0.9, 0.999, 1e-8
+    exp_avg = [torch.zeros_like(p) for p in params]
+    exp_avg_sq = [torch.zeros_like(p) for p in params]
+    for step in range(1, steps + 1):
+        leaves = [p.requires_grad_(True) for p in params]
+        grads = torch.autograd.grad(-batched(tuple(leaves), xs, ys, raw_d2).sum(), leaves)
+        with torch.no_grad():
+            params = [p.detach() for p in leaves]
+            step_size = lr / (1 - beta1 ** step)
+            root = math.sqrt(1 - beta2 ** step)
+            for p, g, m, v in zip(params, grads, exp_avg, exp_avg_sq):
+                p.mul_(1 - lr * weight_decay)
+                m.lerp_(g, 1 - beta1)
+                v.mul_(beta2).addcmul_(g, g, value=1 - beta2)
+                p.addcdiv_(m, (v.sqrt() / root).add_(eps), value=-step_size)
+    with torch.no_grad():
+        for i, kernel in enumerate(kernels):
+            own = dict(kernel.named_parameters())
+            for n, p in zip(names, params):
+                own[n].copy_(p[i])
+
+
+class _PowerOf(nn.Module):
+    """Ĵ as a module of the kernel's parameters (under ``kernel.``), for ``functional_call``
+    under ``vmap``."""
+
+    def __init__(self, kernel: DeepKernel, semantics: str, reg: float) -> None:
+        super().__init__()
+        self.kernel, self.semantics, self.reg = kernel, semantics, reg
+
+    def forward(self, x: Tensor, y: Tensor, raw_d2: Tensor) -> Tensor:
+        return _power(_paired_h(x, y, self.kernel, self.semantics, raw_d2), self.reg)
 
 
 # ---------------------------------------------------------------------------------------------

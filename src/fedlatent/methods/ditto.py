@@ -23,8 +23,9 @@ per-layer distances are summed.
 
 Per-client state (checkpointed with the client's other tensors): β under ``mk_mmd.beta.<layer>``,
 the deep kernel's weights under ``mmd_d.kernel.<layer>.``. The accumulated feature batches and the
-step counter are per client and round (a window opened in :meth:`Part.begin`); MK-MMD keeps one per
-client so that the vectorized backend can train several clients at once (its ``lockstep_loss``).
+step counter are per client and round: a window opened in :meth:`Part.begin` in the client's
+``rc.scratch`` (with MMD-D's kernels of the round), so that the vectorized backend can train
+several clients at once (the parts' ``lockstep_loss``).
 
 Where the authors' release differs (options for faithful runs, defaults follow the paper):
 
@@ -56,7 +57,7 @@ from torch.nn import functional as F
 from fedlatent.errors import ConfigError
 from fedlatent.losses.mmd import (kernel_bandwidths, mk_mmd, mk_mmd_batch, mmd_estimates_with_covariance_batch,
                                   optimize_kernel_weights)
-from fedlatent.losses.mmd_d import DeepKernel, mmd_d, train_deep_kernel
+from fedlatent.losses.mmd_d import DeepKernel, mmd_d, train_deep_kernel, train_deep_kernels
 from fedlatent.methods.parts import ClientRound, LockstepContext, MethodSpec, Part, Personalization, TermContext
 from fedlatent.methods.registry import register_part, register_preset
 from fedlatent.models.base import ModelOutput
@@ -158,11 +159,12 @@ class Cosine(FeatureDrift):
 
 class _Window:
     """One client's round for a periodically refreshed constraint: its most recent feature
-    batches per layer and the count of personal steps taken."""
+    batches per layer, the count of personal steps taken and (MMD-D) the deep kernels in use."""
 
     def __init__(self, rc: ClientRound, layers: tuple[str, ...], size: int) -> None:
         self.rc, self.step = rc, 0
         self.buffers = {l: deque(maxlen=size) for l in layers}
+        self.kernels: dict[str, DeepKernel] = {}
 
     def observe(self, pairs: dict[str, tuple[Tensor, Tensor]]) -> None:
         self.step += 1
@@ -202,15 +204,13 @@ class MkMmd(FeatureDrift):
             raise ConfigError(f"{self.name}.fixed_kernels = {self.fixed}: there are {self.num_kernels} kernels")
         if self.fixed:
             self.every = 0
-        self._windows: dict[int, _Window] = {}
-        self._current: _Window | None = None
 
     def key(self, layer: str) -> str:
         return f"{self.name}.beta.{layer}"
 
     def begin(self, rc: ClientRound) -> None:
         super().begin(rc)
-        self._current = self._windows[rc.client_id] = _Window(rc, self.layers, self.window)
+        rc.scratch[self.name] = _Window(rc, self.layers, self.window)
         for l in self.layers:
             if self.fixed:
                 rc.state[self.key(l)] = (torch.arange(self.num_kernels) < self.fixed).float() / self.fixed
@@ -219,7 +219,7 @@ class MkMmd(FeatureDrift):
 
     def loss(self, ctx: TermContext) -> Tensor:
         pairs = self.pairs(ctx.out, ctx.global_out)
-        self.observe(self._current, pairs)
+        self.observe(ctx.scratch[self.name], pairs)
         return sum(mk_mmd(p, g, betas=ctx.state[self.key(l)], kernel=self.kernel, normalize=self.normalize,
                           estimator=self.estimator) for l, (p, g) in pairs.items())
 
@@ -227,7 +227,7 @@ class MkMmd(FeatureDrift):
         pairs = self.pairs(ctx.out, ctx.global_out, batch_dims=2)
         rcs, due = ctx.rcs, []
         for i, rc in enumerate(rcs):
-            window = self._windows[rc.client_id]
+            window = rc.scratch[self.name]
             window.observe({l: (p[i], g[i]) for l, (p, g) in pairs.items()})
             if refresh_due(window.step, self.every, self.stale):
                 due.append(window)
@@ -235,10 +235,6 @@ class MkMmd(FeatureDrift):
             self.refresh(due)
         return sum(mk_mmd_batch(p, g, betas=torch.stack([rc.state[self.key(l)] for rc in rcs]), kernel=self.kernel,
                                 normalize=self.normalize, estimator=self.estimator) for l, (p, g) in pairs.items())
-
-    def finish(self, rc: ClientRound) -> None:
-        self._windows.pop(rc.client_id, None)
-        return None
 
     def observe(self, window: _Window, pairs: dict[str, tuple[Tensor, Tensor]]) -> None:
         """Record a personal step's features; re-solve β when due (before this step's loss)."""
@@ -294,21 +290,17 @@ class MmdD(FeatureDrift):
         self.hidden, self.out_dim, self.lr = opts["hidden"], opts["out_dim"], opts["kernel_lr"]
         self.every, self.stale, self.steps = opts["kernel_every"], opts["stale_first_step"], opts["train_steps"]
         self.window = _window(opts["kernel_batches"], opts["release_off_by_one"])
-        self._windows: dict[int, _Window] = {}
-        self._kernels: dict[int, dict[str, DeepKernel]] = {}  # per client, per layer, this round
-        self._current: _Window | None = None
 
     def prefix(self, layer: str) -> str:
         return f"{self.name}.kernel.{layer}."
 
     def begin(self, rc: ClientRound) -> None:
         super().begin(rc)
-        self._current = self._windows[rc.client_id] = _Window(rc, self.layers, self.window)
-        self._kernels[rc.client_id] = {}
+        rc.scratch[self.name] = _Window(rc, self.layers, self.window)
 
     def kernel_for(self, rc: ClientRound, layer: str, sample: Tensor) -> DeepKernel:
         """Client ``rc``'s kernel for ``layer``: from its state, or freshly seeded."""
-        kernels = self._kernels[rc.client_id]
+        kernels = rc.scratch[self.name].kernels
         if layer not in kernels:
             generator = torch.Generator().manual_seed(
                 derive_seed(rc.seed, KERNEL_INIT, rc.client_id, self.layers.index(layer)))
@@ -322,17 +314,24 @@ class MmdD(FeatureDrift):
 
     def loss(self, ctx: TermContext) -> Tensor:
         pairs = self.pairs(ctx.out, ctx.global_out)
-        window = self._current
+        window = ctx.scratch[self.name]
         self.observe(window, pairs)
         return sum(mmd_d(p, g, self.kernel_for(window.rc, l, p), semantics=self.semantics, estimator=self.estimator)
                    for l, (p, g) in pairs.items())
 
     def lockstep_loss(self, ctx: LockstepContext) -> Tensor:
-        """Each client's window and kernel training as in :meth:`loss`; the terms of all clients
-        from one ``vmap`` over their stacked kernel weights."""
+        """Each client's window as in :meth:`loss`, the kernels due trained together
+        (:func:`~fedlatent.losses.mmd_d.train_deep_kernels`); the terms of all clients from one
+        ``vmap`` over their stacked kernel weights."""
         pairs = self.pairs(ctx.out, ctx.global_out, batch_dims=2)
+        due = []
         for i, rc in enumerate(ctx.rcs):
-            self.observe(self._windows[rc.client_id], {l: (p[i], g[i]) for l, (p, g) in pairs.items()})
+            window = rc.scratch[self.name]
+            window.observe({l: (p[i], g[i]) for l, (p, g) in pairs.items()})
+            if refresh_due(window.step, self.every, self.stale) and self.steps:
+                due.append(window)
+        if due:
+            self.train_kernels(due, pairs)
         total = 0.0
         for l, (p, g) in pairs.items():
             kernels = [self.kernel_for(rc, l, p) for rc in ctx.rcs]
@@ -347,25 +346,38 @@ class MmdD(FeatureDrift):
         """Record a personal step's features; train the window's kernels when due."""
         window.observe(pairs)
         if refresh_due(window.step, self.every, self.stale) and self.steps:
-            self.train_kernels(window, pairs)
+            self.train_kernels([window], pairs)
 
-    def train_kernels(self, window: _Window, pairs: dict[str, tuple[Tensor, Tensor]]) -> None:
+    def train_kernels(self, windows: list[_Window], pairs: dict[str, tuple[Tensor, Tensor]]) -> None:
+        """Train every layer's kernel of each window on its batches (kept as is when fewer than
+        two samples); one window alone with :func:`train_deep_kernel`, windows holding as many
+        samples together with :func:`train_deep_kernels`."""
         started = time.perf_counter()
-        for l in window.buffers:
-            kernel = self.kernel_for(window.rc, l, pairs[l][0]).requires_grad_(True)
-            x, y = window.samples(l)
-            if x.shape[0] >= 2:
-                train_deep_kernel(kernel, x, y, steps=self.steps, lr=self.lr, semantics=self.semantics)
-            kernel.requires_grad_(False)
-        metrics = window.rc.metrics
-        metrics["personal_kernel_seconds"] = metrics.get("personal_kernel_seconds", 0.0) + \
-            time.perf_counter() - started
+        for l in self.layers:
+            by_size: dict[int, list[tuple[DeepKernel, Tensor, Tensor]]] = {}
+            for window in windows:
+                x, y = window.samples(l)
+                if x.shape[0] >= 2:
+                    by_size.setdefault(x.shape[0], []).append((self.kernel_for(window.rc, l, pairs[l][0]), x, y))
+            for group in by_size.values():
+                if len(group) == 1:
+                    kernel, x, y = group[0]
+                    kernel.requires_grad_(True)
+                    train_deep_kernel(kernel, x, y, steps=self.steps, lr=self.lr, semantics=self.semantics)
+                    kernel.requires_grad_(False)
+                else:
+                    train_deep_kernels([k for k, _, _ in group], torch.stack([x for _, x, _ in group]),
+                                       torch.stack([y for _, _, y in group]), steps=self.steps, lr=self.lr,
+                                       semantics=self.semantics)
+        share = (time.perf_counter() - started) / len(windows)
+        for window in windows:
+            metrics = window.rc.metrics
+            metrics["personal_kernel_seconds"] = metrics.get("personal_kernel_seconds", 0.0) + share
 
     def finish(self, rc: ClientRound) -> None:
-        for l, kernel in self._kernels.pop(rc.client_id, {}).items():
+        for l, kernel in rc.scratch[self.name].kernels.items():
             rc.state.update({self.prefix(l) + k: v.detach().to("cpu", copy=True)
                              for k, v in kernel.state_dict().items()})
-        self._windows.pop(rc.client_id, None)
         return None
 
 

@@ -18,7 +18,7 @@ import torch
 from torch import Tensor
 
 from fedlatent.methods.aggregation import weighted_mean
-from fedlatent.methods.parts import ClientRound, MethodSpec, Part, TermContext, Tensors, Upload
+from fedlatent.methods.parts import ClientRound, LockstepContext, MethodSpec, Part, TermContext, Tensors, Upload
 from fedlatent.methods.registry import register_part, register_preset
 
 LAM, H = "feddyn.lambda.", "feddyn.h."
@@ -33,20 +33,31 @@ class FedDyn(Part):
         self.alpha = alpha
 
     def begin(self, rc: ClientRound) -> None:
+        """α_k as extra weight decay; α_k and the linear coefficient λ_k − θ_srv in the scratch."""
         client_weight = rc.num_samples * rc.num_clients / rc.total_samples
-        self.alpha_k = self.alpha / client_weight
-        rc.extra_weight_decay = self.alpha_k
-        self._linear = {n: (rc.state.get(LAM + n, torch.zeros_like(p.cpu())).to(p.device) - rc.global_params[n])
-                        for n, p in rc.model.named_parameters() if p.requires_grad}
+        alpha_k = self.alpha / client_weight
+        rc.extra_weight_decay = alpha_k
+        linear = {n: (rc.state.get(LAM + n, torch.zeros_like(p.cpu())).to(p.device) - rc.global_params[n])
+                  for n, p in rc.model.named_parameters() if p.requires_grad}
+        rc.scratch[self.name] = (alpha_k, linear)
 
     def loss(self, ctx: TermContext) -> Tensor:
-        return self.alpha_k * sum((ctx.params[n] * lin).sum() for n, lin in self._linear.items())
+        alpha_k, linear = ctx.scratch[self.name]
+        return alpha_k * sum((ctx.params[n] * lin).sum() for n, lin in linear.items())
+
+    def lockstep_loss(self, ctx: LockstepContext) -> Tensor:
+        """α_k⟨θ_k, λ_k − θ_srv⟩ per client, each client's α_k and coefficients stacked."""
+        scratch = [rc.scratch[self.name] for rc in ctx.rcs]
+        alphas = torch.tensor([alpha_k for alpha_k, _ in scratch], dtype=ctx.out.z.dtype, device=ctx.out.z.device)
+        return alphas * sum((ctx.params[n] * torch.stack([linear[n] for _, linear in scratch])).flatten(1).sum(1)
+                            for n in scratch[0][1])
 
     @torch.no_grad()
     def finish(self, rc: ClientRound) -> Tensors:
         deltas = {}
-        for name in self._linear:
-            delta = (dict(rc.model.named_parameters())[name] - rc.global_params[name]).cpu()
+        params = dict(rc.model.named_parameters())
+        for name in rc.scratch[self.name][1]:
+            delta = (params[name] - rc.global_params[name]).cpu()
             rc.state[LAM + name] = rc.state.get(LAM + name, torch.zeros_like(delta)) + delta
             deltas[name] = delta
         return deltas

@@ -15,10 +15,28 @@ import torch
 from torch import Tensor
 
 from fedlatent.losses.contrastive import prototype_distance
-from fedlatent.methods.parts import ClientRound, MethodSpec, Part, TermContext, Tensors, Upload
+from fedlatent.methods.parts import ClientRound, LockstepContext, MethodSpec, Part, TermContext, Tensors, Upload
 from fedlatent.methods.registry import register_part, register_preset
 
 PROTO, PRESENT = "fedproto.prototypes", "fedproto.present"
+
+
+class _Prototypes:
+    """One client's round: per-class sums of z (float64) and counts over its training batches."""
+
+    def __init__(self) -> None:
+        self.sums: Tensor | None = None
+        self.counts: Tensor | None = None
+
+    def add(self, z: Tensor, y: Tensor, num_classes: int) -> None:
+        if self.sums is None:
+            self.sums = torch.zeros(num_classes, z.shape[1], dtype=torch.float64)
+            self.counts = torch.zeros(num_classes, dtype=torch.float64)
+        self.sums.index_add_(0, y.cpu(), z.detach().cpu().double())
+        self.counts.index_add_(0, y.cpu(), torch.ones(len(y), dtype=torch.float64))
+
+    def extras(self) -> Tensors | None:
+        return None if self.sums is None else {"sums": self.sums, "counts": self.counts}
 
 
 class FedProto(Part):
@@ -28,25 +46,30 @@ class FedProto(Part):
         self.weight, self.semantics = lam, semantics
 
     def begin(self, rc: ClientRound) -> None:
-        self._sums: Tensor | None = None
-        self._counts: Tensor | None = None
+        rc.scratch[self.name] = _Prototypes()
 
     def loss(self, ctx: TermContext) -> Tensor | None:
         z, y = ctx.out.z, ctx.y
-        if self._sums is None:
-            self._sums = torch.zeros(ctx.num_classes, z.shape[1], dtype=torch.float64)
-            self._counts = torch.zeros(ctx.num_classes, dtype=torch.float64)
-        self._sums.index_add_(0, y.cpu(), z.detach().cpu().double())
-        self._counts.index_add_(0, y.cpu(), torch.ones(len(y), dtype=torch.float64))
+        ctx.scratch[self.name].add(z, y, ctx.num_classes)
         if PROTO not in ctx.payload:
             return None
         return prototype_distance(z, y, ctx.payload[PROTO].to(z.device), ctx.payload[PRESENT].to(z.device),
                                   semantics=self.semantics)
 
-    def finish(self, rc: ClientRound) -> Tensors | None:
-        if self._sums is None:
+    def lockstep_loss(self, ctx: LockstepContext) -> Tensor | None:
+        """Each client's sums from its rows of the group; the distance to the one set of global
+        prototypes per client under ``vmap``."""
+        z, y = ctx.out.z, ctx.y
+        for i, rc in enumerate(ctx.rcs):
+            rc.scratch[self.name].add(z[i], y[i], ctx.num_classes)
+        payload = ctx.rcs[0].payload  # the server sends every client the same prototypes
+        if PROTO not in payload:
             return None
-        return {"sums": self._sums, "counts": self._counts}
+        protos, present = payload[PROTO].to(z.device), payload[PRESENT].to(z.device)
+        return torch.vmap(lambda zc, yc: prototype_distance(zc, yc, protos, present, semantics=self.semantics))(z, y)
+
+    def finish(self, rc: ClientRound) -> Tensors | None:
+        return rc.scratch[self.name].extras()
 
     def payload(self, server_state: Tensors) -> Tensors:
         return {k: server_state[k] for k in (PROTO, PRESENT) if k in server_state}

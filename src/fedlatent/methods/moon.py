@@ -11,10 +11,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
 from torch import Tensor
 
 from fedlatent.losses.contrastive import moon_contrastive
-from fedlatent.methods.parts import MethodSpec, Part, TermContext
+from fedlatent.methods.parts import LockstepContext, MethodSpec, Part, TermContext
 from fedlatent.methods.registry import register_part, register_preset
 
 
@@ -30,6 +31,15 @@ class Moon(Part):
         if ctx.prev_out is None:
             return None
         return moon_contrastive(ctx.out.z, ctx.global_out.z, ctx.prev_out.z, self.tau)
+
+    def lockstep_loss(self, ctx: LockstepContext) -> Tensor | None:
+        """The term per client under ``vmap``; 0 for a client without a previous model (its term
+        is left out, as :meth:`loss` leaves it)."""
+        if ctx.prev_out is None:
+            return None
+        values = torch.vmap(lambda z, g, p: moon_contrastive(z, g, p, self.tau))(
+            ctx.out.z, ctx.global_out.z, ctx.prev_out.z)
+        return torch.where(ctx.prev_present, values, torch.zeros_like(values))
 
 
 @register_part("moon", mu=1.0, tau=0.5)

@@ -25,7 +25,8 @@ Tensors = dict[str, Tensor]
 
 @dataclass
 class TermContext:
-    """What a loss term may read for one mini-batch (tensors only, nothing to mutate)."""
+    """What a loss term may read for one mini-batch: tensors, and the client's round-scoped
+    ``scratch`` (:attr:`ClientRound.scratch`), the one thing a term may mutate."""
 
     out: ModelOutput
     y: Tensor
@@ -36,13 +37,15 @@ class TermContext:
     num_classes: int
     state: Tensors
     payload: Tensors
+    scratch: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
 class LockstepContext:
     """What a loss term may read for a group of clients trained at once (the vectorized backend):
     outputs and labels with a leading client axis, the stacked weights being trained, the round's
-    global weights (no client axis) and the clients' rounds in the same order."""
+    global weights (no client axis) and the clients' rounds in the same order (their ``scratch``);
+    the previous local models' outputs where some client has one, ``prev_present`` marking which."""
 
     out: ModelOutput
     y: Tensor
@@ -51,11 +54,18 @@ class LockstepContext:
     global_out: ModelOutput | None
     num_classes: int
     rcs: list["ClientRound"]
+    prev_out: ModelOutput | None = None
+    prev_present: Tensor | None = None
 
 
 @dataclass
 class ClientRound:
-    """One client's round as the hooks see it: the model being trained, its stores and settings."""
+    """One client's round as the hooks see it: the model being trained, its stores and settings.
+
+    ``scratch`` holds round-scoped working data keyed by part name (SCAFFOLD's corrections,
+    FedProto's running sums, the MMD windows and kernels): filled from :meth:`Part.begin`,
+    discarded after :meth:`Part.finish`, never checkpointed, so that a part object holds only
+    its configuration and one client's round never sees another's."""
 
     client_id: int
     model: FedModel
@@ -71,6 +81,7 @@ class ClientRound:
     extra_weight_decay: float = 0.0
     metrics: dict[str, float] = field(default_factory=dict)
     seed: int = 0  # the run's seed, for parts that draw (derive_seed(seed, PURPOSE, client, …))
+    scratch: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -115,16 +126,17 @@ class Part:
 
     # client side -------------------------------------------------------------------------------
     def begin(self, rc: ClientRound) -> None:
-        """Before local training (read state/payload, set ``rc.extra_weight_decay``; a part may
+        """Before local training (read state/payload, keep round-scoped data in
+        ``rc.scratch[self.name]``, set ``rc.extra_weight_decay``; a part may
         still set its ``taps`` here from ``rc.model.tap_names``: the client reads them afterwards)."""
 
     def loss(self, ctx: TermContext) -> Tensor | None:
         """This part's loss term for one batch (unweighted), or None."""
         return None
 
-    def lockstep_loss(self, ctx: LockstepContext) -> Tensor:
+    def lockstep_loss(self, ctx: LockstepContext) -> Tensor | None:
         """:meth:`loss` for a group of clients trained at once (the vectorized backend): the
-        (clients,) unweighted terms. By default :meth:`loss` under ``torch.vmap`` for an
+        (clients,) unweighted terms, or None where :meth:`loss` would give None for all of them. By default :meth:`loss` under ``torch.vmap`` for an
         ``output_only`` part; a part with state or weights in its term overrides this."""
         if not self.output_only:
             raise NotImplementedError(f"part '{self.name}' has no lockstep form")
@@ -139,8 +151,9 @@ class Part:
     def lockstep_drift(self, rcs: list[ClientRound], trainable: list[str]) -> Tensors | None:
         """The vectorized backend's form of ``begin`` + ``after_step`` for a part whose step hook
         moves each client's weights by a fixed −lr·d after every optimiser step: d per trainable
-        weight with a leading client axis (SCAFFOLD's c − c_i), or None. There :meth:`finish` is
-        called per client with ``rc.model`` holding that client's trained weights, without ``begin``."""
+        weight with a leading client axis (SCAFFOLD's c − c_i), or None. There :meth:`begin` is
+        called per client first and :meth:`finish` per client with ``rc.model`` holding that
+        client's trained weights."""
         return None
 
     def has_lockstep_steps(self) -> bool:

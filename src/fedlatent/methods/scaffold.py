@@ -21,21 +21,19 @@ class Scaffold(Part):
     needs_global_params = True
 
     def begin(self, rc: ClientRound) -> None:
-        self._params = [(n, p) for n, p in rc.model.named_parameters() if p.requires_grad]
-        self._correction = [(p, rc.payload.get(C + n, torch.zeros_like(p)).to(p.device)
-                             - rc.state.get(CI + n, torch.zeros_like(p)).to(p.device)) for n, p in self._params]
+        """Keep each trainable parameter with its correction c − c_i in the client's scratch."""
+        rc.scratch[self.name] = {n: (p, rc.payload.get(C + n, torch.zeros_like(p)).to(p.device)
+                                     - rc.state.get(CI + n, torch.zeros_like(p)).to(p.device))
+                                 for n, p in rc.model.named_parameters() if p.requires_grad}
 
     @torch.no_grad()
     def after_step(self, rc: ClientRound) -> None:
-        for p, correction in self._correction:
+        for p, correction in rc.scratch[self.name].values():
             p.sub_(rc.lr * correction)
 
     def lockstep_drift(self, rcs: list[ClientRound], trainable: list[str]) -> Tensors:
-        """c − c_i per client, stacked: the correction every step subtracts (times lr)."""
-        zero = {n: torch.zeros_like(p) for n, p in rcs[0].global_params.items()}
-        return {n: torch.stack([rc.payload.get(C + n, zero[n]).to(zero[n].device)
-                                - rc.state.get(CI + n, zero[n]).to(zero[n].device) for rc in rcs])
-                for n in trainable}
+        """The clients' corrections c − c_i from their scratch, stacked."""
+        return {n: torch.stack([rc.scratch[self.name][n][1] for rc in rcs]) for n in trainable}
 
     @torch.no_grad()
     def finish(self, rc: ClientRound) -> Tensors:

@@ -141,8 +141,8 @@ def test_selected_accuracy_uses_the_best_validation_round() -> None:
 
 @pytest.mark.parametrize("name", reproduce.spec_names())
 def test_every_spec_validates_full_and_quick(name: str) -> None:
-    full = load_study(reproduce.spec_path(name))
-    quick = load_study(reproduce.spec_path(name), quick=True)
+    full = reproduce.load_spec(name)
+    quick = reproduce.load_spec(name, quick=True)
     assert full.cells and quick.cells and full.published
     assert all(c.config.data.dataset in ("digits", "synthetic") for c in quick.cells)
     assert not any(c.unavailable for c in quick.cells)

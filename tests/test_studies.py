@@ -165,7 +165,7 @@ def test_reproduce_list_covers_the_four_papers(capsys: pytest.CaptureFixture) ->
 @pytest.mark.slow
 def test_quick_spec_runs_end_to_end(tmp_path: Path) -> None:
     text = reproduce.reproduce("spherefed_table3", tmp_path / "q", quick=True)
-    assert "| mse | fix_ou+norm | 71.85 |" in text
+    assert "| digits | fix_ou+norm | mse | 71.85 |" in text  # axes: setting, part, loss
     assert len(list((tmp_path / "q").glob("*/summary.json"))) == 20
 
 

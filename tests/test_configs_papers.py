@@ -102,6 +102,15 @@ def test_feddecorr_cifar100_configs_carry_the_release_settings(label: str) -> No
         assert flat["data"]["alpha"] == float(label[1:])
 
 
+@pytest.mark.parametrize("label", ["a0.05", "a0.1", "a0.5", "iid"])
+def test_feddecorr_tinyimagenet_configs_carry_the_release_settings(label: str) -> None:
+    """The release (run_scripts/tinyim_*.sh, dataset_utils.py): 50 rounds, weight decay 1e-4, β 0.1,
+    AutoAugment without crop or flip on TinyImageNet."""
+    _, flat = _load(f"feddecorr/tinyimagenet_{label}.toml")
+    _check(flat, {"data.dataset": "tinyimagenet", "data.augment": False, "data.autoaugment": "cifar10",
+                  "train.rounds": 50, "train.weight_decay": 1e-4, "algorithm.beta": 0.1}, label)
+
+
 def test_spherefed_tinyimagenet_uses_groupnorm_and_ccvr_doubles_its_virtual_features() -> None:
     """App.: GroupNorm in every experiment but MobileNetV2 on CIFAR-100; Table 16: CCVR 1000 per class."""
     config, _ = _load("spherefed/fedavg_mobilenetv2_tinyimagenet.toml")

@@ -152,7 +152,7 @@ def test_every_spec_validates_full_and_quick(name: str) -> None:
 def test_reproduce_list_covers_the_four_papers(capsys: pytest.CaptureFixture) -> None:
     assert main(["reproduce", "--list"]) == 0
     text = capsys.readouterr().out
-    for spec in ["feduv_table1", "feduv_table2", "feduv_table3", "feduv_table4", "feduv_table6", "feddecorr_table1",
+    for spec in ["feduv_table1", "feduv_table2", "feduv_table3", "feduv_table4", "feduv_table6", "feduv_supp_table4", "feduv_supp_table5", "feddecorr_table1",
                  "feddecorr_table2", "feddecorr_table3", "feddecorr_table4", "feddecorr_table6", "feddecorr_table7", "feddecorr_table8", "feddecorr_table9", "feddecorr_table10", "spherefed_table2", "spherefed_table3", "spherefed_table5", "spherefed_table6", "spherefed_table7", "ditto_table1",
                  "ditto_table2"]:
         assert spec in text

@@ -183,3 +183,6 @@ def test_an_unknown_config_is_one_line_naming_the_label_unless_quick_replaces_it
     kept, _ = _spec(tmp_path, {"config": "feduv/nope.toml"}, False)
     with pytest.raises(ConfigError, match="not found"):  # the quick version keeps this axis: its configs are read
         reproduce.with_configs(kept, quick=True)
+    wrong, _ = _spec(tmp_path, {"config": 3}, False)
+    with pytest.raises(ConfigError, match=r"config = 3: expected a path under configs/"):
+        reproduce.with_configs(wrong)

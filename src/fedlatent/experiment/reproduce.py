@@ -38,6 +38,8 @@ def spec_path(name: str) -> Path:
 
 def _config_sections(name: str, where: str) -> dict:
     """A shipped config's top-level keys and sections, as a variant label sets them (whole sections)."""
+    if not isinstance(name, str):
+        raise ConfigError(f"{where}: config = {name!r}: expected a path under configs/, e.g. \"feduv/stl10_a1.toml\"")
     path = CONFIGS / name
     if not path.is_file():
         raise ConfigError(f"{where}: config {name!r} not found under {CONFIGS}")

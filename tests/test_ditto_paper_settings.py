@@ -8,8 +8,7 @@ from pathlib import Path
 import pytest
 
 import fedlatent
-from fedlatent.experiment.reproduce import spec_path
-from fedlatent.experiment.study import load_study
+from fedlatent.experiment.reproduce import load_spec
 from fedlatent.methods import resolved_keys
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -40,7 +39,7 @@ def test_each_config_uses_s_50_and_names_its_model_output(path: Path) -> None:
 
 @pytest.mark.parametrize("spec", ["ditto_table1", "ditto_table2"])
 def test_specs_use_the_papers_update_sizes(spec: str) -> None:
-    study = load_study(spec_path(spec))
+    study = load_spec(spec)
     seen = set()
     for cell in study.cells:
         window = _window(resolved_keys(cell.config.algorithm))

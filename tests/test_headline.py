@@ -44,8 +44,8 @@ def test_cell_table_puts_balanced_accuracy_first_when_it_is_the_headline(tmp_pat
 
 
 def test_reproduce_compares_a_balanced_headline_by_balanced_accuracy() -> None:
-    from fedlatent.experiment.reproduce import comparison, load_study, spec_path
-    study = load_study(spec_path("ditto_table1"))
+    from fedlatent.experiment.reproduce import comparison, load_spec
+    study = load_spec("ditto_table1")
     rows = [{"setting": "isic2019", "method": "fedavg", "seed": "2021", "status": "done", "headline": "balanced_accuracy",
              "personalized_accuracy": 0.9, "personalized_balanced_accuracy": 0.5, "majority_baseline_accuracy": 0.3},
             {"setting": "rxrx1", "method": "fedavg", "seed": "2021", "status": "done", "headline": "accuracy",

@@ -47,6 +47,9 @@ def test_pooled_moments_are_the_moments_of_the_pooled_rows(shift: float) -> None
     np.testing.assert_allclose(scatter.numpy(), centred.T @ centred, rtol=1e-10, atol=1e-10)
     np.testing.assert_allclose(dg.moments_spectrum(n, scatter), dg.covariance_spectrum(torch.cat(parts)),
                                rtol=1e-10, atol=1e-12)
+    # another holder order moves only the float rounding
+    _, _, reordered = dg.pool_moments([dg.feature_moments(p) for p in reversed(parts)])
+    np.testing.assert_allclose(reordered.numpy(), scatter.numpy(), rtol=1e-10, atol=1e-10)
 
 
 def test_one_part_pools_to_itself_and_no_part_is_refused() -> None:

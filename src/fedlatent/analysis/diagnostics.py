@@ -15,6 +15,11 @@
 - Per-class accuracy; a seeded t-SNE (scikit-learn) of one class's features from several clients.
 - The FedUV supplement's data figures: the client × class label counts and, per client, the
   histogram of each sample's mean input value.
+
+Where a split is held in parts (clients), the sums-based forms combine the parts exactly:
+feature moments (:func:`feature_moments`, :func:`pool_moments`) for the spectrum, per-class hits
+(:func:`class_hits`) for the accuracies, value ranges and counts (:func:`histogram_edges`) for
+the histograms.
 """
 from __future__ import annotations
 

@@ -13,13 +13,15 @@ or by the clients (their own splits of that name); each holder runs the model st
 its own samples (:func:`model_statistics`, :func:`tsne_features`, :func:`label_counts`,
 :func:`mean_value_range`, :func:`mean_value_counts`) and the server combines the results in
 client-id order (:func:`combine_statistics`, :func:`tsne_record`, :func:`data_record`). Sums
-combine exactly: counts, per-class hits, histogram counts, and the collapse spectrum's feature
-moments (pooled moments equal the pooled features' up to float rounding). Two diagnostics need
-raw features, so a client sends a seeded sample of its z: uniformity (the rows of its split that
-the server's seeded subsample of the pooled split picks; pairwise distances are no sum) and t-SNE
-(at most ``tsne_samples`` features of the class). The model classifier spectra, the alignment
-and the FLOPs read only weights and uploads. :class:`Diagnostics` drives both halves for the
-embedded backends, which play every client in one process.
+combine: counts, per-class hits and histogram counts exactly, the collapse spectrum's feature
+moments up to float rounding. Two diagnostics need raw features, so a client sends a seeded
+sample of its z: uniformity (the rows of its split that the server's seeded subsample of the
+pooled split picks, :func:`sample_plan`, from the holders' split sizes; pairwise distances are no
+sum) and t-SNE (at most ``tsne_samples`` features of the class). With ``clients`` on, every
+holder is also sent the selected clients' local models, since each is measured on the whole
+split. The classifier spectra, the alignment and the FLOPs read only weights and uploads.
+:class:`Diagnostics` drives both halves for the embedded backends, which play every client in
+one process.
 """
 from __future__ import annotations
 

@@ -15,6 +15,11 @@
 - Per-class accuracy; a seeded t-SNE (scikit-learn) of one class's features from several clients.
 - The FedUV supplement's data figures: the client × class label counts and, per client, the
   histogram of each sample's mean input value.
+
+Where a split is held in parts (clients), the sums-based forms combine the parts exactly:
+feature moments (:func:`feature_moments`, :func:`pool_moments`) for the spectrum, per-class hits
+(:func:`class_hits`) for the accuracies, value ranges and counts (:func:`histogram_edges`) for
+the histograms.
 """
 from __future__ import annotations
 
@@ -44,22 +49,54 @@ def representations(model: FedModel, x: Tensor, batch_size: int = 500,
     return torch.cat(zs), torch.cat(preds)
 
 
+def feature_moments(z: Tensor) -> tuple[int, Tensor, Tensor]:
+    """(N, z̄, S) of the rows of ``z`` (N×d) in float64: the count, the mean and the centred scatter
+    S = Σ(z_i − z̄)(z_i − z̄)ᵀ; what a holder of part of a split sends for the collapse spectrum."""
+    if z.dim() != 2 or z.shape[0] < 1:
+        raise ValueError(f"feature_moments expects z of shape (N, d) with N >= 1, got {tuple(z.shape)}")
+    z64 = z.detach().to(torch.float64)
+    mean = z64.mean(0)
+    centred = z64 - mean
+    return z64.shape[0], mean, centred.T @ centred
+
+
+def pool_moments(parts: list[tuple[int, Tensor, Tensor]]) -> tuple[int, Tensor, Tensor]:
+    """The moments of the union of disjoint row sets from theirs, merged in list order (Chan,
+    Golub & LeVeque 1979): with δ = z̄_b − z̄_a, z̄ = z̄_a + δ·n_b/n and S = S_a + S_b + δδᵀ·n_a·n_b/n.
+    Sums of centred terms, so no cancellation as in ΣzzT − N·z̄z̄ᵀ; one part is returned as it is."""
+    if not parts:
+        raise ValueError("pool_moments needs at least one part")
+    n, mean, scatter = parts[0]
+    for n_b, mean_b, scatter_b in parts[1:]:
+        total = n + n_b
+        delta = mean_b - mean
+        mean = mean + delta * (n_b / total)
+        scatter = scatter + scatter_b + torch.outer(delta, delta) * (n * n_b / total)
+        n = total
+    return n, mean, scatter
+
+
+def moments_spectrum(count: int, scatter: Tensor) -> np.ndarray:
+    """Singular values (descending, float64) of the covariance S/N; FedDecorr Sec. 3.1."""
+    return torch.linalg.svdvals(scatter.to(torch.float64) / count).numpy()
+
+
 def covariance_spectrum(z: Tensor) -> np.ndarray:
     """Singular values (descending, float64) of the covariance (1/N)·Σ(z_i − z̄)(z_i − z̄)ᵀ of
     the rows of ``z`` (N×d); FedDecorr Sec. 3.1."""
-    if z.dim() != 2 or z.shape[0] < 1:
-        raise ValueError(f"covariance_spectrum expects z of shape (N, d) with N >= 1, got {tuple(z.shape)}")
-    z64 = z.detach().to(torch.float64)
-    centred = z64 - z64.mean(0, keepdim=True)
-    cov = centred.T @ centred / z64.shape[0]
-    return torch.linalg.svdvals(cov).numpy()
+    count, _, scatter = feature_moments(z)
+    return moments_spectrum(count, scatter)
 
 
 def collapse(z: Tensor, threshold: float) -> dict[str, Any]:
     """Dimensional-collapse summary of ``z``: the covariance spectrum, its normalisation by the
-    largest singular value, the count of σ_k/σ_1 > ``threshold`` and the effective rank.
-    A spectrum of zeros (constant z) has no significant value and effective rank 0."""
-    sv = covariance_spectrum(z)
+    largest singular value, the count of σ_k/σ_1 > ``threshold`` and the effective rank."""
+    return spectrum_collapse(covariance_spectrum(z), threshold)
+
+
+def spectrum_collapse(sv: np.ndarray, threshold: float) -> dict[str, Any]:
+    """The collapse summary of a covariance spectrum ``sv`` (descending). A spectrum of zeros
+    (constant z) has no significant value and effective rank 0."""
     top = float(sv[0]) if sv.size else 0.0
     normalized = sv / top if top > 0 else np.zeros_like(sv)
     return {"singular_values": sv.tolist(), "normalized_spectrum": normalized.tolist(),
@@ -105,11 +142,21 @@ def hyperspherical_uniformity(z: Tensor, t: float = 2.0) -> float:
     return float(torch.logsumexp(-t * sq, 0) - math.log(sq.numel()))
 
 
+def class_hits(pred: Tensor, y: Tensor, num_classes: int) -> tuple[Tensor, Tensor]:
+    """Per class, the number of correct predictions and of samples (float64, integer-valued, so
+    they sum exactly over the holders of a split)."""
+    correct = torch.zeros(num_classes, dtype=torch.float64).index_add_(0, y, (pred == y).double())
+    return correct, torch.bincount(y, minlength=num_classes).double()
+
+
+def hits_accuracy(correct: Tensor, counts: Tensor) -> list[float]:
+    """Accuracy on each class from its hit and sample counts (NaN for a class without samples)."""
+    return [float(c / n) if n > 0 else float("nan") for c, n in zip(correct.tolist(), counts.tolist())]
+
+
 def per_class_accuracy(pred: Tensor, y: Tensor, num_classes: int) -> list[float]:
     """Accuracy on each class's samples (NaN for a class absent from ``y``)."""
-    correct = torch.zeros(num_classes, dtype=torch.float64).index_add_(0, y, (pred == y).double())
-    counts = torch.bincount(y, minlength=num_classes).double()
-    return [float(c / n) if n > 0 else float("nan") for c, n in zip(correct.tolist(), counts.tolist())]
+    return hits_accuracy(*class_hits(pred, y, num_classes))
 
 
 def tsne_embedding(features: list[Tensor], groups: list[int], seed: int,
@@ -128,11 +175,22 @@ def tsne_embedding(features: list[Tensor], groups: list[int], seed: int,
     return {"xy": xy.tolist(), "group": labels}
 
 
+def sample_means(x: Tensor) -> np.ndarray:
+    """Each sample's mean input value (float64), the quantity of the FedUV supplement's histograms."""
+    return x.detach().flatten(1).to(torch.float64).mean(1).numpy() if len(x) else np.zeros(0)
+
+
+def histogram_edges(ranges: list[tuple[float, float] | None], bins: int) -> np.ndarray:
+    """``bins`` + 1 edges over the union of the value ranges (None for a set without values),
+    [0, 1] when there is none, a unit width when all values are equal."""
+    known = [r for r in ranges if r is not None]
+    low, high = (min(r[0] for r in known), max(r[1] for r in known)) if known else (0.0, 1.0)
+    return np.linspace(low, high if high > low else low + 1.0, bins + 1)
+
+
 def mean_value_histograms(xs: list[Tensor], bins: int) -> dict[str, list]:
     """Per set in ``xs`` (e.g. each client's training inputs), the histogram of each sample's mean
     value over the common range (FedUV supplement, feature-distribution figures)."""
-    means = [x.detach().flatten(1).to(torch.float64).mean(1).numpy() if len(x) else np.zeros(0) for x in xs]
-    pooled = np.concatenate(means) if means else np.zeros(0)
-    low, high = (float(pooled.min()), float(pooled.max())) if pooled.size else (0.0, 1.0)
-    edges = np.linspace(low, high if high > low else low + 1.0, bins + 1)
+    means = [sample_means(x) for x in xs]
+    edges = histogram_edges([(float(m.min()), float(m.max())) if m.size else None for m in means], bins)
     return {"edges": edges.tolist(), "counts": [np.histogram(m, edges)[0].tolist() for m in means]}

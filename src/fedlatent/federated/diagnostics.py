@@ -1,4 +1,5 @@
-"""The ``[diagnostics]`` of a run: computed at the evaluation seam, appended to ``diagnostics.jsonl``.
+"""The ``[diagnostics]`` of a run: client halves computed by the holders of the samples, server
+halves that combine them in holder order; appended to ``diagnostics.jsonl``.
 
 Every backend calls :meth:`Diagnostics.record` after a round's aggregation with the new global
 weights and the round's uploads (the local models the selected clients trained). One JSON object
@@ -6,6 +7,21 @@ per (round, model): ``model`` is ``"global"`` or ``"client<i>"``; a ``"data"`` o
 holds the data figures. NaN values are written as null. The diagnostics draw only from their own
 seed stream (``seeding.DIAGNOSTICS``) and run the models in eval mode without gradients, so
 turning them on changes no training number.
+
+No server half reads a sample. The diagnostic split is held by the server (the global test set)
+or by the clients (their own splits of that name); each holder runs the model state it is sent on
+its own samples (:func:`model_statistics`, :func:`tsne_features`, :func:`label_counts`,
+:func:`mean_value_range`, :func:`mean_value_counts`) and the server combines the results in
+client-id order (:func:`combine_statistics`, :func:`tsne_record`, :func:`data_record`). Sums
+combine: counts, per-class hits and histogram counts exactly, the collapse spectrum's feature
+moments up to float rounding. Two diagnostics need raw features, so a client sends a seeded
+sample of its z: uniformity (the rows of its split that the server's seeded subsample of the
+pooled split picks, :func:`sample_plan`, from the holders' split sizes; pairwise distances are no
+sum) and t-SNE (at most ``tsne_samples`` features of the class). With ``clients`` on, every
+holder is also sent the selected clients' local models, since each is measured on the whole
+split. The classifier spectra, the alignment and the FLOPs read only weights and uploads.
+:class:`Diagnostics` drives both halves for the embedded backends, which play every client in
+one process.
 """
 from __future__ import annotations
 
@@ -15,6 +31,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -27,21 +44,22 @@ from fedlatent.models.base import FedModel
 from fedlatent.seeding import DIAGNOSTICS, derive_seed
 
 CLASSIFIER = "classifier.weight"
+FEATURE_DIAGNOSTICS = frozenset({"collapse", "uniformity", "per_class"})  # those that run the split through a model
 # sub-streams of seeding.DIAGNOSTICS
 _UNIFORMITY_SAMPLE, _TSNE_SAMPLE, _TSNE_FIT = range(3)
 
 
-def diagnostic_split(federation: Federation, name: str) -> Split:
-    """The samples diagnostics run on: the global test set (else the clients' test splits), or all
-    clients' validation / training splits."""
+def held_splits(federation: Federation, name: str) -> list[Split]:
+    """The samples diagnostics run on, as their holders keep them: the global test set (the
+    server's), else each client's split ``name`` in client-id order (clients without one left out)."""
     if name == "test" and federation.test is not None and len(federation.test):
-        return federation.test
+        return [federation.test]
     parts = [getattr(c, name) for c in federation.clients]
     parts = [p for p in parts if p is not None and len(p)]
     if not parts:
         hint = {"val": " (set data.val_fraction)", "test": " (set data.local_test_fraction)"}.get(name, "")
         raise ConfigError(f"diagnostics.split = {name!r}: this federation has no such samples{hint}")
-    return Split.concat(parts)
+    return parts
 
 
 def _jsonable(value: Any) -> Any:
@@ -61,8 +79,97 @@ def _subsample(n: int, cap: int, seed: int) -> Tensor:
     return torch.randperm(n, generator=torch.Generator().manual_seed(seed))[:cap].sort().values
 
 
+def sample_plan(sizes: list[int], cap: int, seed: int) -> list[Tensor]:
+    """Server half of the uniformity sample: a seeded sorted choice of at most ``cap`` rows of the
+    pooled split (holders' rows one after another, in order), as each holder's own row indices."""
+    pooled = _subsample(sum(sizes), cap, seed)
+    starts = np.cumsum([0, *sizes])
+    return [pooled[(pooled >= lo) & (pooled < hi)] - int(lo) for lo, hi in zip(starts[:-1], starts[1:])]
+
+
+@torch.no_grad()
+def model_statistics(model: FedModel, state: Tensors, split: Split, which: set[str], num_classes: int,
+                     sample: Tensor, batch_size: int, device: torch.device) -> Tensors:
+    """Client half: what one holder sends for the model ``state`` on its own ``split``. Always the
+    count; ``collapse``: the float64 mean and centred scatter Σ(z − z̄)(z − z̄)ᵀ of z; ``uniformity``:
+    the raw z of the rows ``sample`` (the server's seeded choice); ``per_class``: per-class hits and counts."""
+    model.load_state_dict(state)
+    z, pred = dg.representations(model, split.x, batch_size, device)
+    out: Tensors = {"count": torch.tensor(len(z))}
+    if "collapse" in which:
+        _, out["mean"], out["scatter"] = dg.feature_moments(z)
+    if "uniformity" in which:
+        out["sample"] = z[sample]
+    if "per_class" in which:
+        out["class_correct"], out["class_count"] = dg.class_hits(pred, split.y, num_classes)
+    return out
+
+
+def combine_statistics(stats: list[Tensors], which: set[str], threshold: float, t: float) -> dict[str, Any]:
+    """Server half: the diagnostics of one model over the whole split from its holders'
+    statistics (in holder order): the collapse spectrum of the pooled moments, the uniformity of the
+    concatenated samples, the per-class accuracy of the summed hits."""
+    out: dict[str, Any] = {"num_samples": sum(int(s["count"]) for s in stats)}
+    if "collapse" in which:
+        count, _, scatter = dg.pool_moments([(int(s["count"]), s["mean"], s["scatter"]) for s in stats])
+        out.update(dg.spectrum_collapse(dg.moments_spectrum(count, scatter), threshold), threshold=threshold)
+    if "uniformity" in which:
+        out["uniformity"] = dg.hyperspherical_uniformity(torch.cat([s["sample"] for s in stats]), t)
+    if "per_class" in which:
+        out["per_class_accuracy"] = dg.hits_accuracy(sum(s["class_correct"] for s in stats),
+                                                     sum(s["class_count"] for s in stats))
+    return out
+
+
+@torch.no_grad()
+def tsne_features(model: FedModel, state: Tensors, train: Split, cls: int, cap: int, seed: int,
+                  batch_size: int, device: torch.device) -> Tensor | None:
+    """Client half of the t-SNE: z under ``state`` of at most ``cap`` of its training samples of
+    class ``cls`` (a choice seeded by ``seed``, the same every round). Raw features, since t-SNE
+    embeds points; None when it holds fewer than two such samples."""
+    idx = torch.nonzero(train.y == cls).flatten()
+    if len(idx) < 2:
+        return None
+    model.load_state_dict(state)
+    return dg.representations(model, train.x[idx[_subsample(len(idx), cap, seed)]], batch_size, device)[0]
+
+
+def tsne_record(features: dict[int, Tensor], sources: dict[int, str], cls: int, seed: int) -> dict[str, Any]:
+    """Server half of the t-SNE: one seeded embedding of the clients' features (by client id)."""
+    groups = sorted(features)
+    emb = dg.tsne_embedding([features[c] for c in groups], groups, seed)
+    return {"class": cls, "xy": emb["xy"], "client": emb["group"],
+            "model_of_client": {str(c): sources[c] for c in groups}}
+
+
+def label_counts(train: Split, num_classes: int) -> list[int]:
+    """Client half of the data figures: its training label counts."""
+    return torch.bincount(train.y, minlength=num_classes).tolist()
+
+
+def mean_value_range(train: Split) -> tuple[float, float] | None:
+    """Client half of the histograms' common range: min and max of its samples' mean input
+    values (None without samples)."""
+    means = dg.sample_means(train.x[:])
+    return (float(means.min()), float(means.max())) if means.size else None
+
+
+def mean_value_counts(train: Split, edges: np.ndarray) -> list[int]:
+    """Client half of the histograms: its samples' mean input values counted in the server's bins."""
+    return np.histogram(dg.sample_means(train.x[:]), edges)[0].tolist()
+
+
+def data_record(counts: list[list[int]], edges: np.ndarray, histograms: list[list[int]]) -> dict[str, Any]:
+    """Server half of the FedUV supplement's data figures, clients in id order: their label counts
+    and their histograms over the common ``edges`` (``analysis.diagnostics.histogram_edges`` of
+    their ranges)."""
+    return {"round": 0, "model": "data", "split": "train", "label_counts": counts,
+            "mean_value_histogram": {"edges": edges.tolist(), "counts": histograms}}
+
+
 class Diagnostics:
-    """The configured diagnostics of one run, written to ``path``."""
+    """The configured diagnostics of one run, written to ``path``: the server halves, with the
+    client halves run in this process on every holder's samples (the embedded backends)."""
 
     def __init__(self, config: RunConfig, federation: Federation, path: Path,
                  device: torch.device = torch.device("cpu")) -> None:
@@ -70,24 +177,12 @@ class Diagnostics:
         self.federation, self.path, self.device = federation, path, device
         self.batch_size = config.eval.batch_size
         self.which = set(self.cfg.which)
-        self.split = diagnostic_split(federation, self.cfg.split)
+        self.splits = held_splits(federation, self.cfg.split)
         if "tsne" in self.which and self.cfg.tsne_class >= federation.num_classes:
             raise ConfigError(f"diagnostics.tsne_class = {self.cfg.tsne_class}: the data set has "
                               f"{federation.num_classes} classes (0 .. {federation.num_classes - 1})")
-        self.uniformity_index = _subsample(len(self.split), self.cfg.max_samples,
-                                           derive_seed(self.seed, DIAGNOSTICS, _UNIFORMITY_SAMPLE))
-        self.tsne_sets = self._tsne_sets() if "tsne" in self.which else {}
-
-    def _tsne_sets(self) -> dict[int, Tensor]:
-        """The first ``tsne_clients`` clients holding ≥ 2 training samples of the class, with at most
-        ``tsne_samples`` of them each (the same samples every round)."""
-        sets: dict[int, Tensor] = {}
-        for cid, client in enumerate(self.federation.clients):
-            idx = torch.nonzero(client.train.y == self.cfg.tsne_class).flatten()
-            if len(idx) >= 2 and len(sets) < self.cfg.tsne_clients:
-                keep = _subsample(len(idx), self.cfg.tsne_samples, derive_seed(self.seed, DIAGNOSTICS, _TSNE_SAMPLE, cid))
-                sets[cid] = client.train.x[idx[keep]]
-        return sets
+        self.samples = sample_plan([len(s) for s in self.splits], self.cfg.max_samples,
+                                   derive_seed(self.seed, DIAGNOSTICS, _UNIFORMITY_SAMPLE))
 
     def start(self, start_round: int) -> None:
         """Keep the records of rounds ≤ ``start_round`` (a resumed run) and, on a fresh run, write
@@ -104,18 +199,16 @@ class Diagnostics:
 
     def data_record(self) -> dict[str, Any]:
         """The FedUV supplement's data figures: label counts and per-client mean-input histograms."""
-        fed = self.federation
-        counts = [torch.bincount(c.train.y, minlength=fed.num_classes).tolist() for c in fed.clients]
-        return {"round": 0, "model": "data", "split": "train", "label_counts": counts,
-                "mean_value_histogram": dg.mean_value_histograms([c.train.x[:] for c in fed.clients],
-                                                                 self.cfg.histogram_bins)}
+        trains = [c.train for c in self.federation.clients]
+        edges = dg.histogram_edges([mean_value_range(t) for t in trains], self.cfg.histogram_bins)
+        return data_record([label_counts(t, self.federation.num_classes) for t in trains], edges,
+                           [mean_value_counts(t, edges) for t in trains])
 
     def record(self, rnd: int, model: FedModel, global_state: Tensors, uploads: list[Upload]) -> None:
         """Diagnostics of round ``rnd`` for the global model and, when asked, each upload's local
         model; ``model`` is a scratch instance, left holding ``global_state``."""
         started = time.perf_counter()
-        model.load_state_dict(global_state)
-        line = {"round": rnd, "model": "global", "split": self.cfg.split, **self.model_values(model)}
+        line = {"round": rnd, "model": "global", "split": self.cfg.split, **self.model_values(model, global_state)}
         if "flops" in self.which:  # the round's local training, counted by each client
             line["flops"] = sum(u.metrics["flops"] for u in uploads)
         if "alignment" in self.which:
@@ -124,9 +217,8 @@ class Diagnostics:
         lines = [line]
         if self.cfg.clients:
             for upload in uploads:
-                model.load_state_dict(upload.state)
                 lines.append({"round": rnd, "model": f"client{upload.client_id}", "split": self.cfg.split,
-                              **self.model_values(model),
+                              **self.model_values(model, upload.state),
                               **({"flops": upload.metrics["flops"]} if "flops" in self.which else {})})
         if "tsne" in self.which:
             line["tsne"] = self.tsne(rnd, model, global_state, uploads)
@@ -134,36 +226,34 @@ class Diagnostics:
         line["time_s"] = time.perf_counter() - started
         self._write(lines)
 
-    def model_values(self, model: FedModel) -> dict[str, Any]:
-        """The per-model diagnostics of ``model`` on the split."""
+    def model_values(self, model: FedModel, state: Tensors) -> dict[str, Any]:
+        """The per-model diagnostics of ``state`` on the split (``model`` is the scratch instance
+        the holders run it in)."""
         out: dict[str, Any] = {}
-        needs_z = self.which & {"collapse", "uniformity", "per_class"}
-        if needs_z:
-            z, pred = dg.representations(model, self.split.x, self.batch_size, self.device)
-            out["num_samples"] = len(z)
-        if "collapse" in self.which:
-            out.update(dg.collapse(z, self.cfg.threshold), threshold=self.cfg.threshold)
-        if "uniformity" in self.which:
-            out["uniformity"] = dg.hyperspherical_uniformity(z[self.uniformity_index], self.cfg.uniformity_t)
-        if "per_class" in self.which:
-            out["per_class_accuracy"] = dg.per_class_accuracy(pred, self.split.y, self.federation.num_classes)
+        if self.which & FEATURE_DIAGNOSTICS:
+            stats = [model_statistics(model, state, split, self.which, self.federation.num_classes, sample,
+                                      self.batch_size, self.device) for split, sample in zip(self.splits, self.samples)]
+            out.update(combine_statistics(stats, self.which, self.cfg.threshold, self.cfg.uniformity_t))
         if "classifier" in self.which:
-            out["classifier_singular_values"] = dg.classifier_spectrum(model.classifier.weight).tolist()
+            out["classifier_singular_values"] = dg.classifier_spectrum(state[CLASSIFIER]).tolist()
         return out
 
     def tsne(self, rnd: int, model: FedModel, global_state: Tensors, uploads: list[Upload]) -> dict[str, Any]:
-        """t-SNE of the class's samples of several clients: each through that client's local model
-        when ``clients`` is on and it trained this round, else through the global model."""
+        """t-SNE of the class's samples of the first ``tsne_clients`` clients holding at least two:
+        each through that client's local model when ``clients`` is on and it trained this round,
+        else through the global model."""
         local = {u.client_id: u.state for u in uploads} if self.cfg.clients else {}
-        feats, groups, sources = [], [], []
-        for cid, x in self.tsne_sets.items():
-            model.load_state_dict(local.get(cid, global_state))
-            feats.append(dg.representations(model, x, self.batch_size, self.device)[0])
-            groups.append(cid)
-            sources.append("local" if cid in local else "global")
-        emb = dg.tsne_embedding(feats, groups, derive_seed(self.seed, DIAGNOSTICS, _TSNE_FIT, rnd))
-        return {"class": self.cfg.tsne_class, "xy": emb["xy"], "client": emb["group"],
-                "model_of_client": dict(zip(map(str, groups), sources))}
+        features: dict[int, Tensor] = {}
+        for cid, client in enumerate(self.federation.clients):
+            if len(features) == self.cfg.tsne_clients:
+                break
+            z = tsne_features(model, local.get(cid, global_state), client.train, self.cfg.tsne_class,
+                              self.cfg.tsne_samples, derive_seed(self.seed, DIAGNOSTICS, _TSNE_SAMPLE, cid),
+                              self.batch_size, self.device)
+            if z is not None:
+                features[cid] = z
+        sources = {cid: "local" if cid in local else "global" for cid in features}
+        return tsne_record(features, sources, self.cfg.tsne_class, derive_seed(self.seed, DIAGNOSTICS, _TSNE_FIT, rnd))
 
     def _write(self, lines: list[dict[str, Any]]) -> None:
         with self.path.open("a") as sink:

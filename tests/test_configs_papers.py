@@ -9,7 +9,7 @@ import pytest
 
 from fedlatent.config import ConfigError, load_config, to_dict
 from fedlatent.experiment import reproduce
-from fedlatent.experiment.study import parse_study
+from fedlatent.experiment.study import parse_study, with_configs
 from fedlatent.methods import resolve
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
@@ -168,7 +168,7 @@ def _spec(tmp_path: Path, label: dict, quick_replaces: bool) -> tuple[dict, Path
 
 def test_a_config_label_sets_the_files_sections_then_its_own_keys(tmp_path: Path) -> None:
     raw, folder = _spec(tmp_path, {"config": "feduv/stl10_a1.toml", "train.rounds": 7}, True)
-    study = parse_study(reproduce.with_configs(raw), folder)
+    study = parse_study(with_configs(raw), folder)
     config = study.cells[0].config
     assert config.train.rounds == 7 and config.data.dataset == "stl10" and config.data.alpha == 1.0
     assert config.algorithm == {"name": "fedavg"}  # a later axis replaced the file's [algorithm]
@@ -178,11 +178,11 @@ def test_a_config_label_sets_the_files_sections_then_its_own_keys(tmp_path: Path
 def test_an_unknown_config_is_one_line_naming_the_label_unless_quick_replaces_its_axis(tmp_path: Path) -> None:
     raw, _ = _spec(tmp_path, {"config": "feduv/nope.toml"}, True)
     with pytest.raises(ConfigError, match=r"variants\.setting\.s: config 'feduv/nope\.toml' not found"):
-        reproduce.with_configs(raw)
-    assert reproduce.with_configs(raw, quick=True)["variants"]["setting"]["s"] == {"config": "feduv/nope.toml"}
+        with_configs(raw)
+    assert with_configs(raw, quick=True)["variants"]["setting"]["s"] == {"config": "feduv/nope.toml"}
     kept, _ = _spec(tmp_path, {"config": "feduv/nope.toml"}, False)
     with pytest.raises(ConfigError, match="not found"):  # the quick version keeps this axis: its configs are read
-        reproduce.with_configs(kept, quick=True)
+        with_configs(kept, quick=True)
     wrong, _ = _spec(tmp_path, {"config": 3}, False)
     with pytest.raises(ConfigError, match=r"config = 3: expected a path under configs/"):
-        reproduce.with_configs(wrong)
+        with_configs(wrong)

@@ -3,12 +3,17 @@ method; the CIFAR-100 ones carry the papers' settings key by key; the reproduce 
 these files (a spec's cell for the paper's own method equals its config); bad config references fail."""
 from __future__ import annotations
 
+import shutil
+import subprocess
+import sys
+import zipfile
 from pathlib import Path
 
 import pytest
 
 from fedlatent.config import ConfigError, load_config, to_dict
 from fedlatent.experiment import reproduce
+from fedlatent.experiment.study import CONFIGS as RESOLVED
 from fedlatent.experiment.study import parse_study, with_configs
 from fedlatent.methods import resolve
 
@@ -186,3 +191,35 @@ def test_an_unknown_config_is_one_line_naming_the_label_unless_quick_replaces_it
     wrong, _ = _spec(tmp_path, {"config": 3}, False)
     with pytest.raises(ConfigError, match=r"config = 3: expected a path under configs/"):
         with_configs(wrong)
+
+
+def test_the_resolver_finds_the_shipped_configs_from_another_working_directory(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert (RESOLVED / "feduv" / "stl10_a1.toml").samefile(CONFIGS / "feduv" / "stl10_a1.toml")
+    raw, _ = _spec(tmp_path, {"config": "feduv/stl10_a1.toml"}, False)
+    assert with_configs(raw)["variants"]["setting"]["s"]["data"]["dataset"] == "stl10"
+
+
+@pytest.mark.slow
+def test_an_installed_wheel_carries_the_configs_and_resolves_them(tmp_path: Path) -> None:
+    """A non-editable install (wheel unpacked into a folder that is not the checkout) holds every shipped
+    config as package data, and a spec's config labels resolve there from another working directory."""
+    root = tmp_path / "checkout"  # a copy, so that the build leaves nothing in the working tree
+    for part in ("src", "configs"):
+        shutil.copytree(CONFIGS.parent / part, root / part, symlinks=True,
+                        ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+    for part in ("pyproject.toml", "README.md"):
+        shutil.copy(CONFIGS.parent / part, root / part)
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
+                    str(tmp_path / "dist"), str(root)], check=True, cwd=tmp_path)
+    wheel = next((tmp_path / "dist").glob("fedlatent-*.whl"))
+    names = set(zipfile.ZipFile(wheel).namelist())
+    shipped = {f"fedlatent/configs/{p.relative_to(CONFIGS).as_posix()}" for p in CONFIGS.rglob("*.toml")}
+    assert shipped and shipped <= names
+    zipfile.ZipFile(wheel).extractall(tmp_path / "site")
+    (tmp_path / "work").mkdir()
+    probe = ("from fedlatent.experiment import reproduce, study; "
+             "print(study.CONFIGS.resolve()); print(reproduce.load_spec('feduv_table1').cells[0].config.data.dataset)")
+    out = subprocess.run([sys.executable, "-c", probe], check=True, capture_output=True, text=True,
+                         cwd=tmp_path / "work", env={"PYTHONPATH": str(tmp_path / "site"), "PATH": ""}).stdout.split()
+    assert out == [str((tmp_path / "site" / "fedlatent" / "configs").resolve()), "stl10"]

@@ -34,7 +34,7 @@ cells; ``compare = {axis = {quick label = paper label}}``) is the reduced versio
 labels differ only in ``seed`` form a group whose mean ± std the tables show.
 
 A variant label may name a shipped configuration, ``{config = "feduv/cifar100_a0.01.toml"}``
-(relative to ``configs/``, see :data:`CONFIGS`): the label then sets every section of that file,
+(relative to the shipped ``configs/``, :data:`CONFIGS`): the label then sets every section of that file,
 then its own keys, so a table's settings are written once, in the configs users run directly. The
 reproduce specs use this, and a copy of a spec runs under ``fedlatent sweep`` as it is.
 """
@@ -57,7 +57,9 @@ STUDY_KEYS = {"title", "description", "paper", "base", "set", "grid", "variants"
 QUICK_KEYS = {"base", "set", "grid", "variants", "compare", "note", "only"}
 SELECT = ("last", "val")
 METRICS = ("accuracy", "balanced_accuracy", "personalized_accuracy")
-CONFIGS = Path(__file__).resolve().parents[3] / "configs"  # the repository's shipped configurations
+# The shipped configurations: package data (``fedlatent/configs``, in a checkout a link to the
+# repository's ``configs/``), so an installed package finds them from any working directory.
+CONFIGS = Path(__file__).parents[1] / "configs"
 
 
 @dataclass

@@ -144,23 +144,74 @@ def _pairs() -> list[tuple[str, str, dict[str, str]]]:
         for stem, setting in [("cifar100_iid", "cifar100-iid"), ("cifar100_a0.5", "cifar100-a0.5"),
                               ("cifar100_a0.1", "cifar100-a0.1"), ("tinyimagenet", "tiny")]:
             pairs.append((f"spherefed/{row}_{stem}.toml", "spherefed_table2", {"setting": setting, "method": f"{base}+ours"}))
+    # the appendix and ablation specs whose own-method row is a shipped config as it is
+    for stem, setting in [("cifar100_iid", "cifar100-iid"), ("cifar100_a0.1", "cifar100-a0.1")]:
+        pairs.append((f"spherefed/fedopt_senet18_{stem}.toml", "spherefed_table4", {"setting": setting, "calibration": "ffc"}))
+    pairs.append(("spherefed/fedavg_mobilenetv2_cifar100_a0.5.toml", "spherefed_table10", {"setting": "cifar100-a0.5", "init": "qr"}))
+    for setting in ("synthetic00", "synthetic05"):
+        pairs.append((f"ditto/paper_{setting}_ditto_mkmmd_every20.toml", "ditto_figure3", {"setting": setting, "kernels": "mkmmd"}))
     return pairs
 
 
-@pytest.mark.parametrize("spec", ["feduv_table1", "feddecorr_table1", "feddecorr_table2", "spherefed_table2"])
+@pytest.mark.parametrize("spec", ["feduv_table1", "feddecorr_table1", "feddecorr_table2", "spherefed_table2",
+                                  "spherefed_table4", "spherefed_table10", "ditto_figure3"])
 def test_spec_cells_of_the_papers_methods_equal_the_shipped_configs(spec: str) -> None:
     """The table's own-method rows run the configs users run (nothing restated differently in the spec)."""
     cells = reproduce.load_spec(spec).cells
     pairs = [p for p in _pairs() if p[1] == spec]
     assert pairs
     for name, _, labels in pairs:
-        cell = next(c for c in cells if c.labels["seed"] == "0" and all(c.labels[k] == v for k, v in labels.items()))
+        seed = str(load_config(CONFIGS / name).seed)  # the file's own seed (0; the Ditto configs 2021)
+        cell = next(c for c in cells if c.labels["seed"] == seed and all(c.labels[k] == v for k, v in labels.items()))
         assert to_dict(cell.config) == to_dict(load_config(CONFIGS / name)), f"{spec} {labels} differs from {name}"
 
 
 def test_every_paper_config_is_run_by_a_spec() -> None:
     shipped = {f"{p.parent.name}/{p.name}" for p in SHIPPED if p.parent.name in ("feduv", "feddecorr", "spherefed")}
-    assert shipped == {name for name, _, _ in _pairs()}
+    assert shipped == {name for name, _, _ in _pairs() if not name.startswith("ditto/")}
+
+
+def _cells(spec: str, axis: str) -> dict:
+    """A single-seed spec's cells by their label on ``axis``."""
+    return {c.labels[axis]: c for c in reproduce.load_spec(spec).cells}
+
+
+def test_cost_spec_is_table_2s_column_with_flops_and_its_rows_own_settings() -> None:
+    """Table 1: the SphereFed row is the α = 0.5 config plus the FLOPs diagnostic; FedAvg and CCVR at lr 0.1."""
+    cells = _cells("spherefed_table1", "method")
+    ours = to_dict(cells["ours"].config)
+    assert ours.pop("diagnostics")["which"] == ["flops"]
+    expected = to_dict(load_config(CONFIGS / "spherefed/fedavg_mobilenetv2_cifar100_a0.5.toml"))
+    expected.pop("diagnostics")
+    assert ours == expected
+    ccvr = resolve(cells["ccvr"].config.algorithm, cells["ccvr"].config.terms).calibration
+    assert (ccvr.kind, ccvr.virtual_per_class, ccvr.lr, cells["ccvr"].config.train.lr) == ("ccvr", 500, 1e-5, 0.1)
+
+
+def test_appendix_specs_set_the_papers_switches() -> None:
+    """Table 4: calibration none / CCVR / FFC / centralised on FedOpt + SphereFed; Table 8: merged test
+    sets with 15 % local test splits, head-only SGD and personal FFC; Table 9: FFC on a random fixed
+    CE head; Table 10: Tammes with 10⁴ steps; Table 3's temperatures; Figure 3's fixed kernels."""
+    kinds = {k: resolve(c.config.algorithm, c.config.terms) for k, c in _cells("spherefed_table4", "calibration").items()}
+    assert {k: s.calibration.kind for k, s in kinds.items()} == {"none": "none", "ccvr": "ccvr", "ffc": "ffc",
+                                                                  "sanity": "centralized"}
+    assert all(s.head.fixed and s.loss == "mse" for s in kinds.values())
+    table8 = reproduce.load_spec("spherefed_table8")
+    assert all(c.config.data.merge_test and c.config.data.local_test_fraction == 0.15 for c in table8.cells)
+    specs = {c.labels["method"]: resolve(c.config.algorithm, c.config.terms) for c in table8.cells
+             if c.labels["setting"] == "cifar100-a0.1"}
+    assert specs["ours_sgd"].personalization.scope == "head" and specs["ours_sgd"].calibration.kind == "none"
+    assert specs["ours_ffc"].calibration.personal and specs["fedbabu"].personalization.scope == "all"
+    table9 = {k: resolve(c.config.algorithm, c.config.terms) for k, c in _cells("spherefed_table9", "method").items()}
+    assert table9["fix_r+ffc"].loss == "ce" and table9["fix_r+ffc"].calibration.kind == "ffc"
+    assert table9["fix_r"].head.fixed and table9["fix_r"].head.init == "default" and not table9["fix_r"].head.normalize_z
+    tammes = resolve(_cells("spherefed_table10", "init")["tammes"].config.algorithm)
+    assert (tammes.head.init, tammes.head.init_steps) == ("tammes", 10_000)
+    temps = {c.config.algorithm["temperature"] for c in reproduce.load_spec("spherefed_table3_temperature").cells}
+    assert temps == {1.0, 0.5, 0.2, 0.1, 0.05}
+    fixed = {c.labels["kernels"]: c.config.algorithm.get("fixed_kernels", 0) for c in reproduce.load_spec("ditto_figure3").cells}
+    assert fixed == {"fixed1": 1, "fixed5": 5, "fixed10": 10, "fixed18": 18, "mkmmd": 0, "mmdd": 0}
+
 
 
 def _spec(tmp_path: Path, label: dict, quick_replaces: bool) -> tuple[dict, Path]:

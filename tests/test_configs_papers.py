@@ -213,6 +213,15 @@ def test_appendix_specs_set_the_papers_switches() -> None:
     assert fixed == {"fixed1": 1, "fixed5": 5, "fixed10": 10, "fixed18": 18, "mkmmd": 0, "mmdd": 0}
 
 
+def test_tinyimagenet_spherefed_configs_stride_their_first_block() -> None:
+    """App. Tables 13-15: TIN_S = 2 for MobileNetV2, ResNet-18, SENet-18 (VGG-13: its pool, built in);
+    spherefed_table2's TinyImageNet rows that replace [model] keep it."""
+    for row in ("fedavg_mobilenetv2", "fedprox_resnet18", "fedopt_senet18"):
+        assert load_config(CONFIGS / f"spherefed/{row}_tinyimagenet.toml").model.options["first_stride"] == 2
+    for cell in reproduce.load_spec("spherefed_table2").cells:
+        expected = 2 if cell.labels["setting"] == "tiny" and cell.config.model.arch != "vgg13" else 1
+        assert cell.config.model.options.get("first_stride", 1) == expected, cell.name
+
 
 def _spec(tmp_path: Path, label: dict, quick_replaces: bool) -> tuple[dict, Path]:
     raw = {"title": "t", "variants": {"setting": {"s": label}, "method": {"m": {"algorithm": {"name": "fedavg"}}}},

@@ -207,7 +207,7 @@ def test_appendix_specs_set_the_papers_switches() -> None:
     assert table9["fix_r"].head.fixed and table9["fix_r"].head.init == "default" and not table9["fix_r"].head.normalize_z
     tammes = resolve(_cells("spherefed_table10", "init")["tammes"].config.algorithm)
     assert (tammes.head.init, tammes.head.init_steps) == ("tammes", 10_000)
-    temps = {c.config.algorithm["temperature"] for c in reproduce.load_spec("spherefed_table3_temperature").cells}
+    temps = {c.config.algorithm["temperature"] for c in reproduce.load_spec("spherefed_table3_tau").cells}
     assert temps == {1.0, 0.5, 0.2, 0.1, 0.05}
     fixed = {c.labels["kernels"]: c.config.algorithm.get("fixed_kernels", 0) for c in reproduce.load_spec("ditto_figure3").cells}
     assert fixed == {"fixed1": 1, "fixed5": 5, "fixed10": 10, "fixed18": 18, "mkmmd": 0, "mmdd": 0}

@@ -3,13 +3,18 @@ method; the CIFAR-100 ones carry the papers' settings key by key; the reproduce 
 these files (a spec's cell for the paper's own method equals its config); bad config references fail."""
 from __future__ import annotations
 
+import shutil
+import subprocess
+import sys
+import zipfile
 from pathlib import Path
 
 import pytest
 
 from fedlatent.config import ConfigError, load_config, to_dict
 from fedlatent.experiment import reproduce
-from fedlatent.experiment.study import parse_study
+from fedlatent.experiment.study import CONFIGS as RESOLVED
+from fedlatent.experiment.study import parse_study, with_configs
 from fedlatent.methods import resolve
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
@@ -139,23 +144,83 @@ def _pairs() -> list[tuple[str, str, dict[str, str]]]:
         for stem, setting in [("cifar100_iid", "cifar100-iid"), ("cifar100_a0.5", "cifar100-a0.5"),
                               ("cifar100_a0.1", "cifar100-a0.1"), ("tinyimagenet", "tiny")]:
             pairs.append((f"spherefed/{row}_{stem}.toml", "spherefed_table2", {"setting": setting, "method": f"{base}+ours"}))
+    # the appendix and ablation specs whose own-method row is a shipped config as it is
+    for stem, setting in [("cifar100_iid", "cifar100-iid"), ("cifar100_a0.1", "cifar100-a0.1")]:
+        pairs.append((f"spherefed/fedopt_senet18_{stem}.toml", "spherefed_table4", {"setting": setting, "calibration": "ffc"}))
+    pairs.append(("spherefed/fedavg_mobilenetv2_cifar100_a0.5.toml", "spherefed_table10", {"setting": "cifar100-a0.5", "init": "qr"}))
+    for setting in ("synthetic00", "synthetic05"):
+        pairs.append((f"ditto/paper_{setting}_ditto_mkmmd_every20.toml", "ditto_figure3", {"setting": setting, "kernels": "mkmmd"}))
     return pairs
 
 
-@pytest.mark.parametrize("spec", ["feduv_table1", "feddecorr_table1", "feddecorr_table2", "spherefed_table2"])
+@pytest.mark.parametrize("spec", ["feduv_table1", "feddecorr_table1", "feddecorr_table2", "spherefed_table2",
+                                  "spherefed_table4", "spherefed_table10", "ditto_figure3"])
 def test_spec_cells_of_the_papers_methods_equal_the_shipped_configs(spec: str) -> None:
     """The table's own-method rows run the configs users run (nothing restated differently in the spec)."""
     cells = reproduce.load_spec(spec).cells
     pairs = [p for p in _pairs() if p[1] == spec]
     assert pairs
     for name, _, labels in pairs:
-        cell = next(c for c in cells if c.labels["seed"] == "0" and all(c.labels[k] == v for k, v in labels.items()))
+        seed = str(load_config(CONFIGS / name).seed)  # the file's own seed (0; the Ditto configs 2021)
+        cell = next(c for c in cells if c.labels["seed"] == seed and all(c.labels[k] == v for k, v in labels.items()))
         assert to_dict(cell.config) == to_dict(load_config(CONFIGS / name)), f"{spec} {labels} differs from {name}"
 
 
 def test_every_paper_config_is_run_by_a_spec() -> None:
     shipped = {f"{p.parent.name}/{p.name}" for p in SHIPPED if p.parent.name in ("feduv", "feddecorr", "spherefed")}
-    assert shipped == {name for name, _, _ in _pairs()}
+    assert shipped == {name for name, _, _ in _pairs() if not name.startswith("ditto/")}
+
+
+def _cells(spec: str, axis: str) -> dict:
+    """A single-seed spec's cells by their label on ``axis``."""
+    return {c.labels[axis]: c for c in reproduce.load_spec(spec).cells}
+
+
+def test_cost_spec_is_table_2s_column_with_flops_and_its_rows_own_settings() -> None:
+    """Table 1: the SphereFed row is the α = 0.5 config plus the FLOPs diagnostic; FedAvg and CCVR at lr 0.1."""
+    cells = _cells("spherefed_table1", "method")
+    ours = to_dict(cells["ours"].config)
+    assert ours.pop("diagnostics")["which"] == ["flops"]
+    expected = to_dict(load_config(CONFIGS / "spherefed/fedavg_mobilenetv2_cifar100_a0.5.toml"))
+    expected.pop("diagnostics")
+    assert ours == expected
+    ccvr = resolve(cells["ccvr"].config.algorithm, cells["ccvr"].config.terms).calibration
+    assert (ccvr.kind, ccvr.virtual_per_class, ccvr.lr, cells["ccvr"].config.train.lr) == ("ccvr", 500, 1e-5, 0.1)
+
+
+def test_appendix_specs_set_the_papers_switches() -> None:
+    """Table 4: calibration none / CCVR / FFC / centralised on FedOpt + SphereFed; Table 8: merged test
+    sets with 15 % local test splits, head-only SGD and personal FFC; Table 9: FFC on a random fixed
+    CE head; Table 10: Tammes with 10⁴ steps; Table 3's temperatures; Figure 3's fixed kernels."""
+    kinds = {k: resolve(c.config.algorithm, c.config.terms) for k, c in _cells("spherefed_table4", "calibration").items()}
+    assert {k: s.calibration.kind for k, s in kinds.items()} == {"none": "none", "ccvr": "ccvr", "ffc": "ffc",
+                                                                  "sanity": "centralized"}
+    assert all(s.head.fixed and s.loss == "mse" for s in kinds.values())
+    table8 = reproduce.load_spec("spherefed_table8")
+    assert all(c.config.data.merge_test and c.config.data.local_test_fraction == 0.15 for c in table8.cells)
+    specs = {c.labels["method"]: resolve(c.config.algorithm, c.config.terms) for c in table8.cells
+             if c.labels["setting"] == "cifar100-a0.1"}
+    assert specs["ours_sgd"].personalization.scope == "head" and specs["ours_sgd"].calibration.kind == "none"
+    assert specs["ours_ffc"].calibration.personal and specs["fedbabu"].personalization.scope == "all"
+    table9 = {k: resolve(c.config.algorithm, c.config.terms) for k, c in _cells("spherefed_table9", "method").items()}
+    assert table9["fix_r+ffc"].loss == "ce" and table9["fix_r+ffc"].calibration.kind == "ffc"
+    assert table9["fix_r"].head.fixed and table9["fix_r"].head.init == "default" and not table9["fix_r"].head.normalize_z
+    tammes = resolve(_cells("spherefed_table10", "init")["tammes"].config.algorithm)
+    assert (tammes.head.init, tammes.head.init_steps) == ("tammes", 10_000)
+    temps = {c.config.algorithm["temperature"] for c in reproduce.load_spec("spherefed_table3_tau").cells}
+    assert temps == {1.0, 0.5, 0.2, 0.1, 0.05}
+    fixed = {c.labels["kernels"]: c.config.algorithm.get("fixed_kernels", 0) for c in reproduce.load_spec("ditto_figure3").cells}
+    assert fixed == {"fixed1": 1, "fixed5": 5, "fixed10": 10, "fixed18": 18, "mkmmd": 0, "mmdd": 0}
+
+
+def test_tinyimagenet_spherefed_configs_stride_their_first_block() -> None:
+    """App. Tables 13-15: TIN_S = 2 for MobileNetV2, ResNet-18, SENet-18 (VGG-13: its pool, built in);
+    spherefed_table2's TinyImageNet rows that replace [model] keep it."""
+    for row in ("fedavg_mobilenetv2", "fedprox_resnet18", "fedopt_senet18"):
+        assert load_config(CONFIGS / f"spherefed/{row}_tinyimagenet.toml").model.options["first_stride"] == 2
+    for cell in reproduce.load_spec("spherefed_table2").cells:
+        expected = 2 if cell.labels["setting"] == "tiny" and cell.config.model.arch != "vgg13" else 1
+        assert cell.config.model.options.get("first_stride", 1) == expected, cell.name
 
 
 def _spec(tmp_path: Path, label: dict, quick_replaces: bool) -> tuple[dict, Path]:
@@ -168,7 +233,7 @@ def _spec(tmp_path: Path, label: dict, quick_replaces: bool) -> tuple[dict, Path
 
 def test_a_config_label_sets_the_files_sections_then_its_own_keys(tmp_path: Path) -> None:
     raw, folder = _spec(tmp_path, {"config": "feduv/stl10_a1.toml", "train.rounds": 7}, True)
-    study = parse_study(reproduce.with_configs(raw), folder)
+    study = parse_study(with_configs(raw), folder)
     config = study.cells[0].config
     assert config.train.rounds == 7 and config.data.dataset == "stl10" and config.data.alpha == 1.0
     assert config.algorithm == {"name": "fedavg"}  # a later axis replaced the file's [algorithm]
@@ -178,11 +243,43 @@ def test_a_config_label_sets_the_files_sections_then_its_own_keys(tmp_path: Path
 def test_an_unknown_config_is_one_line_naming_the_label_unless_quick_replaces_its_axis(tmp_path: Path) -> None:
     raw, _ = _spec(tmp_path, {"config": "feduv/nope.toml"}, True)
     with pytest.raises(ConfigError, match=r"variants\.setting\.s: config 'feduv/nope\.toml' not found"):
-        reproduce.with_configs(raw)
-    assert reproduce.with_configs(raw, quick=True)["variants"]["setting"]["s"] == {"config": "feduv/nope.toml"}
+        with_configs(raw)
+    assert with_configs(raw, quick=True)["variants"]["setting"]["s"] == {"config": "feduv/nope.toml"}
     kept, _ = _spec(tmp_path, {"config": "feduv/nope.toml"}, False)
     with pytest.raises(ConfigError, match="not found"):  # the quick version keeps this axis: its configs are read
-        reproduce.with_configs(kept, quick=True)
+        with_configs(kept, quick=True)
     wrong, _ = _spec(tmp_path, {"config": 3}, False)
     with pytest.raises(ConfigError, match=r"config = 3: expected a path under configs/"):
-        reproduce.with_configs(wrong)
+        with_configs(wrong)
+
+
+def test_the_resolver_finds_the_shipped_configs_from_another_working_directory(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert (RESOLVED / "feduv" / "stl10_a1.toml").samefile(CONFIGS / "feduv" / "stl10_a1.toml")
+    raw, _ = _spec(tmp_path, {"config": "feduv/stl10_a1.toml"}, False)
+    assert with_configs(raw)["variants"]["setting"]["s"]["data"]["dataset"] == "stl10"
+
+
+@pytest.mark.slow
+def test_an_installed_wheel_carries_the_configs_and_resolves_them(tmp_path: Path) -> None:
+    """A non-editable install (wheel unpacked into a folder that is not the checkout) holds every shipped
+    config as package data, and a spec's config labels resolve there from another working directory."""
+    root = tmp_path / "checkout"  # a copy, so that the build leaves nothing in the working tree
+    for part in ("src", "configs"):
+        shutil.copytree(CONFIGS.parent / part, root / part, symlinks=True,
+                        ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+    for part in ("pyproject.toml", "README.md"):
+        shutil.copy(CONFIGS.parent / part, root / part)
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
+                    str(tmp_path / "dist"), str(root)], check=True, cwd=tmp_path)
+    wheel = next((tmp_path / "dist").glob("fedlatent-*.whl"))
+    names = set(zipfile.ZipFile(wheel).namelist())
+    shipped = {f"fedlatent/configs/{p.relative_to(CONFIGS).as_posix()}" for p in CONFIGS.rglob("*.toml")}
+    assert shipped and shipped <= names
+    zipfile.ZipFile(wheel).extractall(tmp_path / "site")
+    (tmp_path / "work").mkdir()
+    probe = ("from fedlatent.experiment import reproduce, study; "
+             "print(study.CONFIGS.resolve()); print(reproduce.load_spec('feduv_table1').cells[0].config.data.dataset)")
+    out = subprocess.run([sys.executable, "-c", probe], check=True, capture_output=True, text=True,
+                         cwd=tmp_path / "work", env={"PYTHONPATH": str(tmp_path / "site"), "PATH": ""}).stdout.split()
+    assert out == [str((tmp_path / "site" / "fedlatent" / "configs").resolve()), "stl10"]

@@ -154,7 +154,8 @@ def test_reproduce_list_covers_the_four_papers(capsys: pytest.CaptureFixture) ->
     text = capsys.readouterr().out
     for spec in ["feduv_table1", "feduv_table2", "feduv_table3", "feduv_table4", "feduv_table6", "feduv_supp_table4", "feduv_supp_table5", "feddecorr_table1",
                  "feddecorr_table2", "feddecorr_table3", "feddecorr_table4", "feddecorr_table6", "feddecorr_table7", "feddecorr_table8", "feddecorr_table9", "feddecorr_table10", "spherefed_table2", "spherefed_table3", "spherefed_table5", "spherefed_table6", "spherefed_table7", "ditto_table1",
-                 "ditto_table2"]:
+                 "ditto_table2", "spherefed_table1", "spherefed_table3_tau", "spherefed_table4",
+                 "spherefed_table8", "spherefed_table9", "spherefed_table10", "ditto_figure3", "feduv_supp_table2"]:
         assert spec in text
     assert "not runnable yet" not in text                          # every row of every table can run
     for spec, runs in [("feddecorr_table1", 192), ("feddecorr_table3", 30), ("feddecorr_table4", 32)]:
@@ -212,3 +213,33 @@ def test_unavailable_rows_are_listed_with_their_reason_and_not_run(tmp_path: Pat
     rows = {r["seed"]: r for r in run_sweep(study, tmp_path / "sweep", echo=None)}
     assert rows["0"]["status"] == "ran" and rows["1"]["status"] != "ran"
     assert not (tmp_path / "sweep" / study.cells[1].name / "summary.json").exists()
+
+
+def test_a_spec_copy_with_a_device_is_the_spec_under_sweep(tmp_path: Path) -> None:
+    """The README's recipe: copy a spec, add ``train.device`` to its ``set``; ``fedlatent sweep`` reads its
+    ``config = ...`` labels through the same function as ``reproduce`` (same cells, device aside)."""
+    text = reproduce.spec_path("spherefed_table3").read_text()
+    copy_ = tmp_path / "elsewhere" / "mine.toml"
+    copy_.parent.mkdir()
+    copy_.write_text(text.replace('paper = "', 'set = {"train.device" = "cuda:1"}\npaper = "', 1))
+    spec, mine = reproduce.load_spec("spherefed_table3"), load_study(copy_)
+    assert [c.name for c in mine.cells] == [c.name for c in spec.cells]
+    for a, b in zip(spec.cells, mine.cells):
+        assert b.config.train.device == "cuda:1" and b.config.data.dataset == "cifar100"
+        b.config.train.device = a.config.train.device
+        assert b.config == a.config
+
+
+def test_sweep_runs_a_study_whose_labels_name_shipped_configs(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    path = tmp_path / "study.toml"
+    path.write_text('set = {"train.rounds" = 1, "train.local_epochs" = 1, "data.samples_per_client" = 100}\n'
+                    '[variants.method]\n'
+                    'fedavg = {config = "ditto/paper_synthetic00_fedavg.toml"}\n'
+                    'ditto = {config = "ditto/paper_synthetic00_ditto.toml", "train.lr" = 0.01}\n')
+    assert main(["sweep", str(path), "--out", str(tmp_path / "out")]) == 0
+    for method, lr in [("fedavg", 0.001), ("ditto", 0.01)]:  # the file's sections, then the label's keys
+        written = (tmp_path / "out" / f"method-{method}" / "config.toml").read_text()
+        assert f'name = "{method}"' in written and f"lr = {lr}" in written and 'dataset = "synthetic"' in written
+    path.write_text('[variants.method]\nx = {config = "ditto/nope.toml"}\n')
+    assert main(["sweep", str(path)]) == 2
+    assert "variants.method.x: config 'ditto/nope.toml' not found" in capsys.readouterr().err

@@ -5,24 +5,20 @@ that need a piece fedlatent lacks are marked unavailable with the reason. ``--qu
 spec's reduced version on offline data; the output puts the paper's number, fedlatent's mean ±
 std over seeds and, for personalised tables, the majority-class baseline side by side.
 
-A spec's variant label may name a shipped configuration, ``{config = "feduv/cifar100_a0.01.toml"}``
-(relative to the repository's ``configs/``): the label then sets every section of that file, then
-its own keys, so a table's settings are written once, in the configs users run directly.
+Variant labels ``{config = "feduv/cifar100_a0.01.toml"}`` take a shipped configuration's sections
+(``fedlatent.experiment.study.with_configs``), so a table's settings are written once, in the configs.
 """
 from __future__ import annotations
 
-import copy
-import tomllib
 from collections import defaultdict
 from pathlib import Path
 
 from fedlatent.analysis.tables import format_mean_std, markdown_table
-from fedlatent.errors import ConfigError, UserInputError
-from fedlatent.experiment.study import Study, parse_study
+from fedlatent.errors import UserInputError
+from fedlatent.experiment.study import Study, load_study
 from fedlatent.experiment.sweep import run_sweep
 
 SPECS = Path(__file__).resolve().parent / "specs"
-CONFIGS = Path(__file__).resolve().parents[3] / "configs"  # the repository's shipped configurations
 
 
 def spec_names() -> list[str]:
@@ -36,43 +32,9 @@ def spec_path(name: str) -> Path:
     return path
 
 
-def _config_sections(name: str, where: str) -> dict:
-    """A shipped config's top-level keys and sections, as a variant label sets them (whole sections)."""
-    if not isinstance(name, str):
-        raise ConfigError(f"{where}: config = {name!r}: expected a path under configs/, e.g. \"feduv/stl10_a1.toml\"")
-    path = CONFIGS / name
-    if not path.is_file():
-        raise ConfigError(f"{where}: config {name!r} not found under {CONFIGS}")
-    try:
-        return tomllib.loads(path.read_text(encoding="utf-8"))
-    except tomllib.TOMLDecodeError as err:
-        raise ConfigError(f"{path}: not valid TOML ({err})") from None
-
-
-def with_configs(raw: dict, *, quick: bool = False, where: str = "spec") -> dict:
-    """``raw`` with each ``config = ...`` variant label replaced by that config's sections followed by
-    the label's other keys. Axes the ``[quick]`` version replaces are left alone in quick mode (their
-    configs name data that the quick version does not read)."""
-    raw = copy.deepcopy(raw)
-    replaced = set(raw.get("quick", {}).get("variants", {})) if quick else set()
-    for axis, table in raw.get("variants", {}).items():
-        if axis in replaced or not isinstance(table, dict):
-            continue
-        for label, settings in table.items():
-            if isinstance(settings, dict) and "config" in settings:
-                rest = {k: v for k, v in settings.items() if k != "config"}
-                table[label] = {**_config_sections(settings["config"], f"{where}: variants.{axis}.{label}"), **rest}
-    return raw
-
-
 def load_spec(name: str, *, quick: bool = False) -> Study:
     """A spec's study (its ``config = ...`` labels expanded), full or quick."""
-    path = spec_path(name)
-    try:
-        raw = tomllib.loads(path.read_text(encoding="utf-8"))
-    except tomllib.TOMLDecodeError as err:
-        raise ConfigError(f"{path}: not valid TOML ({err})") from None
-    return parse_study(with_configs(raw, quick=quick, where=str(path)), path.parent, quick=quick, where=str(path))
+    return load_study(spec_path(name), quick=quick)
 
 
 def listing() -> str:

@@ -32,6 +32,11 @@ the matching ``[[overrides]]``. ``[[unavailable]]`` tables (``where = {axis = la
 cells; ``compare = {axis = {quick label = paper label}}``) is the reduced version that
 ``fedlatent reproduce --quick`` runs. A ``where`` value may be a list of labels. Cells whose
 labels differ only in ``seed`` form a group whose mean ± std the tables show.
+
+A variant label may name a shipped configuration, ``{config = "feduv/cifar100_a0.01.toml"}``
+(relative to the shipped ``configs/``, :data:`CONFIGS`): the label then sets every section of that file,
+then its own keys, so a table's settings are written once, in the configs users run directly. The
+reproduce specs use this, and a copy of a spec runs under ``fedlatent sweep`` as it is.
 """
 from __future__ import annotations
 
@@ -52,6 +57,9 @@ STUDY_KEYS = {"title", "description", "paper", "base", "set", "grid", "variants"
 QUICK_KEYS = {"base", "set", "grid", "variants", "compare", "note", "only"}
 SELECT = ("last", "val")
 METRICS = ("accuracy", "balanced_accuracy", "personalized_accuracy")
+# The shipped configurations: package data (``fedlatent/configs``, in a checkout a link to the
+# repository's ``configs/``), so an installed package finds them from any working directory.
+CONFIGS = Path(__file__).parents[1] / "configs"
 
 
 @dataclass
@@ -117,6 +125,35 @@ def load_study(path: str | Path, *, quick: bool = False) -> Study:
     """Read a study file (see the module docstring) and expand it into validated cells."""
     path = Path(path)
     return parse_study(_read_toml(path, "study file"), path.parent, quick=quick, where=str(path))
+
+
+def _config_sections(name: Any, where: str) -> dict:
+    """A shipped config's top-level keys and sections, as a variant label sets them (whole sections)."""
+    if not isinstance(name, str):
+        raise ConfigError(f"{where}: config = {name!r}: expected a path under configs/, e.g. \"feduv/stl10_a1.toml\"")
+    path = CONFIGS / name
+    if not path.is_file():
+        raise ConfigError(f"{where}: config {name!r} not found under {CONFIGS}")
+    return _read_toml(path, "config")
+
+
+def with_configs(raw: dict, *, quick: bool = False, where: str = "study") -> dict:
+    """``raw`` with each ``config = ...`` variant label replaced by that config's sections followed by
+    the label's other keys. Axes the ``[quick]`` version replaces are left alone in quick mode (their
+    configs name data that the quick version does not read)."""
+    raw = copy.deepcopy(raw)
+    quick_variants = raw.get("quick", {}).get("variants", {}) if quick and isinstance(raw.get("quick"), dict) else {}
+    variants = raw.get("variants", {})
+    if not isinstance(variants, dict):
+        return raw  # refused by parse_study with its own message
+    for axis, table in variants.items():
+        if axis in quick_variants or not isinstance(table, dict):
+            continue
+        for label, settings in table.items():
+            if isinstance(settings, dict) and "config" in settings:
+                rest = {k: v for k, v in settings.items() if k != "config"}
+                table[label] = {**_config_sections(settings["config"], f"{where}: variants.{axis}.{label}"), **rest}
+    return raw
 
 
 def _base(raw: Any, folder: Path, where: str) -> dict:
@@ -187,7 +224,9 @@ def _short(axes: list[Axis]) -> dict[str, str]:
 
 
 def parse_study(raw: dict, folder: Path, *, quick: bool = False, where: str = "study") -> Study:
-    """Expand a parsed study document; every cell's configuration is validated (method included)."""
+    """Expand a parsed study document (its ``config = ...`` labels first); every cell's configuration
+    is validated (method included)."""
+    raw = with_configs(raw, quick=quick, where=where)
     unknown = sorted(set(raw) - STUDY_KEYS)
     if unknown:
         raise ConfigError(f"{where}: unknown key {unknown[0]}; known keys: {', '.join(sorted(STUDY_KEYS))}")

@@ -30,9 +30,10 @@ from torch.nn import functional as F
 from fedlatent.errors import ConfigError
 from fedlatent.models.base import FedModel
 from fedlatent.models.registry import register_model
+from fedlatent.registry import Key
 
-__all__ = ["SmallCNN", "WIDTHS", "build", "check_input_shape", "check_projector", "min_spatial_size",
-           "parse_options"]
+__all__ = ["FIRST_STRIDE", "SmallCNN", "WIDTHS", "build", "check_first_stride", "check_input_shape",
+           "check_projector", "min_spatial_size", "parse_options"]
 
 ConvSpec = tuple[int, int, int]
 """(kernel, stride, padding) of one convolution along the network's path."""
@@ -72,6 +73,16 @@ def check_input_shape(input_shape: Sequence[int], *, arch: str, min_size: int,
         raise ConfigError(f"model.arch = '{arch}' needs inputs of at least {min_size}×{min_size} pixels; "
                           f"{data} gives {height}×{width} (use model.arch = 'mlp' or 'resnet18')")
     return channels, height, width
+
+
+FIRST_STRIDE = Key(1, "stride of the first block of the first stage that keeps the stem's size (ResNet-18, "
+                   "SENet-18: layer1; MobileNetV2: stage2): 2 is SphereFed's TIN_S for 64×64 TinyImageNet "
+                   "inputs (architecture Tables 13-15)", (1, 2))
+
+
+def check_first_stride(stride: int) -> None:
+    if stride not in FIRST_STRIDE.choices:
+        raise ConfigError(f"model.first_stride = {stride!r}: allowed values are 1, 2")
 
 
 def parse_options(options: Mapping[str, Any], defaults: Mapping[str, Any], *, arch: str) -> dict[str, Any]:

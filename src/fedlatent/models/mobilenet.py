@@ -15,7 +15,9 @@ CIFAR code these papers build on, the 1×1 expand conv is kept for t = 1 as well
 All convs are bias-free. ``norm = "group"`` puts GroupNorm where BatchNorm is (see :mod:`.norm`).
 ``projection_relu = True`` adds a ReLU after the projection's norm layer, inside the block before
 the residual sum, as SphereFed's architecture table lists every block (Dong et al. 2022, Table 14:
-"Conv(…, k=1), NormLayer, ReLU" for the projection); it adds no parameter.
+"Conv(…, k=1), NormLayer, ReLU" for the projection); it adds no parameter. ``first_stride = 2``
+strides stage2's first block (Table 14's TIN_S on TinyImageNet; that block then has no shortcut),
+so that a 64×64 input reaches every later stage at the sides of a 32×32 input with stride 1.
 
 Example:
     >>> model = build((3, 32, 32), num_classes=100)
@@ -32,7 +34,15 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from fedlatent.models.base import FedModel, mlp_projector
-from fedlatent.models.cnn import ConvSpec, check_input_shape, check_projector, min_spatial_size, parse_options
+from fedlatent.models.cnn import (
+    FIRST_STRIDE,
+    check_first_stride,
+    check_input_shape,
+    check_projector,
+    ConvSpec,
+    min_spatial_size,
+    parse_options,
+)
 from fedlatent.models.norm import NORM, norm2d
 from fedlatent.models.registry import register_model
 from fedlatent.registry import Key
@@ -98,14 +108,17 @@ class MobileNetV2(FedModel):
                  "stem")
 
     def __init__(self, num_classes: int, in_channels: int = 3, projector_width: int = 0,
-                 projector_layers: int = 2, norm: str = "batch", projection_relu: bool = False) -> None:
+                 projector_layers: int = 2, norm: str = "batch", projection_relu: bool = False,
+                 first_stride: int = 1) -> None:
         check_projector(projector_width, projector_layers)
+        check_first_stride(first_stride)
         projector = mlp_projector(LAST_CHANNELS, projector_width, projector_layers) if projector_width else None
         super().__init__(LAST_CHANNELS, num_classes, projector=projector, z_dim=projector_width or None)
         self.stem = nn.Sequential(*_conv_bn(in_channels, STEM_CHANNELS, 3, norm=norm), nn.ReLU())
         stages: list[nn.Sequential] = []
         cin = STEM_CHANNELS
-        for t, c, n, s in CONFIG:
+        for i, (t, c, n, s) in enumerate(CONFIG):
+            s = first_stride if i == 1 else s  # stage2: SphereFed's TIN_S
             blocks = []
             for stride in [s] + [1] * (n - 1):
                 blocks.append(InvertedResidual(cin, c, t, stride, norm, projection_relu))
@@ -143,24 +156,25 @@ def build(input_shape: Sequence[int], num_classes: int, *, data_name: str | None
     """Build a :class:`MobileNetV2` for ``input_shape`` = (C, H, W).
 
     Options: ``projector_width`` (0 = none, default), ``projector_layers`` (default 2), ``norm``,
-    ``projection_relu`` (default False).
+    ``projection_relu`` (default False), ``first_stride`` (1 | 2, default 1).
     ``data_name`` only names the data in error messages.
     """
     opts = parse_options(options, {"projector_width": 0, "projector_layers": 2, "norm": "batch",
-                                   "projection_relu": False}, arch="mobilenetv2")
+                                   "projection_relu": False, "first_stride": 1}, arch="mobilenetv2")
     channels, _, _ = check_input_shape(input_shape, arch="mobilenetv2", min_size=MobileNetV2.min_input_size(),
                                        data_name=data_name)
     return MobileNetV2(num_classes, in_channels=channels, projector_width=opts["projector_width"],
                        projector_layers=opts["projector_layers"], norm=opts["norm"],
-                       projection_relu=opts["projection_relu"])
+                       projection_relu=opts["projection_relu"], first_stride=opts["first_stride"])
 
 
 PROJECTION_RELU = Key(False, "a ReLU after each block's linear projection (SphereFed's Table 14 lists one)")
 
 
-@register_model("mobilenetv2", reads=("projector",), keys={"norm": NORM, "projection_relu": PROJECTION_RELU})
+@register_model("mobilenetv2", reads=("projector",),
+                keys={"norm": NORM, "projection_relu": PROJECTION_RELU, "first_stride": FIRST_STRIDE})
 def _mobilenetv2(input_shape: Sequence[int], num_classes: int, *, data_name: str, projector: int,
-                 norm: str, projection_relu: bool) -> MobileNetV2:
+                 norm: str, projection_relu: bool, first_stride: int) -> MobileNetV2:
     """CIFAR MobileNetV2 (1280-d; FedDecorr, MOON, SphereFed; model.projector as resnet18)."""
     return build(input_shape, num_classes, data_name=data_name, projector_width=projector, norm=norm,
-                 projection_relu=projection_relu)
+                 projection_relu=projection_relu, first_stride=first_stride)

@@ -8,6 +8,9 @@ conv), global average pooling. A shortcut is a 1×1 conv + BN whenever the strid
 changes. FedUV puts a 2-layer FC-BN-ReLU projector (``projector_width`` 256/512/2048) before the
 classifier; ``projector_width = 0`` (the default) means none, and z is then the pooled features.
 ``norm = "group"`` puts GroupNorm where BatchNorm is (SphereFed's ResNet-18; see :mod:`.norm`).
+``first_stride = 2`` strides layer1's first block (its shortcut then becomes a 1×1 conv + norm):
+SphereFed's TIN_S on TinyImageNet (Dong et al. 2022, Tables 13-15), so that 64×64 inputs reach
+layer4 at the 4×4 of a 32×32 input with stride 1.
 
 Example:
     >>> model = build((3, 32, 32), num_classes=10, depth=18, projector_width=256)
@@ -25,7 +28,15 @@ from torch.nn import functional as F
 
 from fedlatent.errors import ConfigError
 from fedlatent.models.base import FedModel, mlp_projector
-from fedlatent.models.cnn import ConvSpec, check_input_shape, check_projector, min_spatial_size, parse_options
+from fedlatent.models.cnn import (
+    FIRST_STRIDE,
+    ConvSpec,
+    check_first_stride,
+    check_input_shape,
+    check_projector,
+    min_spatial_size,
+    parse_options,
+)
 from fedlatent.models.norm import NORM, norm2d
 from fedlatent.models.registry import register_model
 
@@ -117,16 +128,18 @@ class ResNet(FedModel):
     - ``"pool"``: N×512e, the encoder output (z when there is no projector);
     - ``"layer4"``: N×512e×H/8×W/8; ``"layer3"``: N×256e×H/4×W/4; ``"layer2"``: N×128e×H/2×W/2;
       ``"layer1"``: N×64e×H×W (the stem keeps the input size); ``"stem"``: N×64×H×W
-      (sides round up: a stride-2 stage gives ceil(n/2)).
+      (sides round up: a stride-2 stage gives ceil(n/2)); with ``first_stride = 2`` every side
+      from layer1 on is halved once more.
     """
 
     tap_names = ("pool", "layer4", "layer3", "layer2", "layer1", "stem")
 
     def __init__(self, depth: int, num_classes: int, in_channels: int = 3, projector_width: int = 0,
-                 projector_layers: int = 2, norm: str = "batch") -> None:
+                 projector_layers: int = 2, norm: str = "batch", first_stride: int = 1) -> None:
         if depth not in _DEPTHS:
             raise ConfigError(f"model.depth = {depth!r} is not one of {', '.join(map(str, _DEPTHS))}")
         check_projector(projector_width, projector_layers)
+        check_first_stride(first_stride)
         block, counts = _DEPTHS[depth]
         encoder_dim = 512 * block.expansion
         projector = mlp_projector(encoder_dim, projector_width, projector_layers) if projector_width else None
@@ -136,7 +149,7 @@ class ResNet(FedModel):
                                   norm2d(norm, 64), nn.ReLU())
         stages: list[nn.Sequential] = []
         cin = 64
-        for planes, stride, count in zip(_PLANES, _STRIDES, counts):
+        for planes, stride, count in zip(_PLANES, (first_stride, *_STRIDES[1:]), counts):
             blocks: list[nn.Module] = []
             for s in [stride] + [1] * (count - 1):
                 blocks.append(block(cin, planes, s, norm))
@@ -161,16 +174,16 @@ def build(input_shape: Sequence[int], num_classes: int, *, data_name: str | None
     """Build a :class:`ResNet` for ``input_shape`` = (C, H, W).
 
     Options: ``depth`` (18 | 50, default 18), ``projector_width`` (0 = none, default; FedUV uses
-    256/512/2048), ``projector_layers`` (default 2), ``norm`` ("batch" | "group"). ``data_name`` only
-    names the data in errors.
+    256/512/2048), ``projector_layers`` (default 2), ``norm`` ("batch" | "group"), ``first_stride``
+    (1 | 2, default 1). ``data_name`` only names the data in errors.
     """
-    opts = parse_options(options, {"depth": 18, "projector_width": 0, "projector_layers": 2, "norm": "batch"},
-                         arch=f"resnet{options.get('depth', 18)}")
+    opts = parse_options(options, {"depth": 18, "projector_width": 0, "projector_layers": 2, "norm": "batch",
+                                   "first_stride": 1}, arch=f"resnet{options.get('depth', 18)}")
     channels, _, _ = check_input_shape(input_shape, arch=f"resnet{opts['depth']}",
                                        min_size=ResNet.min_input_size(), data_name=data_name)
     return ResNet(opts["depth"], num_classes, in_channels=channels,
                   projector_width=opts["projector_width"], projector_layers=opts["projector_layers"],
-                  norm=opts["norm"])
+                  norm=opts["norm"], first_stride=opts["first_stride"])
 
 
 def build_resnet18(input_shape: Sequence[int], num_classes: int, *, data_name: str | None = None,
@@ -190,14 +203,15 @@ def build_resnet50(input_shape: Sequence[int], num_classes: int, *, data_name: s
 def _no_depth(options: dict[str, Any], arch: str) -> None:
     if "depth" in options:
         raise ConfigError(f"model.depth is not an option of model.arch = '{arch}' "
-                          "(options: projector_width, projector_layers, norm)")
+                          "(options: projector_width, projector_layers, norm, first_stride)")
 
 
-@register_model("resnet18", reads=("projector",), keys={"norm": NORM})
+@register_model("resnet18", reads=("projector",), keys={"norm": NORM, "first_stride": FIRST_STRIDE})
 def _resnet18(input_shape: Sequence[int], num_classes: int, *, data_name: str, projector: int,
-              norm: str) -> ResNet:
+              norm: str, first_stride: int) -> ResNet:
     """CIFAR ResNet-18 (512-d; model.projector: FC-BN-ReLU ×2 before the classifier)."""
-    return build_resnet18(input_shape, num_classes, data_name=data_name, projector_width=projector, norm=norm)
+    return build_resnet18(input_shape, num_classes, data_name=data_name, projector_width=projector, norm=norm,
+                          first_stride=first_stride)
 
 
 @register_model("resnet50", reads=("projector",), keys={"norm": NORM})

@@ -25,7 +25,12 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from fedlatent.models.base import FedModel, mlp_projector
-from fedlatent.models.cnn import check_input_shape, check_projector
+from fedlatent.models.cnn import (
+    FIRST_STRIDE,
+    check_first_stride,
+    check_input_shape,
+    check_projector,
+)
 from fedlatent.models.norm import NORM, norm2d
 from fedlatent.models.registry import register_model
 from fedlatent.models.resnet import staged_encode
@@ -71,14 +76,15 @@ class SENet18(FedModel):
     tap_names = ("pool", "layer4", "layer3", "layer2", "layer1", "stem")
 
     def __init__(self, num_classes: int, in_channels: int = 3, norm: str = "batch", projector_width: int = 0,
-                 projector_layers: int = 2) -> None:
+                 projector_layers: int = 2, first_stride: int = 1) -> None:
         check_projector(projector_width, projector_layers)
+        check_first_stride(first_stride)
         projector = mlp_projector(_PLANES[-1], projector_width, projector_layers) if projector_width else None
         super().__init__(_PLANES[-1], num_classes, projector=projector, z_dim=projector_width or None)
         self.stem = nn.Sequential(nn.Conv2d(in_channels, 64, 3, padding=1, bias=False), norm2d(norm, 64), nn.ReLU())
         stages = []
         cin = 64
-        for planes, stride in zip(_PLANES, _STRIDES):
+        for planes, stride in zip(_PLANES, (first_stride, *_STRIDES[1:])):
             stages.append(nn.Sequential(PreActSEBlock(cin, planes, stride, norm), PreActSEBlock(planes, planes, 1, norm)))
             cin = planes
         self.layer1, self.layer2, self.layer3, self.layer4 = stages
@@ -88,14 +94,16 @@ class SENet18(FedModel):
 
 
 def build(input_shape: Sequence[int], num_classes: int, *, data_name: str | None = None, norm: str = "batch",
-          projector_width: int = 0, projector_layers: int = 2) -> SENet18:
+          projector_width: int = 0, projector_layers: int = 2, first_stride: int = 1) -> SENet18:
     """A :class:`SENet18` for ``input_shape`` = (C, H, W) (any size: every conv is padded)."""
     channels, _, _ = check_input_shape(input_shape, arch="senet18", min_size=1, data_name=data_name)
     return SENet18(num_classes, channels, norm=norm, projector_width=projector_width,
-                   projector_layers=projector_layers)
+                   projector_layers=projector_layers, first_stride=first_stride)
 
 
-@register_model("senet18", reads=("projector",), keys={"norm": NORM})
-def _senet18(input_shape: Sequence[int], num_classes: int, *, data_name: str, projector: int, norm: str) -> SENet18:
+@register_model("senet18", reads=("projector",), keys={"norm": NORM, "first_stride": FIRST_STRIDE})
+def _senet18(input_shape: Sequence[int], num_classes: int, *, data_name: str, projector: int, norm: str,
+             first_stride: int) -> SENet18:
     """SENet-18 for 32×32 (pre-activation SE blocks, reduction 16; 512-d z; SphereFed)."""
-    return build(input_shape, num_classes, data_name=data_name, norm=norm, projector_width=projector)
+    return build(input_shape, num_classes, data_name=data_name, norm=norm, projector_width=projector,
+                 first_stride=first_stride)

@@ -32,7 +32,7 @@ from fedlatent.federated.evaluation import client_validation, evaluate
 from fedlatent.federated.failures import ClientFailure, error_detail
 from fedlatent.federated.personal import client_report, combine_reports
 from fedlatent.federated.round import (ClientTask, checked, client_generator, client_round, close_round,
-                                       local_settings, plan_round, round_lr)
+                                       local_settings, nbytes, plan_round, round_lr)
 from fedlatent.federated.round import sample_clients as sample_clients  # the embedded backend's sampling
 from fedlatent.federated.server import Server
 from fedlatent.federated.state import has_checkpoint, load_checkpoint, save_checkpoint, write_atomically
@@ -107,13 +107,15 @@ def settings(s: Setup, lr: float, epochs: int) -> LocalSettings:
     return local_settings(s.config.train, lr, epochs, s.federation.augment, s.federation.num_classes, s.device)
 
 
-def calibrated(s: Setup, state: Tensors) -> Tensors:
-    """``state`` with its head calibrated from every client's statistics (in client-id order)."""
+def calibrated(s: Setup, state: Tensors) -> tuple[Tensors, int]:
+    """``state`` with its head calibrated from every client's statistics (in client-id order), and
+    the bytes of those statistics (what the clients upload for it: SphereFed's Table 1 "once" row)."""
     cal, model = s.spec.calibration, s.workspace.model
     stats = [calibrate.client_statistics(model, state, c.train, cal, s.config.eval.batch_size, s.device)
              for c in s.federation.clients]
     generator = torch.Generator().manual_seed(derive_seed(s.config.seed, CALIBRATION))
-    return calibrate.apply_statistics(state, stats, cal, *calibrate.head_keys(model), generator)
+    return (calibrate.apply_statistics(state, stats, cal, *calibrate.head_keys(model), generator),
+            sum(nbytes(st) for st in stats))
 
 
 def train_clients(s: Setup, tasks: list[ClientTask]) -> tuple[list[Upload | ClientFailure], dict[int, Tensors]]:
@@ -146,7 +148,8 @@ def run_round(s: Setup, rnd: int) -> dict[str, Any]:
     for upload in result.uploads:
         s.client_states[upload.client_id] = states[upload.client_id]
     if s.spec.calibration.kind == "ffc" and s.spec.calibration.every and (rnd + 1) % s.spec.calibration.every == 0:
-        s.server.global_state = calibrated(s, s.server.global_state)
+        s.server.global_state, sent = calibrated(s, s.server.global_state)
+        result.metrics["bytes_calibration_up"] = sent
     line: dict[str, Any] = {"round": rnd + 1, "lr": tasks[0].lr, **result.metrics}
     if (rnd + 1) % cfg.eval.every == 0 or rnd + 1 == cfg.train.rounds:
         line.update(evaluate_global(s))
@@ -240,7 +243,7 @@ def finish(s: Setup) -> dict[str, Any]:
     before = evaluate_global(s)
     state = s.server.global_state
     if s.spec.calibration.kind != "none":
-        state = calibrated(s, state)
+        state, final["bytes_calibration_up"] = calibrated(s, state)
         final.update({f"uncalibrated_{k.removeprefix('test_')}": v for k, v in before.items()})
         before = evaluate_global(s, state)
     final.update({k.removeprefix("test_"): v for k, v in before.items()})

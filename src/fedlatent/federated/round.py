@@ -80,6 +80,18 @@ def nbytes(state: Tensors) -> int:
     return sum(t.numel() * t.element_size() for t in state.values())
 
 
+HEAD = "classifier."  # state-key prefix of the classifier (FedModel.classifier)
+
+
+def traffic(state: Tensors, untransmitted: set[str]) -> tuple[int, int]:
+    """Bytes of ``state`` a deployment sends, and the classifier's share of them: every entry but
+    the ``untransmitted`` ones — a head fixed at init (each side builds it from the run's seed) and
+    the layers clients keep to themselves (FedRep, LG-FedAvg). SphereFed's Table 1 counts the
+    classifier's communication this way: a learned head travels every round, a fixed one never."""
+    sent = {k: v for k, v in state.items() if k not in untransmitted}
+    return nbytes(sent), nbytes({k: v for k, v in sent.items() if k.startswith(HEAD)})
+
+
 def local_settings(train: TrainConfig, lr: float, epochs: int, augment: Augmentation | bool, num_classes: int,
                    device: torch.device) -> LocalSettings:
     """The local optimiser and loop settings of a round at learning rate ``lr``."""
@@ -118,9 +130,14 @@ def close_round(server: Server, config: RunConfig, rnd: int, tasks: list[ClientT
         "clients": [u.client_id for u in uploads],
         "train_loss": float(np.mean([u.metrics["train_loss"] for u in uploads])) if uploads else None,
         "client_train_loss": [u.metrics["train_loss"] for u in uploads],
-        "bytes_down": sum(nbytes(t.global_state) + nbytes(t.payload) for t in tasks),
-        "bytes_up": sum(nbytes(u.state) + sum(nbytes(e) for e in u.extras.values()) for u in uploads),
     }
+    untransmitted = server.untransmitted()
+    down = [traffic(t.global_state, untransmitted) for t in tasks]
+    up = [traffic(u.state, untransmitted) for u in uploads]
+    metrics["bytes_down"] = sum(d for d, _ in down) + sum(nbytes(t.payload) for t in tasks)
+    metrics["bytes_up"] = sum(d for d, _ in up) + sum(nbytes(e) for u in uploads for e in u.extras.values())
+    metrics["bytes_head_down"] = sum(h for _, h in down)
+    metrics["bytes_head_up"] = sum(h for _, h in up)
     if dropped:
         metrics["dropped"] = [failure.record() for failure in dropped]
     for key in sorted({k for u in uploads for k in u.metrics if k.startswith(("term_", "personal_"))}):

@@ -79,6 +79,10 @@ class Server:
         self.state: Tensors = {}
         self.kind, self.lr = resolve_server(cfg, spec)
 
+    def untransmitted(self) -> set[str]:
+        """State keys that never travel: the fixed head and the clients' own layers."""
+        return set(self.frozen + self.local)
+
     def payload(self) -> dict[str, Tensors]:
         """What each part sends down with the global model."""
         return {part.name: part.payload(self.state) for part in self.spec.all_parts()}

@@ -1,0 +1,186 @@
+"""The client half of fedlatent as a Flower ClientApp (Message API).
+
+Every message carries the run's resolved configuration (TOML text), so a SuperNode needs nothing
+but fedlatent and its data: it builds the model and its client's splits once per process (a
+ClientApp may be a fresh object for every message) and keeps each client's state (SCAFFOLD c_i,
+Ditto's personal model, MOON's previous model, MMD kernels, …) in the node's ``Context.state`` as
+one ArrayRecord per client, where it survives between rounds. Which clients a node serves comes
+from its node config: ``partition-id`` k of ``num-partitions`` P serves the client ids ≡ k (mod P)
+(one client per node when P is the number of clients; the simulation engine sets both), and
+``data-path`` may point at the node's own arrays file (``data.dataset = "arrays"`` format) instead
+of the configuration's data set.
+
+Messages: ``query.census`` (the served clients and their training-set sizes), ``train`` (one
+:class:`~fedlatent.federated.round.ClientTask` → upload), ``evaluate.validate`` (validation
+accuracy of the served clients), ``evaluate.report`` (the personalised report rows). A client
+whose update raises or is not finite replies with a failure record naming it.
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import hashlib
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from flwr.app import Context, Message, RecordDict
+from flwr.clientapp import ClientApp
+
+from fedlatent.backends.flower import messages as M
+from fedlatent.backends.flower._round_shim import checked, client_update, local_settings, round_lr
+from fedlatent.backends.simulation import make_model
+from fedlatent.config import RunConfig, from_dict
+from fedlatent.data.federation import build_federation
+from fedlatent.data.types import ClientData, Federation
+from fedlatent.federated.client import Workspace
+from fedlatent.federated.evaluation import evaluate, majority_rate
+from fedlatent.federated.failures import ClientFailure, error_detail
+from fedlatent.federated.personal import client_model, personal_ffc
+from fedlatent.methods import resolve
+from fedlatent.methods.parts import MethodSpec, Tensors
+from fedlatent.seeding import FINETUNE, derive_seed
+
+STATE = "client."  # Context.state record name prefix of a client's state
+
+
+@dataclass
+class Job:
+    """What a node builds once per run configuration: the method, the data it serves, the models."""
+
+    config: RunConfig
+    spec: MethodSpec
+    federation: Federation
+    clients: dict[int, ClientData]
+    workspace: Workspace
+    device: torch.device
+
+
+def served(node_config: dict[str, Any], num_clients: int) -> list[int]:
+    """The client ids a node serves: those ≡ partition-id (mod num-partitions)."""
+    if "partition-id" not in node_config:
+        raise ValueError("this SuperNode has no partition-id in its node config "
+                         "(start it with --node-config 'partition-id=K num-partitions=P')")
+    k = int(node_config["partition-id"])
+    p = int(node_config.get("num-partitions", num_clients))
+    return [cid for cid in range(num_clients) if cid % p == k]
+
+
+_JOBS: dict[str, Job] = {}
+
+
+def job_for(config_toml: str, node_config: dict[str, Any]) -> Job:
+    """The node's :class:`Job` for a configuration, built on first use and kept for the process."""
+    import tomllib
+    key = hashlib.sha256((config_toml + repr(sorted(node_config.items()))).encode()).hexdigest()
+    if key not in _JOBS:
+        _JOBS.clear()  # one run at a time per process
+        config = from_dict(tomllib.loads(config_toml))
+        if node_config.get("data-path"):
+            config = dataclasses.replace(config, data=dataclasses.replace(
+                config.data, dataset="arrays", path=str(node_config["data-path"]), partition="given"))
+        torch.set_num_threads(config.train.threads)
+        spec = resolve(config.algorithm, config.terms)
+        federation = build_federation(config.data, config.data_seed)
+        mine = served(node_config, len(federation.clients))
+        device = torch.device(config.train.device)
+        model = make_model(config, federation, spec).to(device)
+        parts = spec.all_parts()
+        ws = Workspace(model=model,
+                       global_copy=copy.deepcopy(model) if any(p.needs_global_out for p in parts) else None,
+                       previous=copy.deepcopy(model) if any(p.needs_prev_out for p in parts) else None,
+                       personal=copy.deepcopy(model) if spec.personalization.kind == "ditto" else None)
+        _JOBS[key] = Job(config, spec, federation, {cid: federation.clients[cid] for cid in mine}, ws, device)
+    return _JOBS[key]
+
+
+def _job(msg: Message, context: Context) -> Job:
+    return job_for(str(msg.content["run"]["config"]), dict(context.node_config))
+
+
+def _state(context: Context, cid: int) -> Tensors | None:
+    name = f"{STATE}{cid}"
+    return M.from_record(context.state[name]) if name in context.state.array_records else None
+
+
+app = ClientApp()
+
+
+@app.query("census")
+def census(msg: Message, context: Context) -> Message:
+    """The clients this node serves and their training-set sizes (the server's census)."""
+    job = _job(msg, context)
+    values = {"clients": list(job.clients), "train_sizes": [len(c.train) for c in job.clients.values()]}
+    return Message(RecordDict({"census": M.pack_values(values)}), reply_to=msg)
+
+
+@app.train()
+def train(msg: Message, context: Context) -> Message:
+    """One client's round: the task, its state from the node's context (or the server's copy the
+    first time a resumed run reaches it) → upload, new state kept in the context."""
+    job = _job(msg, context)
+    task, restore = M.unpack_task(msg.content)
+    if task.client_id not in job.clients:
+        raise ValueError(f"client {task.client_id} is not served by this node (it serves {list(job.clients)})")
+    state = _state(context, task.client_id)
+    if state is None:
+        state = restore or {}
+    cfg = job.config
+    settings = local_settings(cfg.train, task.lr, cfg.train.local_epochs, job.federation.augment,
+                              job.federation.num_classes, job.device)
+    try:
+        upload, new_state = client_update(job.workspace, job.spec, task, job.clients[task.client_id].train, state,
+                                          settings, cfg.seed)
+        outcome = checked(upload, new_state)
+    except Exception as exc:  # any error of the client's update is that client's failure
+        outcome = ClientFailure(task.client_id, "error", error_detail(exc))
+    if isinstance(outcome, ClientFailure):  # the node keeps the state the client had
+        return Message(M.pack_failure(outcome), reply_to=msg)
+    context.state[f"{STATE}{task.client_id}"] = M.to_record(new_state)
+    return Message(M.pack_upload(upload, new_state if cfg.flower.client_state_on_server else None), reply_to=msg)
+
+
+@app.evaluate("validate")
+def validate(msg: Message, context: Context) -> Message:
+    """Validation accuracy of the global model on each served client's validation split."""
+    job = _job(msg, context)
+    model = job.workspace.model
+    model.load_state_dict(M.from_record(msg.content["global"]))
+    values = {str(cid): evaluate(model, c.val, job.federation.num_classes, job.config.eval.batch_size,
+                                 job.device)["accuracy"]
+              for cid, c in job.clients.items() if c.val is not None and len(c.val)}
+    return Message(RecordDict({"values": M.pack_values(values)}), reply_to=msg)
+
+
+@app.evaluate("report")
+def report(msg: Message, context: Context) -> Message:
+    """The personalised report rows of the served clients with a test split: the model each client
+    would use (personal, own layers, fine-tuned or global), its accuracy and the majority baseline."""
+    job = _job(msg, context)
+    cfg, spec, fed = job.config, job.spec, job.federation
+    global_state = M.from_record(msg.content["global"])
+    restore = {int(name[len(STATE):]): M.from_record(msg.content[name])
+               for name in msg.content.array_records if name.startswith(STATE)}
+    settings = local_settings(cfg.train, round_lr(cfg.train, cfg.train.rounds - 1), spec.personalization.epochs,
+                              fed.augment, fed.num_classes, job.device)
+    rows = []
+    for cid, client in job.clients.items():
+        if client.test is None or not len(client.test):
+            continue
+        state = _state(context, cid)
+        state = restore.get(cid, {}) if state is None else state
+        generator = torch.Generator().manual_seed(derive_seed(cfg.seed, FINETUNE, cid))
+        model = client_model(job.workspace, spec, state, global_state, cid, fed, settings, generator)
+        if spec.calibration.kind == "ffc" and spec.calibration.personal:
+            personal_ffc(model, client.train, fed.num_classes, spec.calibration.ridge, cfg.eval.batch_size, job.device)
+        test = evaluate(model, client.test, fed.num_classes, cfg.eval.batch_size, job.device)
+        row = {"client": cid, "accuracy": test["accuracy"], "balanced_accuracy": test["balanced_accuracy"],
+               "majority_baseline": majority_rate(client.train.y, client.test.y, fed.num_classes)}
+        if client.val is not None and len(client.val):
+            row["val_accuracy"] = evaluate(model, client.val, fed.num_classes, cfg.eval.batch_size,
+                                           job.device)["accuracy"]
+        rows.append(row)
+    return Message(RecordDict({"rows": M.pack_values({"rows": rows})}), reply_to=msg)
+
+
+__all__ = ["app", "served", "job_for"]

@@ -1,0 +1,273 @@
+"""The server half of fedlatent as a Flower ServerApp (Message API).
+
+:func:`serve` is the embedded backend's round loop with messages in place of calls: a census of
+the SuperNodes (which clients each serves, their training-set sizes), then per round
+:func:`plan_round` → one ``train`` message per selected client → :func:`close_round` on the
+replies (sorted by client id, so reply order cannot change the numbers), evaluation (the global
+test set on the server, validation accuracy from the clients), ``metrics.jsonl`` and a checkpoint
+(global model, server state — SCAFFOLD c, FedDyn h, FedOpt moments — and the clients' states when
+they send a copy, ``flower.client_state_on_server``), so ``--resume`` continues as the embedded
+backend does. A client that raises, diverges or does not reply within ``flower.timeout`` seconds is
+a :class:`ClientFailure` for the shared failure policy; each is told in one log line.
+
+:func:`deployment_app` builds the ServerApp ``flwr run`` starts; the simulation engine
+(:mod:`.engine`) runs :func:`serve` on its in-memory grid.
+"""
+from __future__ import annotations
+
+import json
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import torch
+from flwr.app import ConfigRecord, Context, Message, RecordDict
+from flwr.serverapp import Grid, ServerApp
+
+from fedlatent.backends.flower import messages as M
+from fedlatent.backends.flower._round_shim import close_round, plan_round
+from fedlatent.backends.simulation import make_model, metrics_upto
+from fedlatent.config import RunConfig, to_toml
+from fedlatent.data.types import Federation
+from fedlatent.errors import UserInputError
+from fedlatent.federated.evaluation import evaluate, fairness
+from fedlatent.federated.failures import ClientFailure, RunStopped
+from fedlatent.federated.server import Server
+from fedlatent.federated.state import has_checkpoint, load_checkpoint, save_checkpoint, write_atomically
+from fedlatent.methods.parts import MethodSpec, Tensors, Upload, trainable_names
+
+CENSUS_WAIT_S = 120.0  # how long the census waits for SuperNodes to serve every client
+
+
+def _warn(message: str) -> None:
+    print(f"fedlatent: warning: {message}", file=sys.stderr)
+
+
+@dataclass
+class Census:
+    """Which SuperNode serves each client, and the clients' training-set sizes (by client id)."""
+
+    node_of: dict[int, int]
+    train_sizes: list[int]
+
+
+@dataclass
+class ServerRun:
+    """One run's server side: the grid, the configuration, the server role and what it keeps."""
+
+    grid: Grid
+    config: RunConfig
+    federation: Federation
+    spec: MethodSpec
+    warn: Callable[[str], None] = _warn
+    census: Census | None = None
+    server: Server | None = None
+    client_states: list[Tensors] = field(default_factory=list)
+    contacted: set[int] = field(default_factory=set)  # clients reached since this process started
+    model: Any = None
+
+    @property
+    def run_record(self) -> ConfigRecord:
+        return ConfigRecord({"config": to_toml(self.config)})
+
+    def exchange(self, messages: list[tuple[int, Message]]) -> dict[int, Message | None]:
+        """Send each (client id, message) and wait up to ``flower.timeout`` seconds; the reply per
+        client (None where none came)."""
+        for _, msg in messages:
+            msg.content["run"] = self.run_record
+        replies = self.grid.send_and_receive([m for _, m in messages], timeout=self.config.flower.timeout)
+        by_id = {msg.metadata.message_id: cid for cid, msg in messages}
+        out: dict[int, Message | None] = {cid: None for cid, _ in messages}
+        for reply in replies:
+            cid = by_id.get(reply.metadata.reply_to_message_id)
+            if cid is not None:
+                out[cid] = reply
+        return out
+
+    def take_census(self) -> Census:
+        """Ask every SuperNode which clients it serves; wait until every client is served."""
+        n = len(self.federation.clients)
+        node_of: dict[int, int] = {}
+        sizes: dict[int, int] = {}
+        deadline = time.monotonic() + CENSUS_WAIT_S
+        while len(node_of) < n:
+            asked = [node for node in self.grid.get_node_ids() if node not in node_of.values()]
+            if asked:
+                msgs = [(node, Message(RecordDict(), dst_node_id=node, message_type="query.census")) for node in asked]
+                for node, reply in self.exchange(msgs).items():
+                    if reply is not None and reply.has_content():
+                        values = M.unpack_values(reply.content["census"])
+                        for cid, size in zip(values["clients"], values["train_sizes"]):
+                            node_of.setdefault(int(cid), node)
+                            sizes[int(cid)] = int(size)
+            if len(node_of) < n:
+                if time.monotonic() > deadline:
+                    missing = sorted(set(range(n)) - set(node_of))
+                    raise RunStopped(f"census: no SuperNode serves client(s) {missing} after {CENSUS_WAIT_S:.0f} s "
+                                     f"(start one with --node-config 'partition-id=K num-partitions=P')", 0)
+                time.sleep(1.0)
+        return Census(node_of, [sizes[cid] for cid in range(n)])
+
+    def setup(self) -> None:
+        torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0)  # torch's one-off import, outside round 1
+        self.model = make_model(self.config, self.federation, self.spec).to(self.config.train.device)
+        state = {k: v.detach().cpu().clone() for k, v in self.model.state_dict().items()}
+        self.server = Server(self.spec, state, [n for n, _ in self.model.named_parameters()],
+                             trainable_names(self.model), self.config.server, len(self.federation.clients))
+        self.client_states = [{} for _ in self.federation.clients]
+        self.census = self.take_census()
+
+    def restore_for(self, cid: int) -> Tensors | None:
+        """The server's copy of a client's state, sent the first time this process reaches it
+        (a resumed run: the node has none)."""
+        if cid in self.contacted or not self.client_states[cid]:
+            return None
+        return self.client_states[cid]
+
+    def train_round(self, rnd: int) -> dict[str, Any]:
+        """One round: tasks out, uploads back, the server half; returns the metrics line."""
+        started = time.perf_counter()
+        tasks = plan_round(self.server, self.config, rnd, self.census.train_sizes)
+        live = set(self.grid.get_node_ids())
+        outcomes: list[Upload | ClientFailure] = []
+        sent = []
+        for task in tasks:
+            node = self.census.node_of[task.client_id]
+            if node not in live:
+                outcomes.append(ClientFailure(task.client_id, "error", f"SuperNode {node} is gone"))
+                continue
+            sent.append((task.client_id, Message(M.pack_task(task, self.restore_for(task.client_id)),
+                                                 dst_node_id=node, message_type="train")))
+        new_states: dict[int, Tensors] = {}
+        for cid, reply in self.exchange(sent).items():
+            outcome, state = self.outcome(cid, reply)
+            outcomes.append(outcome)
+            if state is not None:
+                new_states[cid] = state
+        self.contacted.update(cid for cid, _ in sent)
+        result = close_round(self.server, self.config, rnd, tasks, outcomes)
+        for failure in result.dropped:
+            self.warn(f"round {rnd + 1}: client {failure.client} left out: {failure.detail}")
+        for upload in result.uploads:
+            if upload.client_id in new_states:
+                self.client_states[upload.client_id] = new_states[upload.client_id]
+        line: dict[str, Any] = {"round": rnd + 1, "lr": tasks[0].lr if tasks else None, **result.metrics}
+        if (rnd + 1) % self.config.eval.every == 0 or rnd + 1 == self.config.train.rounds:
+            line.update(self.evaluate_global())
+        line["time_round_s"] = time.perf_counter() - started
+        return line
+
+    def outcome(self, cid: int, reply: Message | None) -> tuple[Upload | ClientFailure, Tensors | None]:
+        """A reply as the failure policy sees it (and the client's new state when it sent one)."""
+        if reply is None:
+            return ClientFailure(cid, "error", f"no reply within flower.timeout = {self.config.flower.timeout:g} s"), None
+        if reply.has_error():
+            return ClientFailure(cid, "error", f"ClientApp error: {reply.error.reason}"), None
+        failure = M.unpack_failure(reply.content)
+        if failure is not None:
+            return failure, None
+        return M.unpack_upload(reply.content)
+
+    def evaluate_global(self, state: Tensors | None = None) -> dict[str, float]:
+        """The global model on the server's test set, and the mean validation accuracy the clients
+        report (in client-id order, as the embedded backend averages it)."""
+        fed, cfg, out = self.federation, self.config, {}
+        state = self.server.global_state if state is None else state
+        self.model.load_state_dict(state)
+        if fed.test is not None:
+            out.update({f"test_{k}": v for k, v in evaluate(self.model, fed.test, fed.num_classes,
+                                                              cfg.eval.batch_size, torch.device(cfg.train.device)).items()})
+        if any(c.val is not None and len(c.val) for c in fed.clients):
+            values: dict[int, float] = {}
+            for reply in self.broadcast("evaluate.validate", {"global": M.to_record(state)}).values():
+                values.update({int(k): v for k, v in M.unpack_values(reply.content["values"]).items()})
+            if values:
+                out["val_accuracy"] = float(np.mean([values[cid] for cid in sorted(values)]))
+        return out
+
+    def broadcast(self, message_type: str, records: dict[str, Any]) -> dict[int, Message]:
+        """The same content to every SuperNode of the census; the replies with content, by node."""
+        nodes = sorted(set(self.census.node_of.values()))
+        msgs = [(node, Message(RecordDict(dict(records)), dst_node_id=node, message_type=message_type))
+                for node in nodes]
+        return {node: r for node, r in self.exchange(msgs).items() if r is not None and r.has_content()}
+
+    def finish(self) -> dict[str, Any]:
+        """Final evaluation: the global model on the test set, and the personalised report."""
+        final = {k.removeprefix("test_"): v for k, v in self.evaluate_global().items()}
+        if self.config.eval.personalized == "never":
+            return final
+        records: dict[str, Any] = {"global": M.to_record(self.server.global_state)}
+        for cid, state in enumerate(self.client_states):
+            if cid not in self.contacted and state:
+                records[f"client.{cid}"] = M.to_record(state)
+        rows = [row for reply in self.broadcast("evaluate.report", records).values()
+                for row in M.unpack_values(reply.content["rows"])["rows"]]
+        final.update(combine_rows(sorted(rows, key=lambda r: r["client"])))
+        return final
+
+
+def combine_rows(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The personalised report over the clients' rows (client-id order), as the embedded backend's."""
+    if not rows:
+        return {}
+    acc = fairness([r["accuracy"] for r in rows])
+    return {"personalized_accuracy": acc["mean"], "personalized_accuracy_std": acc["std"],
+            "personalized_accuracy_worst": acc["worst"],
+            "personalized_balanced_accuracy": float(np.mean([r["balanced_accuracy"] for r in rows])),
+            "majority_baseline_accuracy": float(np.mean([r["majority_baseline"] for r in rows])),
+            "per_client": rows}
+
+
+def serve(grid: Grid, config: RunConfig, federation: Federation, spec: MethodSpec, out: Path, *,
+          resume: bool = False, progress: Callable[[dict[str, Any]], None] | None = None,
+          warn: Callable[[str], None] = _warn) -> tuple[dict[str, Any], float]:
+    """Train for ``config.train.rounds`` rounds through ``grid``, writing metrics and checkpoints
+    under ``out`` as the embedded backend does; return the final evaluation and the wall seconds
+    (including the part before a resume)."""
+    clock = time.perf_counter()
+    torch.set_num_threads(config.train.threads)
+    s = ServerRun(grid, config, federation, spec, warn)
+    s.setup()
+    ckpt = out / "checkpoints"
+    start, before = 0, 0.0
+    if resume and has_checkpoint(ckpt):
+        loaded = load_checkpoint(ckpt, len(federation.clients), warn)
+        if loaded is None:
+            raise UserInputError(f"--resume: no intact checkpoint under {ckpt}")
+        s.server.global_state, s.server.state, s.client_states, info = loaded
+        start, before = info["round"], info["elapsed_s"]
+    metrics_path = out / "metrics.jsonl"
+    write_atomically(metrics_path, "".join(line + "\n" for line in metrics_upto(metrics_path, start)))
+    with metrics_path.open("a") as sink:
+        for rnd in range(start, config.train.rounds):
+            line = s.train_round(rnd)
+            line["time_elapsed_s"] = before + time.perf_counter() - clock
+            sink.write(json.dumps(line) + "\n")
+            sink.flush()
+            save_checkpoint(ckpt, global_state=s.server.global_state, server_state=s.server.state,
+                            client_states=s.client_states,
+                            info={"round": rnd + 1, "elapsed_s": before + time.perf_counter() - clock})
+            if progress:
+                progress(line)
+    return s.finish(), before + time.perf_counter() - clock
+
+
+def deployment_app(runner: Callable[..., Any]) -> ServerApp:
+    """The ServerApp ``flwr run`` starts on a SuperLink: it reads the run config — ``config`` (a
+    TOML path on the SuperLink's machine), ``overrides`` (``--set`` items separated by ``;``),
+    ``out`` (the run directory) and ``resume`` — and hands them to ``runner`` (``fedlatent.run``'s
+    engine, which writes the run directory) together with the grid."""
+    app = ServerApp()
+
+    @app.main()
+    def main(grid: Grid, context: Context) -> None:
+        rc = context.run_config
+        overrides = [o.strip() for o in str(rc.get("overrides", "")).split(";") if o.strip()]
+        runner(grid, str(rc["config"]), [*overrides, 'backend="flower"'], str(rc.get("out", "")) or None,
+               bool(rc.get("resume", False)))
+
+    return app

@@ -264,6 +264,12 @@ def run_on_grid(grid: Any, config_path: str, overrides: list[str], out: str | No
     return run(load_config(config_path, overrides), out, resume=resume, grid=grid)
 
 
+# what this module offers; ``flower_server_app`` is built on first access (below), and is listed so
+# that ``flwr build`` finds it in the source
+__all__ = ["BACKENDS", "default_out", "flower_server_app", "fedlatent_version", "prepare", "run", "run_on_grid",  # noqa: F822
+           "write_partition"]
+
+
 def __getattr__(name: str) -> Any:
     """``flower_server_app``: the ServerApp ``flwr run`` starts (``[tool.flwr.app.components]``),
     built on first access so that importing this module needs no Flower."""

@@ -256,6 +256,15 @@ def serve(grid: Grid, config: RunConfig, federation: Federation, spec: MethodSpe
     return s.finish(), before + time.perf_counter() - clock
 
 
+def bundled(path: str) -> str:
+    """``path`` as given when it names a file (absolute, or relative to the working folder), else
+    the file of that name inside the app bundle (Flower puts the bundle's folder on ``sys.path``)."""
+    if Path(path).is_absolute() or Path(path).is_file():
+        return path
+    found = [Path(entry) / path for entry in sys.path if entry and (Path(entry) / path).is_file()]
+    return str(found[0]) if found else path
+
+
 def deployment_app(runner: Callable[..., Any]) -> ServerApp:
     """The ServerApp ``flwr run`` starts on a SuperLink: it reads the run config — ``config`` (a
     TOML path on the SuperLink's machine), ``overrides`` (``--set`` items separated by ``;``),
@@ -267,7 +276,7 @@ def deployment_app(runner: Callable[..., Any]) -> ServerApp:
     def main(grid: Grid, context: Context) -> None:
         rc = context.run_config
         overrides = [o.strip() for o in str(rc.get("overrides", "")).split(";") if o.strip()]
-        runner(grid, str(rc["config"]), [*overrides, 'backend="flower"'], str(rc.get("out", "")) or None,
+        runner(grid, bundled(str(rc["config"])), [*overrides, 'backend="flower"'], str(rc.get("out", "")) or None,
                bool(rc.get("resume", False)))
 
     return app

@@ -1,16 +1,18 @@
 """The embedded backend (default): one process, clients trained in turn, state on the CPU.
 
-The backend owns the round loop: sample clients, send the global model, run each client's local
-update (``federated.client``), aggregate (``federated.server``), evaluate, write metrics and a
-checkpoint. Every random choice is derived from (seed, round, client), never from a global RNG
-reseeded in the loop, so a run killed after round r and resumed gives exactly the numbers of the
-uninterrupted run. Clients that raise or diverge are handled by ``federated.failures``.
+The backend owns the round loop and drives the round's two halves (``federated.round``): the
+server half plans the round (sampling, payload, learning rate) and closes it (failure policy,
+aggregation, server step); between them this backend's trainer runs the selected clients' local
+updates (``federated.client``) in turn. It plays every client, so it keeps every client's state in
+its own store (``Setup.client_states``, checkpointed with the server's), which the server half
+never reads. Then it evaluates and writes metrics and a checkpoint. Every random choice is derived
+from (seed, round, client), never from a global RNG reseeded in the loop, so a run killed after
+round r and resumed gives exactly the numbers of the uninterrupted run. Clients that raise or diverge are handled by ``federated.failures``.
 """
 from __future__ import annotations
 
 import copy
 import json
-import math
 import sys
 import time
 from dataclasses import dataclass, field
@@ -20,53 +22,32 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from fedlatent.config import RunConfig, TrainConfig
+from fedlatent.config import RunConfig
 from fedlatent.data.types import Federation, Split
-from fedlatent.federated import calibrate
 from fedlatent.errors import UserInputError
+from fedlatent.federated import calibrate
 from fedlatent.federated.client import LocalSettings, Workspace, local_update
 from fedlatent.federated.diagnostics import Diagnostics
 from fedlatent.federated.evaluation import evaluate
-from fedlatent.federated.failures import ClientFailure, RunStopped, error_detail, first_nonfinite, screen
+from fedlatent.federated.failures import ClientFailure, error_detail
 from fedlatent.federated.personal import personalized_report
+from fedlatent.federated.round import (ClientTask, checked, client_generator, client_round, close_round,
+                                       local_settings, plan_round, round_lr)
+from fedlatent.federated.round import sample_clients as sample_clients  # the embedded backend's sampling
 from fedlatent.federated.server import Server
 from fedlatent.federated.state import has_checkpoint, load_checkpoint, save_checkpoint, write_atomically
 from fedlatent.methods.head import apply_head
 from fedlatent.methods.parts import ClientRound, MethodSpec, Tensors, Upload, trainable_names
 from fedlatent.models import FedModel, build_model
-from fedlatent.seeding import (CALIBRATION, CLIENT_SAMPLING, FINETUNE, HEAD_INIT, LOCAL_TRAINING,
-                               MODEL_INIT, derive_seed)
-
-
-def round_lr(cfg: TrainConfig, rnd: int) -> float:
-    """The learning rate of round ``rnd`` (0-based): constant, cosine-annealed over the rounds, or
-    multi-step (× lr_gamma from each milestone on, like torch's MultiStepLR stepped once a round)."""
-    if cfg.lr_schedule == "cosine":
-        return cfg.lr_min + 0.5 * (cfg.lr - cfg.lr_min) * (1 + math.cos(math.pi * rnd / cfg.rounds))
-    if cfg.lr_schedule == "multistep":
-        milestones = cfg.lr_milestones or range(cfg.lr_step, cfg.rounds, cfg.lr_step)
-        return cfg.lr * cfg.lr_gamma ** sum(rnd >= m for m in milestones)
-    return cfg.lr
-
-
-def sample_clients(seed: int, rnd: int, num_clients: int, participation: float) -> list[int]:
-    """max(1, round(ρ·n)) distinct clients, seeded by (seed, round)."""
-    m = max(1, int(round(participation * num_clients)))
-    if m >= num_clients:
-        return list(range(num_clients))
-    rng = np.random.default_rng(derive_seed(seed, CLIENT_SAMPLING, rnd))
-    return sorted(int(c) for c in rng.choice(num_clients, m, replace=False))
-
-
-def nbytes(state: Tensors) -> int:
-    return sum(t.numel() * t.element_size() for t in state.values())
+from fedlatent.seeding import CALIBRATION, FINETUNE, HEAD_INIT, MODEL_INIT, derive_seed
 
 
 def train_in_turn(ws: Workspace, global_state: Tensors, datas: list[Split], spec: MethodSpec,
                   rcs: list[ClientRound], settings: LocalSettings,
                   generators: list[torch.Generator]) -> list[Upload | ClientFailure]:
-    """This backend's trainer: the selected clients' local updates one after another; a client
-    that raises becomes a :class:`ClientFailure` (the failure policy decides what follows)."""
+    """This backend's trainer: the selected clients' local updates one after another (what
+    ``round.client_update`` does for one client); a client that raises becomes a
+    :class:`ClientFailure` (the failure policy decides what follows)."""
     outcomes: list[Upload | ClientFailure] = []
     for data, rc, generator in zip(datas, rcs, generators):
         try:
@@ -82,7 +63,8 @@ Trainer = Callable[[Workspace, Tensors, list[Split], MethodSpec, list[ClientRoun
 
 @dataclass
 class Setup:
-    """Everything built once per run; ``trainer`` runs the selected clients' local updates."""
+    """Everything built once per run; ``trainer`` runs the selected clients' local updates;
+    ``client_states`` is the store of every client's state (this backend plays all clients)."""
 
     config: RunConfig
     federation: Federation
@@ -121,11 +103,8 @@ def setup(config: RunConfig, federation: Federation, spec: MethodSpec, trainer: 
     return Setup(config, federation, spec, ws, server, [{} for _ in federation.clients], device, trainer)
 
 
-def local_settings(s: Setup, lr: float, epochs: int) -> LocalSettings:
-    t = s.config.train
-    return LocalSettings(epochs, t.batch_size, lr, t.momentum, t.weight_decay, t.drop_last, s.federation.augment,
-                         s.federation.num_classes, s.device, optimizer=t.optimizer, steps=t.local_steps,
-                         keep_optimizer=t.optimizer_state == "kept")
+def settings(s: Setup, lr: float, epochs: int) -> LocalSettings:
+    return local_settings(s.config.train, lr, epochs, s.federation.augment, s.federation.num_classes, s.device)
 
 
 def calibrated(s: Setup, state: Tensors) -> Tensors:
@@ -134,57 +113,43 @@ def calibrated(s: Setup, state: Tensors) -> Tensors:
                                s.config.eval.batch_size, s.device, generator)
 
 
-def run_round(s: Setup, rnd: int) -> dict[str, Any]:
-    """One communication round; returns its metrics line."""
+def train_clients(s: Setup, tasks: list[ClientTask]) -> tuple[list[Upload | ClientFailure], dict[int, Tensors]]:
+    """The client half of every task, on this backend's trainer: the outcomes (each client's own
+    non-finite check applied) and the selected clients' new states by id, the store untouched."""
     cfg, fed = s.config, s.federation
-    started = time.perf_counter()
-    lr = round_lr(cfg.train, rnd)
-    selected = sample_clients(cfg.seed, rnd, len(fed.clients), cfg.train.participation)
-    payload = s.server.payload()
-    settings = local_settings(s, lr, cfg.train.local_epochs)
-    total = sum(len(c.train) for c in fed.clients)
-    flat_payload = {k: v for part_payload in payload.values() for k, v in part_payload.items()}  # keys are prefixed per part
-    rcs = [ClientRound(cid, s.workspace.model, {}, s.client_states[cid], dict(flat_payload), lr,
-                       len(fed.clients[cid].train), len(fed.clients), total, cfg.train.momentum, seed=cfg.seed)
-           for cid in selected]
-    generators = [torch.Generator().manual_seed(derive_seed(cfg.seed, LOCAL_TRAINING, rnd, cid)) for cid in selected]
-    before = {cid: dict(s.client_states[cid]) for cid in selected}  # parts replace state entries, never mutate them
+    selected = [t.client_id for t in tasks]
+    local = settings(s, tasks[0].lr, cfg.train.local_epochs)
+    rcs = [client_round(t, s.client_states[t.client_id], len(fed.clients[t.client_id].train), s.workspace.model,
+                        local.momentum, cfg.seed) for t in tasks]
+    generators = [client_generator(cfg.seed, t) for t in tasks]
     try:
-        outcomes = s.trainer(s.workspace, s.server.global_state, [fed.clients[cid].train for cid in selected],
-                             s.spec, rcs, settings, generators)
+        outcomes = s.trainer(s.workspace, tasks[0].global_state, [fed.clients[cid].train for cid in selected],
+                             s.spec, rcs, local, generators)
     except Exception as exc:  # a trainer of clients together (lockstep) fails for all of them
         outcomes = [ClientFailure(cid, "error", f"{error_detail(exc)} (clients {selected} trained together)", exc)
                     for cid in selected]
-    uploads, dropped = screen(rnd, outcomes, cfg.train, {cid: s.client_states[cid] for cid in selected})
-    for failure in dropped:  # a dropped client keeps the state it had before the round
-        s.client_states[failure.client].clear()
-        s.client_states[failure.client].update(before[failure.client])
-    down = nbytes(s.server.global_state) + sum(nbytes(p) for p in payload.values())
-    if uploads:  # none left (every client dropped, train.min_clients = 0): the global model stays
-        s.server.aggregate(uploads)
-    bad = first_nonfinite(s.server.global_state)
-    if bad is not None:
-        raise RunStopped(f"round {rnd + 1}: the aggregated global model's {bad} is not finite "
-                         f"(clients {[u.client_id for u in uploads]})", rnd)
+    states = {rc.client_id: rc.state for rc in rcs}
+    return [checked(o, states[o.client_id]) if isinstance(o, Upload) else o for o in outcomes], states
+
+
+def run_round(s: Setup, rnd: int) -> dict[str, Any]:
+    """One communication round; returns its metrics line. A client dropped by the failure policy
+    keeps the state it had before the round."""
+    cfg = s.config
+    started = time.perf_counter()
+    tasks = plan_round(s.server, cfg, rnd, [len(c.train) for c in s.federation.clients])
+    outcomes, states = train_clients(s, tasks)
+    result = close_round(s.server, cfg, rnd, tasks, outcomes)
+    for upload in result.uploads:
+        s.client_states[upload.client_id] = states[upload.client_id]
     if s.spec.calibration.kind == "ffc" and s.spec.calibration.every and (rnd + 1) % s.spec.calibration.every == 0:
         s.server.global_state = calibrated(s, s.server.global_state)
-    line: dict[str, Any] = {
-        "round": rnd + 1, "lr": lr, "clients": [u.client_id for u in uploads],
-        "train_loss": float(np.mean([u.metrics["train_loss"] for u in uploads])) if uploads else None,
-        "client_train_loss": [u.metrics["train_loss"] for u in uploads],
-        "bytes_down": down * len(selected),
-        "bytes_up": sum(nbytes(u.state) + sum(nbytes(e) for e in u.extras.values()) for u in uploads),
-    }
-    if dropped:
-        line["dropped"] = [failure.record() for failure in dropped]
-    for key in sorted({k for u in uploads for k in u.metrics if k.startswith(("term_", "personal_"))}):
-        line[key] = float(np.mean([u.metrics[key] for u in uploads if key in u.metrics]))
-    line["time_train_s"] = sum(u.metrics["train_seconds"] for u in uploads)
+    line: dict[str, Any] = {"round": rnd + 1, "lr": tasks[0].lr, **result.metrics}
     if (rnd + 1) % cfg.eval.every == 0 or rnd + 1 == cfg.train.rounds:
         line.update(evaluate_global(s))
     line["time_round_s"] = time.perf_counter() - started
     if s.diagnostics is not None and s.diagnostics.due(rnd + 1):
-        s.diagnostics.record(rnd + 1, s.workspace.model, s.server.global_state, uploads)
+        s.diagnostics.record(rnd + 1, s.workspace.model, s.server.global_state, result.uploads)
     return line
 
 
@@ -279,7 +244,7 @@ def finish(s: Setup) -> dict[str, Any]:
     final.update(personalized_report(
         s.workspace, s.spec, s.federation, s.client_states, state, mode=cfg.eval.personalized,
         batch_size=cfg.eval.batch_size, device=s.device,
-        settings=local_settings(s, round_lr(cfg.train, cfg.train.rounds - 1), s.spec.personalization.epochs),
+        settings=settings(s, round_lr(cfg.train, cfg.train.rounds - 1), s.spec.personalization.epochs),
         seed_for=lambda cid: derive_seed(cfg.seed, FINETUNE, cid)))
     global_model(s, state)
     return final

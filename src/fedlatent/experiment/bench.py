@@ -34,6 +34,7 @@ from fedlatent.experiment import timing
 from fedlatent.experiment.single import prepare
 from fedlatent.experiment.single import run as run_experiment
 from fedlatent.federated.client import batches
+from fedlatent.federated.round import sample_clients
 from fedlatent.methods import resolve
 from fedlatent.models import build_model
 from fedlatent.seeding import LOCAL_TRAINING, derive_seed
@@ -97,7 +98,7 @@ def bare_run(config: RunConfig, fed: Federation) -> Callable[[], None]:
     def run() -> None:
         state = initial
         for rnd in range(rounds):
-            chosen = simulation.sample_clients(config.seed, rnd, len(fed.clients), config.train.participation)
+            chosen = sample_clients(config.seed, rnd, len(fed.clients), config.train.participation)
             state = plain_round(model, state, fed, config, rnd, chosen)
             if fed.test is not None and ((rnd + 1) % every == 0 or rnd + 1 == rounds):
                 model.load_state_dict(state)

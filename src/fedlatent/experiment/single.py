@@ -26,6 +26,7 @@ from fedlatent.data.types import Federation
 from fedlatent.errors import ConfigError, UserInputError
 from fedlatent.experiment.figures import FigureWorker
 from fedlatent.federated.failures import RunStopped
+from fedlatent.federated.round import sample_clients
 from fedlatent.federated.state import write_atomically
 from fedlatent.methods import resolve, resolved_keys
 from fedlatent.methods.parts import MethodSpec
@@ -82,7 +83,7 @@ def prepare(config: RunConfig) -> tuple[Federation, MethodSpec]:
     federation = build_federation(config.data, config.data_seed)
     if config.backend == "vectorized":
         vectorized.check(config, federation, spec)
-    sampled = len(simulation.sample_clients(config.seed, 0, len(federation.clients), config.train.participation))
+    sampled = len(sample_clients(config.seed, 0, len(federation.clients), config.train.participation))
     if config.train.min_clients > sampled:
         raise ConfigError(f"train.min_clients = {config.train.min_clients}: more than the {sampled} clients "
                           f"sampled per round")

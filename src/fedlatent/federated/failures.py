@@ -73,19 +73,19 @@ def error_detail(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
-def screen(rnd: int, outcomes: list[Upload | ClientFailure], cfg: TrainConfig,
-           states: dict[int, Tensors] | None = None) -> tuple[list[Upload], list[ClientFailure]]:
+def screen(rnd: int, outcomes: list[Upload | ClientFailure],
+           cfg: TrainConfig) -> tuple[list[Upload], list[ClientFailure]]:
     """Apply the failure policy to round ``rnd``'s (0-based) outcomes, in client order.
 
     ``outcomes`` holds an :class:`Upload` per client that returned and a :class:`ClientFailure`
-    per client that raised; ``states`` the clients' new states by id. Returns the uploads to
-    aggregate and the clients dropped; raises :class:`RunStopped` when the policy says stop or too
-    few clients remain."""
+    per client that raised or found its own new state non-finite (``round.checked``: the server
+    never sees client states). Returns the uploads to aggregate and the clients dropped; raises
+    :class:`RunStopped` when the policy says stop or too few clients remain."""
     kept: list[Upload] = []
     dropped: list[ClientFailure] = []
     for outcome in outcomes:
         if isinstance(outcome, Upload):
-            quantity = nonfinite_quantity(outcome, (states or {}).get(outcome.client_id))
+            quantity = nonfinite_quantity(outcome)
             if quantity is None:
                 kept.append(outcome)
                 continue

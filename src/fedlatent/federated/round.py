@@ -1,0 +1,161 @@
+"""One round at a message boundary: the server half and the client half every backend drives.
+
+The server half plans a round (:func:`plan_round`: sampling seeded by (seed, round), the parts'
+payload, the round's learning rate) as one :class:`ClientTask` per selected client, and closes it
+(:func:`close_round`) from the replies: outcomes sorted by client id, so reply order cannot change
+the numbers, the failure policy, aggregation and server step, the non-finite check of the new
+global model and the metrics line's fields. The client half (:func:`client_update`) turns a task,
+the client's own state and its own data into an upload and the client's new state. Between the
+two halves travel only the task and the reply: the server never reads a client's state or data,
+a client knows nothing federation-wide but what its task says (``total_samples`` comes from a
+census of training-set sizes the clients report at start-up).
+
+The embedded backends call both halves in one process and keep every client's state in their own
+store; a Flower backend calls them on either side of its messages.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from fedlatent.config import RunConfig, TrainConfig
+from fedlatent.data.augment import Augmentation
+from fedlatent.data.types import Split
+from fedlatent.federated.client import LocalSettings, Workspace, local_update
+from fedlatent.federated.failures import ClientFailure, RunStopped, first_nonfinite, nonfinite_quantity, screen
+from fedlatent.federated.server import Server
+from fedlatent.methods.parts import ClientRound, MethodSpec, Tensors, Upload
+from fedlatent.models.base import FedModel
+from fedlatent.seeding import CLIENT_SAMPLING, LOCAL_TRAINING, derive_seed
+
+
+@dataclass
+class ClientTask:
+    """Everything one client learns from the server for one round."""
+
+    client_id: int
+    round: int               # 0-based
+    global_state: Tensors
+    payload: Tensors         # flat, keys prefixed per part
+    lr: float
+    num_clients: int
+    total_samples: int       # Σ training samples over all clients, from the start-up census
+
+
+@dataclass
+class RoundResult:
+    """What the server half makes of a round's replies: the uploads aggregated, the clients
+    dropped by the failure policy, and the metrics line's fields."""
+
+    uploads: list[Upload]
+    dropped: list[ClientFailure]
+    metrics: dict[str, Any]
+
+
+def round_lr(cfg: TrainConfig, rnd: int) -> float:
+    """The learning rate of round ``rnd`` (0-based): constant, cosine-annealed over the rounds, or
+    multi-step (× lr_gamma from each milestone on, like torch's MultiStepLR stepped once a round)."""
+    if cfg.lr_schedule == "cosine":
+        return cfg.lr_min + 0.5 * (cfg.lr - cfg.lr_min) * (1 + math.cos(math.pi * rnd / cfg.rounds))
+    if cfg.lr_schedule == "multistep":
+        milestones = cfg.lr_milestones or range(cfg.lr_step, cfg.rounds, cfg.lr_step)
+        return cfg.lr * cfg.lr_gamma ** sum(rnd >= m for m in milestones)
+    return cfg.lr
+
+
+def sample_clients(seed: int, rnd: int, num_clients: int, participation: float) -> list[int]:
+    """max(1, round(ρ·n)) distinct clients, seeded by (seed, round)."""
+    m = max(1, int(round(participation * num_clients)))
+    if m >= num_clients:
+        return list(range(num_clients))
+    rng = np.random.default_rng(derive_seed(seed, CLIENT_SAMPLING, rnd))
+    return sorted(int(c) for c in rng.choice(num_clients, m, replace=False))
+
+
+def nbytes(state: Tensors) -> int:
+    return sum(t.numel() * t.element_size() for t in state.values())
+
+
+def local_settings(train: TrainConfig, lr: float, epochs: int, augment: Augmentation | bool, num_classes: int,
+                   device: torch.device) -> LocalSettings:
+    """The local optimiser and loop settings of a round at learning rate ``lr``."""
+    return LocalSettings(epochs, train.batch_size, lr, train.momentum, train.weight_decay, train.drop_last, augment,
+                         num_classes, device, optimizer=train.optimizer, steps=train.local_steps,
+                         keep_optimizer=train.optimizer_state == "kept")
+
+
+# server half -------------------------------------------------------------------------------------
+def plan_round(server: Server, config: RunConfig, rnd: int, train_sizes: list[int]) -> list[ClientTask]:
+    """Round ``rnd``'s (0-based) tasks, in client-id order; ``train_sizes`` is the census of the
+    clients' training-set sizes."""
+    selected = sample_clients(config.seed, rnd, len(train_sizes), config.train.participation)
+    payload = {k: v for part_payload in server.payload().values() for k, v in part_payload.items()}
+    lr = round_lr(config.train, rnd)
+    return [ClientTask(cid, rnd, server.global_state, payload, lr, len(train_sizes), sum(train_sizes))
+            for cid in selected]
+
+
+def _client_of(outcome: Upload | ClientFailure) -> int:
+    return outcome.client_id if isinstance(outcome, Upload) else outcome.client
+
+
+def close_round(server: Server, config: RunConfig, rnd: int, tasks: list[ClientTask],
+                outcomes: list[Upload | ClientFailure]) -> RoundResult:
+    """Apply the failure policy to the replies (sorted by client id), aggregate what is kept and
+    take the server step; raise :class:`RunStopped` when the new global model is not finite."""
+    uploads, dropped = screen(rnd, sorted(outcomes, key=_client_of), config.train)
+    if uploads:  # none left (every client dropped, train.min_clients = 0): the global model stays
+        server.aggregate(uploads)
+    bad = first_nonfinite(server.global_state)
+    if bad is not None:
+        raise RunStopped(f"round {rnd + 1}: the aggregated global model's {bad} is not finite "
+                         f"(clients {[u.client_id for u in uploads]})", rnd)
+    metrics: dict[str, Any] = {
+        "clients": [u.client_id for u in uploads],
+        "train_loss": float(np.mean([u.metrics["train_loss"] for u in uploads])) if uploads else None,
+        "client_train_loss": [u.metrics["train_loss"] for u in uploads],
+        "bytes_down": sum(nbytes(t.global_state) + nbytes(t.payload) for t in tasks),
+        "bytes_up": sum(nbytes(u.state) + sum(nbytes(e) for e in u.extras.values()) for u in uploads),
+    }
+    if dropped:
+        metrics["dropped"] = [failure.record() for failure in dropped]
+    for key in sorted({k for u in uploads for k in u.metrics if k.startswith(("term_", "personal_"))}):
+        metrics[key] = float(np.mean([u.metrics[key] for u in uploads if key in u.metrics]))
+    metrics["time_train_s"] = sum(u.metrics["train_seconds"] for u in uploads)
+    return RoundResult(uploads, dropped, metrics)
+
+
+# client half -------------------------------------------------------------------------------------
+def client_round(task: ClientTask, state: Tensors, num_samples: int, model: FedModel, momentum: float,
+                 seed: int) -> ClientRound:
+    """The parts' view of ``task`` for a client with ``num_samples`` training samples, on a copy
+    of its ``state`` (parts replace entries, never mutate them: the caller's dict stays as it was)."""
+    return ClientRound(task.client_id, model, {}, dict(state), dict(task.payload), task.lr, num_samples,
+                       task.num_clients, task.total_samples, momentum, seed=seed)
+
+
+def client_generator(seed: int, task: ClientTask) -> torch.Generator:
+    """The generator of a client's local training in a round: (seed, round, client)."""
+    return torch.Generator().manual_seed(derive_seed(seed, LOCAL_TRAINING, task.round, task.client_id))
+
+
+def client_update(ws: Workspace, spec: MethodSpec, task: ClientTask, data: Split, state: Tensors,
+                  settings: LocalSettings, seed: int) -> tuple[Upload, Tensors]:
+    """The client half: train from the task's global weights on this client's ``data`` with its
+    ``state``; return the upload and the client's new state (``state`` is not mutated). Raises on
+    a client error."""
+    rc = client_round(task, state, len(data), ws.model, settings.momentum, seed)
+    upload = local_update(ws, task.global_state, data, spec, rc, settings, client_generator(seed, task))
+    return upload, rc.state
+
+
+def checked(upload: Upload, new_state: Tensors) -> Upload | ClientFailure:
+    """The client's own check before it replies: a non-finite loss, weight, extra or new state
+    makes its reply a failure (the server cannot see the state)."""
+    quantity = nonfinite_quantity(upload, new_state)
+    return upload if quantity is None else ClientFailure(upload.client_id, "nonfinite", f"non-finite {quantity}")
+

@@ -210,8 +210,11 @@ class InProcessGrid:
 
     def __init__(self, num_nodes: int) -> None:
         from flwr.app import Context, RecordDict
+        from flwr.common.constant import SUPERLINK_NODE_ID
+        from flwr.supercore.task_identity import TaskIdentity
 
         from fedlatent.backends.flower import client_app
+        TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, 1, SUPERLINK_NODE_ID  # as Flower's engines do
         self.app = client_app.app
         self.contexts = {node: Context(run_id=1, node_id=node, state=RecordDict(), run_config={},
                                        node_config={"partition-id": node - 1, "num-partitions": num_nodes})

@@ -28,7 +28,7 @@ from flwr.app import Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 
 from fedlatent.backends.flower import messages as M
-from fedlatent.backends.flower._round_shim import checked, client_update, local_settings, round_lr
+from fedlatent.federated.round import checked, client_update, local_settings, round_lr
 from fedlatent.backends.simulation import make_model
 from fedlatent.config import RunConfig, from_dict
 from fedlatent.data.federation import build_federation

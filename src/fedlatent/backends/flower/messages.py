@@ -12,7 +12,7 @@ from typing import Any
 from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 
 from fedlatent.federated.failures import ClientFailure
-from fedlatent.backends.flower._round_shim import ClientTask
+from fedlatent.federated.round import ClientTask
 from fedlatent.methods.parts import Tensors, Upload
 
 EXTRA = "extra."  # record-name prefix of a part's extras in an upload

@@ -28,7 +28,7 @@ from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.serverapp import Grid, ServerApp
 
 from fedlatent.backends.flower import messages as M
-from fedlatent.backends.flower._round_shim import close_round, plan_round
+from fedlatent.federated.round import close_round, plan_round
 from fedlatent.backends.simulation import make_model, metrics_upto
 from fedlatent.config import RunConfig, to_toml
 from fedlatent.data.types import Federation

@@ -192,23 +192,30 @@ def test_resume_restores_client_states_from_the_checkpoint(tmp_path, monkeypatch
     assert max_diff(whole[-1], resumed[-1]) == 0.0
 
 
-def test_task_and_upload_records_round_trip():
-    task = ClientTask(3, 1, {"w": torch.randn(2, 3), "n": torch.tensor(7)}, {"scaffold.c.w": torch.ones(2, 3)},
-                      0.05, 10, 1437)
-    back, restore = messages.unpack_task(messages.pack_task(task, {"c": torch.zeros(2)}))
-    assert (back.client_id, back.round, back.lr, back.num_clients, back.total_samples) == (3, 1, 0.05, 10, 1437)
-    assert torch.equal(back.global_state["w"], task.global_state["w"]) and back.global_state["n"].dtype == torch.int64
-    assert torch.equal(back.payload["scaffold.c.w"], task.payload["scaffold.c.w"])
-    assert torch.equal(restore["c"], torch.zeros(2))
+def test_task_and_outcome_records_round_trip():
+    """Tasks and outcomes come back from their records as they left: values, dtypes, NaN metrics."""
+    shared = {"scaffold.c.w": torch.ones(2, 3)}
+    tasks = [ClientTask(cid, 1, {"w": torch.randn(2, 3), "n": torch.tensor(7)}, shared, 0.05, 10, 1437)
+             for cid in (7, 3)]
+    back = messages.unpack_tasks(messages.pack_tasks(tasks, {3: {"c": torch.zeros(2)}}))
+    assert [t.client_id for t, _ in back] == [3, 7]
+    (task, restore), (_, none) = back
+    assert (task.round, task.lr, task.num_clients, task.total_samples) == (1, 0.05, 10, 1437)
+    assert torch.equal(task.global_state["w"], tasks[0].global_state["w"]) and task.global_state["n"].dtype == torch.int64
+    assert torch.equal(task.payload["scaffold.c.w"], shared["scaffold.c.w"])
+    assert torch.equal(restore["c"], torch.zeros(2)) and none is None
+    own = [ClientTask(cid, 0, {"w": torch.zeros(1)}, {"p": torch.full((1,), float(cid))}, 0.1, 2, 20) for cid in (0, 1)]
+    assert [float(t.payload["p"]) for t, _ in messages.unpack_tasks(messages.pack_tasks(own, {}))] == [0.0, 1.0]
     upload = Upload(3, {"w": torch.randn(2)}, 144, 5, 0.05, 0.9, {"scaffold": {"dc": torch.ones(1)}},
                     {"train_loss": float("nan"), "steps": 5})
-    got, state = messages.unpack_upload(messages.pack_upload(upload, {"personal.w": torch.ones(2)}))
-    assert (got.client_id, got.num_samples, got.steps, got.lr, got.momentum) == (3, 144, 5, 0.05, 0.9)
-    assert torch.equal(got.state["w"], upload.state["w"]) and torch.equal(got.extras["scaffold"]["dc"], torch.ones(1))
-    assert got.metrics["steps"] == 5 and got.metrics["train_loss"] != got.metrics["train_loss"]  # NaN kept
-    assert torch.equal(state["personal.w"], torch.ones(2))
     failure = ClientFailure(2, "nonfinite", "non-finite train loss (nan)")
-    assert messages.unpack_failure(messages.pack_failure(failure)) == failure
+    got = messages.unpack_outcomes(messages.pack_outcomes([(upload, {"personal.w": torch.ones(2)}), (failure, None)]))
+    (u, state), (f, no_state) = got[3], got[2]
+    assert (u.client_id, u.num_samples, u.steps, u.lr, u.momentum) == (3, 144, 5, 0.05, 0.9)
+    assert torch.equal(u.state["w"], upload.state["w"]) and torch.equal(u.extras["scaffold"]["dc"], torch.ones(1))
+    assert u.metrics["steps"] == 5 and u.metrics["train_loss"] != u.metrics["train_loss"]  # NaN kept
+    assert torch.equal(state["personal.w"], torch.ones(2))
+    assert f == failure and no_state is None
 
 
 def test_served_clients_follow_the_partition_id():

@@ -10,8 +10,9 @@ from its node config: ``partition-id`` k of ``num-partitions`` P serves the clie
 ``data-path`` may point at the node's own arrays file (``data.dataset = "arrays"`` format) instead
 of the configuration's data set.
 
-Messages: ``query.census`` (the served clients and their training-set sizes), ``train`` (one
-:class:`~fedlatent.federated.round.ClientTask` → upload), ``evaluate.validate`` (validation
+Messages: ``query.census`` (the served clients and their training-set sizes), ``train`` (the
+node's :class:`~fedlatent.federated.round.ClientTask` of a round, one message per node → their
+uploads), ``evaluate.validate`` (validation
 accuracy of the served clients), ``evaluate.report`` (the personalised report rows). A client
 whose update raises or is not finite replies with a failure record naming it.
 """
@@ -116,28 +117,32 @@ def census(msg: Message, context: Context) -> Message:
 
 @app.train()
 def train(msg: Message, context: Context) -> Message:
-    """One client's round: the task, its state from the node's context (or the server's copy the
-    first time a resumed run reaches it) → upload, new state kept in the context."""
+    """A round of the node's selected clients, in turn: each task with the client's state from the
+    node's context (or the server's copy the first time a resumed run reaches it) → its upload,
+    the new state kept in the context; a client that raises or is not finite keeps its old state."""
     job = _job(msg, context)
-    task, restore = M.unpack_task(msg.content)
-    if task.client_id not in job.clients:
-        raise ValueError(f"client {task.client_id} is not served by this node (it serves {list(job.clients)})")
-    state = _state(context, task.client_id)
-    if state is None:
-        state = restore or {}
     cfg = job.config
-    settings = local_settings(cfg.train, task.lr, cfg.train.local_epochs, job.federation.augment,
-                              job.federation.num_classes, job.device)
-    try:
-        upload, new_state = client_update(job.workspace, job.spec, task, job.clients[task.client_id].train, state,
-                                          settings, cfg.seed)
-        outcome = checked(upload, new_state)
-    except Exception as exc:  # any error of the client's update is that client's failure
-        outcome = ClientFailure(task.client_id, "error", error_detail(exc))
-    if isinstance(outcome, ClientFailure):  # the node keeps the state the client had
-        return Message(M.pack_failure(outcome), reply_to=msg)
-    context.state[f"{STATE}{task.client_id}"] = M.to_record(new_state)
-    return Message(M.pack_upload(upload, new_state if cfg.flower.client_state_on_server else None), reply_to=msg)
+    outcomes: list[M.Outcome] = []
+    for task, restore in M.unpack_tasks(msg.content):
+        if task.client_id not in job.clients:
+            raise ValueError(f"client {task.client_id} is not served by this node (it serves {list(job.clients)})")
+        state = _state(context, task.client_id)
+        if state is None:
+            state = restore or {}
+        settings = local_settings(cfg.train, task.lr, cfg.train.local_epochs, job.federation.augment,
+                                  job.federation.num_classes, job.device)
+        try:
+            upload, new_state = client_update(job.workspace, job.spec, task, job.clients[task.client_id].train,
+                                              state, settings, cfg.seed)
+            outcome = checked(upload, new_state)
+        except Exception as exc:  # any error of the client's update is that client's failure
+            outcome = ClientFailure(task.client_id, "error", error_detail(exc))
+        if isinstance(outcome, ClientFailure):
+            outcomes.append((outcome, None))
+            continue
+        context.state[f"{STATE}{task.client_id}"] = M.to_record(new_state)
+        outcomes.append((outcome, new_state if cfg.flower.client_state_on_server else None))
+    return Message(M.pack_outcomes(outcomes), reply_to=msg)
 
 
 @app.evaluate("validate")

@@ -15,8 +15,6 @@ from fedlatent.federated.failures import ClientFailure
 from fedlatent.federated.round import ClientTask
 from fedlatent.methods.parts import Tensors, Upload
 
-EXTRA = "extra."  # record-name prefix of a part's extras in an upload
-
 
 def to_record(tensors: Tensors) -> ArrayRecord:
     return ArrayRecord({k: v.detach().cpu().contiguous() for k, v in tensors.items()})
@@ -26,60 +24,80 @@ def from_record(record: ArrayRecord) -> Tensors:
     return {k: v.clone() for k, v in record.to_torch_state_dict().items()}
 
 
-def pack_task(task: ClientTask, restore: Tensors | None = None) -> RecordDict:
-    """A :class:`ClientTask` as message content; ``restore`` is a client state the server kept (a
-    resumed run hands it back to a node that has none)."""
-    content = RecordDict({
-        "global": to_record(task.global_state), "payload": to_record(task.payload),
-        "task": ConfigRecord({"client_id": task.client_id, "round": task.round, "lr": float(task.lr),
-                              "num_clients": task.num_clients, "total_samples": task.total_samples})})
-    if restore is not None:
-        content["restore"] = to_record(restore)
+def pack_tasks(tasks: list[ClientTask], restore: dict[int, Tensors]) -> RecordDict:
+    """One node's tasks of a round as one message's content (the node trains its clients in turn:
+    its Context is then updated by one message at a time). The global model and a payload shared by
+    all tasks travel once; ``restore`` holds client states the server kept (a resumed run hands them
+    back to nodes that have none)."""
+    shared = all(t.payload is tasks[0].payload for t in tasks)
+    content = RecordDict({"global": to_record(tasks[0].global_state)})
+    if shared:
+        content["payload"] = to_record(tasks[0].payload)
+    for t in tasks:
+        content[f"task.{t.client_id}"] = ConfigRecord({
+            "client_id": t.client_id, "round": t.round, "lr": float(t.lr), "num_clients": t.num_clients,
+            "total_samples": t.total_samples})
+        if not shared:
+            content[f"payload.{t.client_id}"] = to_record(t.payload)
+        if t.client_id in restore:
+            content[f"restore.{t.client_id}"] = to_record(restore[t.client_id])
     return content
 
 
-def unpack_task(content: RecordDict) -> tuple[ClientTask, Tensors | None]:
-    t = content["task"]
-    task = ClientTask(client_id=int(t["client_id"]), round=int(t["round"]),
-                      global_state=from_record(content["global"]), payload=from_record(content["payload"]),
-                      lr=float(t["lr"]), num_clients=int(t["num_clients"]), total_samples=int(t["total_samples"]))
-    return task, (from_record(content["restore"]) if "restore" in content else None)
+def unpack_tasks(content: RecordDict) -> list[tuple[ClientTask, Tensors | None]]:
+    """The tasks (in client-id order) and the server's copy of each client's state, if sent."""
+    global_state = from_record(content["global"])
+    shared = from_record(content["payload"]) if "payload" in content else None
+    out = []
+    for cid in sorted(int(name.split(".")[1]) for name in content.config_records if name.startswith("task.")):
+        t = content[f"task.{cid}"]
+        payload = shared if shared is not None else from_record(content[f"payload.{cid}"])
+        task = ClientTask(client_id=cid, round=int(t["round"]), global_state=global_state, payload=payload,
+                          lr=float(t["lr"]), num_clients=int(t["num_clients"]), total_samples=int(t["total_samples"]))
+        restore = content.get(f"restore.{cid}")
+        out.append((task, from_record(restore) if restore is not None else None))
+    return out
 
 
-def pack_upload(upload: Upload, new_state: Tensors | None) -> RecordDict:
-    """An upload (and, when the server keeps a copy, the client's new state) as reply content."""
-    content = RecordDict({
-        "weights": to_record(upload.state),
-        "upload": ConfigRecord({"client_id": upload.client_id, "num_samples": upload.num_samples,
-                                "steps": upload.steps, "lr": float(upload.lr), "momentum": float(upload.momentum),
-                                "metrics": json.dumps(upload.metrics)})})
-    for part, extra in upload.extras.items():
-        content[EXTRA + part] = to_record(extra)
-    if new_state is not None:
-        content["state"] = to_record(new_state)
+Outcome = tuple[Upload | ClientFailure, Tensors | None]
+
+
+def pack_outcomes(outcomes: list[Outcome]) -> RecordDict:
+    """A node's replies for its clients: each upload (with the client's new state when the server
+    keeps a copy) or failure (the kind and one line saying what)."""
+    content = RecordDict()
+    for outcome, state in outcomes:
+        if isinstance(outcome, ClientFailure):
+            content[f"failure.{outcome.client}"] = ConfigRecord({"kind": outcome.kind, "detail": outcome.detail})
+            continue
+        u, cid = outcome, outcome.client_id
+        content[f"upload.{cid}"] = ConfigRecord({"num_samples": u.num_samples, "steps": u.steps, "lr": float(u.lr),
+                                                 "momentum": float(u.momentum), "metrics": json.dumps(u.metrics),
+                                                 "extras": sorted(u.extras)})
+        content[f"weights.{cid}"] = to_record(u.state)
+        for part, extra in u.extras.items():
+            content[f"extra.{cid}.{part}"] = to_record(extra)
+        if state is not None:
+            content[f"state.{cid}"] = to_record(state)
     return content
 
 
-def unpack_upload(content: RecordDict) -> tuple[Upload, Tensors | None]:
-    u = content["upload"]
-    extras = {name[len(EXTRA):]: from_record(content[name]) for name in content.array_records
-              if name.startswith(EXTRA)}
-    upload = Upload(int(u["client_id"]), from_record(content["weights"]), int(u["num_samples"]), int(u["steps"]),
-                    float(u["lr"]), float(u["momentum"]), extras, json.loads(u["metrics"]))
-    return upload, (from_record(content["state"]) if "state" in content else None)
-
-
-def pack_failure(failure: ClientFailure) -> RecordDict:
-    """A client that raised or is not finite: its id, the kind and one line saying what."""
-    return RecordDict({"failure": ConfigRecord({"client_id": failure.client, "kind": failure.kind,
-                                                "detail": failure.detail})})
-
-
-def unpack_failure(content: RecordDict) -> ClientFailure | None:
-    if "failure" not in content:
-        return None
-    f = content["failure"]
-    return ClientFailure(int(f["client_id"]), str(f["kind"]), str(f["detail"]))
+def unpack_outcomes(content: RecordDict) -> dict[int, Outcome]:
+    """The outcomes of a node's reply by client id."""
+    out: dict[int, Outcome] = {}
+    for name, record in content.config_records.items():
+        kind, _, cid_text = name.partition(".")
+        cid = int(cid_text)
+        if kind == "failure":
+            out[cid] = ClientFailure(cid, str(record["kind"]), str(record["detail"])), None
+        elif kind == "upload":
+            extras = {part: from_record(content[f"extra.{cid}.{part}"]) for part in record["extras"]}
+            upload = Upload(cid, from_record(content[f"weights.{cid}"]), int(record["num_samples"]),
+                            int(record["steps"]), float(record["lr"]), float(record["momentum"]), extras,
+                            json.loads(record["metrics"]))
+            state = content.get(f"state.{cid}")
+            out[cid] = upload, (from_record(state) if state is not None else None)
+    return out
 
 
 def pack_values(values: dict[str, Any]) -> ConfigRecord:

@@ -2,7 +2,8 @@
 
 :func:`serve` is the embedded backend's round loop with messages in place of calls: a census of
 the SuperNodes (which clients each serves, their training-set sizes), then per round
-:func:`plan_round` → one ``train`` message per selected client → :func:`close_round` on the
+:func:`plan_round` → one ``train`` message per SuperNode (its selected clients' tasks) →
+:func:`close_round` on the
 replies (sorted by client id, so reply order cannot change the numbers), evaluation (the global
 test set on the server, validation accuracy from the clients), ``metrics.jsonl`` and a checkpoint
 (global model, server state — SCAFFOLD c, FedDyn h, FedOpt moments — and the clients' states when
@@ -28,7 +29,7 @@ from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.serverapp import Grid, ServerApp
 
 from fedlatent.backends.flower import messages as M
-from fedlatent.federated.round import close_round, plan_round
+from fedlatent.federated.round import ClientTask, close_round, plan_round
 from fedlatent.backends.simulation import make_model, metrics_upto
 from fedlatent.config import RunConfig, to_toml
 from fedlatent.data.types import Federation
@@ -74,17 +75,17 @@ class ServerRun:
         return ConfigRecord({"config": to_toml(self.config)})
 
     def exchange(self, messages: list[tuple[int, Message]]) -> dict[int, Message | None]:
-        """Send each (client id, message) and wait up to ``flower.timeout`` seconds; the reply per
-        client (None where none came)."""
+        """Send each (key, message) and wait up to ``flower.timeout`` seconds; the reply per key
+        (None where none came)."""
         for _, msg in messages:
             msg.content["run"] = self.run_record
         replies = self.grid.send_and_receive([m for _, m in messages], timeout=self.config.flower.timeout)
-        by_id = {msg.metadata.message_id: cid for cid, msg in messages}
-        out: dict[int, Message | None] = {cid: None for cid, _ in messages}
+        by_id = {msg.metadata.message_id: key for key, msg in messages}
+        out: dict[int, Message | None] = {key: None for key, _ in messages}
         for reply in replies:
-            cid = by_id.get(reply.metadata.reply_to_message_id)
-            if cid is not None:
-                out[cid] = reply
+            key = by_id.get(reply.metadata.reply_to_message_id)
+            if key is not None:
+                out[key] = reply
         return out
 
     def take_census(self) -> Census:
@@ -128,48 +129,55 @@ class ServerRun:
         return self.client_states[cid]
 
     def train_round(self, rnd: int) -> dict[str, Any]:
-        """One round: tasks out, uploads back, the server half; returns the metrics line."""
+        """One round: one ``train`` message per SuperNode holding its selected clients' tasks,
+        uploads back, the server half; returns the metrics line."""
         started = time.perf_counter()
         tasks = plan_round(self.server, self.config, rnd, self.census.train_sizes)
         live = set(self.grid.get_node_ids())
+        by_node: dict[int, list[ClientTask]] = {}
+        for task in tasks:
+            by_node.setdefault(self.census.node_of[task.client_id], []).append(task)
         outcomes: list[Upload | ClientFailure] = []
         sent = []
-        for task in tasks:
-            node = self.census.node_of[task.client_id]
+        for node, node_tasks in sorted(by_node.items()):
             if node not in live:
-                outcomes.append(ClientFailure(task.client_id, "error", f"SuperNode {node} is gone"))
+                outcomes += [ClientFailure(t.client_id, "error", f"SuperNode {node} is gone") for t in node_tasks]
                 continue
-            sent.append((task.client_id, Message(M.pack_task(task, self.restore_for(task.client_id)),
-                                                 dst_node_id=node, message_type="train")))
+            restore = {t.client_id: self.restore_for(t.client_id) for t in node_tasks}
+            sent.append((node, Message(M.pack_tasks(node_tasks, {c: r for c, r in restore.items() if r is not None}),
+                                       dst_node_id=node, message_type="train")))
         new_states: dict[int, Tensors] = {}
-        for cid, reply in self.exchange(sent).items():
-            outcome, state = self.outcome(cid, reply)
-            outcomes.append(outcome)
-            if state is not None:
-                new_states[cid] = state
-        self.contacted.update(cid for cid, _ in sent)
+        for node, reply in self.exchange(sent).items():
+            for cid, (outcome, state) in self.outcomes(by_node[node], reply).items():
+                outcomes.append(outcome)
+                if state is not None:
+                    new_states[cid] = state
+        self.contacted.update(t.client_id for node, _ in sent for t in by_node[node])
         result = close_round(self.server, self.config, rnd, tasks, outcomes)
         for failure in result.dropped:
             self.warn(f"round {rnd + 1}: client {failure.client} left out: {failure.detail}")
         for upload in result.uploads:
             if upload.client_id in new_states:
                 self.client_states[upload.client_id] = new_states[upload.client_id]
-        line: dict[str, Any] = {"round": rnd + 1, "lr": tasks[0].lr if tasks else None, **result.metrics}
+        line: dict[str, Any] = {"round": rnd + 1, "lr": tasks[0].lr, **result.metrics}
         if (rnd + 1) % self.config.eval.every == 0 or rnd + 1 == self.config.train.rounds:
             line.update(self.evaluate_global())
         line["time_round_s"] = time.perf_counter() - started
         return line
 
-    def outcome(self, cid: int, reply: Message | None) -> tuple[Upload | ClientFailure, Tensors | None]:
-        """A reply as the failure policy sees it (and the client's new state when it sent one)."""
+    def outcomes(self, tasks: list[ClientTask], reply: Message | None) -> dict[int, M.Outcome]:
+        """A node's reply as the failure policy sees it, per client (with the client's new state
+        when it sent one); a missing reply or a ClientApp error is each of its clients' failure."""
+        ids = [t.client_id for t in tasks]
         if reply is None:
-            return ClientFailure(cid, "error", f"no reply within flower.timeout = {self.config.flower.timeout:g} s"), None
-        if reply.has_error():
-            return ClientFailure(cid, "error", f"ClientApp error: {reply.error.reason}"), None
-        failure = M.unpack_failure(reply.content)
-        if failure is not None:
-            return failure, None
-        return M.unpack_upload(reply.content)
+            detail = f"no reply within flower.timeout = {self.config.flower.timeout:g} s"
+        elif reply.has_error():
+            detail = f"ClientApp error: {reply.error.reason}"
+        else:
+            got = M.unpack_outcomes(reply.content)
+            return {cid: got.get(cid, (ClientFailure(cid, "error", "missing from its node's reply"), None))
+                    for cid in ids}
+        return {cid: (ClientFailure(cid, "error", detail), None) for cid in ids}
 
     def evaluate_global(self, state: Tensors | None = None) -> dict[str, float]:
         """The global model on the server's test set, and the mean validation accuracy the clients

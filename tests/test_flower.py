@@ -234,3 +234,13 @@ def test_flower_refuses_what_it_does_not_run(tmp_path):
     with pytest.raises(ConfigError, match="backend = 'flower': calibration"):
         fedlatent.run(fedlatent.load_config(None, ['backend="flower"', 'algorithm.name="spherefed"']), tmp_path / "s")
     assert not (tmp_path / "s").exists()
+
+
+def test_flower_backend_without_flower_is_a_config_error(tmp_path, monkeypatch):
+    """Without the extra, backend = "flower" is refused in one line before any work (exit 2)."""
+    from fedlatent.experiment import single
+    real = single.importlib.util.find_spec
+    monkeypatch.setattr(single.importlib.util, "find_spec", lambda name, *a: None if name == "flwr" else real(name, *a))
+    with pytest.raises(ConfigError, match=r"backend = 'flower': Flower is not installed; pip install 'fedlatent\[flower\]'"):
+        fedlatent.run(fedlatent.load_config(None, ['backend="flower"']), tmp_path / "x")
+    assert not (tmp_path / "x").exists()

@@ -109,9 +109,11 @@ app = ClientApp()
 
 @app.query("census")
 def census(msg: Message, context: Context) -> Message:
-    """The clients this node serves and their training-set sizes (the server's census)."""
+    """The clients this node serves and the sizes of their splits (the server's census)."""
     job = _job(msg, context)
-    values = {"clients": list(job.clients), "train_sizes": [len(c.train) for c in job.clients.values()]}
+    values = {"clients": list(job.clients), "train_sizes": [len(c.train) for c in job.clients.values()],
+              "val_sizes": [len(c.val) if c.val is not None else 0 for c in job.clients.values()],
+              "test_sizes": [len(c.test) if c.test is not None else 0 for c in job.clients.values()]}
     return Message(RecordDict({"census": M.pack_values(values)}), reply_to=msg)
 
 

@@ -49,10 +49,12 @@ def _warn(message: str) -> None:
 
 @dataclass
 class Census:
-    """Which SuperNode serves each client, and the clients' training-set sizes (by client id)."""
+    """Which SuperNode serves each client, and the sizes of the clients' splits (by client id)."""
 
     node_of: dict[int, int]
     train_sizes: list[int]
+    val_sizes: list[int]
+    test_sizes: list[int]
 
 
 @dataclass
@@ -92,25 +94,28 @@ class ServerRun:
         """Ask every SuperNode which clients it serves; wait until every client is served."""
         n = len(self.federation.clients)
         node_of: dict[int, int] = {}
-        sizes: dict[int, int] = {}
+        sizes: dict[str, dict[int, int]] = {"train_sizes": {}, "val_sizes": {}, "test_sizes": {}}
+        asked: set[int] = set()
         deadline = time.monotonic() + CENSUS_WAIT_S
         while len(node_of) < n:
-            asked = [node for node in self.grid.get_node_ids() if node not in node_of.values()]
-            if asked:
-                msgs = [(node, Message(RecordDict(), dst_node_id=node, message_type="query.census")) for node in asked]
-                for node, reply in self.exchange(msgs).items():
-                    if reply is not None and reply.has_content():
-                        values = M.unpack_values(reply.content["census"])
-                        for cid, size in zip(values["clients"], values["train_sizes"]):
-                            node_of.setdefault(int(cid), node)
-                            sizes[int(cid)] = int(size)
+            new = [node for node in self.grid.get_node_ids() if node not in asked]
+            msgs = [(node, Message(RecordDict(), dst_node_id=node, message_type="query.census")) for node in new]
+            for node, reply in self.exchange(msgs).items() if msgs else ():
+                if reply is None or not reply.has_content():
+                    continue
+                asked.add(node)
+                values = M.unpack_values(reply.content["census"])
+                for i, cid in enumerate(values["clients"]):
+                    node_of.setdefault(int(cid), node)
+                    for key, by_client in sizes.items():
+                        by_client[int(cid)] = int(values[key][i])
             if len(node_of) < n:
                 if time.monotonic() > deadline:
                     missing = sorted(set(range(n)) - set(node_of))
                     raise RunStopped(f"census: no SuperNode serves client(s) {missing} after {CENSUS_WAIT_S:.0f} s "
                                      f"(start one with --node-config 'partition-id=K num-partitions=P')", 0)
                 time.sleep(1.0)
-        return Census(node_of, [sizes[cid] for cid in range(n)])
+        return Census(node_of, *([by_client[cid] for cid in range(n)] for by_client in sizes.values()))
 
     def setup(self) -> None:
         torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0)  # torch's one-off import, outside round 1
@@ -188,7 +193,7 @@ class ServerRun:
         if fed.test is not None:
             out.update({f"test_{k}": v for k, v in evaluate(self.model, fed.test, fed.num_classes,
                                                               cfg.eval.batch_size, torch.device(cfg.train.device)).items()})
-        if any(c.val is not None and len(c.val) for c in fed.clients):
+        if any(self.census.val_sizes):
             values: dict[int, float] = {}
             for reply in self.broadcast("evaluate.validate", {"global": M.to_record(state)}).values():
                 values.update({int(k): v for k, v in M.unpack_values(reply.content["values"]).items()})
@@ -206,7 +211,7 @@ class ServerRun:
     def finish(self) -> dict[str, Any]:
         """Final evaluation: the global model on the test set, and the personalised report."""
         final = {k.removeprefix("test_"): v for k, v in self.evaluate_global().items()}
-        if self.config.eval.personalized == "never":
+        if self.config.eval.personalized == "never" or not any(self.census.test_sizes):
             return final
         records: dict[str, Any] = {"global": M.to_record(self.server.global_state)}
         for cid, state in enumerate(self.client_states):

@@ -77,7 +77,7 @@ def make_client_app(shards: list[tuple[torch.Tensor, torch.Tensor]]) -> ClientAp
     return app
 
 
-def make_server_app(rounds: int, test: tuple[torch.Tensor, torch.Tensor], out: dict[str, Any]) -> ServerApp:
+def make_server_app(rounds: int, clients: int, test: tuple[torch.Tensor, torch.Tensor], out: dict[str, Any]) -> ServerApp:
     app = ServerApp()
 
     @app.main()
@@ -85,6 +85,9 @@ def make_server_app(rounds: int, test: tuple[torch.Tensor, torch.Tensor], out: d
         torch.set_num_threads(1)
         model = mlp()
         nodes = list(grid.get_node_ids())
+        while len(nodes) < clients:  # the engine registers its SuperNodes beside this thread
+            time.sleep(0.1)
+            nodes = list(grid.get_node_ids())
         round_times, accuracy = [], float("nan")
         for rnd in range(rounds):
             started = time.perf_counter()
@@ -112,7 +115,7 @@ def run(rounds: int = 20, clients: int = 10, backend_config: dict | None = None)
     started = time.perf_counter()
     shards, test = digits_split(clients)
     out: dict[str, Any] = {}
-    run_simulation(make_server_app(rounds, test, out), make_client_app(shards), num_supernodes=clients,
+    run_simulation(make_server_app(rounds, clients, test, out), make_client_app(shards), num_supernodes=clients,
                    backend_config=backend_config or {"client_resources": {"num_cpus": 1, "num_gpus": 0.0},
                                                      "init_args": {"num_cpus": 1}})
     out["startup_s"] = out.pop("first_round_end") - started - float(np.median(out["round_s"]))

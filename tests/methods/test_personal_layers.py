@@ -127,13 +127,13 @@ def test_personal_model_is_the_clients_own_layers_with_the_global_ones(name: str
     for cid, state in enumerate(s.client_states):
         own = prefixed(state, LOCAL)
         assert own
-        model = client_model(Workspace(s.workspace.model), spec, state, global_state, cid, s.federation, None,
+        model = client_model(Workspace(s.workspace.model), spec, state, global_state, cid, s.federation.clients[cid].train, None,
                              torch.Generator())
         for key, value in model.state_dict().items():
             expected = own[key] if key in own else global_state[key]
             torch.testing.assert_close(value, expected, rtol=0, atol=0)
     # a client without its own layers yet evaluates the global model
-    model = client_model(Workspace(s.workspace.model), spec, {}, global_state, 0, s.federation, None,
+    model = client_model(Workspace(s.workspace.model), spec, {}, global_state, 0, s.federation.clients[0].train, None,
                          torch.Generator())
     for key, value in model.state_dict().items():
         torch.testing.assert_close(value, global_state[key], rtol=0, atol=0)

@@ -28,9 +28,9 @@ from fedlatent.errors import UserInputError
 from fedlatent.federated import calibrate
 from fedlatent.federated.client import LocalSettings, Workspace, local_update
 from fedlatent.federated.diagnostics import Diagnostics
-from fedlatent.federated.evaluation import evaluate
+from fedlatent.federated.evaluation import client_validation, evaluate
 from fedlatent.federated.failures import ClientFailure, error_detail
-from fedlatent.federated.personal import personalized_report
+from fedlatent.federated.personal import client_report, combine_reports
 from fedlatent.federated.round import (ClientTask, checked, client_generator, client_round, close_round,
                                        local_settings, plan_round, round_lr)
 from fedlatent.federated.round import sample_clients as sample_clients  # the embedded backend's sampling
@@ -108,9 +108,12 @@ def settings(s: Setup, lr: float, epochs: int) -> LocalSettings:
 
 
 def calibrated(s: Setup, state: Tensors) -> Tensors:
+    """``state`` with its head calibrated from every client's statistics (in client-id order)."""
+    cal, model = s.spec.calibration, s.workspace.model
+    stats = [calibrate.client_statistics(model, state, c.train, cal, s.config.eval.batch_size, s.device)
+             for c in s.federation.clients]
     generator = torch.Generator().manual_seed(derive_seed(s.config.seed, CALIBRATION))
-    return calibrate.calibrate(s.workspace.model, s.federation, state, s.spec.calibration,
-                               s.config.eval.batch_size, s.device, generator)
+    return calibrate.apply_statistics(state, stats, cal, *calibrate.head_keys(model), generator)
 
 
 def train_clients(s: Setup, tasks: list[ClientTask]) -> tuple[list[Upload | ClientFailure], dict[int, Tensors]]:
@@ -160,16 +163,17 @@ def global_model(s: Setup, state: Tensors | None = None) -> FedModel:
 
 
 def evaluate_global(s: Setup, state: Tensors | None = None) -> dict[str, float]:
-    """Global model on the global test set and (mean over clients) on the validation splits."""
+    """Global model on the global test set and the mean over clients of their validation accuracies."""
     fed, out = s.federation, {}
+    state = s.server.global_state if state is None else state
     model = global_model(s, state)
     if fed.test is not None:
         out.update({f"test_{k}": v for k, v in evaluate(model, fed.test, fed.num_classes,
                                                           s.config.eval.batch_size, s.device).items()})
-    vals = [evaluate(model, c.val, fed.num_classes, s.config.eval.batch_size, s.device)["accuracy"]
-            for c in fed.clients if c.val is not None and len(c.val)]
-    if vals:
-        out["val_accuracy"] = float(np.mean(vals))
+    vals = [client_validation(model, state, c.val, fed.num_classes, s.config.eval.batch_size, s.device)
+            for c in fed.clients]
+    if any(v is not None for v in vals):
+        out["val_accuracy"] = float(np.mean([v for v in vals if v is not None]))
     return out
 
 
@@ -241,10 +245,12 @@ def finish(s: Setup) -> dict[str, Any]:
         before = evaluate_global(s, state)
     final.update({k.removeprefix("test_"): v for k, v in before.items()})
     cfg = s.config
-    final.update(personalized_report(
-        s.workspace, s.spec, s.federation, s.client_states, state, mode=cfg.eval.personalized,
-        batch_size=cfg.eval.batch_size, device=s.device,
-        settings=settings(s, round_lr(cfg.train, cfg.train.rounds - 1), s.spec.personalization.epochs),
-        seed_for=lambda cid: derive_seed(cfg.seed, FINETUNE, cid)))
+    if cfg.eval.personalized != "never":
+        local = settings(s, round_lr(cfg.train, cfg.train.rounds - 1), s.spec.personalization.epochs)
+        rows = [client_report(s.workspace, s.spec, cid, client, s.client_states[cid], state,
+                              num_classes=s.federation.num_classes, batch_size=cfg.eval.batch_size, device=s.device,
+                              settings=local, generator=torch.Generator().manual_seed(derive_seed(cfg.seed, FINETUNE, cid)))
+                for cid, client in enumerate(s.federation.clients)]
+        final.update(combine_reports([row for row in rows if row is not None]))
     global_model(s, state)
     return final

@@ -1,5 +1,6 @@
-"""The vectorized backend: the simulation backend's round loop, with the selected clients trained
-at once (``federated.lockstep``: stacked weights, ``torch.func.vmap``) instead of in turn.
+"""The vectorized backend: the simulation backend's round loop (the server and client halves of
+``federated.round``), with the selected clients trained at once (its trainer hook is
+``federated.lockstep``: stacked weights, ``torch.func.vmap``) instead of in turn.
 
 Same server, checkpoints, evaluation and results as ``simulation``; the weights agree with it up to
 floating-point rounding. Worth it when clients are many and steps small (per-operator overhead is

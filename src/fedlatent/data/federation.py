@@ -1,4 +1,11 @@
-"""From a data configuration to a :class:`Federation`: load, hold out, partition, split, normalise."""
+"""From a data configuration to a :class:`Federation`: load, hold out, partition, split, normalise.
+
+Normalisation uses per-channel statistics pooled over every client's training data (what the
+published pipelines do with the pooled training set). In one process they are computed here from
+the pool; on a deployment no node sees the pool, so each node needs them from the server: a
+census in which every node sends its per-channel Σx, Σx² and count (:func:`channel_census`) and
+the server returns the pooled mean and std (:func:`pooled_channel_stats`), the same numbers.
+"""
 from __future__ import annotations
 
 import numpy as np
@@ -102,6 +109,26 @@ def _channel_stats(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     axes = (0, 2, 3) if x.ndim == 4 else (0,)
     mean = x.mean(axis=axes, keepdims=True)[0]
     std = x.std(axis=axes, keepdims=True)[0]
+    return mean.astype(np.float32), np.maximum(std, 1e-6).astype(np.float32)
+
+
+def channel_census(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
+    """One node's share of the normalisation census of its N×C×H×W images (or N×F features):
+    per-channel Σx and Σx² in float64, and how many values each channel holds."""
+    axes = (0, 2, 3) if x.ndim == 4 else (0,)
+    x64 = x.astype(np.float64)
+    count = int(np.prod([x.shape[a] for a in axes]))
+    return x64.sum(axis=axes, keepdims=True)[0], (x64 ** 2).sum(axis=axes, keepdims=True)[0], count
+
+
+def pooled_channel_stats(census: list[tuple[np.ndarray, np.ndarray, int]]) -> tuple[np.ndarray, np.ndarray]:
+    """Per-channel mean and (population) std of the nodes' data together from their censuses,
+    summed in float64 in node order; shapes and dtype as :func:`_channel_stats`."""
+    total = sum(c[0] for c in census)
+    squares = sum(c[1] for c in census)
+    count = max(sum(c[2] for c in census), 1)
+    mean = total / count
+    std = np.sqrt(np.maximum(squares / count - mean ** 2, 0.0))
     return mean.astype(np.float32), np.maximum(std, 1e-6).astype(np.float32)
 
 

@@ -1,12 +1,14 @@
-"""After-training classifier calibration run federatedly: clients compute statistics of their
-features under the final global encoder, the server solves (FFC) or retrains (CCVR) the head."""
+"""After-training classifier calibration run federatedly: each client computes statistics of its
+own features under the global encoder (:func:`client_statistics`, the client half), the server
+combines them in client-id order and solves (FFC) or retrains (CCVR) the head
+(:func:`apply_statistics`, the server half). No server code reads a client's data."""
 from __future__ import annotations
 
 import torch
 
 from fedlatent.calibration.ccvr import class_statistics, pool_statistics, retrain_classifier, sample_virtual_features
 from fedlatent.calibration.ffc import ffc_solve, ffc_statistics
-from fedlatent.data.types import Federation, Split
+from fedlatent.data.types import Split
 from fedlatent.methods.parts import Calibration, Tensors
 from fedlatent.models.base import FedModel
 
@@ -19,52 +21,51 @@ def features(model: FedModel, split: Split, batch_size: int, device: torch.devic
                       for i in range(0, len(split), batch_size)]) if len(split) else torch.zeros(0, model.z_dim)
 
 
-def _head_keys(model: FedModel) -> tuple[str, str | None]:
+def head_keys(model: FedModel) -> tuple[str, str | None]:
+    """The state keys of the classifier's weight and bias (None without a bias)."""
     bias = "classifier.bias" if model.classifier.bias is not None else None
     return "classifier.weight", bias
 
 
 def ffc_head(model: FedModel, split: Split, num_classes: int, batch_size: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """One client's FFC statistics (V, U) under ``model``'s encoder."""
+    """One client's FFC statistics (V, U) under ``model``'s encoder, in float64."""
     return ffc_statistics(features(model, split, batch_size, device).double(), split.y, num_classes)
 
 
-def ffc(model: FedModel, fed: Federation, state: Tensors, cal: Calibration, batch_size: int,
-        device: torch.device) -> Tensors:
-    """FFC (SphereFed Sec. 3.3): W* = (Σ V_k + λI)⁻¹ Σ U_k from every client's sums; bias set to 0."""
-    model.load_state_dict(state)
-    stats = [ffc_head(model, c.train, fed.num_classes, batch_size, device) for c in fed.clients]
-    weight_key, bias_key = _head_keys(model)
-    out = dict(state)
-    out[weight_key] = ffc_solve(stats, ridge=cal.ridge).to(state[weight_key].dtype)
-    if bias_key:
-        out[bias_key] = torch.zeros_like(state[bias_key])
-    return out
-
-
-def ccvr(model: FedModel, fed: Federation, state: Tensors, cal: Calibration, batch_size: int,
-         device: torch.device, generator: torch.Generator) -> Tensors:
-    """CCVR (Luo et al. 2021): pool per-class Gaussians of z, sample virtual features, retrain the head."""
-    model.load_state_dict(state)
-    stats = [class_statistics(features(model, c.train, batch_size, device), c.train.y, fed.num_classes)
-             for c in fed.clients]
-    mean, cov, count = pool_statistics(stats)
-    per_class = torch.where(count > 0, torch.full_like(count, cal.virtual_per_class), torch.zeros_like(count))
-    virtual_x, virtual_y = sample_virtual_features(mean, cov, per_class, generator)
-    weight_key, bias_key = _head_keys(model)
-    weight, bias = retrain_classifier(state[weight_key], state[bias_key] if bias_key else None, virtual_x,
-                                      virtual_y, epochs=cal.epochs, lr=cal.lr, batch_size=64, generator=generator)
-    out = dict(state)
-    out[weight_key] = weight
-    if bias_key:
-        out[bias_key] = bias
-    return out
-
-
-def calibrate(model: FedModel, fed: Federation, state: Tensors, cal: Calibration, batch_size: int,
-              device: torch.device, generator: torch.Generator) -> Tensors:
+def client_statistics(model: FedModel, global_state: Tensors, train: Split, cal: Calibration, batch_size: int,
+                      device: torch.device) -> Tensors:
+    """The client half: what this client sends for calibration, from its training split under the
+    global model. FFC (SphereFed Sec. 3.3): V = ZᵀZ and U = Zᵀ onehot(y) in float64; CCVR
+    (Luo et al. 2021, Eq. 3-4): per-class count, mean and unbiased covariance of z."""
+    model.load_state_dict(global_state)
+    num_classes = model.classifier.weight.shape[0]
     if cal.kind == "ffc":
-        return ffc(model, fed, state, cal, batch_size, device)
+        v, u = ffc_head(model, train, num_classes, batch_size, device)
+        return {"V": v, "U": u}
     if cal.kind == "ccvr":
-        return ccvr(model, fed, state, cal, batch_size, device, generator)
-    return state
+        mean, cov, count = class_statistics(features(model, train, batch_size, device), train.y, num_classes)
+        return {"mean": mean, "cov": cov, "count": count}
+    return {}
+
+
+def apply_statistics(global_state: Tensors, stats: list[Tensors], cal: Calibration, weight_key: str,
+                     bias_key: str | None, generator: torch.Generator) -> Tensors:
+    """The server half: the global state with its head calibrated from the clients' statistics
+    (``stats`` in client-id order, so the sums do not depend on reply order). FFC:
+    W* = (Σ V_k + λI)⁻¹ Σ U_k, bias set to 0; CCVR: per-class Gaussians pooled, virtual features
+    sampled from ``generator``, the head retrained on them."""
+    out = dict(global_state)
+    if cal.kind == "ffc":
+        out[weight_key] = ffc_solve([(s["V"], s["U"]) for s in stats], ridge=cal.ridge).to(global_state[weight_key].dtype)
+        if bias_key:
+            out[bias_key] = torch.zeros_like(global_state[bias_key])
+    elif cal.kind == "ccvr":
+        mean, cov, count = pool_statistics([(s["mean"], s["cov"], s["count"]) for s in stats])
+        per_class = torch.where(count > 0, torch.full_like(count, cal.virtual_per_class), torch.zeros_like(count))
+        virtual_x, virtual_y = sample_virtual_features(mean, cov, per_class, generator)
+        out[weight_key], bias = retrain_classifier(
+            global_state[weight_key], global_state[bias_key] if bias_key else None, virtual_x, virtual_y,
+            epochs=cal.epochs, lr=cal.lr, batch_size=64, generator=generator)
+        if bias_key:
+            out[bias_key] = bias
+    return out

@@ -57,3 +57,13 @@ def fairness(values: list[float]) -> dict[str, float]:
         return {"mean": float("nan"), "std": float("nan"), "worst": float("nan")}
     return {"mean": float(arr.mean()), "std": float(arr.std()), "worst": float(arr.min()),
             "decile10": float(np.percentile(arr, 10)), "decile90": float(np.percentile(arr, 90))}
+
+
+def client_validation(model: FedModel, global_state: dict[str, torch.Tensor], val: Split | None, num_classes: int,
+                      batch_size: int, device: torch.device) -> float | None:
+    """The client half of a round's ``val_accuracy``: the global model's accuracy on this client's
+    validation split (None without one); the server averages the clients' values."""
+    if val is None or not len(val):
+        return None
+    model.load_state_dict(global_state)
+    return evaluate(model, val, num_classes, batch_size, device)["accuracy"]

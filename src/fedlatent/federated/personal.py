@@ -3,7 +3,9 @@
 Ditto evaluates each client's personal model; partial personalisation (FedRep, LG-FedAvg) the
 client's own layers with the global ones; ``finetune`` fine-tunes the global model on the
 client's training split first; otherwise the global model is evaluated on every client's own
-test split, so tables compare like with like.
+test split, so tables compare like with like. A client computes its own row
+(:func:`client_report`, from its data and state only); the server combines the rows
+(:func:`combine_reports`).
 """
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ import numpy as np
 import torch
 
 from fedlatent.calibration.ffc import ffc_solve
-from fedlatent.data.types import Federation
+from fedlatent.data.types import ClientData, Split
 from fedlatent.federated.calibrate import ffc_head
 from fedlatent.federated.client import PERSONAL, LocalSettings, Workspace, local_update, own_state, prefixed
 from fedlatent.federated.evaluation import evaluate, fairness, majority_rate
@@ -22,9 +24,9 @@ from fedlatent.models.base import FedModel
 
 
 def client_model(ws: Workspace, spec: MethodSpec, client_state: Tensors, global_state: Tensors, cid: int,
-                 fed: Federation, settings: LocalSettings | None, generator: torch.Generator) -> FedModel:
+                 train: Split, settings: LocalSettings | None, generator: torch.Generator) -> FedModel:
     """The model client ``cid`` would use: personal (Ditto), its own layers with the global ones
-    (partial personalisation), fine-tuned, or the global one."""
+    (partial personalisation), fine-tuned on its ``train`` split, or the global one."""
     if spec.personalization.kind == "partial":
         ws.model.load_state_dict(own_state(ws.model, spec.personalization, client_state, global_state))
         return ws.model
@@ -33,10 +35,9 @@ def client_model(ws: Workspace, spec: MethodSpec, client_state: Tensors, global_
         ws.model.load_state_dict(own)
         return ws.model
     if spec.personalization.kind == "finetune" and settings is not None:
-        plain = MethodSpec("finetune", loss=spec.loss)
-        rc = ClientRound(cid, ws.model, {}, {}, {}, settings.lr, len(fed.clients[cid].train), len(fed.clients),
-                         0, settings.momentum)
-        upload = local_update(ws, global_state, fed.clients[cid].train, plain, rc, settings, generator)
+        plain = MethodSpec("finetune", loss=spec.loss)  # no parts: nothing federation-wide is read
+        rc = ClientRound(cid, ws.model, {}, {}, {}, settings.lr, len(train), 1, len(train), settings.momentum)
+        upload = local_update(ws, global_state, train, plain, rc, settings, generator)
         ws.model.load_state_dict(upload.state)
         return ws.model
     ws.model.load_state_dict(global_state)
@@ -53,28 +54,31 @@ def personal_ffc(model: FedModel, train, num_classes: int, ridge: float, batch_s
         model.classifier.bias.zero_()
 
 
-def personalized_report(ws: Workspace, spec: MethodSpec, fed: Federation, client_states: list[Tensors],
-                        global_state: Tensors, *, mode: str, batch_size: int, device: torch.device,
-                        settings: LocalSettings | None, seed_for: Any) -> dict[str, Any]:
-    """``personalized_accuracy`` (mean, std, worst), balanced accuracy and the majority baseline
-    over clients with a test split; empty when there is nothing to report."""
-    has_tests = any(c.test is not None and len(c.test) for c in fed.clients)
-    if mode == "never" or not has_tests:
+def client_report(ws: Workspace, spec: MethodSpec, client_id: int, client: ClientData, client_state: Tensors,
+                  global_state: Tensors, *, num_classes: int, batch_size: int, device: torch.device,
+                  settings: LocalSettings | None, generator: torch.Generator) -> dict[str, Any] | None:
+    """The client half: accuracy and balanced accuracy of its model on its test split, the
+    majority baseline, and its validation accuracy when it has a validation split; None without
+    a test split."""
+    if client.test is None or not len(client.test):
+        return None
+    model = client_model(ws, spec, client_state, global_state, client_id, client.train, settings, generator)
+    if spec.calibration.kind == "ffc" and spec.calibration.personal:
+        personal_ffc(model, client.train, num_classes, spec.calibration.ridge, batch_size, device)
+    test = evaluate(model, client.test, num_classes, batch_size, device)
+    row = {"client": client_id, "accuracy": test["accuracy"], "balanced_accuracy": test["balanced_accuracy"],
+           "majority_baseline": majority_rate(client.train.y, client.test.y, num_classes)}
+    if client.val is not None and len(client.val):
+        row["val_accuracy"] = evaluate(model, client.val, num_classes, batch_size, device)["accuracy"]
+    return row
+
+
+def combine_reports(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The server half: ``personalized_accuracy`` (mean, std, worst), balanced accuracy and the
+    majority baseline over the clients' rows (in client-id order); empty without rows."""
+    if not rows:
         return {}
-    rows = []
-    for cid, client in enumerate(fed.clients):
-        if client.test is None or not len(client.test):
-            continue
-        generator = torch.Generator().manual_seed(seed_for(cid))
-        model = client_model(ws, spec, client_states[cid], global_state, cid, fed, settings, generator)
-        if spec.calibration.kind == "ffc" and spec.calibration.personal:
-            personal_ffc(model, client.train, fed.num_classes, spec.calibration.ridge, batch_size, device)
-        test = evaluate(model, client.test, fed.num_classes, batch_size, device)
-        row = {"client": cid, "accuracy": test["accuracy"], "balanced_accuracy": test["balanced_accuracy"],
-               "majority_baseline": majority_rate(client.train.y, client.test.y, fed.num_classes)}
-        if client.val is not None and len(client.val):
-            row["val_accuracy"] = evaluate(model, client.val, fed.num_classes, batch_size, device)["accuracy"]
-        rows.append(row)
+    rows = sorted(rows, key=lambda r: r["client"])
     acc = fairness([r["accuracy"] for r in rows])
     return {"personalized_accuracy": acc["mean"], "personalized_accuracy_std": acc["std"],
             "personalized_accuracy_worst": acc["worst"],

@@ -65,7 +65,7 @@ class ClientRound:
     lr: float
     num_samples: int
     num_clients: int
-    total_samples: int
+    total_samples: int  # Σ training samples over all clients, from the census the task carries
     momentum: float
     steps: int = 0
     extra_weight_decay: float = 0.0

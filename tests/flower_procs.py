@@ -205,10 +205,11 @@ class LocalFederation:
 
 
 class InProcessGrid:
-    """A grid whose nodes are fedlatent's ClientApp called in this process, one Context each;
-    nodes in ``silent`` never reply (a node gone mid-round)."""
+    """A grid whose nodes are fedlatent's ClientApp called in this process, one Context each (node
+    k+1 has partition-id k, plus ``node_config[k+1]``); nodes in ``silent`` never reply (a node
+    gone mid-round)."""
 
-    def __init__(self, num_nodes: int) -> None:
+    def __init__(self, num_nodes: int, node_config: dict[int, dict] | None = None) -> None:
         from flwr.app import Context, RecordDict
         from flwr.common.constant import SUPERLINK_NODE_ID
         from flwr.supercore.task_identity import TaskIdentity
@@ -217,7 +218,8 @@ class InProcessGrid:
         TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, 1, SUPERLINK_NODE_ID  # as Flower's engines do
         self.app = client_app.app
         self.contexts = {node: Context(run_id=1, node_id=node, state=RecordDict(), run_config={},
-                                       node_config={"partition-id": node - 1, "num-partitions": num_nodes})
+                                       node_config={"partition-id": node - 1, "num-partitions": num_nodes,
+                                                    **(node_config or {}).get(node, {})})
                          for node in range(1, num_nodes + 1)}
         self.silent: set[int] = set()
         self.sent: list[str] = []  # message types, in order

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -28,6 +29,11 @@ from tests.flower_procs import InProcessGrid  # noqa: E402
 SMALL = ["data.num_clients=4", "train.rounds=3", "flower.supernodes=2", "flower.cpus=2"]
 METHODS = {"fedavg": [], "scaffold": [], "feduv": [],
            "ditto_mkmmd": ["data.local_test_fraction=0.2", "algorithm.beta_every=3"]}
+# calibration from statistics the clients send in an extra round of messages: FFC after training
+# and every round, CCVR
+CALIBRATED = {"spherefed": ['algorithm.name="spherefed"'],
+              "spherefed_every_round": ['algorithm.name="spherefed"', "algorithm.ffc_every=1"],
+              "ccvr": ['algorithm.name="ccvr"', "data.local_test_fraction=0.2"]}
 
 
 def config(backend: str, extra=()):
@@ -78,6 +84,16 @@ def test_parity_through_messages(method, tmp_path, monkeypatch):
     serving two clients each) and the embedded backend: the same weights and accuracies."""
     extra = [f'algorithm.name="{method}"', *METHODS[method]]
     assert_parity(*run_both(tmp_path, monkeypatch, extra, grid=InProcessGrid(2)))
+
+
+@pytest.mark.parametrize("name", sorted(CALIBRATED))
+def test_calibration_parity_through_messages(name, tmp_path, monkeypatch):
+    embedded, flower, embedded_rounds, flower_rounds = run_both(tmp_path, monkeypatch, CALIBRATED[name],
+                                                                grid=InProcessGrid(2))
+    assert_parity(embedded, flower, embedded_rounds, flower_rounds)
+    assert max_diff(embedded_rounds[-1], flower_rounds[-1]) <= 1e-5
+    for key in ("accuracy", "uncalibrated_accuracy"):
+        assert embedded["final"][key] == pytest.approx(flower["final"][key], abs=1e-9)
 
 
 @pytest.mark.slow
@@ -225,14 +241,35 @@ def test_served_clients_follow_the_partition_id():
         client_app.served({}, 10)
 
 
+def test_a_node_serves_its_own_arrays_file(tmp_path, monkeypatch):
+    """A SuperNode with ``data-path`` in its node config trains client partition-id on that file."""
+    rng = np.random.default_rng(0)
+    own = tmp_path / "mine.npz"
+    np.savez(own, client0_train_x=rng.random((30, 1, 8, 8), dtype=np.float32),
+             client0_train_y=rng.integers(0, 10, 30))
+    sizes = {}
+    real = client_app.client_update
+
+    def update(ws, spec, task, data, *args, **kwargs):
+        sizes[task.client_id] = len(data)
+        return real(ws, spec, task, data, *args, **kwargs)
+
+    monkeypatch.setattr(client_app, "client_update", update)
+    summary = run_experiment(config("flower", ["data.num_clients=2", "train.rounds=1"]), tmp_path / "run", echo=None,
+                             grid=InProcessGrid(2, {2: {"data-path": str(own)}}))
+    assert summary["status"] == "completed"
+    assert sizes[1] == 30 and sizes[0] > 500  # client 1 from the file, client 0 from digits
+
+
 def test_auto_never_picks_flower(tmp_path):
     summary = fedlatent.run(fedlatent.load_config(None, ["train.rounds=1", 'backend="auto"']), tmp_path / "a")
     assert summary["backend"] in ("simulation", "vectorized")
 
 
 def test_flower_refuses_what_it_does_not_run(tmp_path):
-    with pytest.raises(ConfigError, match="backend = 'flower': calibration"):
-        fedlatent.run(fedlatent.load_config(None, ['backend="flower"', 'algorithm.name="spherefed"']), tmp_path / "s")
+    with pytest.raises(ConfigError, match="backend = 'flower': diagnostics.which"):
+        fedlatent.run(fedlatent.load_config(None, ['backend="flower"', 'diagnostics.which=["collapse"]']),
+                      tmp_path / "s")
     assert not (tmp_path / "s").exists()
 
 

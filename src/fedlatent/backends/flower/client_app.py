@@ -7,13 +7,15 @@ Ditto's personal model, MOON's previous model, MMD kernels, …) in the node's `
 one ArrayRecord per client, where it survives between rounds. Which clients a node serves comes
 from its node config: ``partition-id`` k of ``num-partitions`` P serves the client ids ≡ k (mod P)
 (one client per node when P is the number of clients; the simulation engine sets both), and
-``data-path`` may point at the node's own arrays file (``data.dataset = "arrays"`` format) instead
-of the configuration's data set.
+``data-path`` may point at the node's own arrays file (``data.dataset = "arrays"`` format, its
+client 0) instead of the configuration's data set: the node then serves client ``partition-id``
+with it, standardised with its own statistics.
 
 Messages: ``query.census`` (the served clients and their training-set sizes), ``train`` (the
 node's :class:`~fedlatent.federated.round.ClientTask` of a round, one message per node → their
 uploads), ``evaluate.validate`` (validation
-accuracy of the served clients), ``evaluate.report`` (the personalised report rows). A client
+accuracy of the served clients), ``query.statistics`` (calibration statistics), ``evaluate.report``
+(the personalised report rows). A client
 whose update raises or is not finite replies with a failure record naming it.
 """
 from __future__ import annotations
@@ -35,9 +37,10 @@ from fedlatent.config import RunConfig, from_dict
 from fedlatent.data.federation import build_federation
 from fedlatent.data.types import ClientData, Federation
 from fedlatent.federated.client import Workspace
-from fedlatent.federated.evaluation import evaluate, majority_rate
+from fedlatent.federated.calibrate import client_statistics
+from fedlatent.federated.evaluation import client_validation
 from fedlatent.federated.failures import ClientFailure, error_detail
-from fedlatent.federated.personal import client_model, personal_ffc
+from fedlatent.federated.personal import client_report
 from fedlatent.methods import resolve
 from fedlatent.methods.parts import MethodSpec, Tensors
 from fedlatent.seeding import FINETUNE, derive_seed
@@ -47,7 +50,8 @@ STATE = "client."  # Context.state record name prefix of a client's state
 
 @dataclass
 class Job:
-    """What a node builds once per run configuration: the method, the data it serves, the models."""
+    """What a node works with: the run's configuration and method, the data set (all of it, or the
+    node's own file), the models, and the clients it serves."""
 
     config: RunConfig
     spec: MethodSpec
@@ -67,23 +71,25 @@ def served(node_config: dict[str, Any], num_clients: int) -> list[int]:
     return [cid for cid in range(num_clients) if cid % p == k]
 
 
-_JOBS: dict[str, Job] = {}
+_BUILT: dict[str, Job] = {}
 
 
 def job_for(config_toml: str, node_config: dict[str, Any]) -> Job:
-    """The node's :class:`Job` for a configuration, built on first use and kept for the process."""
+    """The node's :class:`Job`: the configuration's method, data and models, built on first use and
+    kept for the process (the simulation engine's workers serve many nodes of one run), with the
+    clients this node serves."""
     import tomllib
-    key = hashlib.sha256((config_toml + repr(sorted(node_config.items()))).encode()).hexdigest()
-    if key not in _JOBS:
-        _JOBS.clear()  # one run at a time per process
+    data_path = str(node_config.get("data-path", ""))
+    key = hashlib.sha256(f"{config_toml}\0{data_path}".encode()).hexdigest()
+    if key not in _BUILT:
+        _BUILT.clear()  # one run at a time per process
         config = from_dict(tomllib.loads(config_toml))
-        if node_config.get("data-path"):
+        if data_path:
             config = dataclasses.replace(config, data=dataclasses.replace(
-                config.data, dataset="arrays", path=str(node_config["data-path"]), partition="given"))
+                config.data, dataset="arrays", path=data_path, partition="given"))
         torch.set_num_threads(config.train.threads)
         spec = resolve(config.algorithm, config.terms)
         federation = build_federation(config.data, config.data_seed)
-        mine = served(node_config, len(federation.clients))
         device = torch.device(config.train.device)
         model = make_model(config, federation, spec).to(device)
         parts = spec.all_parts()
@@ -91,8 +97,13 @@ def job_for(config_toml: str, node_config: dict[str, Any]) -> Job:
                        global_copy=copy.deepcopy(model) if any(p.needs_global_out for p in parts) else None,
                        previous=copy.deepcopy(model) if any(p.needs_prev_out for p in parts) else None,
                        personal=copy.deepcopy(model) if spec.personalization.kind == "ditto" else None)
-        _JOBS[key] = Job(config, spec, federation, {cid: federation.clients[cid] for cid in mine}, ws, device)
-    return _JOBS[key]
+        _BUILT[key] = Job(config, spec, federation, {}, ws, device)
+    job = _BUILT[key]
+    if data_path:  # the node's own file holds its one client: client partition-id
+        clients = {int(node_config["partition-id"]): job.federation.clients[0]}
+    else:
+        clients = {cid: job.federation.clients[cid] for cid in served(node_config, len(job.federation.clients))}
+    return dataclasses.replace(job, clients=clients)
 
 
 def _job(msg: Message, context: Context) -> Job:
@@ -151,12 +162,28 @@ def train(msg: Message, context: Context) -> Message:
 def validate(msg: Message, context: Context) -> Message:
     """Validation accuracy of the global model on each served client's validation split."""
     job = _job(msg, context)
-    model = job.workspace.model
-    model.load_state_dict(M.from_record(msg.content["global"]))
-    values = {str(cid): evaluate(model, c.val, job.federation.num_classes, job.config.eval.batch_size,
-                                 job.device)["accuracy"]
-              for cid, c in job.clients.items() if c.val is not None and len(c.val)}
+    global_state = M.from_record(msg.content["global"])
+    values = {}
+    for cid, client in job.clients.items():
+        value = client_validation(job.workspace.model, global_state, client.val, job.federation.num_classes,
+                                  job.config.eval.batch_size, job.device)
+        if value is not None:
+            values[str(cid)] = value
     return Message(RecordDict({"values": M.pack_values(values)}), reply_to=msg)
+
+
+@app.query("statistics")
+def statistics(msg: Message, context: Context) -> Message:
+    """Each served client's calibration statistics (FFC: V, U; CCVR: per-class count, mean,
+    covariance) of its training split under the global model."""
+    job = _job(msg, context)
+    global_state = M.from_record(msg.content["global"])
+    content = RecordDict()
+    for cid, client in job.clients.items():
+        content[f"stats.{cid}"] = M.to_record(client_statistics(
+            job.workspace.model, global_state, client.train, job.spec.calibration, job.config.eval.batch_size,
+            job.device))
+    return Message(content, reply_to=msg)
 
 
 @app.evaluate("report")
@@ -172,21 +199,13 @@ def report(msg: Message, context: Context) -> Message:
                               fed.augment, fed.num_classes, job.device)
     rows = []
     for cid, client in job.clients.items():
-        if client.test is None or not len(client.test):
-            continue
         state = _state(context, cid)
-        state = restore.get(cid, {}) if state is None else state
-        generator = torch.Generator().manual_seed(derive_seed(cfg.seed, FINETUNE, cid))
-        model = client_model(job.workspace, spec, state, global_state, cid, fed, settings, generator)
-        if spec.calibration.kind == "ffc" and spec.calibration.personal:
-            personal_ffc(model, client.train, fed.num_classes, spec.calibration.ridge, cfg.eval.batch_size, job.device)
-        test = evaluate(model, client.test, fed.num_classes, cfg.eval.batch_size, job.device)
-        row = {"client": cid, "accuracy": test["accuracy"], "balanced_accuracy": test["balanced_accuracy"],
-               "majority_baseline": majority_rate(client.train.y, client.test.y, fed.num_classes)}
-        if client.val is not None and len(client.val):
-            row["val_accuracy"] = evaluate(model, client.val, fed.num_classes, cfg.eval.batch_size,
-                                           job.device)["accuracy"]
-        rows.append(row)
+        row = client_report(job.workspace, spec, cid, client, restore.get(cid, {}) if state is None else state,
+                            global_state, num_classes=fed.num_classes, batch_size=cfg.eval.batch_size,
+                            device=job.device, settings=settings,
+                            generator=torch.Generator().manual_seed(derive_seed(cfg.seed, FINETUNE, cid)))
+        if row is not None:
+            rows.append(row)
     return Message(RecordDict({"rows": M.pack_values({"rows": rows})}), reply_to=msg)
 
 

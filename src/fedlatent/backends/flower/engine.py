@@ -27,9 +27,6 @@ from fedlatent.methods.parts import MethodSpec
 
 def check(config: RunConfig, spec: MethodSpec) -> None:
     """Raise a one-line ConfigError for what this backend does not run yet."""
-    if spec.calibration.kind != "none":
-        raise ConfigError(f"backend = 'flower': calibration ({spec.calibration.kind}) is not available on Flower yet; "
-                          f"use backend = 'simulation'")
     if config.diagnostics.which:
         raise ConfigError("backend = 'flower': diagnostics.which is not available on Flower yet; "
                           "use backend = 'simulation'")

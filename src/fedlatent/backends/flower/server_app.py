@@ -34,11 +34,14 @@ from fedlatent.backends.simulation import make_model, metrics_upto
 from fedlatent.config import RunConfig, to_toml
 from fedlatent.data.types import Federation
 from fedlatent.errors import UserInputError
-from fedlatent.federated.evaluation import evaluate, fairness
+from fedlatent.federated.calibrate import apply_statistics, head_keys
+from fedlatent.federated.evaluation import evaluate
 from fedlatent.federated.failures import ClientFailure, RunStopped
+from fedlatent.federated.personal import combine_reports
 from fedlatent.federated.server import Server
 from fedlatent.federated.state import has_checkpoint, load_checkpoint, save_checkpoint, write_atomically
 from fedlatent.methods.parts import MethodSpec, Tensors, Upload, trainable_names
+from fedlatent.seeding import CALIBRATION, derive_seed
 
 CENSUS_WAIT_S = 120.0  # how long the census waits for SuperNodes to serve every client
 
@@ -164,6 +167,9 @@ class ServerRun:
         for upload in result.uploads:
             if upload.client_id in new_states:
                 self.client_states[upload.client_id] = new_states[upload.client_id]
+        cal = self.spec.calibration
+        if cal.kind == "ffc" and cal.every and (rnd + 1) % cal.every == 0:
+            self.server.global_state = self.calibrated(self.server.global_state)
         line: dict[str, Any] = {"round": rnd + 1, "lr": tasks[0].lr, **result.metrics}
         if (rnd + 1) % self.config.eval.every == 0 or rnd + 1 == self.config.train.rounds:
             line.update(self.evaluate_global())
@@ -208,31 +214,41 @@ class ServerRun:
                 for node in nodes]
         return {node: r for node, r in self.exchange(msgs).items() if r is not None and r.has_content()}
 
+    def calibrated(self, state: Tensors) -> Tensors:
+        """``state`` with its head calibrated from the clients' statistics, gathered in an extra
+        round of messages and combined in client-id order."""
+        stats: dict[int, Tensors] = {}
+        for reply in self.broadcast("query.statistics", {"global": M.to_record(state)}).values():
+            stats.update({int(name.split(".")[1]): M.from_record(record)
+                          for name, record in reply.content.array_records.items() if name.startswith("stats.")})
+        missing = sorted(set(range(len(self.census.train_sizes))) - set(stats))
+        if missing:
+            self.warn(f"calibration without client(s) {missing} (no statistics came back)")
+        generator = torch.Generator().manual_seed(derive_seed(self.config.seed, CALIBRATION))
+        return apply_statistics(state, [stats[cid] for cid in sorted(stats)], self.spec.calibration,
+                                *head_keys(self.model), generator)
+
     def finish(self) -> dict[str, Any]:
-        """Final evaluation: the global model on the test set, and the personalised report."""
-        final = {k.removeprefix("test_"): v for k, v in self.evaluate_global().items()}
+        """Final evaluation: the global model on the test set (after calibration, when the method
+        has one), and the personalised report the clients compute."""
+        final: dict[str, Any] = {}
+        before = self.evaluate_global()
+        state = self.server.global_state
+        if self.spec.calibration.kind != "none":
+            state = self.calibrated(state)
+            final.update({f"uncalibrated_{k.removeprefix('test_')}": v for k, v in before.items()})
+            before = self.evaluate_global(state)
+        final.update({k.removeprefix("test_"): v for k, v in before.items()})
         if self.config.eval.personalized == "never" or not any(self.census.test_sizes):
             return final
-        records: dict[str, Any] = {"global": M.to_record(self.server.global_state)}
-        for cid, state in enumerate(self.client_states):
-            if cid not in self.contacted and state:
-                records[f"client.{cid}"] = M.to_record(state)
+        records: dict[str, Any] = {"global": M.to_record(state)}
+        for cid, client_state in enumerate(self.client_states):
+            if cid not in self.contacted and client_state:
+                records[f"client.{cid}"] = M.to_record(client_state)
         rows = [row for reply in self.broadcast("evaluate.report", records).values()
                 for row in M.unpack_values(reply.content["rows"])["rows"]]
-        final.update(combine_rows(sorted(rows, key=lambda r: r["client"])))
+        final.update(combine_reports(rows))
         return final
-
-
-def combine_rows(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """The personalised report over the clients' rows (client-id order), as the embedded backend's."""
-    if not rows:
-        return {}
-    acc = fairness([r["accuracy"] for r in rows])
-    return {"personalized_accuracy": acc["mean"], "personalized_accuracy_std": acc["std"],
-            "personalized_accuracy_worst": acc["worst"],
-            "personalized_balanced_accuracy": float(np.mean([r["balanced_accuracy"] for r in rows])),
-            "majority_baseline_accuracy": float(np.mean([r["majority_baseline"] for r in rows])),
-            "per_client": rows}
 
 
 def serve(grid: Grid, config: RunConfig, federation: Federation, spec: MethodSpec, out: Path, *,

@@ -281,3 +281,14 @@ def test_flower_backend_without_flower_is_a_config_error(tmp_path, monkeypatch):
     with pytest.raises(ConfigError, match=r"backend = 'flower': Flower is not installed; pip install 'fedlatent\[flower\]'"):
         fedlatent.run(fedlatent.load_config(None, ['backend="flower"']), tmp_path / "x")
     assert not (tmp_path / "x").exists()
+
+
+def test_clients_no_node_serves_stop_the_run_after_the_census(tmp_path, monkeypatch):
+    """Node 2 never answers the census: its clients have no node, the run stops with a summary."""
+    monkeypatch.setattr(server_app, "CENSUS_WAIT_S", 0.5)
+    grid = InProcessGrid(2)
+    grid.silent.add(2)
+    with pytest.raises(RunStopped, match=r"census: no SuperNode serves client\(s\) \[1, 3\]"):
+        run_experiment(config("flower"), tmp_path / "run", echo=None, grid=grid)
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["status"] == "stopped" and summary["rounds_completed"] == 0

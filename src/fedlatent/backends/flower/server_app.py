@@ -41,6 +41,7 @@ from fedlatent.federated.personal import combine_reports
 from fedlatent.federated.server import Server
 from fedlatent.federated.state import has_checkpoint, load_checkpoint, save_checkpoint, write_atomically
 from fedlatent.methods.parts import MethodSpec, Tensors, Upload, trainable_names
+from fedlatent.models import FedModel
 from fedlatent.seeding import CALIBRATION, derive_seed
 
 CENSUS_WAIT_S = 120.0  # how long the census waits for SuperNodes to serve every client
@@ -73,7 +74,7 @@ class ServerRun:
     server: Server | None = None
     client_states: list[Tensors] = field(default_factory=list)
     contacted: set[int] = field(default_factory=set)  # clients reached since this process started
-    model: Any = None
+    model: FedModel | None = None
 
     @property
     def run_record(self) -> ConfigRecord:
@@ -108,10 +109,12 @@ class ServerRun:
                     continue
                 asked.add(node)
                 values = M.unpack_values(reply.content["census"])
-                for i, cid in enumerate(values["clients"]):
-                    node_of.setdefault(int(cid), node)
+                for i, cid in enumerate(int(c) for c in values["clients"]):
+                    if not 0 <= cid < n:  # a node configured for another federation's clients
+                        continue
+                    node_of.setdefault(cid, node)
                     for key, by_client in sizes.items():
-                        by_client[int(cid)] = int(values[key][i])
+                        by_client[cid] = int(values[key][i])
             if len(node_of) < n:
                 if time.monotonic() > deadline:
                     missing = sorted(set(range(n)) - set(node_of))
@@ -127,7 +130,6 @@ class ServerRun:
         self.server = Server(self.spec, state, [n for n, _ in self.model.named_parameters()],
                              trainable_names(self.model), self.config.server, len(self.federation.clients))
         self.client_states = [{} for _ in self.federation.clients]
-        self.census = self.take_census()
 
     def restore_for(self, cid: int) -> Tensors | None:
         """The server's copy of a client's state, sent the first time this process reaches it
@@ -271,6 +273,7 @@ def serve(grid: Grid, config: RunConfig, federation: Federation, spec: MethodSpe
         start, before = info["round"], info["elapsed_s"]
     metrics_path = out / "metrics.jsonl"
     write_atomically(metrics_path, "".join(line + "\n" for line in metrics_upto(metrics_path, start)))
+    s.census = s.take_census()  # after metrics.jsonl exists: a failed census is a stopped run with a summary
     with metrics_path.open("a") as sink:
         for rnd in range(start, config.train.rounds):
             line = s.train_round(rnd)

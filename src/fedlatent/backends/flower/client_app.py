@@ -11,18 +11,18 @@ from its node config: ``partition-id`` k of ``num-partitions`` P serves the clie
 client 0) instead of the configuration's data set: the node then serves client ``partition-id``
 with it, standardised with its own statistics.
 
-Messages: ``query.census`` (the served clients and their training-set sizes), ``train`` (the
+Messages: ``query.census`` (the served clients and the sizes of their splits), ``train`` (the
 node's :class:`~fedlatent.federated.round.ClientTask` of a round, one message per node → their
-uploads), ``evaluate.validate`` (validation
-accuracy of the served clients), ``query.statistics`` (calibration statistics), ``evaluate.report``
-(the personalised report rows). A client
-whose update raises or is not finite replies with a failure record naming it.
+uploads), ``evaluate.validate`` (validation accuracy of the served clients), ``query.statistics``
+(calibration statistics), ``evaluate.report`` (the personalised report rows). A client whose
+update raises or is not finite is a failure record naming it in the node's reply.
 """
 from __future__ import annotations
 
 import copy
 import dataclasses
 import hashlib
+import tomllib
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,16 +31,16 @@ from flwr.app import Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 
 from fedlatent.backends.flower import messages as M
-from fedlatent.federated.round import checked, client_update, local_settings, round_lr
 from fedlatent.backends.simulation import make_model
 from fedlatent.config import RunConfig, from_dict
 from fedlatent.data.federation import build_federation
 from fedlatent.data.types import ClientData, Federation
-from fedlatent.federated.client import Workspace
 from fedlatent.federated.calibrate import client_statistics
+from fedlatent.federated.client import Workspace
 from fedlatent.federated.evaluation import client_validation
 from fedlatent.federated.failures import ClientFailure, error_detail
 from fedlatent.federated.personal import client_report
+from fedlatent.federated.round import checked, client_update, local_settings, round_lr
 from fedlatent.methods import resolve
 from fedlatent.methods.parts import MethodSpec, Tensors
 from fedlatent.seeding import FINETUNE, derive_seed
@@ -78,7 +78,6 @@ def job_for(config_toml: str, node_config: dict[str, Any]) -> Job:
     """The node's :class:`Job`: the configuration's method, data and models, built on first use and
     kept for the process (the simulation engine's workers serve many nodes of one run), with the
     clients this node serves."""
-    import tomllib
     data_path = str(node_config.get("data-path", ""))
     key = hashlib.sha256(f"{config_toml}\0{data_path}".encode()).hexdigest()
     if key not in _BUILT:

@@ -62,7 +62,8 @@ def run(config: RunConfig, federation: Federation, spec: MethodSpec, out: Path, 
 
     flwr_logger = logging.getLogger("flwr")
     level = flwr_logger.level
-    flwr_logger.setLevel(logging.WARNING)  # Flower's per-round INFO lines would drown fedlatent's own
+    flwr_logger.setLevel(logging.ERROR)  # Flower's per-message lines and run_simulation's deprecation notice
+    # would drown fedlatent's own; failures reach fedlatent's log lines and metrics
     try:
         run_simulation(server_app, client_app.app, num_supernodes=num_supernodes(config, federation),
                        backend_config=backend_config(config))

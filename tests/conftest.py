@@ -1,9 +1,11 @@
-"""Shared test settings: no Flower telemetry, one torch thread (fast and deterministic on few cores)."""
+"""Shared test settings: no Flower telemetry nor runtime dependency installation (``uv sync``), one torch
+thread (fast and deterministic on few cores)."""
 from __future__ import annotations
 
 import os
 
 os.environ["FLWR_TELEMETRY_ENABLED"] = "0"
+os.environ["FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION"] = "1"
 os.environ.setdefault("MPLBACKEND", "Agg")
 
 from pathlib import Path  # noqa: E402

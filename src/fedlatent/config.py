@@ -172,6 +172,21 @@ class DiagnosticsConfig:
 
 
 @dataclass
+class FlowerConfig:
+    supernodes: int = _key(0, "backend = 'flower' on the simulation engine: virtual SuperNodes (0 = one per client; "
+                           "fewer: node k serves the clients whose id is k modulo their number)", low=0)
+    cpus: int = _key(0, "simulation engine: CPUs given to Ray (0 = the machine's)", low=0)
+    client_cpus: float = _key(1.0, "simulation engine: CPUs reserved per ClientApp (cpus / client_cpus run at once)",
+                              low=0.0, low_open=True)
+    client_gpus: float = _key(0.0, "simulation engine: GPUs reserved per ClientApp (fractions share one)", low=0.0)
+    timeout: float = _key(600.0, "seconds the server waits for a round's replies; a client that has not replied "
+                          "is left out of the round (train.on_client_error decides what follows)",
+                          low=0.0, low_open=True)
+    client_state_on_server: bool = _key(True, "clients also send their new state back, so that checkpoints hold it "
+                                        "and --resume restores it (false: it stays on the nodes only)")
+
+
+@dataclass
 class RunConfig:
     seed: int = _key(0, "seed of every random choice of the run (numpy's legacy generator, used by "
                      "the Dirichlet partition, takes 0 .. 2**32 - 1)", low=0, high=2**32 - 1)
@@ -186,6 +201,7 @@ class RunConfig:
     server: ServerConfig = field(default_factory=ServerConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     diagnostics: DiagnosticsConfig = field(default_factory=DiagnosticsConfig)
+    flower: FlowerConfig = field(default_factory=FlowerConfig)
 
     @property
     def data_seed(self) -> int:
@@ -401,7 +417,7 @@ def describe() -> str:
         if top.name in ("seed", "backend"):
             rows.append(f"{top.name} = {top.default!r}  # {top.metadata['doc']}")
     hints = typing.get_type_hints(RunConfig)
-    for name in ("data", "model", "train", "server", "eval", "diagnostics"):
+    for name in ("data", "model", "train", "server", "eval", "diagnostics", "flower"):
         rows.append(f"\n[{name}]")
         for f in dataclasses.fields(hints[name]):
             if f.name == "options":
@@ -415,5 +431,5 @@ def describe() -> str:
 
 
 __all__ = ["RunConfig", "DataConfig", "ModelConfig", "TrainConfig", "ServerConfig", "EvalConfig",
-           "DiagnosticsConfig", "load_config", "from_dict", "to_dict", "to_toml", "apply_overrides", "describe",
+           "DiagnosticsConfig", "FlowerConfig", "load_config", "from_dict", "to_dict", "to_toml", "apply_overrides", "describe",
            "add_check", "ConfigError"]

@@ -7,6 +7,7 @@ before the run directory is created; a run the failure policy stops still writes
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import json
 import shutil
 import tempfile
@@ -31,7 +32,15 @@ from fedlatent.federated.state import write_atomically
 from fedlatent.methods import resolve, resolved_keys
 from fedlatent.methods.parts import MethodSpec
 
-BACKENDS = {"simulation": simulation.run, "vectorized": vectorized.run}
+
+
+def _flower(*args: Any, **kwargs: Any) -> tuple[dict[str, Any], float]:
+    """``backend = "flower"`` (the optional extra ``fedlatent[flower]``, imported only when used)."""
+    from fedlatent.backends.flower import engine
+    return engine.run(*args, **kwargs)
+
+
+BACKENDS = {"simulation": simulation.run, "vectorized": vectorized.run, "flower": _flower}
 
 
 def fedlatent_version() -> str:
@@ -69,11 +78,16 @@ def prepare(config: RunConfig) -> tuple[Federation, MethodSpec]:
                           f"use 'auto' or {' or '.join(repr(b) for b in BACKENDS)}")
     recorded = [key for key, on in (("diagnostics.trace_terms", config.diagnostics.trace_terms),
                                      ("diagnostics.which = 'flops'", "flops" in config.diagnostics.which)) if on]
-    if recorded and config.backend == "vectorized":
+    if recorded and config.backend in ("vectorized", "flower"):
         raise ConfigError(f"{recorded[0]}: recorded by the clients of backend = 'simulation' (or 'auto'), "
-                          "not 'vectorized'")
+                          f"not '{config.backend}'")
     spec.trace = config.diagnostics.trace_terms
     spec.count_flops = "flops" in config.diagnostics.which
+    if config.backend == "flower":
+        if importlib.util.find_spec("flwr") is None:
+            raise ConfigError("backend = 'flower': Flower is not installed; pip install 'fedlatent[flower]'")
+        from fedlatent.backends.flower import engine
+        engine.check(config, spec)
     federation = build_federation(config.data, config.data_seed)
     if config.backend == "vectorized":
         vectorized.check(config, spec)
@@ -143,9 +157,10 @@ def write_partition(federation: Federation, out: Path) -> str:
 
 
 def run(config: RunConfig, out: str | Path | None = None, *, resume: bool = False, progress: bool = False,
-        echo=print, figures_in_background: bool = True) -> dict[str, Any]:
+        echo=print, figures_in_background: bool = True, grid: Any = None) -> dict[str, Any]:
     """Run ``config`` and return the summary (the content of ``summary.json``); the figures are
-    drawn by a child process while the run trains (``figures_in_background=False``: in-process)."""
+    drawn by a child process while the run trains (``figures_in_background=False``: in-process).
+    ``grid``: a Flower deployment's grid for ``backend = "flower"`` (else its simulation engine)."""
     started = time.perf_counter()
     out = Path(out) if out is not None else default_out(config)
     check_out(out, resume=resume, create_parents=not out.is_absolute() and out.parts[:1] == ("runs",))
@@ -159,7 +174,8 @@ def run(config: RunConfig, out: str | Path | None = None, *, resume: bool = Fals
     out.mkdir(parents=True, exist_ok=True)
     try:
         return _run_in(config, out, federation, spec, started, resume=resume, progress=progress, echo=echo,
-                       figures=FigureWorker(out, background=figures_in_background))
+                       figures=FigureWorker(out, background=figures_in_background),
+                       backend_args={"grid": grid} if grid is not None else {})
     except UserInputError:
         if created and not (out / "metrics.jsonl").is_file():  # found before training: leave nothing behind
             shutil.rmtree(out, ignore_errors=True)
@@ -167,7 +183,7 @@ def run(config: RunConfig, out: str | Path | None = None, *, resume: bool = Fals
 
 
 def _run_in(config: RunConfig, out: Path, federation: Federation, spec: MethodSpec, started: float, *,
-            resume: bool, progress: bool, echo, figures: FigureWorker) -> dict[str, Any]:
+            resume: bool, progress: bool, echo, figures: FigureWorker, backend_args: dict[str, Any]) -> dict[str, Any]:
     """The run in its (existing) directory: partition, training, summary; the figures are on disk
     when it returns or raises."""
     try:
@@ -175,13 +191,14 @@ def _run_in(config: RunConfig, out: Path, federation: Federation, spec: MethodSp
         table = write_partition(federation, out)
         figures.draw("partition", title=f"{federation.name}: samples per client and class")
         return _train(config, out, federation, spec, started, resume=resume, progress=progress, echo=echo,
-                      figures=figures, table=table)
+                      figures=figures, table=table, backend_args=backend_args)
     finally:
         figures.close()
 
 
 def _train(config: RunConfig, out: Path, federation: Federation, spec: MethodSpec, started: float, *,
-           resume: bool, progress: bool, echo, figures: FigureWorker, table: str) -> dict[str, Any]:
+           resume: bool, progress: bool, echo, figures: FigureWorker, table: str,
+           backend_args: dict[str, Any]) -> dict[str, Any]:
     """Hand the rounds to the backend; summarise how they ended (a stopped run too)."""
     if echo:
         echo(f"partition ({config.data.partition}, {len(federation.clients)} clients):\n{table}")
@@ -190,7 +207,7 @@ def _train(config: RunConfig, out: Path, federation: Federation, spec: MethodSpe
     try:
         traced = {"trainer": TermTrace(simulation.train_in_turn, out)} if spec.trace else {}
         final, wall = BACKENDS[config.backend](config, federation, spec, out, resume=resume,
-                                               progress=bar.update_line if bar else None, **traced)
+                                               progress=bar.update_line if bar else None, **traced, **backend_args)
     except RunStopped as stop:
         if bar:
             bar.close()
@@ -250,3 +267,24 @@ class _Bar:
 
 def _progress_bar(config: RunConfig) -> _Bar:
     return _Bar(config.train.rounds, f"{config.algorithm['name']} on {config.data.dataset}")
+
+
+def run_on_grid(grid: Any, config_path: str, overrides: list[str], out: str | None, resume: bool) -> dict[str, Any]:
+    """A run on a Flower deployment's grid (the ServerApp ``flwr run`` starts on a SuperLink)."""
+    from fedlatent.config import load_config
+    return run(load_config(config_path, overrides), out, resume=resume, grid=grid)
+
+
+# what this module offers; ``flower_server_app`` is built on first access (below), and is listed so
+# that ``flwr build`` finds it in the source
+__all__ = ["BACKENDS", "default_out", "flower_server_app", "fedlatent_version", "prepare", "run", "run_on_grid",  # noqa: F822
+           "write_partition"]
+
+
+def __getattr__(name: str) -> Any:
+    """``flower_server_app``: the ServerApp ``flwr run`` starts (``[tool.flwr.app.components]``),
+    built on first access so that importing this module needs no Flower."""
+    if name == "flower_server_app":
+        from fedlatent.backends.flower.server_app import deployment_app
+        return deployment_app(run_on_grid)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

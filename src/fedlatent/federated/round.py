@@ -84,7 +84,7 @@ HEAD = "classifier."  # state-key prefix of the classifier (FedModel.classifier)
 
 
 def traffic(state: Tensors, untransmitted: set[str]) -> tuple[int, int]:
-    """Bytes of ``state`` a deployment sends, and the classifier's share of them: every entry but
+    """Bytes of ``state`` the algorithm needs to send, and the classifier's share of them: every entry but
     the ``untransmitted`` ones — a head fixed at init (each side builds it from the run's seed) and
     the layers clients keep to themselves (FedRep, LG-FedAvg). SphereFed's Table 1 counts the
     classifier's communication this way: a learned head travels every round, a fixed one never."""

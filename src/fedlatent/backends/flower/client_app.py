@@ -1,0 +1,211 @@
+"""The client half of fedlatent as a Flower ClientApp (Message API).
+
+Every message carries the run's resolved configuration (TOML text), so a SuperNode needs nothing
+but fedlatent and its data: it builds the model and its client's splits once per process (a
+ClientApp may be a fresh object for every message) and keeps each client's state (SCAFFOLD c_i,
+Ditto's personal model, MOON's previous model, MMD kernels, …) in the node's ``Context.state`` as
+one ArrayRecord per client, where it survives between rounds. Which clients a node serves comes
+from its node config: ``partition-id`` k of ``num-partitions`` P serves the client ids ≡ k (mod P)
+(one client per node when P is the number of clients; the simulation engine sets both), and
+``data-path`` may point at the node's own arrays file (``data.dataset = "arrays"`` format, its
+client 0) instead of the configuration's data set: the node then serves client ``partition-id``
+with it, standardised with its own statistics.
+
+Messages: ``query.census`` (the served clients and the sizes of their splits), ``train`` (the
+node's :class:`~fedlatent.federated.round.ClientTask` of a round, one message per node → their
+uploads), ``evaluate.validate`` (validation accuracy of the served clients), ``query.statistics``
+(calibration statistics), ``evaluate.report`` (the personalised report rows). A client whose
+update raises or is not finite is a failure record naming it in the node's reply.
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import hashlib
+import tomllib
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from flwr.app import Context, Message, RecordDict
+from flwr.clientapp import ClientApp
+
+from fedlatent.backends.flower import messages as M
+from fedlatent.backends.simulation import make_model
+from fedlatent.config import RunConfig, from_dict
+from fedlatent.data.federation import build_federation
+from fedlatent.data.types import ClientData, Federation
+from fedlatent.federated.calibrate import client_statistics
+from fedlatent.federated.client import Workspace
+from fedlatent.federated.evaluation import client_validation
+from fedlatent.federated.failures import ClientFailure, error_detail
+from fedlatent.federated.personal import client_report
+from fedlatent.federated.round import checked, client_update, local_settings, round_lr
+from fedlatent.methods import resolve
+from fedlatent.methods.parts import MethodSpec, Tensors
+from fedlatent.seeding import FINETUNE, derive_seed
+
+STATE = "client."  # Context.state record name prefix of a client's state
+
+
+@dataclass
+class Job:
+    """What a node works with: the run's configuration and method, the data set (all of it, or the
+    node's own file), the models, and the clients it serves."""
+
+    config: RunConfig
+    spec: MethodSpec
+    federation: Federation
+    clients: dict[int, ClientData]
+    workspace: Workspace
+    device: torch.device
+
+
+def served(node_config: dict[str, Any], num_clients: int) -> list[int]:
+    """The client ids a node serves: those ≡ partition-id (mod num-partitions)."""
+    if "partition-id" not in node_config:
+        raise ValueError("this SuperNode has no partition-id in its node config "
+                         "(start it with --node-config 'partition-id=K num-partitions=P')")
+    k = int(node_config["partition-id"])
+    p = int(node_config.get("num-partitions", num_clients))
+    return [cid for cid in range(num_clients) if cid % p == k]
+
+
+_BUILT: dict[str, Job] = {}
+
+
+def job_for(config_toml: str, node_config: dict[str, Any]) -> Job:
+    """The node's :class:`Job`: the configuration's method, data and models, built on first use and
+    kept for the process (the simulation engine's workers serve many nodes of one run), with the
+    clients this node serves."""
+    data_path = str(node_config.get("data-path", ""))
+    key = hashlib.sha256(f"{config_toml}\0{data_path}".encode()).hexdigest()
+    if key not in _BUILT:
+        _BUILT.clear()  # one run at a time per process
+        config = from_dict(tomllib.loads(config_toml))
+        if data_path:
+            config = dataclasses.replace(config, data=dataclasses.replace(
+                config.data, dataset="arrays", path=data_path, partition="given"))
+        torch.set_num_threads(config.train.threads)
+        spec = resolve(config.algorithm, config.terms)
+        federation = build_federation(config.data, config.data_seed)
+        device = torch.device(config.train.device)
+        model = make_model(config, federation, spec).to(device)
+        parts = spec.all_parts()
+        ws = Workspace(model=model,
+                       global_copy=copy.deepcopy(model) if any(p.needs_global_out for p in parts) else None,
+                       previous=copy.deepcopy(model) if any(p.needs_prev_out for p in parts) else None,
+                       personal=copy.deepcopy(model) if spec.personalization.kind == "ditto" else None)
+        _BUILT[key] = Job(config, spec, federation, {}, ws, device)
+    job = _BUILT[key]
+    if data_path:  # the node's own file holds its one client: client partition-id
+        clients = {int(node_config["partition-id"]): job.federation.clients[0]}
+    else:
+        clients = {cid: job.federation.clients[cid] for cid in served(node_config, len(job.federation.clients))}
+    return dataclasses.replace(job, clients=clients)
+
+
+def _job(msg: Message, context: Context) -> Job:
+    return job_for(str(msg.content["run"]["config"]), dict(context.node_config))
+
+
+def _state(context: Context, cid: int) -> Tensors | None:
+    name = f"{STATE}{cid}"
+    return M.from_record(context.state[name]) if name in context.state.array_records else None
+
+
+app = ClientApp()
+
+
+@app.query("census")
+def census(msg: Message, context: Context) -> Message:
+    """The clients this node serves and the sizes of their splits (the server's census)."""
+    job = _job(msg, context)
+    values = {"clients": list(job.clients), "train_sizes": [len(c.train) for c in job.clients.values()],
+              "val_sizes": [len(c.val) if c.val is not None else 0 for c in job.clients.values()],
+              "test_sizes": [len(c.test) if c.test is not None else 0 for c in job.clients.values()]}
+    return Message(RecordDict({"census": M.pack_values(values)}), reply_to=msg)
+
+
+@app.train()
+def train(msg: Message, context: Context) -> Message:
+    """A round of the node's selected clients, in turn: each task with the client's state from the
+    node's context (or the server's copy the first time a resumed run reaches it) → its upload,
+    the new state kept in the context; a client that raises or is not finite keeps its old state."""
+    job = _job(msg, context)
+    cfg = job.config
+    outcomes: list[M.Outcome] = []
+    for task, restore in M.unpack_tasks(msg.content):
+        if task.client_id not in job.clients:
+            raise ValueError(f"client {task.client_id} is not served by this node (it serves {list(job.clients)})")
+        state = _state(context, task.client_id)
+        if state is None:
+            state = restore or {}
+        settings = local_settings(cfg.train, task.lr, cfg.train.local_epochs, job.federation.augment,
+                                  job.federation.num_classes, job.device)
+        try:
+            upload, new_state = client_update(job.workspace, job.spec, task, job.clients[task.client_id].train,
+                                              state, settings, cfg.seed)
+            outcome = checked(upload, new_state)
+        except Exception as exc:  # any error of the client's update is that client's failure
+            outcome = ClientFailure(task.client_id, "error", error_detail(exc))
+        if isinstance(outcome, ClientFailure):
+            outcomes.append((outcome, None))
+            continue
+        context.state[f"{STATE}{task.client_id}"] = M.to_record(new_state)
+        outcomes.append((outcome, new_state if cfg.flower.client_state_on_server else None))
+    return Message(M.pack_outcomes(outcomes), reply_to=msg)
+
+
+@app.evaluate("validate")
+def validate(msg: Message, context: Context) -> Message:
+    """Validation accuracy of the global model on each served client's validation split."""
+    job = _job(msg, context)
+    global_state = M.from_record(msg.content["global"])
+    values = {}
+    for cid, client in job.clients.items():
+        value = client_validation(job.workspace.model, global_state, client.val, job.federation.num_classes,
+                                  job.config.eval.batch_size, job.device)
+        if value is not None:
+            values[str(cid)] = value
+    return Message(RecordDict({"values": M.pack_values(values)}), reply_to=msg)
+
+
+@app.query("statistics")
+def statistics(msg: Message, context: Context) -> Message:
+    """Each served client's calibration statistics (FFC: V, U; CCVR: per-class count, mean,
+    covariance) of its training split under the global model."""
+    job = _job(msg, context)
+    global_state = M.from_record(msg.content["global"])
+    content = RecordDict()
+    for cid, client in job.clients.items():
+        content[f"stats.{cid}"] = M.to_record(client_statistics(
+            job.workspace.model, global_state, client.train, job.spec.calibration, job.config.eval.batch_size,
+            job.device))
+    return Message(content, reply_to=msg)
+
+
+@app.evaluate("report")
+def report(msg: Message, context: Context) -> Message:
+    """The personalised report rows of the served clients with a test split: the model each client
+    would use (personal, own layers, fine-tuned or global), its accuracy and the majority baseline."""
+    job = _job(msg, context)
+    cfg, spec, fed = job.config, job.spec, job.federation
+    global_state = M.from_record(msg.content["global"])
+    restore = {int(name[len(STATE):]): M.from_record(msg.content[name])
+               for name in msg.content.array_records if name.startswith(STATE)}
+    settings = local_settings(cfg.train, round_lr(cfg.train, cfg.train.rounds - 1), spec.personalization.epochs,
+                              fed.augment, fed.num_classes, job.device)
+    rows = []
+    for cid, client in job.clients.items():
+        state = _state(context, cid)
+        row = client_report(job.workspace, spec, cid, client, restore.get(cid, {}) if state is None else state,
+                            global_state, num_classes=fed.num_classes, batch_size=cfg.eval.batch_size,
+                            device=job.device, settings=settings,
+                            generator=torch.Generator().manual_seed(derive_seed(cfg.seed, FINETUNE, cid)))
+        if row is not None:
+            rows.append(row)
+    return Message(RecordDict({"rows": M.pack_values({"rows": rows})}), reply_to=msg)
+
+
+__all__ = ["app", "served", "job_for"]

@@ -1,0 +1,74 @@
+"""``backend = "flower"``: a run on Flower's simulation engine, or on a deployment's grid.
+
+Without a grid, :func:`run` starts Flower's simulation engine (``flwr.simulation.run_simulation``,
+Ray backend) with ``flower.supernodes`` virtual SuperNodes (one per client by default) running
+fedlatent's ClientApp, Ray given ``flower.cpus`` CPUs and each ClientApp ``flower.client_cpus``
+(so ``cpus / client_cpus`` clients train at once); the ServerApp runs :func:`.server_app.serve` in
+this process. With a grid (a ServerApp started by ``flwr run`` on a SuperLink) it serves on that
+grid. Either way the run directory is the embedded backend's.
+"""
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any, Callable
+
+from flwr.app import Context
+from flwr.serverapp import Grid, ServerApp
+from flwr.simulation import run_simulation
+
+from fedlatent.backends.flower import client_app
+from fedlatent.backends.flower.server_app import serve
+from fedlatent.config import RunConfig
+from fedlatent.data.types import Federation
+from fedlatent.errors import ConfigError
+from fedlatent.methods.parts import MethodSpec
+
+
+def check(config: RunConfig, spec: MethodSpec) -> None:
+    """Raise a one-line ConfigError for what this backend does not run yet."""
+    if config.diagnostics.which:
+        raise ConfigError("backend = 'flower': diagnostics.which is not available on Flower yet; "
+                          "use backend = 'simulation'")
+
+
+def backend_config(config: RunConfig) -> dict[str, Any]:
+    """The simulation engine's resources from ``[flower]``."""
+    f = config.flower
+    init: dict[str, Any] = {"logging_level": "error", "log_to_driver": True}
+    if f.cpus:
+        init["num_cpus"] = f.cpus
+    return {"client_resources": {"num_cpus": f.client_cpus, "num_gpus": f.client_gpus}, "init_args": init}
+
+
+def num_supernodes(config: RunConfig, federation: Federation) -> int:
+    n = len(federation.clients)
+    return min(config.flower.supernodes, n) if config.flower.supernodes else n
+
+
+def run(config: RunConfig, federation: Federation, spec: MethodSpec, out: Path, *, resume: bool = False,
+        progress: Callable[[dict[str, Any]], None] | None = None,
+        grid: Grid | None = None) -> tuple[dict[str, Any], float]:
+    """Train as :func:`fedlatent.backends.simulation.run` does, through Flower: on ``grid`` when
+    given, else on the simulation engine; return the final evaluation and the wall seconds."""
+    if grid is not None:
+        return serve(grid, config, federation, spec, out, resume=resume, progress=progress)
+    result: dict[str, Any] = {}
+    server_app = ServerApp()
+
+    @server_app.main()
+    def main(grid: Grid, context: Context) -> None:
+        result["value"] = serve(grid, config, federation, spec, out, resume=resume, progress=progress)
+
+    flwr_logger = logging.getLogger("flwr")
+    level = flwr_logger.level
+    flwr_logger.setLevel(logging.ERROR)  # Flower's per-message lines and run_simulation's deprecation notice
+    # would drown fedlatent's own; failures reach fedlatent's log lines and metrics
+    try:
+        run_simulation(server_app, client_app.app, num_supernodes=num_supernodes(config, federation),
+                       backend_config=backend_config(config))
+    finally:
+        flwr_logger.setLevel(level)
+    if "value" not in result:
+        raise RuntimeError("Flower's simulation engine ended before the run finished (see its log above)")
+    return result["value"]

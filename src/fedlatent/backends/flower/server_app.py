@@ -1,0 +1,314 @@
+"""The server half of fedlatent as a Flower ServerApp (Message API).
+
+:func:`serve` is the embedded backend's round loop with messages in place of calls: a census of
+the SuperNodes (which clients each serves, their training-set sizes), then per round
+:func:`plan_round` → one ``train`` message per SuperNode (its selected clients' tasks) →
+:func:`close_round` on the
+replies (sorted by client id, so reply order cannot change the numbers), evaluation (the global
+test set on the server, validation accuracy from the clients), ``metrics.jsonl`` and a checkpoint
+(global model, server state — SCAFFOLD c, FedDyn h, FedOpt moments — and the clients' states when
+they send a copy, ``flower.client_state_on_server``), so ``--resume`` continues as the embedded
+backend does. A client that raises, diverges or does not reply within ``flower.timeout`` seconds is
+a :class:`ClientFailure` for the shared failure policy; each is told in one log line.
+
+:func:`deployment_app` builds the ServerApp ``flwr run`` starts; the simulation engine
+(:mod:`.engine`) runs :func:`serve` on its in-memory grid.
+"""
+from __future__ import annotations
+
+import json
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import torch
+from flwr.app import ConfigRecord, Context, Message, RecordDict
+from flwr.serverapp import Grid, ServerApp
+
+from fedlatent.backends.flower import messages as M
+from fedlatent.federated.round import ClientTask, close_round, plan_round
+from fedlatent.backends.simulation import make_model, metrics_upto
+from fedlatent.config import RunConfig, to_toml
+from fedlatent.data.types import Federation
+from fedlatent.errors import UserInputError
+from fedlatent.federated.calibrate import apply_statistics, head_keys
+from fedlatent.federated.evaluation import evaluate
+from fedlatent.federated.failures import ClientFailure, RunStopped
+from fedlatent.federated.personal import combine_reports
+from fedlatent.federated.server import Server
+from fedlatent.federated.state import has_checkpoint, load_checkpoint, save_checkpoint, write_atomically
+from fedlatent.methods.parts import MethodSpec, Tensors, Upload, trainable_names
+from fedlatent.models import FedModel
+from fedlatent.seeding import CALIBRATION, derive_seed
+
+CENSUS_WAIT_S = 120.0  # how long the census waits for SuperNodes to serve every client
+
+
+def _warn(message: str) -> None:
+    print(f"fedlatent: warning: {message}", file=sys.stderr)
+
+
+@dataclass
+class Census:
+    """Which SuperNode serves each client, and the sizes of the clients' splits (by client id)."""
+
+    node_of: dict[int, int]
+    train_sizes: list[int]
+    val_sizes: list[int]
+    test_sizes: list[int]
+
+
+@dataclass
+class ServerRun:
+    """One run's server side: the grid, the configuration, the server role and what it keeps."""
+
+    grid: Grid
+    config: RunConfig
+    federation: Federation
+    spec: MethodSpec
+    warn: Callable[[str], None] = _warn
+    census: Census | None = None
+    server: Server | None = None
+    client_states: list[Tensors] = field(default_factory=list)
+    contacted: set[int] = field(default_factory=set)  # clients reached since this process started
+    model: FedModel | None = None
+
+    @property
+    def run_record(self) -> ConfigRecord:
+        return ConfigRecord({"config": to_toml(self.config)})
+
+    def exchange(self, messages: list[tuple[int, Message]]) -> dict[int, Message | None]:
+        """Send each (key, message) and wait up to ``flower.timeout`` seconds; the reply per key
+        (None where none came)."""
+        for _, msg in messages:
+            msg.content["run"] = self.run_record
+        replies = self.grid.send_and_receive([m for _, m in messages], timeout=self.config.flower.timeout)
+        by_id = {msg.metadata.message_id: key for key, msg in messages}
+        out: dict[int, Message | None] = {key: None for key, _ in messages}
+        for reply in replies:
+            key = by_id.get(reply.metadata.reply_to_message_id)
+            if key is not None:
+                out[key] = reply
+        return out
+
+    def take_census(self) -> Census:
+        """Ask every SuperNode which clients it serves; wait until every client is served."""
+        n = len(self.federation.clients)
+        node_of: dict[int, int] = {}
+        sizes: dict[str, dict[int, int]] = {"train_sizes": {}, "val_sizes": {}, "test_sizes": {}}
+        asked: set[int] = set()
+        deadline = time.monotonic() + CENSUS_WAIT_S
+        while len(node_of) < n:
+            new = [node for node in self.grid.get_node_ids() if node not in asked]
+            msgs = [(node, Message(RecordDict(), dst_node_id=node, message_type="query.census")) for node in new]
+            for node, reply in self.exchange(msgs).items() if msgs else ():
+                if reply is None or not reply.has_content():
+                    continue
+                asked.add(node)
+                values = M.unpack_values(reply.content["census"])
+                for i, cid in enumerate(int(c) for c in values["clients"]):
+                    if not 0 <= cid < n:  # a node configured for another federation's clients
+                        continue
+                    node_of.setdefault(cid, node)
+                    for key, by_client in sizes.items():
+                        by_client[cid] = int(values[key][i])
+            if len(node_of) < n:
+                if time.monotonic() > deadline:
+                    missing = sorted(set(range(n)) - set(node_of))
+                    raise RunStopped(f"census: no SuperNode serves client(s) {missing} after {CENSUS_WAIT_S:.0f} s "
+                                     f"(start one with --node-config 'partition-id=K num-partitions=P')", 0)
+                time.sleep(1.0)
+        return Census(node_of, *([by_client[cid] for cid in range(n)] for by_client in sizes.values()))
+
+    def setup(self) -> None:
+        torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0)  # torch's one-off import, outside round 1
+        self.model = make_model(self.config, self.federation, self.spec).to(self.config.train.device)
+        state = {k: v.detach().cpu().clone() for k, v in self.model.state_dict().items()}
+        self.server = Server(self.spec, state, [n for n, _ in self.model.named_parameters()],
+                             trainable_names(self.model), self.config.server, len(self.federation.clients))
+        self.client_states = [{} for _ in self.federation.clients]
+
+    def restore_for(self, cid: int) -> Tensors | None:
+        """The server's copy of a client's state, sent the first time this process reaches it
+        (a resumed run: the node has none)."""
+        if cid in self.contacted or not self.client_states[cid]:
+            return None
+        return self.client_states[cid]
+
+    def train_round(self, rnd: int) -> dict[str, Any]:
+        """One round: one ``train`` message per SuperNode holding its selected clients' tasks,
+        uploads back, the server half; returns the metrics line."""
+        started = time.perf_counter()
+        tasks = plan_round(self.server, self.config, rnd, self.census.train_sizes)
+        live = set(self.grid.get_node_ids())
+        by_node: dict[int, list[ClientTask]] = {}
+        for task in tasks:
+            by_node.setdefault(self.census.node_of[task.client_id], []).append(task)
+        outcomes: list[Upload | ClientFailure] = []
+        sent = []
+        for node, node_tasks in sorted(by_node.items()):
+            if node not in live:
+                outcomes += [ClientFailure(t.client_id, "error", f"SuperNode {node} is gone") for t in node_tasks]
+                continue
+            restore = {t.client_id: self.restore_for(t.client_id) for t in node_tasks}
+            sent.append((node, Message(M.pack_tasks(node_tasks, {c: r for c, r in restore.items() if r is not None}),
+                                       dst_node_id=node, message_type="train")))
+        new_states: dict[int, Tensors] = {}
+        for node, reply in self.exchange(sent).items():
+            for cid, (outcome, state) in self.outcomes(by_node[node], reply).items():
+                outcomes.append(outcome)
+                if state is not None:
+                    new_states[cid] = state
+        self.contacted.update(t.client_id for node, _ in sent for t in by_node[node])
+        result = close_round(self.server, self.config, rnd, tasks, outcomes)
+        for failure in result.dropped:
+            self.warn(f"round {rnd + 1}: client {failure.client} left out: {failure.detail}")
+        for upload in result.uploads:
+            if upload.client_id in new_states:
+                self.client_states[upload.client_id] = new_states[upload.client_id]
+        cal = self.spec.calibration
+        if cal.kind == "ffc" and cal.every and (rnd + 1) % cal.every == 0:
+            self.server.global_state = self.calibrated(self.server.global_state)
+        line: dict[str, Any] = {"round": rnd + 1, "lr": tasks[0].lr, **result.metrics}
+        if (rnd + 1) % self.config.eval.every == 0 or rnd + 1 == self.config.train.rounds:
+            line.update(self.evaluate_global())
+        line["time_round_s"] = time.perf_counter() - started
+        return line
+
+    def outcomes(self, tasks: list[ClientTask], reply: Message | None) -> dict[int, M.Outcome]:
+        """A node's reply as the failure policy sees it, per client (with the client's new state
+        when it sent one); a missing reply or a ClientApp error is each of its clients' failure."""
+        ids = [t.client_id for t in tasks]
+        if reply is None:
+            detail = f"no reply within flower.timeout = {self.config.flower.timeout:g} s"
+        elif reply.has_error():
+            detail = f"ClientApp error: {reply.error.reason}"
+        else:
+            got = M.unpack_outcomes(reply.content)
+            return {cid: got.get(cid, (ClientFailure(cid, "error", "missing from its node's reply"), None))
+                    for cid in ids}
+        return {cid: (ClientFailure(cid, "error", detail), None) for cid in ids}
+
+    def evaluate_global(self, state: Tensors | None = None) -> dict[str, float]:
+        """The global model on the server's test set, and the mean validation accuracy the clients
+        report (in client-id order, as the embedded backend averages it)."""
+        fed, cfg, out = self.federation, self.config, {}
+        state = self.server.global_state if state is None else state
+        self.model.load_state_dict(state)
+        if fed.test is not None:
+            out.update({f"test_{k}": v for k, v in evaluate(self.model, fed.test, fed.num_classes,
+                                                              cfg.eval.batch_size, torch.device(cfg.train.device)).items()})
+        if any(self.census.val_sizes):
+            values: dict[int, float] = {}
+            for reply in self.broadcast("evaluate.validate", {"global": M.to_record(state)}).values():
+                values.update({int(k): v for k, v in M.unpack_values(reply.content["values"]).items()})
+            if values:
+                out["val_accuracy"] = float(np.mean([values[cid] for cid in sorted(values)]))
+        return out
+
+    def broadcast(self, message_type: str, records: dict[str, Any]) -> dict[int, Message]:
+        """The same content to every SuperNode of the census; the replies with content, by node."""
+        nodes = sorted(set(self.census.node_of.values()))
+        msgs = [(node, Message(RecordDict(dict(records)), dst_node_id=node, message_type=message_type))
+                for node in nodes]
+        return {node: r for node, r in self.exchange(msgs).items() if r is not None and r.has_content()}
+
+    def calibrated(self, state: Tensors) -> Tensors:
+        """``state`` with its head calibrated from the clients' statistics, gathered in an extra
+        round of messages and combined in client-id order."""
+        stats: dict[int, Tensors] = {}
+        for reply in self.broadcast("query.statistics", {"global": M.to_record(state)}).values():
+            stats.update({int(name.split(".")[1]): M.from_record(record)
+                          for name, record in reply.content.array_records.items() if name.startswith("stats.")})
+        missing = sorted(set(range(len(self.census.train_sizes))) - set(stats))
+        if missing:
+            self.warn(f"calibration without client(s) {missing} (no statistics came back)")
+        generator = torch.Generator().manual_seed(derive_seed(self.config.seed, CALIBRATION))
+        return apply_statistics(state, [stats[cid] for cid in sorted(stats)], self.spec.calibration,
+                                *head_keys(self.model), generator)
+
+    def finish(self) -> dict[str, Any]:
+        """Final evaluation: the global model on the test set (after calibration, when the method
+        has one), and the personalised report the clients compute."""
+        final: dict[str, Any] = {}
+        before = self.evaluate_global()
+        state = self.server.global_state
+        if self.spec.calibration.kind != "none":
+            state = self.calibrated(state)
+            final.update({f"uncalibrated_{k.removeprefix('test_')}": v for k, v in before.items()})
+            before = self.evaluate_global(state)
+        final.update({k.removeprefix("test_"): v for k, v in before.items()})
+        if self.config.eval.personalized == "never" or not any(self.census.test_sizes):
+            return final
+        records: dict[str, Any] = {"global": M.to_record(state)}
+        for cid, client_state in enumerate(self.client_states):
+            if cid not in self.contacted and client_state:
+                records[f"client.{cid}"] = M.to_record(client_state)
+        rows = [row for reply in self.broadcast("evaluate.report", records).values()
+                for row in M.unpack_values(reply.content["rows"])["rows"]]
+        final.update(combine_reports(rows))
+        return final
+
+
+def serve(grid: Grid, config: RunConfig, federation: Federation, spec: MethodSpec, out: Path, *,
+          resume: bool = False, progress: Callable[[dict[str, Any]], None] | None = None,
+          warn: Callable[[str], None] = _warn) -> tuple[dict[str, Any], float]:
+    """Train for ``config.train.rounds`` rounds through ``grid``, writing metrics and checkpoints
+    under ``out`` as the embedded backend does; return the final evaluation and the wall seconds
+    (including the part before a resume)."""
+    clock = time.perf_counter()
+    torch.set_num_threads(config.train.threads)
+    s = ServerRun(grid, config, federation, spec, warn)
+    s.setup()
+    ckpt = out / "checkpoints"
+    start, before = 0, 0.0
+    if resume and has_checkpoint(ckpt):
+        loaded = load_checkpoint(ckpt, len(federation.clients), warn)
+        if loaded is None:
+            raise UserInputError(f"--resume: no intact checkpoint under {ckpt}")
+        s.server.global_state, s.server.state, s.client_states, info = loaded
+        start, before = info["round"], info["elapsed_s"]
+    metrics_path = out / "metrics.jsonl"
+    write_atomically(metrics_path, "".join(line + "\n" for line in metrics_upto(metrics_path, start)))
+    s.census = s.take_census()  # after metrics.jsonl exists: a failed census is a stopped run with a summary
+    with metrics_path.open("a") as sink:
+        for rnd in range(start, config.train.rounds):
+            line = s.train_round(rnd)
+            line["time_elapsed_s"] = before + time.perf_counter() - clock
+            sink.write(json.dumps(line) + "\n")
+            sink.flush()
+            save_checkpoint(ckpt, global_state=s.server.global_state, server_state=s.server.state,
+                            client_states=s.client_states,
+                            info={"round": rnd + 1, "elapsed_s": before + time.perf_counter() - clock})
+            if progress:
+                progress(line)
+    return s.finish(), before + time.perf_counter() - clock
+
+
+def bundled(path: str) -> str:
+    """``path`` as given when it names a file (absolute, or relative to the working folder), else
+    the file of that name inside the app bundle (Flower puts the bundle's folder on ``sys.path``)."""
+    if Path(path).is_absolute() or Path(path).is_file():
+        return path
+    found = [Path(entry) / path for entry in sys.path if entry and (Path(entry) / path).is_file()]
+    return str(found[0]) if found else path
+
+
+def deployment_app(runner: Callable[..., Any]) -> ServerApp:
+    """The ServerApp ``flwr run`` starts on a SuperLink: it reads the run config — ``config`` (a
+    TOML path on the SuperLink's machine), ``overrides`` (``--set`` items separated by ``;``),
+    ``out`` (the run directory) and ``resume`` — and hands them to ``runner`` (``fedlatent.run``'s
+    engine, which writes the run directory) together with the grid."""
+    app = ServerApp()
+
+    @app.main()
+    def main(grid: Grid, context: Context) -> None:
+        rc = context.run_config
+        overrides = [o.strip() for o in str(rc.get("overrides", "")).split(";") if o.strip()]
+        runner(grid, bundled(str(rc["config"])), [*overrides, 'backend="flower"'], str(rc.get("out", "")) or None,
+               bool(rc.get("resume", False)))
+
+    return app

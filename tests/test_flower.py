@@ -1,0 +1,294 @@
+"""backend = "flower": parity with the embedded backend, faults, the records between the halves.
+
+The server's logic runs here through :class:`tests.flower_procs.InProcessGrid` (fedlatent's
+ClientApp called in this process: fast, and a client can be made to fail by patching); the same
+runs on Flower's simulation engine (Ray) are the slow parity tests, and ``test_flower_deploy.py``
+starts real SuperLink and SuperNode processes.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("flwr", reason="Flower is not installed (pip install 'fedlatent[flower]')")
+
+import fedlatent  # noqa: E402
+from fedlatent.backends import simulation  # noqa: E402
+from fedlatent.backends.flower import client_app, messages, server_app  # noqa: E402
+from fedlatent.errors import ConfigError, RunStopped  # noqa: E402
+from fedlatent.experiment import run as run_experiment  # noqa: E402
+from fedlatent.federated.failures import ClientFailure  # noqa: E402
+from fedlatent.federated.round import ClientTask  # noqa: E402
+from fedlatent.methods.parts import Upload  # noqa: E402
+from tests.flower_procs import InProcessGrid  # noqa: E402
+
+SMALL = ["data.num_clients=4", "train.rounds=3", "flower.supernodes=2", "flower.cpus=2"]
+METHODS = {"fedavg": [], "scaffold": [], "feduv": [],
+           "ditto_mkmmd": ["data.local_test_fraction=0.2", "algorithm.beta_every=3"]}
+# calibration from statistics the clients send in an extra round of messages: FFC after training
+# and every round, CCVR
+CALIBRATED = {"spherefed": ['algorithm.name="spherefed"'],
+              "spherefed_every_round": ['algorithm.name="spherefed"', "algorithm.ffc_every=1"],
+              "ccvr": ['algorithm.name="ccvr"', "data.local_test_fraction=0.2"]}
+
+
+def config(backend: str, extra=()):
+    return fedlatent.load_config(Path(__file__).parents[1] / "configs" / "digits_fedavg.toml",
+                                 [*SMALL, f'backend="{backend}"', *extra])
+
+
+def record_globals(monkeypatch: pytest.MonkeyPatch, module) -> list[dict[str, torch.Tensor]]:
+    """The global state after each round, as ``module``'s loop checkpoints it."""
+    seen: list[dict[str, torch.Tensor]] = []
+    real = module.save_checkpoint
+
+    def save(root, **kwargs):
+        seen.append({k: v.clone() for k, v in kwargs["global_state"].items()})
+        return real(root, **kwargs)
+
+    monkeypatch.setattr(module, "save_checkpoint", save)
+    return seen
+
+
+def max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    assert a.keys() == b.keys()
+    return max(float((a[k].double() - b[k].double()).abs().max()) for k in a)
+
+
+def run_both(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, extra: list[str], grid=None):
+    embedded_rounds = record_globals(monkeypatch, simulation)
+    flower_rounds = record_globals(monkeypatch, server_app)
+    embedded = fedlatent.run(config("simulation", extra), tmp_path / "embedded")
+    flower = run_experiment(config("flower", extra), tmp_path / "flower", echo=None, grid=grid)
+    return embedded, flower, embedded_rounds, flower_rounds
+
+
+def assert_parity(embedded, flower, embedded_rounds, flower_rounds) -> None:
+    assert len(embedded_rounds) == len(flower_rounds) == 3
+    assert max_diff(embedded_rounds[0], flower_rounds[0]) <= 1e-5
+    assert abs(embedded["final"]["accuracy"] - flower["final"]["accuracy"]) <= 0.005
+    for key in ("personalized_accuracy", "majority_baseline_accuracy"):
+        assert (key in embedded["final"]) == (key in flower["final"])
+        if key in embedded["final"]:
+            assert abs(embedded["final"][key] - flower["final"][key]) <= 0.005
+    assert flower["backend"] == "flower" and flower["status"] == "completed"
+
+
+@pytest.mark.parametrize("method", sorted(METHODS))
+def test_parity_through_messages(method, tmp_path, monkeypatch):
+    """The same config and seed through fedlatent's Flower apps (in-process grid, two nodes
+    serving two clients each) and the embedded backend: the same weights and accuracies."""
+    extra = [f'algorithm.name="{method}"', *METHODS[method]]
+    assert_parity(*run_both(tmp_path, monkeypatch, extra, grid=InProcessGrid(2)))
+
+
+@pytest.mark.parametrize("name", sorted(CALIBRATED))
+def test_calibration_parity_through_messages(name, tmp_path, monkeypatch):
+    embedded, flower, embedded_rounds, flower_rounds = run_both(tmp_path, monkeypatch, CALIBRATED[name],
+                                                                grid=InProcessGrid(2))
+    assert_parity(embedded, flower, embedded_rounds, flower_rounds)
+    assert max_diff(embedded_rounds[-1], flower_rounds[-1]) <= 1e-5
+    for key in ("accuracy", "uncalibrated_accuracy"):
+        assert embedded["final"][key] == pytest.approx(flower["final"][key], abs=1e-9)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", sorted(METHODS))
+def test_parity_on_the_simulation_engine(method, tmp_path, monkeypatch):
+    """The same on Flower's simulation engine (Ray): weights within 1e-5 after one round, final
+    accuracies within 0.5 points after three."""
+    extra = [f'algorithm.name="{method}"', *METHODS[method]]
+    embedded, flower, embedded_rounds, flower_rounds = run_both(tmp_path, monkeypatch, extra)
+    assert_parity(embedded, flower, embedded_rounds, flower_rounds)
+    lines = [json.loads(x) for x in (tmp_path / "flower" / "metrics.jsonl").read_text().splitlines()]
+    assert [x["clients"] for x in lines] == [[0, 1, 2, 3]] * 3
+
+
+def failing_client(monkeypatch: pytest.MonkeyPatch, client: int) -> None:
+    """Make ``client``'s local update raise on the nodes (the in-process grid's ClientApp)."""
+    real = client_app.client_update
+
+    def update(ws, spec, task, *args, **kwargs):
+        if task.client_id == client:
+            raise RuntimeError("disk full")
+        return real(ws, spec, task, *args, **kwargs)
+
+    monkeypatch.setattr(client_app, "client_update", update)
+
+
+def test_a_raising_client_is_left_out_and_named(tmp_path, monkeypatch, capsys):
+    failing_client(monkeypatch, 2)
+    summary = run_experiment(config("flower", ['train.on_client_error="drop"']), tmp_path / "run", echo=None,
+                             grid=InProcessGrid(2))
+    lines = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert all(x["clients"] == [0, 1, 3] for x in lines)
+    assert all(x["dropped"] == [{"client": 2, "kind": "error", "detail": "RuntimeError: disk full"}] for x in lines)
+    assert [d["client"] for d in summary["clients_dropped"]] == [2, 2, 2]
+    assert "round 1: client 2 left out: RuntimeError: disk full" in capsys.readouterr().err
+
+
+def test_a_raising_client_stops_the_run_by_default(tmp_path, monkeypatch):
+    failing_client(monkeypatch, 1)
+    with pytest.raises(RunStopped, match=r"round 1, client 1: RuntimeError: disk full"):
+        run_experiment(config("flower"), tmp_path / "run", echo=None, grid=InProcessGrid(2))
+
+
+def test_a_silent_node_is_left_out_after_the_timeout(tmp_path):
+    """Node 2 (clients 1 and 3) never replies: its clients are dropped, the run goes on."""
+    grid = InProcessGrid(2)
+    grid.silent.add(2)
+    run_experiment(config("flower", ['train.on_client_error="drop"', "eval.personalized=\"never\""]),
+                   tmp_path / "run", echo=None, grid=_census_first(grid))
+    lines = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert all(x["clients"] == [0, 2] for x in lines)
+    assert [d["client"] for d in lines[0]["dropped"]] == [1, 3]
+    assert "no reply within flower.timeout" in lines[0]["dropped"][0]["detail"]
+
+
+def _census_first(grid: InProcessGrid) -> InProcessGrid:
+    """Let the silent nodes answer the census (they go silent afterwards)."""
+    silent, grid.silent = set(grid.silent), set()
+    real = grid.send_and_receive
+
+    def send(messages, *, timeout=None):
+        messages = list(messages)
+        replies = real(messages, timeout=timeout)
+        if any(m.metadata.message_type == "query.census" for m in messages):
+            grid.silent = silent
+        return replies
+
+    grid.send_and_receive = send
+    return grid
+
+
+def test_too_few_replies_stop_the_round_with_a_clear_message(tmp_path, monkeypatch):
+    failing_client(monkeypatch, 0)
+    extra = ['train.on_client_error="drop"', "train.min_clients=4"]
+    with pytest.raises(RunStopped, match=r"round 1: 3 client\(s\) left after dropping 1 \(client 0: RuntimeError: "
+                                         r"disk full\), fewer than train.min_clients = 4"):
+        run_experiment(config("flower", extra), tmp_path / "run", echo=None, grid=InProcessGrid(2))
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["status"] == "stopped" and "train.min_clients = 4" in summary["stop_reason"]
+
+
+def test_client_state_lives_in_the_node_context(tmp_path):
+    """SCAFFOLD's c_i is kept per client in its node's Context.state, one ArrayRecord per client."""
+    grid = InProcessGrid(2)
+    run_experiment(config("flower", ['algorithm.name="scaffold"', "train.rounds=1"]), tmp_path / "run",
+                   echo=None, grid=grid)
+    held = {node: sorted(ctx.state.array_records) for node, ctx in grid.contexts.items()}
+    assert held == {1: ["client.0", "client.2"], 2: ["client.1", "client.3"]}
+    state = messages.from_record(grid.contexts[1].state["client.0"])
+    assert state and all(torch.isfinite(v).all() for v in state.values())
+
+
+def test_resume_restores_client_states_from_the_checkpoint(tmp_path, monkeypatch):
+    """A run stopped after round 2 and resumed on fresh nodes (empty contexts) ends with the
+    weights of the uninterrupted run: the server hands each client its checkpointed state."""
+    extra = ['algorithm.name="scaffold"']
+    whole = record_globals(monkeypatch, server_app)
+    run_experiment(config("flower", extra), tmp_path / "whole", echo=None, grid=InProcessGrid(2))
+    real_round = server_app.ServerRun.train_round
+
+    def crash(self, rnd):
+        if rnd == 2:
+            raise KeyboardInterrupt
+        return real_round(self, rnd)
+
+    monkeypatch.setattr(server_app.ServerRun, "train_round", crash)
+    with pytest.raises(KeyboardInterrupt):
+        run_experiment(config("flower", extra), tmp_path / "cut", echo=None, grid=InProcessGrid(2))
+    monkeypatch.setattr(server_app.ServerRun, "train_round", real_round)
+    resumed = record_globals(monkeypatch, server_app)
+    run_experiment(config("flower", extra), tmp_path / "cut", resume=True, echo=None, grid=InProcessGrid(2))
+    assert max_diff(whole[-1], resumed[-1]) == 0.0
+
+
+def test_task_and_outcome_records_round_trip():
+    """Tasks and outcomes come back from their records as they left: values, dtypes, NaN metrics."""
+    shared = {"scaffold.c.w": torch.ones(2, 3)}
+    tasks = [ClientTask(cid, 1, {"w": torch.randn(2, 3), "n": torch.tensor(7)}, shared, 0.05, 10, 1437)
+             for cid in (7, 3)]
+    back = messages.unpack_tasks(messages.pack_tasks(tasks, {3: {"c": torch.zeros(2)}}))
+    assert [t.client_id for t, _ in back] == [3, 7]
+    (task, restore), (_, none) = back
+    assert (task.round, task.lr, task.num_clients, task.total_samples) == (1, 0.05, 10, 1437)
+    assert torch.equal(task.global_state["w"], tasks[0].global_state["w"]) and task.global_state["n"].dtype == torch.int64
+    assert torch.equal(task.payload["scaffold.c.w"], shared["scaffold.c.w"])
+    assert torch.equal(restore["c"], torch.zeros(2)) and none is None
+    own = [ClientTask(cid, 0, {"w": torch.zeros(1)}, {"p": torch.full((1,), float(cid))}, 0.1, 2, 20) for cid in (0, 1)]
+    assert [float(t.payload["p"]) for t, _ in messages.unpack_tasks(messages.pack_tasks(own, {}))] == [0.0, 1.0]
+    upload = Upload(3, {"w": torch.randn(2)}, 144, 5, 0.05, 0.9, {"scaffold": {"dc": torch.ones(1)}},
+                    {"train_loss": float("nan"), "steps": 5})
+    failure = ClientFailure(2, "nonfinite", "non-finite train loss (nan)")
+    got = messages.unpack_outcomes(messages.pack_outcomes([(upload, {"personal.w": torch.ones(2)}), (failure, None)]))
+    (u, state), (f, no_state) = got[3], got[2]
+    assert (u.client_id, u.num_samples, u.steps, u.lr, u.momentum) == (3, 144, 5, 0.05, 0.9)
+    assert torch.equal(u.state["w"], upload.state["w"]) and torch.equal(u.extras["scaffold"]["dc"], torch.ones(1))
+    assert u.metrics["steps"] == 5 and u.metrics["train_loss"] != u.metrics["train_loss"]  # NaN kept
+    assert torch.equal(state["personal.w"], torch.ones(2))
+    assert f == failure and no_state is None
+
+
+def test_served_clients_follow_the_partition_id():
+    assert client_app.served({"partition-id": 1, "num-partitions": 3}, 10) == [1, 4, 7]
+    assert client_app.served({"partition-id": 4, "num-partitions": 10}, 10) == [4]
+    with pytest.raises(ValueError, match="partition-id"):
+        client_app.served({}, 10)
+
+
+def test_a_node_serves_its_own_arrays_file(tmp_path, monkeypatch):
+    """A SuperNode with ``data-path`` in its node config trains client partition-id on that file."""
+    rng = np.random.default_rng(0)
+    own = tmp_path / "mine.npz"
+    np.savez(own, client0_train_x=rng.random((30, 1, 8, 8), dtype=np.float32),
+             client0_train_y=rng.integers(0, 10, 30))
+    sizes = {}
+    real = client_app.client_update
+
+    def update(ws, spec, task, data, *args, **kwargs):
+        sizes[task.client_id] = len(data)
+        return real(ws, spec, task, data, *args, **kwargs)
+
+    monkeypatch.setattr(client_app, "client_update", update)
+    summary = run_experiment(config("flower", ["data.num_clients=2", "train.rounds=1"]), tmp_path / "run", echo=None,
+                             grid=InProcessGrid(2, {2: {"data-path": str(own)}}))
+    assert summary["status"] == "completed"
+    assert sizes[1] == 30 and sizes[0] > 500  # client 1 from the file, client 0 from digits
+
+
+def test_auto_never_picks_flower(tmp_path):
+    summary = fedlatent.run(fedlatent.load_config(None, ["train.rounds=1", 'backend="auto"']), tmp_path / "a")
+    assert summary["backend"] in ("simulation", "vectorized")
+
+
+def test_flower_refuses_what_it_does_not_run(tmp_path):
+    with pytest.raises(ConfigError, match="backend = 'flower': diagnostics.which"):
+        fedlatent.run(fedlatent.load_config(None, ['backend="flower"', 'diagnostics.which=["collapse"]']),
+                      tmp_path / "s")
+    assert not (tmp_path / "s").exists()
+
+
+def test_flower_backend_without_flower_is_a_config_error(tmp_path, monkeypatch):
+    """Without the extra, backend = "flower" is refused in one line before any work (exit 2)."""
+    from fedlatent.experiment import single
+    real = single.importlib.util.find_spec
+    monkeypatch.setattr(single.importlib.util, "find_spec", lambda name, *a: None if name == "flwr" else real(name, *a))
+    with pytest.raises(ConfigError, match=r"backend = 'flower': Flower is not installed; pip install 'fedlatent\[flower\]'"):
+        fedlatent.run(fedlatent.load_config(None, ['backend="flower"']), tmp_path / "x")
+    assert not (tmp_path / "x").exists()
+
+
+def test_clients_no_node_serves_stop_the_run_after_the_census(tmp_path, monkeypatch):
+    """Node 2 never answers the census: its clients have no node, the run stops with a summary."""
+    monkeypatch.setattr(server_app, "CENSUS_WAIT_S", 0.5)
+    grid = InProcessGrid(2)
+    grid.silent.add(2)
+    with pytest.raises(RunStopped, match=r"census: no SuperNode serves client\(s\) \[1, 3\]"):
+        run_experiment(config("flower"), tmp_path / "run", echo=None, grid=grid)
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["status"] == "stopped" and summary["rounds_completed"] == 0

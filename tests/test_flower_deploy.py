@@ -1,0 +1,88 @@
+"""fedlatent on a real Flower deployment: a ``flower-superlink`` and ``flower-supernode`` processes on
+127.0.0.1 with TLS and SuperNode authentication on, the run submitted with ``flwr run`` as the
+README's recipe does (``tests/flower_procs.py`` starts and always kills them)."""
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("flwr", reason="Flower is not installed (pip install 'fedlatent[flower]')")
+
+from tests.flower_procs import LocalFederation  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def federation(tmp_path_factory):
+    """A SuperLink and three registered SuperNodes (partition-id 0, 1, 2 of 3)."""
+    fed = LocalFederation(tmp_path_factory.mktemp("flower"), 3)
+    try:
+        fed.start_superlink()
+        for index in range(3):
+            fed.start_supernode(index)
+        yield fed
+    finally:
+        fed.stop()
+
+
+def flwr_run(fed: LocalFederation, out: Path, overrides: str):
+    """``flwr run`` of this checkout's app on the test SuperLink, streaming until the run ends."""
+    done = fed.flwr("run", str(ROOT), "test", "--stream", "--run-config",
+                    f'overrides="data.num_clients=3; train.rounds=3; eval.personalized=never; {overrides}" '
+                    f'out="{out}"', timeout=540)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:] + fed.logs()
+    return done
+
+
+def test_three_supernodes_run_three_rounds(federation, tmp_path):
+    flwr_run(federation, tmp_path / "run", "flower.timeout=300.0")
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert (summary["status"], summary["backend"], summary["rounds_completed"]) == ("completed", "flower", 3)
+    assert summary["clients_dropped"] == [] and 0.5 < summary["final"]["accuracy"] <= 1.0
+    lines = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [x["clients"] for x in lines] == [[0, 1, 2]] * 3
+    assert (tmp_path / "run" / "checkpoints" / "round00003" / "manifest.json").is_file()
+
+
+def test_a_supernode_killed_during_a_round_does_not_stop_the_run(federation, tmp_path):
+    """SuperNode 2 is killed once it has received its second round's task: its client is left out
+    of that round (no reply within flower.timeout) and of the next (the node is gone); the run ends."""
+    victim = federation.nodes[2]
+    before = victim.text().count("Receiving: train message")  # the module's earlier runs
+
+    def kill_in_round_2() -> None:
+        deadline = time.monotonic() + 400
+        while time.monotonic() < deadline and victim.text().count("Receiving: train message") < before + 2:
+            time.sleep(0.2)
+        victim.kill()
+
+    killer = threading.Thread(target=kill_in_round_2, daemon=True)
+    killer.start()
+    flwr_run(federation, tmp_path / "run", 'flower.timeout=60.0; train.on_client_error=drop')
+    killer.join(timeout=10)
+    assert not victim.alive()
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["rounds_completed"] == 3
+    lines = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert lines[0]["clients"] == [0, 1, 2]
+    assert lines[1]["clients"] == lines[2]["clients"] == [0, 1]
+    assert [d["client"] for d in lines[1]["dropped"]] == [2]
+    assert {d["client"] for d in summary["clients_dropped"]} == {2}
+
+
+def test_a_supernode_with_an_unregistered_key_is_refused(federation):
+    """With SuperNode authentication on, a node whose public key was never registered cannot join."""
+    stranger = federation.start_supernode(9, register=False, partitions=10)
+    deadline = time.monotonic() + 120
+    while stranger.alive() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not stranger.alive() and stranger.popen.returncode != 0
+    assert "Failed to activate SuperNode" in stranger.text()
+    listed = federation.flwr("supernode", "list", "test", "--format", "json")
+    assert listed.returncode == 0 and len(json.loads(listed.stdout)["nodes"]) <= 3, listed.stdout

@@ -26,6 +26,7 @@ from fedlatent.config import RunConfig
 from fedlatent.data.types import Federation, Split
 from fedlatent.errors import UserInputError
 from fedlatent.federated import calibrate
+from fedlatent.federated.background import BackgroundWriter
 from fedlatent.federated.client import LocalSettings, Workspace, local_update
 from fedlatent.federated.diagnostics import Diagnostics
 from fedlatent.federated.evaluation import client_validation, evaluate
@@ -202,7 +203,8 @@ def run(config: RunConfig, federation: Federation, spec: MethodSpec, out: Path, 
     return the final evaluation (global, calibrated and personalised) and the run's wall seconds
     (including the part before a resume). A resume starts from the newest intact checkpoint
     (``warn`` is told of each damaged one skipped); the failure policy may raise
-    :class:`~fedlatent.federated.failures.RunStopped`, the last good round's checkpoint kept."""
+    :class:`~fedlatent.federated.failures.RunStopped`, the last good round's checkpoint kept. Every
+    checkpoint is on disk when this returns or raises."""
     clock = time.perf_counter()
     torch.set_num_threads(config.train.threads)
     s = setup(config, federation, spec, trainer)
@@ -219,18 +221,20 @@ def run(config: RunConfig, federation: Federation, spec: MethodSpec, out: Path, 
         s.diagnostics.start(start)
     metrics_path = out / "metrics.jsonl"
     write_atomically(metrics_path, "".join(line + "\n" for line in metrics_upto(metrics_path, start)))
-    with metrics_path.open("a") as sink:
-        for rnd in range(start, config.train.rounds):
-            line = run_round(s, rnd)
-            line["time_elapsed_s"] = before + time.perf_counter() - clock
-            sink.write(json.dumps(line) + "\n")
-            sink.flush()
-            save_checkpoint(ckpt, global_state=s.server.global_state, server_state=s.server.state,
-                            client_states=s.client_states,
-                            info={"round": rnd + 1, "elapsed_s": before + time.perf_counter() - clock})
-            if progress:
-                progress(line)
-    final = finish(s)
+    with BackgroundWriter() as writer:  # the checkpoints' files: written while the next round trains
+        with metrics_path.open("a") as sink:
+            for rnd in range(start, config.train.rounds):
+                line = run_round(s, rnd)
+                line["time_elapsed_s"] = before + time.perf_counter() - clock
+                sink.write(json.dumps(line) + "\n")
+                sink.flush()
+                save_checkpoint(ckpt, global_state=s.server.global_state, server_state=s.server.state,
+                                client_states=s.client_states,
+                                info={"round": rnd + 1, "elapsed_s": before + time.perf_counter() - clock},
+                                writer=writer)
+                if progress:
+                    progress(line)
+        final = finish(s)
     return final, before + time.perf_counter() - clock
 
 

@@ -353,3 +353,19 @@ def test_screen_applies_each_policy_and_the_minimum() -> None:
         screen(4, outcomes, TrainConfig(on_client_error="drop"))
     with pytest.raises(RunStopped, match=r"^round 5, client 1: ValueError: x \(train.on_client_error = 'stop'\)$"):
         screen(4, outcomes, TrainConfig(on_nonfinite="drop"))
+
+
+def test_first_nonfinite_names_the_first_bad_tensor_and_is_not_fooled_by_an_overflowing_norm() -> None:
+    from fedlatent.federated.failures import first_nonfinite
+
+    finite = {"b": torch.ones(3), "a": torch.zeros(2, 2), "steps": torch.tensor([7])}
+    assert first_nonfinite(finite) is None
+    assert first_nonfinite({}) is None and first_nonfinite({"n": torch.tensor([1, 2])}) is None
+    huge = {"w": torch.full((4,), 3e38), "v": torch.ones(2)}  # finite, but its norm overflows float32
+    assert torch.isinf(torch.linalg.vector_norm(huge["w"])) and first_nonfinite(huge) is None
+    for bad in (float("nan"), float("inf"), float("-inf")):
+        tensors = {**finite, "c": torch.tensor([1.0, bad]), "b2": torch.tensor([bad])}
+        assert first_nonfinite(tensors) == "b2"  # the first in sorted order
+    mixed = {"h": torch.tensor([1.0, float("nan")], dtype=torch.float16), "f": torch.ones(2, dtype=torch.float64)}
+    assert first_nonfinite(mixed) == "h"
+    assert first_nonfinite({**mixed, "h": torch.ones(2, dtype=torch.float16)}) is None

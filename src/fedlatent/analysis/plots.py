@@ -32,8 +32,10 @@ def fixed_margins(fig, *, left: float = 0.75, right: float = 0.2, bottom: float 
 
 
 def save(fig, path: Path) -> Path:
+    """PNG at :data:`DPI`; zlib level 1, not Pillow's default 6: the same pixels (PNG is lossless) in
+    a file ~15 % larger, ~15 ms less per figure of a run (a fifth of the heatmap's encoding)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=DPI)
+    fig.savefig(path, dpi=DPI, pil_kwargs={"compress_level": 1})
     return path
 
 

@@ -32,7 +32,7 @@ from fedlatent.federated.diagnostics import Diagnostics
 from fedlatent.federated.evaluation import client_validation, evaluate
 from fedlatent.federated.failures import ClientFailure, error_detail
 from fedlatent.federated.personal import client_report, combine_reports
-from fedlatent.federated.round import (ClientTask, checked, client_generator, client_round, close_round,
+from fedlatent.federated.round import (ClientTask, checked_all, client_generator, client_round, close_round,
                                        local_settings, plan_round, round_lr)
 from fedlatent.federated.round import sample_clients as sample_clients  # the embedded backend's sampling
 from fedlatent.federated.server import Server
@@ -133,7 +133,7 @@ def train_clients(s: Setup, tasks: list[ClientTask]) -> tuple[list[Upload | Clie
         outcomes = [ClientFailure(cid, "error", f"{error_detail(exc)} (clients {selected} trained together)", exc)
                     for cid in selected]
     states = {rc.client_id: rc.state for rc in rcs}
-    return [checked(o, states[o.client_id]) if isinstance(o, Upload) else o for o in outcomes], states
+    return checked_all(outcomes, states), states
 
 
 def run_round(s: Setup, rnd: int) -> dict[str, Any]:

@@ -95,9 +95,8 @@ def plan_round(server: Server, config: RunConfig, rnd: int, train_sizes: list[in
     clients' training-set sizes."""
     selected = sample_clients(config.seed, rnd, len(train_sizes), config.train.participation)
     payload = {k: v for part_payload in server.payload().values() for k, v in part_payload.items()}
-    lr = round_lr(config.train, rnd)
-    return [ClientTask(cid, rnd, server.global_state, payload, lr, len(train_sizes), sum(train_sizes))
-            for cid in selected]
+    lr, total = round_lr(config.train, rnd), sum(train_sizes)
+    return [ClientTask(cid, rnd, server.global_state, payload, lr, len(train_sizes), total) for cid in selected]
 
 
 def _client_of(outcome: Upload | ClientFailure) -> int:

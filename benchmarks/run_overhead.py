@@ -13,9 +13,13 @@ time, because the figure child's CPU time is not the run's process time.
 
     python benchmarks/run_overhead.py --quick        # ~30 s
     python benchmarks/run_overhead.py                # 20 repetitions, ~1 min
+    python benchmarks/run_overhead.py --profile      # + cProfile of one warm fedlatent.run
 """
 from __future__ import annotations
 
+import cProfile
+import io
+import pstats
 import shutil
 import sys
 import tempfile
@@ -38,6 +42,9 @@ CONFIG = Path(__file__).resolve().parents[1] / "configs" / "digits_fedavg.toml"
 
 def main() -> None:
     parser = C.base_parser(__doc__.split("\n")[0])
+    parser.add_argument("--profile", action="store_true",
+                        help="also print a cProfile of one warm fedlatent.run (figures in the background)")
+    parser.add_argument("--profile-top", type=int, default=30)
     args = parser.parse_args()
     C.set_threads(args.threads)
     reps = args.reps or (5 if args.quick else 20)
@@ -67,7 +74,6 @@ def main() -> None:
                                  "fedlatent.run, figures in-process": fedlatent_run(False),
                                  "A/A (bare loop)": bare}, reps, ("wall",),
                           progress=lambda line: print(line, file=sys.stderr))
-    shutil.rmtree(scratch, ignore_errors=True)
     base = results.pop(C.BASELINE)["wall_abs"]
     rows = [["bare loop", f"{C.median(base):.3f}", "1.000", "", ""]]
     for name, r in results.items():
@@ -77,6 +83,24 @@ def main() -> None:
     print(f"digits workload, {config.train.rounds} rounds, {reps} repetitions, {args.threads} thread(s)")
     print(C.table(["side", "median wall s", "median ratio", "min ratio", "IQR"], rows))
     C.dump(args.json, {"machine": C.machine(), "reps": reps, "results": results, "baseline": base})
+    if args.profile:
+        print(profile(fedlatent_run(True), args.profile_top))
+    shutil.rmtree(scratch, ignore_errors=True)
+
+
+def profile(side, top: int) -> str:
+    """cProfile of one warm call of ``side`` (the run's own thread: the checkpoint writer's and the
+    figure child's work show only as waits), top functions by cumulative and own time."""
+    side()
+    prof = cProfile.Profile()
+    prof.enable()
+    side()
+    prof.disable()
+    out = io.StringIO()
+    for key in ("cumulative", "tottime"):
+        out.write(f"\n---- fedlatent.run, sorted by {key} ----\n")
+        pstats.Stats(prof, stream=out).strip_dirs().sort_stats(key).print_stats(top)
+    return out.getvalue()
 
 
 if __name__ == "__main__":

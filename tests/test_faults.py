@@ -253,15 +253,16 @@ import os, signal, sys
 from fedlatent.federated import state
 where, at = sys.argv[1], int(sys.argv[2])
 calls = {"file": 0, "manifest": 0}
-real_save, real_write = state.save_file, state.write_atomically
+real_file, real_write = state.write_file, state.write_atomically
 
-def save_file(tensors, path):  # writes half of the file, then dies
+def write_file(path, data):  # the at-th safetensors file: writes half of it, then dies
+    if path.suffix != ".safetensors":
+        return real_file(path, data)
     calls["file"] += 1
-    real_save(tensors, path)
     if where == "file" and calls["file"] == at:
-        with open(path, "r+b") as f:
-            f.truncate(os.path.getsize(path) // 2)
+        real_file(path, data[: len(data) // 2])
         os.kill(os.getpid(), signal.SIGKILL)
+    real_file(path, data)
 
 def write_atomically(path, text):  # dies with the manifest's temporary file half written
     if path.name == "manifest.json":
@@ -271,7 +272,7 @@ def write_atomically(path, text):  # dies with the manifest's temporary file hal
             os.kill(os.getpid(), signal.SIGKILL)
     real_write(path, text)
 
-state.save_file, state.write_atomically = save_file, write_atomically
+state.write_file, state.write_atomically = write_file, write_atomically
 from fedlatent.cli import main
 sys.exit(main(sys.argv[3:]))
 """
@@ -352,3 +353,19 @@ def test_screen_applies_each_policy_and_the_minimum() -> None:
         screen(4, outcomes, TrainConfig(on_client_error="drop"))
     with pytest.raises(RunStopped, match=r"^round 5, client 1: ValueError: x \(train.on_client_error = 'stop'\)$"):
         screen(4, outcomes, TrainConfig(on_nonfinite="drop"))
+
+
+def test_first_nonfinite_names_the_first_bad_tensor_and_is_not_fooled_by_an_overflowing_norm() -> None:
+    from fedlatent.federated.failures import first_nonfinite
+
+    finite = {"b": torch.ones(3), "a": torch.zeros(2, 2), "steps": torch.tensor([7])}
+    assert first_nonfinite(finite) is None
+    assert first_nonfinite({}) is None and first_nonfinite({"n": torch.tensor([1, 2])}) is None
+    huge = {"w": torch.full((4,), 3e38), "v": torch.ones(2)}  # finite, but its norm overflows float32
+    assert torch.isinf(torch.linalg.vector_norm(huge["w"])) and first_nonfinite(huge) is None
+    for bad in (float("nan"), float("inf"), float("-inf")):
+        tensors = {**finite, "c": torch.tensor([1.0, bad]), "b2": torch.tensor([bad])}
+        assert first_nonfinite(tensors) == "b2"  # the first in sorted order
+    mixed = {"h": torch.tensor([1.0, float("nan")], dtype=torch.float16), "f": torch.ones(2, dtype=torch.float64)}
+    assert first_nonfinite(mixed) == "h"
+    assert first_nonfinite({**mixed, "h": torch.ones(2, dtype=torch.float16)}) is None

@@ -7,7 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from fedlatent.experiment import figures
+from fedlatent import load_config
+from fedlatent.analysis import render
+from fedlatent.experiment import figures, single
+
+DIGITS = Path(__file__).resolve().parents[1] / "configs" / "digits_fedavg.toml"
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -50,3 +54,42 @@ def test_an_unknown_figure_is_refused(tmp_path) -> None:
     worker.draw("spectrum")
     with pytest.raises(ValueError, match="unknown figure 'spectrum'"):
         worker.close()
+
+
+def test_prepared_curves_redrawn_after_more_rounds_equal_a_fresh_drawing(tmp_path) -> None:
+    """The child's prepared learning curves (built and drawn with the first rounds, then updated)
+    save the same PNG, byte for byte, as curves drawn from scratch, a round without a loss included."""
+    run_dir = _run_files(tmp_path / "run")
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    (run_dir / "metrics.jsonl").write_text("\n".join(lines[:2]) + "\n")
+    renderer = render.Renderer(run_dir)
+    renderer.prepare_curves()
+    missing = {**json.loads(lines[4]), "train_loss": None}
+    (run_dir / "metrics.jsonl").write_text("\n".join([*lines[:4], json.dumps(missing), lines[5]]) + "\n")
+    prepared = renderer.draw("curves", {}).read_bytes()
+    assert prepared[:8] == PNG
+    assert render.draw(run_dir, "curves", {}).read_bytes() == prepared
+
+
+def test_a_run_asks_for_the_curves_once_as_soon_as_its_last_line_is_written(tmp_path, monkeypatch) -> None:
+    asked: list[tuple[str, int, bool]] = []
+
+    class Recorder:
+        def __init__(self, run_dir, **_) -> None:
+            self.run_dir = run_dir
+
+        def draw(self, figure, **_) -> None:
+            metrics = self.run_dir / "metrics.jsonl"
+            lines = len(metrics.read_text().splitlines()) if metrics.exists() else 0
+            asked.append((figure, lines, (self.run_dir / "summary.json").exists()))
+
+        def close(self) -> None:
+            pass
+
+    monkeypatch.setattr(single, "FigureWorker", Recorder)
+    config = load_config(DIGITS, ["train.rounds=3", "data.num_clients=3", 'backend="simulation"'])
+    single.run(config, tmp_path / "run", echo=None)
+    assert asked == [("partition", 0, False), ("curves", 3, False)]
+    asked.clear()  # a resumed run with nothing left to train still draws them, once
+    single.run(config, tmp_path / "run", echo=None, resume=True)
+    assert asked == [("partition", 3, True), ("curves", 3, True)]

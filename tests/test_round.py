@@ -11,7 +11,7 @@ import torch
 from fedlatent.backends import simulation
 from fedlatent.data.federation import build_federation
 from fedlatent.federated.failures import ClientFailure
-from fedlatent.federated.round import (checked, client_update, close_round, local_settings, plan_round,
+from fedlatent.federated.round import (checked, checked_all, client_update, close_round, local_settings, plan_round,
                                        sample_clients)
 from fedlatent.methods import resolve
 from fedlatent.methods.parts import Upload
@@ -100,3 +100,26 @@ def test_a_client_s_nonfinite_state_is_its_own_failure_and_the_server_drops_it()
     result = close_round(s.server, s.config, 0, tasks, [uploads[2], bad, uploads[0]])
     assert [u.client_id for u in result.uploads] == [tasks[0].client_id, tasks[2].client_id]
     assert result.metrics["dropped"] == [bad.record()]
+
+
+def test_checking_a_round_s_uploads_together_names_what_checking_them_one_by_one_names() -> None:
+    """checked_all (every tensor of the round in one pass first) gives each client the reply
+    checked() gives it alone: the good ones pass unchanged, each bad one fails with its own quantity."""
+    s = _setup("fedavg")
+    tasks = plan_round(s.server, s.config, 0, [len(c.train) for c in s.federation.clients])
+
+    def upload(t, loss=1.0, scale=1.0):
+        return Upload(t.client_id, {k: v.clone() * scale for k, v in t.global_state.items()}, 10, 1, t.lr, 0.0,
+                      metrics={"train_loss": loss, "train_seconds": 0.0})
+
+    states = {t.client_id: {"personal.w": torch.ones(2)} for t in tasks}
+    good = [upload(t) for t in tasks]
+    assert checked_all(good, states) == good
+    failure = ClientFailure(tasks[0].client_id, "error", "RuntimeError: boom")
+    mixed = [failure, upload(tasks[1], scale=float("inf")), upload(tasks[2], loss=float("nan"))]
+    states[tasks[2].client_id] = {"personal.w": torch.tensor([float("nan"), 1.0])}
+    replies = checked_all(mixed, states)
+    assert replies[0] is failure
+    assert replies[1:] == [checked(o, states[o.client_id]) for o in mixed[1:]]
+    assert [r.detail for r in replies[1:]] == [f"non-finite weight {sorted(tasks[1].global_state)[0]}",
+                                               "non-finite train loss (nan)"]

@@ -32,8 +32,10 @@ def fixed_margins(fig, *, left: float = 0.75, right: float = 0.2, bottom: float 
 
 
 def save(fig, path: Path) -> Path:
+    """PNG at :data:`DPI`; zlib level 1, not Pillow's default 6: the same pixels (PNG is lossless) in
+    a file ~15 % larger, ~15 ms less per figure of a run (a fifth of the heatmap's encoding)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=DPI)
+    fig.savefig(path, dpi=DPI, pil_kwargs={"compress_level": 1})
     return path
 
 
@@ -55,19 +57,51 @@ def partition_heatmap(counts: np.ndarray, path: Path, title: str = "") -> Path:
     return save(fig, path)
 
 
+class LearningCurves:
+    """The learning-curves figure (test accuracy and training loss over rounds), kept open: after
+    one draw its fonts, ticks and text layouts are cached, so updating it with more rounds and
+    saving it again costs one redraw instead of a rebuild (~0.05 s against ~0.1 s on the digits
+    workload), which is what the figure child prepares while the run trains."""
+
+    def __init__(self) -> None:
+        from matplotlib.ticker import MaxNLocator
+        self.fig = new_figure(9, 3.2)
+        self.fig.set_dpi(DPI)  # drawn at the saving resolution, so a draw warms what the save uses
+        left, right = self.axes = tuple(self.fig.subplots(1, 2))
+        (self.accuracy,) = left.plot([], [], marker=".")
+        left.set_xlabel("round")
+        left.set_ylabel("test accuracy (global model)")
+        (self.loss,) = right.plot([], [], marker=".")
+        right.set_xlabel("round")
+        right.set_ylabel("mean local training loss")
+        for ax in self.axes:
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        fixed_margins(self.fig, top=0.15)
+
+    def update(self, metrics: list[dict[str, Any]]) -> None:
+        """Show ``metrics`` (the metrics lines so far), the axes' limits fitted to them."""
+        evaluated = [m for m in metrics if "test_accuracy" in m]
+        self.accuracy.set_data(_floats(m["round"] for m in evaluated), _floats(m["test_accuracy"] for m in evaluated))
+        self.loss.set_data(_floats(m["round"] for m in metrics), _floats(m["train_loss"] for m in metrics))
+        for ax in self.axes:
+            ax.relim()
+            ax.autoscale_view()
+
+    def render(self) -> None:
+        """Draw on the canvas without saving (fills the caches a later :meth:`save` uses)."""
+        self.fig.canvas.draw()
+
+    def save(self, path: Path) -> Path:
+        return save(self.fig, path)
+
+
+def _floats(values) -> np.ndarray:
+    """Values as floats, a missing one (a round that kept no client has no loss) as NaN: a gap."""
+    return np.array([np.nan if v is None else v for v in values], dtype=np.float64)
+
+
 def learning_curves(metrics: list[dict[str, Any]], path: Path) -> Path:
     """Test accuracy and training loss over rounds."""
-    fig = new_figure(9, 3.2)
-    left, right = fig.subplots(1, 2)
-    evaluated = [m for m in metrics if "test_accuracy" in m]
-    left.plot([m["round"] for m in evaluated], [m["test_accuracy"] for m in evaluated], marker=".")
-    left.set_xlabel("round")
-    left.set_ylabel("test accuracy (global model)")
-    right.plot([m["round"] for m in metrics], [m["train_loss"] for m in metrics], marker=".")
-    right.set_xlabel("round")
-    right.set_ylabel("mean local training loss")
-    from matplotlib.ticker import MaxNLocator
-    for ax in (left, right):
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    fixed_margins(fig, top=0.15)
-    return save(fig, path)
+    curves = LearningCurves()
+    curves.update(metrics)
+    return curves.save(path)

@@ -1,6 +1,7 @@
 """Draw one of a run's figures from the files the run has written (``partition.json``,
 ``metrics.jsonl``, ``diagnostics.jsonl``), so that any process can draw it: the run itself, or the
-child process that draws its figures beside the training (``fedlatent.experiment.figures``)."""
+child process that draws its figures beside the training (``fedlatent.experiment.figures``), which
+keeps a :class:`Renderer` to prepare the learning curves before the run's last round."""
 from __future__ import annotations
 
 import json
@@ -9,19 +10,46 @@ from pathlib import Path
 import numpy as np
 
 from fedlatent.analysis.diagnostic_plots import plot_diagnostics
-from fedlatent.analysis.plots import learning_curves, partition_heatmap
+from fedlatent.analysis.plots import LearningCurves, partition_heatmap
 
 FIGURES = ("partition", "curves", "diagnostics")
 
 
 def draw(run_dir: Path, figure: str, options: dict) -> Path | list[Path]:
     """Draw ``figure`` (one of :data:`FIGURES`) of the run in ``run_dir`` into its ``plots/``."""
-    if figure == "partition":
-        counts = np.asarray(json.loads((run_dir / "partition.json").read_text())["counts"])
-        return partition_heatmap(counts, run_dir / "plots" / "partition.png", options.get("title", ""))
-    if figure == "curves":
-        lines = (run_dir / "metrics.jsonl").read_text().splitlines()
-        return learning_curves([json.loads(line) for line in lines if line], run_dir / "plots" / "curves.png")
-    if figure == "diagnostics":
-        return plot_diagnostics([run_dir], run_dir / "plots")
-    raise ValueError(f"unknown figure {figure!r}; known: {', '.join(FIGURES)}")
+    return Renderer(run_dir).draw(figure, options)
+
+
+class Renderer:
+    """Draws the figures of the run in ``run_dir``; the learning curves, once prepared, stay open,
+    so that drawing them after the last round costs one redraw."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.run_dir = run_dir
+        self.curves: LearningCurves | None = None
+
+    def prepare_curves(self) -> None:
+        """Build the learning curves from the rounds written so far (none yet is fine) and draw
+        them once off-screen, while the run still trains."""
+        self.curves = self.curves or LearningCurves()
+        self.curves.update(self._metrics())
+        self.curves.render()
+
+    def draw(self, figure: str, options: dict) -> Path | list[Path]:
+        """Draw ``figure`` (one of :data:`FIGURES`) into the run's ``plots/``."""
+        plots = self.run_dir / "plots"
+        if figure == "partition":
+            counts = np.asarray(json.loads((self.run_dir / "partition.json").read_text())["counts"])
+            return partition_heatmap(counts, plots / "partition.png", options.get("title", ""))
+        if figure == "curves":
+            curves = self.curves or LearningCurves()
+            curves.update(self._metrics())
+            return curves.save(plots / "curves.png")
+        if figure == "diagnostics":
+            return plot_diagnostics([self.run_dir], plots)
+        raise ValueError(f"unknown figure {figure!r}; known: {', '.join(FIGURES)}")
+
+    def _metrics(self) -> list[dict]:
+        path = self.run_dir / "metrics.jsonl"
+        lines = path.read_text().splitlines() if path.is_file() else []
+        return [json.loads(line) for line in lines if line]

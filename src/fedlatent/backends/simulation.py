@@ -26,12 +26,13 @@ from fedlatent.config import RunConfig
 from fedlatent.data.types import Federation, Split
 from fedlatent.errors import UserInputError
 from fedlatent.federated import calibrate
+from fedlatent.federated.background import BackgroundWriter
 from fedlatent.federated.client import LocalSettings, Workspace, local_update
 from fedlatent.federated.diagnostics import Diagnostics
 from fedlatent.federated.evaluation import client_validation, evaluate
 from fedlatent.federated.failures import ClientFailure, error_detail
 from fedlatent.federated.personal import client_report, combine_reports
-from fedlatent.federated.round import (ClientTask, checked, client_generator, client_round, close_round,
+from fedlatent.federated.round import (ClientTask, checked_all, client_generator, client_round, close_round,
                                        local_settings, nbytes, plan_round, round_lr)
 from fedlatent.federated.round import sample_clients as sample_clients  # the embedded backend's sampling
 from fedlatent.federated.server import Server
@@ -134,7 +135,7 @@ def train_clients(s: Setup, tasks: list[ClientTask]) -> tuple[list[Upload | Clie
         outcomes = [ClientFailure(cid, "error", f"{error_detail(exc)} (clients {selected} trained together)", exc)
                     for cid in selected]
     states = {rc.client_id: rc.state for rc in rcs}
-    return [checked(o, states[o.client_id]) if isinstance(o, Upload) else o for o in outcomes], states
+    return checked_all(outcomes, states), states
 
 
 def run_round(s: Setup, rnd: int) -> dict[str, Any]:
@@ -205,7 +206,8 @@ def run(config: RunConfig, federation: Federation, spec: MethodSpec, out: Path, 
     return the final evaluation (global, calibrated and personalised) and the run's wall seconds
     (including the part before a resume). A resume starts from the newest intact checkpoint
     (``warn`` is told of each damaged one skipped); the failure policy may raise
-    :class:`~fedlatent.federated.failures.RunStopped`, the last good round's checkpoint kept."""
+    :class:`~fedlatent.federated.failures.RunStopped`, the last good round's checkpoint kept. Every
+    checkpoint is on disk when this returns or raises."""
     clock = time.perf_counter()
     torch.set_num_threads(config.train.threads)
     s = setup(config, federation, spec, trainer)
@@ -222,18 +224,20 @@ def run(config: RunConfig, federation: Federation, spec: MethodSpec, out: Path, 
         s.diagnostics.start(start)
     metrics_path = out / "metrics.jsonl"
     write_atomically(metrics_path, "".join(line + "\n" for line in metrics_upto(metrics_path, start)))
-    with metrics_path.open("a") as sink:
-        for rnd in range(start, config.train.rounds):
-            line = run_round(s, rnd)
-            line["time_elapsed_s"] = before + time.perf_counter() - clock
-            sink.write(json.dumps(line) + "\n")
-            sink.flush()
-            save_checkpoint(ckpt, global_state=s.server.global_state, server_state=s.server.state,
-                            client_states=s.client_states,
-                            info={"round": rnd + 1, "elapsed_s": before + time.perf_counter() - clock})
-            if progress:
-                progress(line)
-    final = finish(s)
+    with BackgroundWriter() as writer:  # the checkpoints' files: written while the next round trains
+        with metrics_path.open("a") as sink:
+            for rnd in range(start, config.train.rounds):
+                line = run_round(s, rnd)
+                line["time_elapsed_s"] = before + time.perf_counter() - clock
+                sink.write(json.dumps(line) + "\n")
+                sink.flush()
+                save_checkpoint(ckpt, global_state=s.server.global_state, server_state=s.server.state,
+                                client_states=s.client_states,
+                                info={"round": rnd + 1, "elapsed_s": before + time.perf_counter() - clock},
+                                writer=writer)
+                if progress:
+                    progress(line)
+        final = finish(s)
     return final, before + time.perf_counter() - clock
 
 

@@ -1,13 +1,15 @@
 """The run's figures, drawn beside the training instead of after it.
 
-On the digits workload the two figures cost more than all 20 rounds of training (matplotlib's
-import, ~100 cell labels and PNG encoding: ~0.2 s against ~0.3 s of training, warm).
+On the digits workload the two figures cost about as much as all 20 rounds of training
+(matplotlib's import, ~100 cell labels and PNG encoding: ~0.25 s against ~0.3 s of training, warm).
 :class:`FigureWorker` forks a child when the run starts; the child imports matplotlib and draws
-the partition heatmap on the other core while the run trains, then waits for the end of the run
-to draw the learning curves (~0.05 s, the only part left on the run's path). Requests travel one
-JSON line each through a pipe; the child ends at the end of input, also when the run is killed.
-Where ``fork`` is unavailable, or the child fails, the figures are drawn in this process, so
-nothing is lost. The child touches no torch state and leaves through ``os._exit``.
+the partition heatmap on the other core while the run trains, then builds the learning curves and
+draws them once off-screen (fonts, ticks and text layouts cached). The run asks for the curves as
+soon as its last metrics line is written, so what is left on the run's path is one redraw and
+the PNG (~0.05 s), beside the final evaluation. Requests travel one JSON line each through a
+pipe; the child ends at the end of input, also when the run is killed. Where ``fork`` is
+unavailable, or the child fails, the figures are drawn in this process, so nothing is lost. The
+child touches no torch state and leaves through ``os._exit``.
 """
 from __future__ import annotations
 
@@ -79,11 +81,14 @@ def _warm_matplotlib() -> None:
 
 def _serve(run_dir: Path, read_end: int) -> int:
     """The child's loop: draw each requested figure; 0 when all were drawn."""
+    renderer = render.Renderer(run_dir)
     try:
         with os.fdopen(read_end) as requests:
             for line in requests:
                 request = json.loads(line)
-                render.draw(run_dir, request["figure"], request["options"])
+                renderer.draw(request["figure"], request["options"])
+                if renderer.curves is None:  # after the first figure, while the run trains
+                    renderer.prepare_curves()
         return 0
     except BaseException as err:  # noqa: BLE001 - reported by the exit status; the parent redraws
         print(f"fedlatent figure process: {type(err).__name__}: {err}", file=sys.stderr)

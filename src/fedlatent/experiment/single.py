@@ -203,16 +203,25 @@ def _train(config: RunConfig, out: Path, federation: Federation, spec: MethodSpe
     if echo:
         echo(f"partition ({config.data.partition}, {len(federation.clients)} clients):\n{table}")
     bar = _progress_bar(config) if progress else None
+    curves_asked = []
+
+    def on_line(line: dict[str, Any]) -> None:
+        if bar:
+            bar.update_line(line)
+        if line["round"] == config.train.rounds:  # the curves' data is complete: draw them beside the final evaluation
+            figures.draw("curves")
+            curves_asked.append(True)
+
     backend_started = time.perf_counter()
     try:
         traced = {"trainer": TermTrace(simulation.train_in_turn, out)} if spec.trace else {}
-        final, wall = BACKENDS[config.backend](config, federation, spec, out, resume=resume,
-                                               progress=bar.update_line if bar else None, **traced, **backend_args)
+        final, wall = BACKENDS[config.backend](config, federation, spec, out, resume=resume, progress=on_line,
+                                               **traced, **backend_args)
     except RunStopped as stop:
         if bar:
             bar.close()
         _summarize(config, spec, out, {"status": "stopped", "stop_reason": stop.reason},
-                   time.perf_counter() - started, figures)
+                   time.perf_counter() - started, figures, curves_asked=bool(curves_asked))
         raise
     backend_seconds = time.perf_counter() - backend_started
     if bar:
@@ -220,15 +229,16 @@ def _train(config: RunConfig, out: Path, federation: Federation, spec: MethodSpe
     if config.diagnostics.which:
         figures.draw("diagnostics")
     return _summarize(config, spec, out, {"status": "completed", "final": final},
-                      wall + time.perf_counter() - started - backend_seconds, figures)
+                      wall + time.perf_counter() - started - backend_seconds, figures,
+                      curves_asked=bool(curves_asked))
 
 
 def _summarize(config: RunConfig, spec: MethodSpec, out: Path, ending: dict[str, Any],
-               wall: float, figures: FigureWorker) -> dict[str, Any]:
-    """Ask for the curves and write ``summary.json`` (how the run ended, the final evaluation when it
-    completed, the clients the failure policy dropped) and return the summary."""
+               wall: float, figures: FigureWorker, *, curves_asked: bool = False) -> dict[str, Any]:
+    """Ask for the curves (unless asked already) and write ``summary.json`` (how the run ended, the
+    final evaluation when it completed, the clients the failure policy dropped) and return the summary."""
     metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    if metrics:
+    if metrics and not curves_asked:
         figures.draw("curves")
     summary = {**ending, "rounds_completed": len(metrics),
                "clients_dropped": [dict(d, round=m["round"]) for m in metrics for d in m.get("dropped", [])],

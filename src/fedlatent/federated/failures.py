@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Iterable
 
 import torch
 
@@ -23,7 +24,8 @@ from fedlatent.methods.parts import Tensors, Upload
 
 LOSS_KEYS = ("train_loss", "personal_loss")  # besides every "term_*" metric
 
-__all__ = ["ClientFailure", "RunStopped", "error_detail", "first_nonfinite", "nonfinite_quantity", "screen"]
+__all__ = ["ClientFailure", "RunStopped", "all_finite", "error_detail", "first_nonfinite", "nonfinite_quantity",
+           "screen", "upload_tensors"]
 
 
 @dataclass(frozen=True)
@@ -41,14 +43,18 @@ class ClientFailure:
         return {"client": self.client, "kind": self.kind, "detail": self.detail}
 
 
-def nonfinite_quantity(upload: Upload, state: Tensors | None = None) -> str | None:
+def nonfinite_quantity(upload: Upload, state: Tensors | None = None, *, tensors_finite: bool = False) -> str | None:
     """The first non-finite quantity of ``upload`` ("train loss (nan)", "weight fc.weight", ...)
     or of the client's new ``state`` (Ditto's personal model, SCAFFOLD's c_i), or None when all
-    are finite. Losses first: they are what diverges first and what the user watches."""
+    are finite. Losses first: they are what diverges first and what the user watches.
+    ``tensors_finite``: the caller has found every tensor finite already (:func:`all_finite` over
+    a whole round's uploads), so only the losses are left to check."""
     for key in (*LOSS_KEYS, *sorted(k for k in upload.metrics if k.startswith("term_"))):
         value = upload.metrics.get(key)
         if value is not None and not math.isfinite(value):
             return f"{key.replace('_', ' ')} ({value})"
+    if tensors_finite:
+        return None
     for where, tensors in (("weight", upload.state),
                            *((f"{part} upload", extra) for part, extra in sorted(upload.extras.items())),
                            ("client state", state or {})):
@@ -58,8 +64,30 @@ def nonfinite_quantity(upload: Upload, state: Tensors | None = None) -> str | No
     return None
 
 
+def upload_tensors(upload: Upload) -> list[Tensors]:
+    """The tensor dicts an upload carries: its weights and each part's extra."""
+    return [upload.state, *upload.extras.values()]
+
+
+def all_finite(dicts: Iterable[Tensors]) -> bool:
+    """Whether every floating-point tensor in ``dicts`` is finite, in one ``_foreach_norm`` per
+    dtype: a NaN or an infinity makes its tensor's norm one. Every upload and client state is
+    checked each round, and tensor by tensor that is ~10 µs a tensor (on 100 digits clients in
+    lockstep, more than the round's training); False may also mean a finite norm overflowed, so
+    a caller searches tensor by tensor before it names anything."""
+    groups: dict[torch.dtype, list[torch.Tensor]] = {}
+    for tensors in dicts:
+        for value in tensors.values():
+            if value.is_floating_point():
+                groups.setdefault(value.dtype, []).append(value)
+    return all(bool(torch.stack(torch._foreach_norm(group)).isfinite().all()) for group in groups.values())
+
+
 def first_nonfinite(tensors: Tensors) -> str | None:
-    """The first (sorted) floating-point tensor name holding a NaN or an infinity, or None."""
+    """The first (sorted) floating-point tensor name holding a NaN or an infinity, or None (the
+    common case first: :func:`all_finite`)."""
+    if all_finite([tensors]):
+        return None
     for name in sorted(tensors):
         value = tensors[name]
         if value.is_floating_point() and not bool(torch.isfinite(value).all()):
@@ -83,9 +111,10 @@ def screen(rnd: int, outcomes: list[Upload | ClientFailure],
     :class:`RunStopped` when the policy says stop or too few clients remain."""
     kept: list[Upload] = []
     dropped: list[ClientFailure] = []
+    finite = all_finite(t for o in outcomes if isinstance(o, Upload) for t in upload_tensors(o))
     for outcome in outcomes:
         if isinstance(outcome, Upload):
-            quantity = nonfinite_quantity(outcome)
+            quantity = nonfinite_quantity(outcome, tensors_finite=finite)
             if quantity is None:
                 kept.append(outcome)
                 continue

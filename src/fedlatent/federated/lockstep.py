@@ -259,8 +259,9 @@ def _train_together(ws: Workspace, starts: list[Tensors], datas: list[Split], sp
     personal_parts = spec.personalization.parts if ditto else []
     same_start = all(st is starts[0] for st in starts)
     model.load_state_dict(starts[0])  # what begin may read off rc.model (shapes, devices)
+    param_names = [n for n, _ in model.named_parameters()]
     for rc, start in zip(rcs, starts):
-        rc.global_params = {n: start[n].to(device) for n, _ in model.named_parameters()}
+        rc.global_params = {n: start[n].to(device) for n in param_names}
         for part in spec.parts + personal_parts:
             part.begin(rc)
     decay = [rc.extra_weight_decay for rc in rcs]

@@ -26,7 +26,8 @@ from fedlatent.config import RunConfig, TrainConfig
 from fedlatent.data.augment import Augmentation
 from fedlatent.data.types import Split
 from fedlatent.federated.client import LocalSettings, Workspace, local_update
-from fedlatent.federated.failures import ClientFailure, RunStopped, first_nonfinite, nonfinite_quantity, screen
+from fedlatent.federated.failures import (ClientFailure, RunStopped, all_finite, first_nonfinite,
+                                         nonfinite_quantity, screen, upload_tensors)
 from fedlatent.federated.server import Server
 from fedlatent.methods.parts import ClientRound, MethodSpec, Tensors, Upload
 from fedlatent.models.base import FedModel
@@ -106,9 +107,8 @@ def plan_round(server: Server, config: RunConfig, rnd: int, train_sizes: list[in
     clients' training-set sizes."""
     selected = sample_clients(config.seed, rnd, len(train_sizes), config.train.participation)
     payload = {k: v for part_payload in server.payload().values() for k, v in part_payload.items()}
-    lr = round_lr(config.train, rnd)
-    return [ClientTask(cid, rnd, server.global_state, payload, lr, len(train_sizes), sum(train_sizes))
-            for cid in selected]
+    lr, total = round_lr(config.train, rnd), sum(train_sizes)
+    return [ClientTask(cid, rnd, server.global_state, payload, lr, len(train_sizes), total) for cid in selected]
 
 
 def _client_of(outcome: Upload | ClientFailure) -> int:
@@ -170,9 +170,19 @@ def client_update(ws: Workspace, spec: MethodSpec, task: ClientTask, data: Split
     return upload, rc.state
 
 
-def checked(upload: Upload, new_state: Tensors) -> Upload | ClientFailure:
+def checked(upload: Upload, new_state: Tensors, *, tensors_finite: bool = False) -> Upload | ClientFailure:
     """The client's own check before it replies: a non-finite loss, weight, extra or new state
-    makes its reply a failure (the server cannot see the state)."""
-    quantity = nonfinite_quantity(upload, new_state)
+    makes its reply a failure (the server cannot see the state). ``tensors_finite``: a backend
+    that plays many clients has checked all their tensors at once (:func:`checked_all`)."""
+    quantity = nonfinite_quantity(upload, new_state, tensors_finite=tensors_finite)
     return upload if quantity is None else ClientFailure(upload.client_id, "nonfinite", f"non-finite {quantity}")
 
+
+
+def checked_all(outcomes: list[Upload | ClientFailure], states: dict[int, Tensors]) -> list[Upload | ClientFailure]:
+    """:func:`checked` for every upload of clients played in one process (``states``: their new
+    states by id), their tensors checked together first (:func:`~fedlatent.federated.failures.all_finite`)."""
+    uploads = [o for o in outcomes if isinstance(o, Upload)]
+    finite = all_finite(t for u in uploads for t in (*upload_tensors(u), states[u.client_id]))
+    return [checked(o, states[o.client_id], tensors_finite=finite) if isinstance(o, Upload) else o
+            for o in outcomes]

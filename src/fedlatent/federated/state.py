@@ -13,6 +13,14 @@ trust it and verifies the manifests instead.
 Nothing is fsynced: a killed process loses nothing the kernel has accepted, and a file torn by a
 power loss fails its checksum, so resuming falls back to the older round. Six fsyncs a round
 cost ~10 % of the digits workload's run time; on slow disks much more.
+
+A checkpoint is taken in two steps: :func:`encode_checkpoint` serializes the state into bytes in
+the caller's thread (a snapshot: the run may change its tensors right after), and
+:func:`write_sealed` writes those bytes, hashing the same bytes in memory instead of reading the
+files back. The second step needs nothing but the bytes, so a run hands it to a
+:class:`~fedlatent.federated.background.BackgroundWriter`: on ext4 a round's folder creation,
+renames and removal of the oldest folder wait ~7 ms on the journal, half the digits workload's
+round, and this way they overlap the next round's training.
 """
 from __future__ import annotations
 
@@ -23,8 +31,9 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file, save
 
+from fedlatent.federated.background import BackgroundWriter
 from fedlatent.methods.parts import Tensors
 
 MANIFEST = "manifest.json"
@@ -58,21 +67,34 @@ def _remove(folder: Path) -> None:
     shutil.rmtree(folder, ignore_errors=True)
 
 
-def save_checkpoint(root: Path, *, global_state: Tensors, server_state: Tensors,
-                    client_states: list[Tensors], info: dict[str, Any]) -> Path:
-    """Write and seal the state after round ``info['round']``; then remove the folders of later
-    rounds (left by a damaged newest checkpoint) and all but the :data:`KEEP` newest."""
-    rnd = info["round"]
+def encode_checkpoint(*, global_state: Tensors, server_state: Tensors, client_states: list[Tensors],
+                      info: dict[str, Any]) -> dict[str, bytes]:
+    """The files of a checkpoint, serialized now: name -> content."""
+    clients = {f"{i}/{k}": v for i, state in enumerate(client_states) for k, v in state.items()}
+    return {"global.safetensors": _safetensors(global_state), "server.safetensors": _safetensors(server_state),
+            "clients.safetensors": _safetensors(clients), "state.json": json.dumps(info, indent=1).encode()}
+
+
+def _safetensors(tensors: Tensors) -> bytes:
+    return save({k: v.contiguous() for k, v in tensors.items()})
+
+
+def write_file(path: Path, data: bytes) -> None:
+    """Write one file of a checkpoint (its own function: the crash tests stop a run inside it)."""
+    path.write_bytes(data)
+
+
+def write_sealed(root: Path, rnd: int, files: dict[str, bytes]) -> Path:
+    """Write ``files`` into round ``rnd``'s folder and seal it with their checksums (taken from the
+    bytes written); then remove the folders of later rounds (left by a damaged newest checkpoint)
+    and all but the :data:`KEEP` newest sealed ones."""
     folder = root / f"round{rnd:05d}"
     if folder.exists():
         _remove(folder)
     folder.mkdir(parents=True)
-    files = {"global.safetensors": global_state, "server.safetensors": server_state,
-             "clients.safetensors": {f"{i}/{k}": v for i, state in enumerate(client_states) for k, v in state.items()}}
-    for name, tensors in files.items():
-        save_file({k: v.contiguous() for k, v in tensors.items()}, str(folder / name))
-    (folder / "state.json").write_text(json.dumps(info, indent=1))
-    checksums = {name: sha256(folder / name) for name in (*files, "state.json")}
+    for name, data in files.items():
+        write_file(folder / name, data)
+    checksums = {name: hashlib.sha256(data).hexdigest() for name, data in files.items()}
     write_atomically(folder / MANIFEST, json.dumps({"round": rnd, "sha256": checksums}, indent=1))
     write_atomically(root / "latest.json", json.dumps({"folder": folder.name}))
     sealed = 0
@@ -82,6 +104,19 @@ def save_checkpoint(root: Path, *, global_state: Tensors, server_state: Tensors,
         else:
             _remove(other)
     return folder
+
+
+def save_checkpoint(root: Path, *, global_state: Tensors, server_state: Tensors,
+                    client_states: list[Tensors], info: dict[str, Any],
+                    writer: BackgroundWriter | None = None) -> Path:
+    """Write and seal the state after round ``info['round']`` (see :func:`write_sealed`); with a
+    ``writer``, the state is serialized here and the files are written by the writer's thread."""
+    files = encode_checkpoint(global_state=global_state, server_state=server_state, client_states=client_states,
+                              info=info)
+    if writer is None:
+        return write_sealed(root, info["round"], files)
+    writer.submit(write_sealed, root, info["round"], files)
+    return root / f"round{info['round']:05d}"
 
 
 def verify(folder: Path) -> str | None:

@@ -240,7 +240,7 @@ def test_mk_mmd_first_r_fixed_kernels_is_their_mean_mmd() -> None:
     g = torch.Generator().manual_seed(1)
     for _ in range(3):
         x, y = torch.randn(8, 20, generator=g), 0.5 * torch.randn(8, 20, generator=g) + 1.0
-        loss = part.loss(_ctx(x, y, state))
+        loss = part.loss(_ctx(x, y, rc))
     xd, yd = x.double(), y.double()
     by_hand = 0.0
     for e in (-3.5, -3.25, -3.0, -2.75, -2.5):  # γ_j = 2^e, k = exp(−γ‖a − b‖²), biased estimator

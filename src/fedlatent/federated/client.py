@@ -13,7 +13,7 @@ are saved back to its state at the end.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 
@@ -146,7 +146,9 @@ def local_update(ws: Workspace, global_state: Tensors, data: Split, spec: Method
                  s: LocalSettings, generator: torch.Generator) -> Upload:
     """Train ``ws.model`` from ``global_state`` on ``data``; update ``rc.state`` in place; return the upload."""
     if spec.personalization.kind == "partial":
-        return _partial_update(ws, global_state, data, spec, rc, s, generator)
+        def train(starts: list[Tensors], spec_: MethodSpec, rcs: list[ClientRound], s_: LocalSettings) -> list[Upload]:
+            return [local_update(ws, starts[0], data, spec_, rcs[0], s_, generator)]
+        return partial_round(ws.model, global_state, spec, [rc], s, train)[0]
     started = time.perf_counter()
     model, parts = ws.model, spec.parts
     model.load_state_dict(global_state)
@@ -195,7 +197,7 @@ def local_update(ws: Workspace, global_state: Tensors, data: Split, spec: Method
             out = model(x, taps)
             task = task_loss(spec.loss, out.logits, y, temperature=spec.temperature)
             ctx = TermContext(out, y, params, rc.global_params, global_out,
-                              prev_out, s.num_classes, rc.state, rc.payload, rc.scratch)
+                              prev_out, s.num_classes, rc.state, rc.payload, rc.scratch, rc)
             step = {"task": task.detach()} if trace is not None else None
             loss = _add_terms(task, parts, ctx, term_sums, step)
             optimizer.zero_grad(set_to_none=True)
@@ -274,7 +276,7 @@ def _personal_step(personal: FedModel, optimizer: torch.optim.Optimizer, spec: M
         loss = loss + 0.5 * lam * sum(((params[n] - rc.global_params[n]) ** 2).sum()
                                       for n in trainable_names(personal))
     ctx = TermContext(out, y, params, rc.global_params, global_out, None, s.num_classes, rc.state, rc.payload,
-                      rc.scratch)
+                      rc.scratch, rc)
     if step is not None:
         step["personal_task"] = task.detach()
     loss = _add_terms(loss, spec.personalization.parts, ctx, term_sums, step, prefix="personal_")
@@ -306,35 +308,39 @@ def _training_only(model: FedModel, names: set[str]) -> Iterator[None]:
             p.requires_grad_(flags[n])
 
 
-def _partial_update(ws: Workspace, global_state: Tensors, data: Split, spec: MethodSpec, rc: ClientRound,
-                    s: LocalSettings, generator: torch.Generator) -> Upload:
-    """A round of partial personalisation: start from the global state with the client's own
-    layers, train those alone for ``local_epochs`` (FedRep's head phase, the task loss only), then
-    the shared layers (``freeze_local``) or all layers with the method's parts; keep the own
-    layers in the client's state. The upload carries every entry; the server averages only the
-    shared ones."""
+Train = Callable[[list[Tensors], MethodSpec, list[ClientRound], LocalSettings], list[Upload]]
+
+
+def partial_round(model: FedModel, global_state: Tensors, spec: MethodSpec, rcs: list[ClientRound],
+                  s: LocalSettings, train: Train) -> list[Upload]:
+    """A round of partial personalisation for the clients of ``rcs``, whatever trains them
+    (``train(starts, spec, rcs, settings)``: one client after another, or all at once): start from
+    the global state with each client's own layers, train those alone for ``local_epochs``
+    (FedRep's head phase, the task loss only), then the shared layers (``freeze_local``) or all
+    layers with the method's parts; keep the own layers in the clients' states. An upload carries
+    every entry; the server averages only the shared ones."""
     p = spec.personalization
-    names = [n for n, _ in ws.model.named_parameters()]
+    names = [n for n, _ in model.named_parameters()]
     local = set(p.local_keys(names, list(global_state)))
-    start = own_state(ws.model, p, rc.state, global_state)
-    local_loss = None
-    if p.local_epochs and any(q.requires_grad for n, q in ws.model.named_parameters() if n in local):
-        alone = replace(rc, state={}, payload={}, steps=0, metrics={})
+    starts = [own_state(model, p, rc.state, global_state) for rc in rcs]
+    first: list[Upload] | None = None
+    if p.local_epochs and any(q.requires_grad for n, q in model.named_parameters() if n in local):
+        alone = [replace(rc, state={}, payload={}, steps=0, metrics={}, scratch={}) for rc in rcs]
         settings = replace(s, epochs=p.local_epochs, steps=0, keep_optimizer=False)
-        with _training_only(ws.model, local):
-            local_spec = MethodSpec("local", loss=spec.loss, temperature=spec.temperature, trace=spec.trace,
-                                    count_flops=spec.count_flops)
-            first = local_update(ws, start, data, local_spec, alone, settings, generator)
-        start, local_loss = first.state, first.metrics["train_loss"]
+        local_spec = MethodSpec("local", loss=spec.loss, temperature=spec.temperature, trace=spec.trace,
+                                count_flops=spec.count_flops)
+        with _training_only(model, local):
+            first = train(starts, local_spec, alone, settings)
+        starts = [u.state for u in first]
     shared = {n for n in names if n not in local} if p.freeze_local else set(names)
-    shared_spec = replace(spec, personalization=Personalization())
-    with _training_only(ws.model, shared):
-        upload = local_update(ws, start, data, shared_spec, rc, replace(s, epochs=p.shared_epochs or s.epochs),
-                              generator)
-    rc.state.update({LOCAL + k: upload.state[k].clone() for k in local})
-    if local_loss is not None:
-        upload.metrics["local_layers_loss"] = local_loss
-        upload.trace = first.trace + upload.trace  # the own layers' steps first, as they ran
-        if spec.count_flops:
-            upload.metrics["flops"] += first.metrics["flops"]
-    return upload
+    with _training_only(model, shared):
+        uploads = train(starts, replace(spec, personalization=Personalization()), rcs,
+                        replace(s, epochs=p.shared_epochs or s.epochs))
+    for c, (rc, upload) in enumerate(zip(rcs, uploads)):
+        rc.state.update({LOCAL + k: upload.state[k].clone() for k in local})
+        if first is not None:
+            upload.metrics["local_layers_loss"] = first[c].metrics["train_loss"]
+            upload.trace = first[c].trace + upload.trace  # the own layers' steps first, as they ran
+            if spec.count_flops:
+                upload.metrics["flops"] += first[c].metrics["flops"]
+    return uploads

@@ -9,8 +9,7 @@ from typing import Any
 
 from torch import Tensor
 
-from fedlatent.losses.contrastive import proximal
-from fedlatent.methods.parts import LockstepContext, MethodSpec, Part, TermContext
+from fedlatent.methods.parts import LockstepContext, MethodSpec, Part
 from fedlatent.methods.registry import register_part, register_preset
 
 
@@ -22,12 +21,9 @@ class Prox(Part):
         self.weight = 1.0
         self.mu = mu
 
-    def loss(self, ctx: TermContext) -> Tensor:
-        names = [n for n, p in ctx.params.items() if p.requires_grad]
-        return proximal([ctx.params[n] for n in names], [ctx.global_params[n] for n in names], self.mu)
-
     def lockstep_loss(self, ctx: LockstepContext) -> Tensor:
-        """:func:`proximal` per client of stacked weights (its foreach kernels have no vmap rule)."""
+        """(μ/2)‖w − w_global‖² per client of stacked weights (:func:`proximal`'s foreach kernels
+        have no vmap rule); the global weights with or without a client axis."""
         names = [n for n, p in ctx.params.items() if p.requires_grad]
         return 0.5 * self.mu * sum((ctx.params[n] - ctx.global_params[n]).square().flatten(1).sum(1) for n in names)
 

@@ -215,31 +215,59 @@ def local_update(ws: Workspace, global_state: Tensors, data: Split, spec: Method
                 flops += _step_flops(ws, x, need_global + has_previous, personal is not None)
             loss_sum += task.detach().cpu()
             count += 1
-    extras = {}
-    for part in every:
-        extra = part.finish(rc)
-        if extra:
-            extras[part.name] = extra
-    rc.scratch.clear()
-    if personal is not None:
-        rc.state.update({PERSONAL + k: v for k, v in state_to_cpu(ws.personal).items()})
+    extras = finish_parts(rc, every)
+    trained = state_to_cpu(model)
+    keep_models(rc, spec, trained, state_to_cpu(ws.personal) if personal is not None else None)
     if s.keep_optimizer:
         _save_optimizer(optimizer, rc.state, OPTIM)
         if personal is not None:
             _save_optimizer(personal, rc.state, PERSONAL_OPTIM)
-    if any(p.needs_prev_out for p in parts):
-        rc.state.update({PREVIOUS + k: v for k, v in state_to_cpu(model).items()})
-    metrics = {"train_loss": float(loss_sum) / max(count, 1), "steps": rc.steps,
-               **{f"term_{k}": float(v) / max(count, 1) for k, v in term_sums.items()},
-               **rc.metrics}
+    sums = {"train_loss": float(loss_sum), **{k: float(v) for k, v in term_sums.items()}}
     if personal is not None:
-        metrics["personal_loss"] = float(personal_sum) / max(count, 1)
-    if spec.count_flops:
-        metrics["flops"] = flops
-    metrics["train_seconds"] = time.perf_counter() - started
+        sums["personal_loss"] = float(personal_sum)
     steps = [{k: float(v) for k, v in step.items()} for step in trace] if trace is not None else []
-    return Upload(rc.client_id, state_to_cpu(model), rc.num_samples, rc.steps, s.lr, s.momentum,
-                  extras, metrics, steps)
+    return client_upload(rc, trained, s, extras, sums, count, time.perf_counter() - started,
+                         flops if spec.count_flops else None, steps)
+
+
+def finish_parts(rc: ClientRound, parts: list[Part]) -> dict[str, Tensors]:
+    """The parts' :meth:`~fedlatent.methods.parts.Part.finish` after local training: the extras
+    they upload, by part name; then the round's scratch is discarded."""
+    extras = {}
+    for part in parts:
+        extra = part.finish(rc)
+        if extra:
+            extras[part.name] = extra
+    rc.scratch.clear()
+    return extras
+
+
+def keep_models(rc: ClientRound, spec: MethodSpec, trained: Tensors, personal: Tensors | None) -> None:
+    """What the client keeps of the round's models for its next round: Ditto's personal model,
+    and a copy of the trained model as MOON's previous local model."""
+    if personal is not None:
+        rc.state.update({PERSONAL + k: v for k, v in personal.items()})
+    if any(p.needs_prev_out for p in spec.parts):
+        rc.state.update({PREVIOUS + k: v.clone() for k, v in trained.items()})
+
+
+def client_upload(rc: ClientRound, state: Tensors, s: LocalSettings, extras: dict[str, Tensors],
+                  sums: dict[str, float], steps: int, seconds: float, flops: int | None = None,
+                  trace: list[dict[str, float]] | None = None) -> Upload:
+    """The client's reply: its trained ``state``, sample count and steps, the parts' extras and the
+    round's metrics: the means over its ``steps`` of ``sums`` (``train_loss``, ``personal_loss``
+    for Ditto, each part's unweighted term as ``term_<part>``), the parts' own metrics, the FLOPs
+    when counted and the seconds of local training."""
+    done = max(steps, 1)
+    metrics = {"train_loss": sums["train_loss"] / done, "steps": rc.steps,
+               **{f"term_{k}": v / done for k, v in sums.items() if k not in ("train_loss", "personal_loss")},
+               **rc.metrics}
+    if "personal_loss" in sums:
+        metrics["personal_loss"] = sums["personal_loss"] / done
+    if flops is not None:
+        metrics["flops"] = flops
+    metrics["train_seconds"] = seconds
+    return Upload(rc.client_id, state, rc.num_samples, rc.steps, s.lr, s.momentum, extras, metrics, trace or [])
 
 
 def _step_flops(ws: Workspace, x: Tensor, frozen_passes: int, personal: bool) -> int:

@@ -45,8 +45,8 @@ from torch.func import functional_call, vmap
 from fedlatent.data.augment import augment_batch
 from fedlatent.data.compact import Images
 from fedlatent.data.types import Split
-from fedlatent.federated.client import (PERSONAL, PREVIOUS, LocalSettings, Workspace, batches, partial_round,
-                                       prefixed)
+from fedlatent.federated.client import (PERSONAL, PREVIOUS, LocalSettings, Workspace, batches, client_upload,
+                                       finish_parts, keep_models, partial_round, prefixed)
 from fedlatent.methods.parts import (ClientRound, LockstepContext, MethodSpec, Part, Tensors, Upload,
                                      task_loss, trainable_names)
 from fedlatent.models.base import FedModel, ModelOutput
@@ -292,32 +292,16 @@ def _train_together(ws: Workspace, starts: list[Tensors], datas: list[Split], sp
                                                           group_rcs, record), s)
     seconds = time.perf_counter() - started
     uploads = []
-    finishing = [p for p in spec.parts if type(p).finish is not Part.finish]
+    finishing = any(type(p).finish is not Part.finish for p in spec.parts)
     for c, rc in enumerate(rcs):
         rc.steps = steps[c]
-        extras = {}
+        trained = global_stack.client_state(c)
         if finishing:
-            model.load_state_dict(global_stack.client_state(c))  # finish reads the trained weights off rc.model
-        for part in finishing:
-            extra = part.finish(rc)
-            if extra:
-                extras[part.name] = extra
-        for part in personal_parts:
-            part.finish(rc)
-        rc.scratch.clear()
-        if ditto:
-            rc.state.update({PERSONAL + k: v for k, v in personal_stack.client_state(c).items()})
-        if any(p.needs_prev_out for p in spec.parts):
-            rc.state.update({PREVIOUS + k: v for k, v in global_stack.client_state(c).items()})
-        done = max(rc.steps, 1)
-        metrics = {"train_loss": float(sums["train_loss"][c]) / done, "steps": rc.steps,
-                   **{f"term_{k}": float(v[c]) / done for k, v in sums.items()
-                      if k not in ("train_loss", "personal_loss") and seen[k][c]},
-                   **rc.metrics, "train_seconds": seconds / count}
-        if ditto:
-            metrics["personal_loss"] = float(sums["personal_loss"][c]) / done
-        uploads.append(Upload(rc.client_id, global_stack.client_state(c), rc.num_samples, rc.steps, s.lr,
-                              s.momentum, extras, metrics))
+            model.load_state_dict(trained)  # finish reads the trained weights off rc.model
+        extras = finish_parts(rc, spec.parts + personal_parts)
+        keep_models(rc, spec, trained, personal_stack.client_state(c) if ditto else None)
+        own = {k: float(v[c]) for k, v in sums.items() if k in ("train_loss", "personal_loss") or seen[k][c]}
+        uploads.append(client_upload(rc, trained, s, extras, own, rc.steps, seconds / count))
     return uploads
 
 

@@ -127,19 +127,31 @@ def _epochs(num_samples: int, s: LocalSettings, generator: torch.Generator) -> I
         left -= len(epoch)
 
 
-def _add_terms(loss: Tensor, parts: list[Part], ctx: TermContext, sums: dict[str, Tensor],
-               step: dict[str, Tensor] | None = None, prefix: str = "") -> Tensor:
-    """``loss`` plus each part's weighted term (no extra autograd node when no part contributes);
-    each unweighted term is also kept in ``step`` under ``prefix + name`` when tracing."""
+def add_terms(loss: Tensor, parts: list[Part], term: Callable[[Part], Tensor | None],
+              record: Callable[[Part, Tensor], None]) -> Tensor:
+    """``loss`` plus each part's weighted term ``term(part)`` (one client's, or the clients' with
+    a leading axis), each unweighted value handed to ``record``; a part without a term, or whose
+    term is None this step, adds nothing (no autograd node either)."""
     for part in parts:
-        value = part.loss(ctx)
+        if not part.has_term():  # a part acting only on the server or on the step
+            continue
+        value = term(part)
         if value is None:
             continue
+        record(part, value)
+        loss = loss + part.weight * value
+    return loss
+
+
+def _add_terms(loss: Tensor, parts: list[Part], ctx: TermContext, sums: dict[str, Tensor],
+               step: dict[str, Tensor] | None = None, prefix: str = "") -> Tensor:
+    """:func:`add_terms` for one client: each unweighted term summed in ``sums`` and, when
+    tracing, kept in ``step`` under ``prefix + name``."""
+    def record(part: Part, value: Tensor) -> None:
         sums[part.name] = sums.get(part.name, 0.0) + value.detach()
         if step is not None:
             step[prefix + part.name] = value.detach()
-        loss = loss + part.weight * value
-    return loss
+    return add_terms(loss, parts, lambda part: part.loss(ctx), record)
 
 
 def local_update(ws: Workspace, global_state: Tensors, data: Split, spec: MethodSpec, rc: ClientRound,

@@ -45,7 +45,7 @@ from torch.func import functional_call, vmap
 from fedlatent.data.augment import augment_batch
 from fedlatent.data.compact import Images
 from fedlatent.data.types import Split
-from fedlatent.federated.client import (PERSONAL, PREVIOUS, LocalSettings, Workspace, batches, client_upload,
+from fedlatent.federated.client import (PERSONAL, PREVIOUS, LocalSettings, Workspace, add_terms, batches, client_upload,
                                        finish_parts, keep_models, partial_round, prefixed)
 from fedlatent.methods.parts import (ClientRound, LockstepContext, MethodSpec, Part, Tensors, Upload,
                                      task_loss, trainable_names)
@@ -330,18 +330,12 @@ def _recorder(sums: dict[str, Tensor], seen: dict[str, Tensor],
 
 def _with_terms(task: Tensor, parts: list[Part], ctx: LockstepContext,
                 record: Callable[[str, Tensor, Tensor | None], None]) -> Tensor:
-    """Σ over clients of task + Σ weight·term, each part's (clients,) term recorded (a part with
-    no term for any client of the group returns None, as its :meth:`~Part.loss` would)."""
-    total = task
-    for part in parts:
-        if not part.has_term():  # a part without a loss term (server-side only)
-            continue
-        value = part.lockstep_loss(ctx)
-        if value is None:
-            continue
-        record(part.name, value, ctx.prev_present if part.needs_prev_out else None)
-        total = total + part.weight * value
-    return total.sum()
+    """Σ over clients of :func:`~fedlatent.federated.client.add_terms`: task + Σ weight·term,
+    each part's (clients,) term recorded (a part with no term for any client of the group returns
+    None, as its :meth:`~Part.loss` would)."""
+    return add_terms(task, parts, lambda part: part.lockstep_loss(ctx),
+                     lambda part, value: record(part.name, value, ctx.prev_present if part.needs_prev_out else None)
+                     ).sum()
 
 
 def _personal_loss(spec: MethodSpec, forward: Callable, global_out: ModelOutput | None, taps: tuple[str, ...],

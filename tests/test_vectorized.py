@@ -163,6 +163,7 @@ def test_augmented_batches_match_simulation(policy: str) -> None:
 
 @pytest.mark.parametrize("name,keys,terms", [
     ("fedrep", {"head_epochs": 2, "body_epochs": 1}, []),
+    ("fedrep", {"head_epochs": 2, "body_epochs": 1, "temperature": 0.5}, []),  # both phases at the temperature
     ("lg_fedavg", {}, []),
     ("lg_fedavg", {}, [{"name": "cosine", "mu": 0.5}, {"name": "prox", "mu": 0.5}]),
     ("fedrep", {"head_epochs": 1}, [{"name": "moon", "mu": 0.5}]),

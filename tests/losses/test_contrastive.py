@@ -46,6 +46,19 @@ def test_matches_reference(tau: float, num_prev: int) -> None:
     assert float(got) == pytest.approx(reference_moon(z, z_glob, prevs, tau), rel=1e-12)
 
 
+def test_batched_batches_are_independent_references() -> None:
+    """(B, N, d) inputs: one value per batch, each its own float64 reference; no previous model:
+    B zeros."""
+    rng = np.random.default_rng(7)
+    z, z_glob, z_prev = rng.normal(size=(3, 4, 9, 6))
+    got = moon_contrastive(torch.from_numpy(z), torch.from_numpy(z_glob), torch.from_numpy(z_prev), 0.5)
+    assert got.shape == (4,)
+    for b in range(4):
+        assert float(got[b]) == pytest.approx(reference_moon(z[b], z_glob[b], [z_prev[b]], 0.5), rel=1e-12)
+    none = moon_contrastive(torch.from_numpy(z), torch.from_numpy(z_glob), None, 0.5)
+    assert none.shape == (4,) and not none.any()
+
+
 @pytest.mark.parametrize("z_prev", [None, []])
 def test_round_zero_is_zero(z_prev: object) -> None:
     z = torch.randn(5, 4, requires_grad=True)

@@ -13,7 +13,7 @@ are saved back to its state at the end.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 
@@ -127,26 +127,40 @@ def _epochs(num_samples: int, s: LocalSettings, generator: torch.Generator) -> I
         left -= len(epoch)
 
 
-def _add_terms(loss: Tensor, parts: list[Part], ctx: TermContext, sums: dict[str, Tensor],
-               step: dict[str, Tensor] | None = None, prefix: str = "") -> Tensor:
-    """``loss`` plus each part's weighted term (no extra autograd node when no part contributes);
-    each unweighted term is also kept in ``step`` under ``prefix + name`` when tracing."""
+def add_terms(loss: Tensor, parts: list[Part], term: Callable[[Part], Tensor | None],
+              record: Callable[[Part, Tensor], None]) -> Tensor:
+    """``loss`` plus each part's weighted term ``term(part)`` (one client's, or the clients' with
+    a leading axis), each unweighted value handed to ``record``; a part without a term, or whose
+    term is None this step, adds nothing (no autograd node either)."""
     for part in parts:
-        value = part.loss(ctx)
+        if not part.has_term():  # a part acting only on the server or on the step
+            continue
+        value = term(part)
         if value is None:
             continue
+        record(part, value)
+        loss = loss + part.weight * value
+    return loss
+
+
+def _add_terms(loss: Tensor, parts: list[Part], ctx: TermContext, sums: dict[str, Tensor],
+               step: dict[str, Tensor] | None = None, prefix: str = "") -> Tensor:
+    """:func:`add_terms` for one client: each unweighted term summed in ``sums`` and, when
+    tracing, kept in ``step`` under ``prefix + name``."""
+    def record(part: Part, value: Tensor) -> None:
         sums[part.name] = sums.get(part.name, 0.0) + value.detach()
         if step is not None:
             step[prefix + part.name] = value.detach()
-        loss = loss + part.weight * value
-    return loss
+    return add_terms(loss, parts, lambda part: part.loss(ctx), record)
 
 
 def local_update(ws: Workspace, global_state: Tensors, data: Split, spec: MethodSpec, rc: ClientRound,
                  s: LocalSettings, generator: torch.Generator) -> Upload:
     """Train ``ws.model`` from ``global_state`` on ``data``; update ``rc.state`` in place; return the upload."""
     if spec.personalization.kind == "partial":
-        return _partial_update(ws, global_state, data, spec, rc, s, generator)
+        def train(starts: list[Tensors], spec_: MethodSpec, rcs: list[ClientRound], s_: LocalSettings) -> list[Upload]:
+            return [local_update(ws, starts[0], data, spec_, rcs[0], s_, generator)]
+        return partial_round(ws.model, global_state, spec, [rc], s, train)[0]
     started = time.perf_counter()
     model, parts = ws.model, spec.parts
     model.load_state_dict(global_state)
@@ -195,7 +209,7 @@ def local_update(ws: Workspace, global_state: Tensors, data: Split, spec: Method
             out = model(x, taps)
             task = task_loss(spec.loss, out.logits, y, temperature=spec.temperature)
             ctx = TermContext(out, y, params, rc.global_params, global_out,
-                              prev_out, s.num_classes, rc.state, rc.payload, rc.scratch)
+                              prev_out, s.num_classes, rc.state, rc.payload, rc.scratch, rc)
             step = {"task": task.detach()} if trace is not None else None
             loss = _add_terms(task, parts, ctx, term_sums, step)
             optimizer.zero_grad(set_to_none=True)
@@ -213,31 +227,59 @@ def local_update(ws: Workspace, global_state: Tensors, data: Split, spec: Method
                 flops += _step_flops(ws, x, need_global + has_previous, personal is not None)
             loss_sum += task.detach().cpu()
             count += 1
-    extras = {}
-    for part in every:
-        extra = part.finish(rc)
-        if extra:
-            extras[part.name] = extra
-    rc.scratch.clear()
-    if personal is not None:
-        rc.state.update({PERSONAL + k: v for k, v in state_to_cpu(ws.personal).items()})
+    extras = finish_parts(rc, every)
+    trained = state_to_cpu(model)
+    keep_models(rc, spec, trained, state_to_cpu(ws.personal) if personal is not None else None)
     if s.keep_optimizer:
         _save_optimizer(optimizer, rc.state, OPTIM)
         if personal is not None:
             _save_optimizer(personal, rc.state, PERSONAL_OPTIM)
-    if any(p.needs_prev_out for p in parts):
-        rc.state.update({PREVIOUS + k: v for k, v in state_to_cpu(model).items()})
-    metrics = {"train_loss": float(loss_sum) / max(count, 1), "steps": rc.steps,
-               **{f"term_{k}": float(v) / max(count, 1) for k, v in term_sums.items()},
-               **rc.metrics}
+    sums = {"train_loss": float(loss_sum), **{k: float(v) for k, v in term_sums.items()}}
     if personal is not None:
-        metrics["personal_loss"] = float(personal_sum) / max(count, 1)
-    if spec.count_flops:
-        metrics["flops"] = flops
-    metrics["train_seconds"] = time.perf_counter() - started
+        sums["personal_loss"] = float(personal_sum)
     steps = [{k: float(v) for k, v in step.items()} for step in trace] if trace is not None else []
-    return Upload(rc.client_id, state_to_cpu(model), rc.num_samples, rc.steps, s.lr, s.momentum,
-                  extras, metrics, steps)
+    return client_upload(rc, trained, s, extras, sums, count, time.perf_counter() - started,
+                         flops if spec.count_flops else None, steps)
+
+
+def finish_parts(rc: ClientRound, parts: list[Part]) -> dict[str, Tensors]:
+    """The parts' :meth:`~fedlatent.methods.parts.Part.finish` after local training: the extras
+    they upload, by part name; then the round's scratch is discarded."""
+    extras = {}
+    for part in parts:
+        extra = part.finish(rc)
+        if extra:
+            extras[part.name] = extra
+    rc.scratch.clear()
+    return extras
+
+
+def keep_models(rc: ClientRound, spec: MethodSpec, trained: Tensors, personal: Tensors | None) -> None:
+    """What the client keeps of the round's models for its next round: Ditto's personal model,
+    and a copy of the trained model as MOON's previous local model."""
+    if personal is not None:
+        rc.state.update({PERSONAL + k: v for k, v in personal.items()})
+    if any(p.needs_prev_out for p in spec.parts):
+        rc.state.update({PREVIOUS + k: v.clone() for k, v in trained.items()})
+
+
+def client_upload(rc: ClientRound, state: Tensors, s: LocalSettings, extras: dict[str, Tensors],
+                  sums: dict[str, float], steps: int, seconds: float, flops: int | None = None,
+                  trace: list[dict[str, float]] | None = None) -> Upload:
+    """The client's reply: its trained ``state``, sample count and steps, the parts' extras and the
+    round's metrics: the means over its ``steps`` of ``sums`` (``train_loss``, ``personal_loss``
+    for Ditto, each part's unweighted term as ``term_<part>``), the parts' own metrics, the FLOPs
+    when counted and the seconds of local training."""
+    done = max(steps, 1)
+    metrics = {"train_loss": sums["train_loss"] / done, "steps": rc.steps,
+               **{f"term_{k}": v / done for k, v in sums.items() if k not in ("train_loss", "personal_loss")},
+               **rc.metrics}
+    if "personal_loss" in sums:
+        metrics["personal_loss"] = sums["personal_loss"] / done
+    if flops is not None:
+        metrics["flops"] = flops
+    metrics["train_seconds"] = seconds
+    return Upload(rc.client_id, state, rc.num_samples, rc.steps, s.lr, s.momentum, extras, metrics, trace or [])
 
 
 def _step_flops(ws: Workspace, x: Tensor, frozen_passes: int, personal: bool) -> int:
@@ -274,7 +316,7 @@ def _personal_step(personal: FedModel, optimizer: torch.optim.Optimizer, spec: M
         loss = loss + 0.5 * lam * sum(((params[n] - rc.global_params[n]) ** 2).sum()
                                       for n in trainable_names(personal))
     ctx = TermContext(out, y, params, rc.global_params, global_out, None, s.num_classes, rc.state, rc.payload,
-                      rc.scratch)
+                      rc.scratch, rc)
     if step is not None:
         step["personal_task"] = task.detach()
     loss = _add_terms(loss, spec.personalization.parts, ctx, term_sums, step, prefix="personal_")
@@ -306,35 +348,39 @@ def _training_only(model: FedModel, names: set[str]) -> Iterator[None]:
             p.requires_grad_(flags[n])
 
 
-def _partial_update(ws: Workspace, global_state: Tensors, data: Split, spec: MethodSpec, rc: ClientRound,
-                    s: LocalSettings, generator: torch.Generator) -> Upload:
-    """A round of partial personalisation: start from the global state with the client's own
-    layers, train those alone for ``local_epochs`` (FedRep's head phase, the task loss only), then
-    the shared layers (``freeze_local``) or all layers with the method's parts; keep the own
-    layers in the client's state. The upload carries every entry; the server averages only the
-    shared ones."""
+Train = Callable[[list[Tensors], MethodSpec, list[ClientRound], LocalSettings], list[Upload]]
+
+
+def partial_round(model: FedModel, global_state: Tensors, spec: MethodSpec, rcs: list[ClientRound],
+                  s: LocalSettings, train: Train) -> list[Upload]:
+    """A round of partial personalisation for the clients of ``rcs``, whatever trains them
+    (``train(starts, spec, rcs, settings)``: one client after another, or all at once): start from
+    the global state with each client's own layers, train those alone for ``local_epochs``
+    (FedRep's head phase, the task loss only), then the shared layers (``freeze_local``) or all
+    layers with the method's parts; keep the own layers in the clients' states. An upload carries
+    every entry; the server averages only the shared ones."""
     p = spec.personalization
-    names = [n for n, _ in ws.model.named_parameters()]
+    names = [n for n, _ in model.named_parameters()]
     local = set(p.local_keys(names, list(global_state)))
-    start = own_state(ws.model, p, rc.state, global_state)
-    local_loss = None
-    if p.local_epochs and any(q.requires_grad for n, q in ws.model.named_parameters() if n in local):
-        alone = replace(rc, state={}, payload={}, steps=0, metrics={})
+    starts = [own_state(model, p, rc.state, global_state) for rc in rcs]
+    first: list[Upload] | None = None
+    if p.local_epochs and any(q.requires_grad for n, q in model.named_parameters() if n in local):
+        alone = [replace(rc, state={}, payload={}, steps=0, metrics={}, scratch={}) for rc in rcs]
         settings = replace(s, epochs=p.local_epochs, steps=0, keep_optimizer=False)
-        with _training_only(ws.model, local):
-            local_spec = MethodSpec("local", loss=spec.loss, temperature=spec.temperature, trace=spec.trace,
-                                    count_flops=spec.count_flops)
-            first = local_update(ws, start, data, local_spec, alone, settings, generator)
-        start, local_loss = first.state, first.metrics["train_loss"]
+        local_spec = MethodSpec("local", loss=spec.loss, temperature=spec.temperature, trace=spec.trace,
+                                count_flops=spec.count_flops)
+        with _training_only(model, local):
+            first = train(starts, local_spec, alone, settings)
+        starts = [u.state for u in first]
     shared = {n for n in names if n not in local} if p.freeze_local else set(names)
-    shared_spec = replace(spec, personalization=Personalization())
-    with _training_only(ws.model, shared):
-        upload = local_update(ws, start, data, shared_spec, rc, replace(s, epochs=p.shared_epochs or s.epochs),
-                              generator)
-    rc.state.update({LOCAL + k: upload.state[k].clone() for k in local})
-    if local_loss is not None:
-        upload.metrics["local_layers_loss"] = local_loss
-        upload.trace = first.trace + upload.trace  # the own layers' steps first, as they ran
-        if spec.count_flops:
-            upload.metrics["flops"] += first.metrics["flops"]
-    return upload
+    with _training_only(model, shared):
+        uploads = train(starts, replace(spec, personalization=Personalization()), rcs,
+                        replace(s, epochs=p.shared_epochs or s.epochs))
+    for c, (rc, upload) in enumerate(zip(rcs, uploads)):
+        rc.state.update({LOCAL + k: upload.state[k].clone() for k in local})
+        if first is not None:
+            upload.metrics["local_layers_loss"] = first[c].metrics["train_loss"]
+            upload.trace = first[c].trace + upload.trace  # the own layers' steps first, as they ran
+            if spec.count_flops:
+                upload.metrics["flops"] += first[c].metrics["flops"]
+    return uploads

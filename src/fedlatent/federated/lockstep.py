@@ -22,7 +22,7 @@ MOON, the feature-drift constraints), after-step moves through
 per step for the group, MOON's previous local models stacked under ``vmap``; Ditto with its
 constraints, MMD-D's deep kernels trained together. Layers kept per client (FedRep, LG-FedAvg):
 each client starts from its own weights (stacked: the round-start models and the weights a term
-pulls towards get a client axis), both phases as in ``client._partial_update``. A step hook
+pulls towards get a client axis), both phases of ``client.partial_round``. A step hook
 without a lockstep form would not be supported; :func:`unsupported` says why a run is not.
 
 Dropout: ``vmap(randomness="different")`` draws an independent mask per client, from the global
@@ -36,7 +36,6 @@ from __future__ import annotations
 import time
 from collections import defaultdict
 from collections.abc import Iterator
-from dataclasses import replace
 from typing import Callable
 
 import torch
@@ -46,9 +45,9 @@ from torch.func import functional_call, vmap
 from fedlatent.data.augment import augment_batch
 from fedlatent.data.compact import Images
 from fedlatent.data.types import Split
-from fedlatent.federated.client import (LOCAL, PERSONAL, PREVIOUS, LocalSettings, Workspace, _training_only,
-                                       batches, own_state, prefixed)
-from fedlatent.methods.parts import (ClientRound, LockstepContext, MethodSpec, Part, Personalization, Tensors, Upload,
+from fedlatent.federated.client import (PERSONAL, PREVIOUS, LocalSettings, Workspace, add_terms, batches, client_upload,
+                                       finish_parts, keep_models, partial_round, prefixed)
+from fedlatent.methods.parts import (ClientRound, LockstepContext, MethodSpec, Part, Tensors, Upload,
                                      task_loss, trainable_names)
 from fedlatent.models.base import FedModel, ModelOutput
 
@@ -56,8 +55,7 @@ def unsupported(spec: MethodSpec) -> str | None:
     """Why ``spec`` cannot train in lockstep (one line), or None when it can."""
     for part in spec.parts:
         moves_weights = type(part).after_step is not Part.after_step and not part.has_lockstep_steps()
-        has_loss = type(part).loss is not Part.loss
-        if moves_weights or (has_loss and not part.has_lockstep_form()):
+        if moves_weights or (part.has_term() and not part.has_lockstep_form()):
             return f"part '{part.name}' acts on the client's training step, which has no lockstep form yet"
     if spec.personalization.kind == "ditto":
         for part in spec.personalization.parts:
@@ -213,37 +211,10 @@ def lockstep_update(ws: Workspace, global_state: Tensors, datas: list[Split], sp
     """Train the clients of ``rcs`` from ``global_state`` on ``datas`` at once; update each
     ``rc.state`` in place and return their uploads (as :func:`client.local_update` would, one by one)."""
     if spec.personalization.kind == "partial":
-        return _partial_together(ws, global_state, datas, spec, rcs, s, generators)
+        def train(starts: list[Tensors], spec_: MethodSpec, rcs_: list[ClientRound], s_: LocalSettings) -> list[Upload]:
+            return _train_together(ws, starts, datas, spec_, rcs_, s_, generators)
+        return partial_round(ws.model, global_state, spec, rcs, s, train)
     return _train_together(ws, [global_state] * len(rcs), datas, spec, rcs, s, generators)
-
-
-def _partial_together(ws: Workspace, global_state: Tensors, datas: list[Split], spec: MethodSpec,
-                      rcs: list[ClientRound], s: LocalSettings, generators: list[torch.Generator]) -> list[Upload]:
-    """A round of partial personalisation (FedRep, LG-FedAvg) for all clients at once, as
-    ``client._partial_update`` runs it for one: from the global state with each client's own
-    layers, those layers alone first (task loss only) for ``local_epochs``, then the shared
-    (``freeze_local``) or all layers with the method's parts; the own layers saved back to the
-    client states."""
-    p, model = spec.personalization, ws.model
-    names = [n for n, _ in model.named_parameters()]
-    local = set(p.local_keys(names, list(global_state)))
-    starts = [own_state(model, p, rc.state, global_state) for rc in rcs]
-    local_losses = None
-    if p.local_epochs and any(q.requires_grad for n, q in model.named_parameters() if n in local):
-        alone = [replace(rc, state={}, payload={}, steps=0, metrics={}, scratch={}) for rc in rcs]
-        settings = replace(s, epochs=p.local_epochs, steps=0, keep_optimizer=False)
-        with _training_only(model, local):
-            first = _train_together(ws, starts, datas, MethodSpec("local", loss=spec.loss), alone, settings, generators)
-        starts, local_losses = [u.state for u in first], [u.metrics["train_loss"] for u in first]
-    shared = {n for n in names if n not in local} if p.freeze_local else set(names)
-    with _training_only(model, shared):
-        uploads = _train_together(ws, starts, datas, replace(spec, personalization=Personalization()), rcs,
-                                  replace(s, epochs=p.shared_epochs or s.epochs), generators)
-    for c, (rc, upload) in enumerate(zip(rcs, uploads)):
-        rc.state.update({LOCAL + k: upload.state[k].clone() for k in local})
-        if local_losses is not None:
-            upload.metrics["local_layers_loss"] = local_losses[c]
-    return uploads
 
 
 def _train_together(ws: Workspace, starts: list[Tensors], datas: list[Split], spec: MethodSpec,
@@ -322,32 +293,16 @@ def _train_together(ws: Workspace, starts: list[Tensors], datas: list[Split], sp
                                                           group_rcs, record), s)
     seconds = time.perf_counter() - started
     uploads = []
-    finishing = [p for p in spec.parts if type(p).finish is not Part.finish]
+    finishing = any(type(p).finish is not Part.finish for p in spec.parts)
     for c, rc in enumerate(rcs):
         rc.steps = steps[c]
-        extras = {}
+        trained = global_stack.client_state(c)
         if finishing:
-            model.load_state_dict(global_stack.client_state(c))  # finish reads the trained weights off rc.model
-        for part in finishing:
-            extra = part.finish(rc)
-            if extra:
-                extras[part.name] = extra
-        for part in personal_parts:
-            part.finish(rc)
-        rc.scratch.clear()
-        if ditto:
-            rc.state.update({PERSONAL + k: v for k, v in personal_stack.client_state(c).items()})
-        if any(p.needs_prev_out for p in spec.parts):
-            rc.state.update({PREVIOUS + k: v for k, v in global_stack.client_state(c).items()})
-        done = max(rc.steps, 1)
-        metrics = {"train_loss": float(sums["train_loss"][c]) / done, "steps": rc.steps,
-                   **{f"term_{k}": float(v[c]) / done for k, v in sums.items()
-                      if k not in ("train_loss", "personal_loss") and seen[k][c]},
-                   **rc.metrics, "train_seconds": seconds / count}
-        if ditto:
-            metrics["personal_loss"] = float(sums["personal_loss"][c]) / done
-        uploads.append(Upload(rc.client_id, global_stack.client_state(c), rc.num_samples, rc.steps, s.lr,
-                              s.momentum, extras, metrics))
+            model.load_state_dict(trained)  # finish reads the trained weights off rc.model
+        extras = finish_parts(rc, spec.parts + personal_parts)
+        keep_models(rc, spec, trained, personal_stack.client_state(c) if ditto else None)
+        own = {k: float(v[c]) for k, v in sums.items() if k in ("train_loss", "personal_loss") or seen[k][c]}
+        uploads.append(client_upload(rc, trained, s, extras, own, rc.steps, seconds / count))
     return uploads
 
 
@@ -376,18 +331,12 @@ def _recorder(sums: dict[str, Tensor], seen: dict[str, Tensor],
 
 def _with_terms(task: Tensor, parts: list[Part], ctx: LockstepContext,
                 record: Callable[[str, Tensor, Tensor | None], None]) -> Tensor:
-    """Σ over clients of task + Σ weight·term, each part's (clients,) term recorded (a part with
-    no term for any client of the group returns None, as its :meth:`~Part.loss` would)."""
-    total = task
-    for part in parts:
-        if type(part).loss is Part.loss:  # a part without a loss term (server-side only)
-            continue
-        value = part.lockstep_loss(ctx)
-        if value is None:
-            continue
-        record(part.name, value, ctx.prev_present if part.needs_prev_out else None)
-        total = total + part.weight * value
-    return total.sum()
+    """Σ over clients of :func:`~fedlatent.federated.client.add_terms`: task + Σ weight·term,
+    each part's (clients,) term recorded (a part with no term for any client of the group returns
+    None, as its :meth:`~Part.loss` would)."""
+    return add_terms(task, parts, lambda part: part.lockstep_loss(ctx),
+                     lambda part, value: record(part.name, value, ctx.prev_present if part.needs_prev_out else None)
+                     ).sum()
 
 
 def _personal_loss(spec: MethodSpec, forward: Callable, global_out: ModelOutput | None, taps: tuple[str, ...],

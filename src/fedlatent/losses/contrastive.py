@@ -38,14 +38,15 @@ def moon_contrastive(
     release's MOON, which ignores the temperature.
 
     Args:
-        z: the local model's projected representations, ``(N, d)``.
-        z_global: the global model's, ``(N, d)`` (the positive pair).
-        z_prev: the previous local model(s)' representations: one ``(N, d)`` tensor, a sequence
-            of them (MOON's buffer of past models), or ``None``.
+        z: the local model's projected representations, ``(N, d)``, or ``(B, N, d)`` for ``B``
+            independent batches (the vectorized backend's clients).
+        z_global: the global model's, ``z``'s shape (the positive pair).
+        z_prev: the previous local model(s)' representations: one tensor of ``z``'s shape, a
+            sequence of them (MOON's buffer of past models), or ``None``.
         tau: temperature, ``> 0``.
 
     Returns:
-        A 0-d tensor in ``z``'s dtype.
+        A 0-d tensor in ``z``'s dtype (``(B,)`` for batched ``z``).
 
     Round 0 convention: with no previous model (``z_prev`` is ``None`` or an empty sequence)
     there is no negative pair, the ratio is identically 1 and the term is 0 (returned with a
@@ -58,8 +59,9 @@ def moon_contrastive(
     """
     if not tau > 0:
         raise ValueError(f"tau must be positive, got {tau}")
-    if z.dim() != 2 or z_global.shape != z.shape:
-        raise ValueError(f"z and z_global must both be (N, d); got {tuple(z.shape)} and {tuple(z_global.shape)}")
+    if z.dim() not in (2, 3) or z_global.shape != z.shape:
+        raise ValueError(f"z and z_global must both be (N, d) or (B, N, d); got {tuple(z.shape)} and "
+                         f"{tuple(z_global.shape)}")
     if z_prev is None:
         negatives: list[Tensor] = []
     elif isinstance(z_prev, Tensor):
@@ -69,12 +71,12 @@ def moon_contrastive(
     for prev in negatives:
         if prev.shape != z.shape:
             raise ValueError(f"every z_prev must have z's shape {tuple(z.shape)}, got {tuple(prev.shape)}")
-    if not negatives or z.shape[0] == 0:
-        return z.sum() * 0.0
-    scores = [F.cosine_similarity(z, z_global, dim=1)]
-    scores += [F.cosine_similarity(z, prev, dim=1) for prev in negatives]
-    logits = torch.stack(scores, dim=1) / tau  # (N, 1 + number of previous models)
-    return (torch.logsumexp(logits, dim=1) - logits[:, 0]).mean()
+    if not negatives or z.shape[-2] == 0:
+        return z.sum((-2, -1)) * 0.0
+    scores = [F.cosine_similarity(z, z_global, dim=-1)]
+    scores += [F.cosine_similarity(z, prev, dim=-1) for prev in negatives]
+    logits = torch.stack(scores, dim=-1) / tau  # (…, N, 1 + number of previous models)
+    return (torch.logsumexp(logits, dim=-1) - logits[..., 0]).mean(-1)
 
 
 def proximal(params: Sequence[Tensor], reference: Sequence[Tensor], mu: float) -> Tensor:

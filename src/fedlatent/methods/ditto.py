@@ -55,7 +55,7 @@ from torch.func import functional_call
 from torch.nn import functional as F
 
 from fedlatent.errors import ConfigError
-from fedlatent.losses.mmd import (kernel_bandwidths, mk_mmd, mk_mmd_batch, mmd_estimates_with_covariance_batch,
+from fedlatent.losses.mmd import (kernel_bandwidths, mk_mmd_batch, mmd_estimates_with_covariance_batch,
                                   optimize_kernel_weights)
 from fedlatent.losses.mmd_d import DeepKernel, mmd_d, train_deep_kernel, train_deep_kernels
 from fedlatent.methods.parts import ClientRound, LockstepContext, MethodSpec, Part, Personalization, TermContext
@@ -217,13 +217,9 @@ class MkMmd(FeatureDrift):
             else:
                 rc.state.setdefault(self.key(l), torch.full((self.num_kernels,), 1.0 / self.num_kernels))
 
-    def loss(self, ctx: TermContext) -> Tensor:
-        pairs = self.pairs(ctx.out, ctx.global_out)
-        self.observe(ctx.scratch[self.name], pairs)
-        return sum(mk_mmd(p, g, betas=ctx.state[self.key(l)], kernel=self.kernel, normalize=self.normalize,
-                          estimator=self.estimator) for l, (p, g) in pairs.items())
-
     def lockstep_loss(self, ctx: LockstepContext) -> Tensor:
+        """Each client's window records the step's features, β re-solved where due (before this
+        step's loss, the windows due together); the terms of all clients from one batched call."""
         pairs = self.pairs(ctx.out, ctx.global_out, batch_dims=2)
         rcs, due = ctx.rcs, []
         for i, rc in enumerate(rcs):
@@ -235,12 +231,6 @@ class MkMmd(FeatureDrift):
             self.refresh(due)
         return sum(mk_mmd_batch(p, g, betas=torch.stack([rc.state[self.key(l)] for rc in rcs]), kernel=self.kernel,
                                 normalize=self.normalize, estimator=self.estimator) for l, (p, g) in pairs.items())
-
-    def observe(self, window: _Window, pairs: dict[str, tuple[Tensor, Tensor]]) -> None:
-        """Record a personal step's features; re-solve β when due (before this step's loss)."""
-        window.observe(pairs)
-        if refresh_due(window.step, self.every, self.stale):
-            self.refresh([window])
 
     def refresh(self, windows: list[_Window]) -> None:
         """Re-solve β of every layer from each window's batches (kept as is when too few samples);
@@ -312,21 +302,14 @@ class MmdD(FeatureDrift):
             kernels[layer] = kernel.to(sample.device).requires_grad_(False)
         return kernels[layer]
 
-    def loss(self, ctx: TermContext) -> Tensor:
-        pairs = self.pairs(ctx.out, ctx.global_out)
-        window = ctx.scratch[self.name]
-        self.observe(window, pairs)
-        return sum(mmd_d(p, g, self.kernel_for(window.rc, l, p), semantics=self.semantics, estimator=self.estimator)
-                   for l, (p, g) in pairs.items())
-
     def lockstep_loss(self, ctx: LockstepContext) -> Tensor:
-        """Each client's window as in :meth:`loss`, the kernels due trained together
+        """Each client's window records the step's features, the kernels due trained together
         (:func:`~fedlatent.losses.mmd_d.train_deep_kernels`); the terms of all clients from one
         ``vmap`` over their stacked kernel weights."""
         pairs = self.pairs(ctx.out, ctx.global_out, batch_dims=2)
+        windows = [rc.scratch[self.name] for rc in ctx.rcs]
         due = []
-        for i, rc in enumerate(ctx.rcs):
-            window = rc.scratch[self.name]
+        for i, window in enumerate(windows):
             window.observe({l: (p[i], g[i]) for l, (p, g) in pairs.items()})
             if refresh_due(window.step, self.every, self.stale) and self.steps:
                 due.append(window)
@@ -334,19 +317,13 @@ class MmdD(FeatureDrift):
             self.train_kernels(due, pairs)
         total = 0.0
         for l, (p, g) in pairs.items():
-            kernels = [self.kernel_for(rc, l, p) for rc in ctx.rcs]
+            kernels = [self.kernel_for(window.rc, l, p) for window in windows]
             named = [dict(kernel.named_parameters()) for kernel in kernels]
             weights = {k: torch.stack([params[k] for params in named]) for k in named[0]}
             loss = _KernelLoss(kernels[0], self.semantics, self.estimator)
             total = total + torch.vmap(lambda w, a, b: functional_call(loss, {f"kernel.{k}": v for k, v in w.items()},
                                                                        (a, b)))(weights, p, g)
         return total
-
-    def observe(self, window: _Window, pairs: dict[str, tuple[Tensor, Tensor]]) -> None:
-        """Record a personal step's features; train the window's kernels when due."""
-        window.observe(pairs)
-        if refresh_due(window.step, self.every, self.stale) and self.steps:
-            self.train_kernels([window], pairs)
 
     def train_kernels(self, windows: list[_Window], pairs: dict[str, tuple[Tensor, Tensor]]) -> None:
         """Train every layer's kernel of each window on its batches (kept as is when fewer than

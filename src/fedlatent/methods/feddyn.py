@@ -18,7 +18,7 @@ import torch
 from torch import Tensor
 
 from fedlatent.methods.aggregation import weighted_mean
-from fedlatent.methods.parts import ClientRound, LockstepContext, MethodSpec, Part, TermContext, Tensors, Upload
+from fedlatent.methods.parts import ClientRound, LockstepContext, MethodSpec, Part, Tensors, Upload
 from fedlatent.methods.registry import register_part, register_preset
 
 LAM, H = "feddyn.lambda.", "feddyn.h."
@@ -40,10 +40,6 @@ class FedDyn(Part):
         linear = {n: (rc.state.get(LAM + n, torch.zeros_like(p.cpu())).to(p.device) - rc.global_params[n])
                   for n, p in rc.model.named_parameters() if p.requires_grad}
         rc.scratch[self.name] = (alpha_k, linear)
-
-    def loss(self, ctx: TermContext) -> Tensor:
-        alpha_k, linear = ctx.scratch[self.name]
-        return alpha_k * sum((ctx.params[n] * lin).sum() for n, lin in linear.items())
 
     def lockstep_loss(self, ctx: LockstepContext) -> Tensor:
         """α_k⟨θ_k, λ_k − θ_srv⟩ per client, each client's α_k and coefficients stacked."""

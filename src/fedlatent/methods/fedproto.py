@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 from fedlatent.losses.contrastive import prototype_distance
-from fedlatent.methods.parts import ClientRound, LockstepContext, MethodSpec, Part, TermContext, Tensors, Upload
+from fedlatent.methods.parts import ClientRound, LockstepContext, MethodSpec, Part, Tensors, Upload
 from fedlatent.methods.registry import register_part, register_preset
 
 PROTO, PRESENT = "fedproto.prototypes", "fedproto.present"
@@ -47,14 +47,6 @@ class FedProto(Part):
 
     def begin(self, rc: ClientRound) -> None:
         rc.scratch[self.name] = _Prototypes()
-
-    def loss(self, ctx: TermContext) -> Tensor | None:
-        z, y = ctx.out.z, ctx.y
-        ctx.scratch[self.name].add(z, y, ctx.num_classes)
-        if PROTO not in ctx.payload:
-            return None
-        return prototype_distance(z, y, ctx.payload[PROTO].to(z.device), ctx.payload[PRESENT].to(z.device),
-                                  semantics=self.semantics)
 
     def lockstep_loss(self, ctx: LockstepContext) -> Tensor | None:
         """Each client's sums from its rows of the group; the distance to the one set of global

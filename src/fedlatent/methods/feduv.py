@@ -28,9 +28,6 @@ class Uniformity(Part):
     def __init__(self, mu: float, sigma_factor: float, detach_sigma: bool) -> None:
         self.weight, self.sigma_factor, self.detach_sigma = mu, sigma_factor, detach_sigma
 
-    def loss(self, ctx: TermContext) -> Tensor:
-        return uniformity(ctx.out.z, sigma_factor=self.sigma_factor, detach_sigma=self.detach_sigma)
-
     def lockstep_loss(self, ctx: LockstepContext) -> Tensor:
         """All clients' terms from the batched form of :func:`uniformity` (``torch.pdist`` has
         no ``vmap`` rule)."""

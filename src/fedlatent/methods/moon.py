@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 from fedlatent.losses.contrastive import moon_contrastive
-from fedlatent.methods.parts import LockstepContext, MethodSpec, Part, TermContext
+from fedlatent.methods.parts import LockstepContext, MethodSpec, Part
 from fedlatent.methods.registry import register_part, register_preset
 
 
@@ -27,18 +27,14 @@ class Moon(Part):
     def __init__(self, mu: float, tau: float) -> None:
         self.weight, self.tau = mu, tau
 
-    def loss(self, ctx: TermContext) -> Tensor | None:
-        if ctx.prev_out is None:
-            return None
-        return moon_contrastive(ctx.out.z, ctx.global_out.z, ctx.prev_out.z, self.tau)
-
     def lockstep_loss(self, ctx: LockstepContext) -> Tensor | None:
-        """The term per client under ``vmap``; 0 for a client without a previous model (its term
-        is left out, as :meth:`loss` leaves it)."""
+        """The term per client (the batched form of :func:`moon_contrastive`); None when no client
+        has a previous model, 0 for a client without one (its term is left out of its metrics)."""
         if ctx.prev_out is None:
             return None
-        values = torch.vmap(lambda z, g, p: moon_contrastive(z, g, p, self.tau))(
-            ctx.out.z, ctx.global_out.z, ctx.prev_out.z)
+        values = moon_contrastive(ctx.out.z, ctx.global_out.z, ctx.prev_out.z, self.tau)
+        if ctx.prev_present is None:
+            return values
         return torch.where(ctx.prev_present, values, torch.zeros_like(values))
 
 

@@ -10,7 +10,7 @@ themselves: state lives in flat ``dict[str, Tensor]`` stores the backend owns an
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,6 +38,7 @@ class TermContext:
     state: Tensors
     payload: Tensors
     scratch: dict[str, Any] = field(default_factory=dict)
+    rc: "ClientRound | None" = None  # the client's round (its stores are the three above)
 
 
 @dataclass
@@ -45,11 +46,12 @@ class LockstepContext:
     """What a loss term may read for a group of clients trained at once (the vectorized backend):
     outputs and labels with a leading client axis, the stacked weights being trained, the round's
     global weights (no client axis) and the clients' rounds in the same order (their ``scratch``);
-    the previous local models' outputs where some client has one, ``prev_present`` marking which."""
+    the previous local models' outputs where some client has one, ``prev_present`` marking which
+    (None: every client has one)."""
 
     out: ModelOutput
     y: Tensor
-    params: dict[str, Tensor]
+    params: Mapping[str, Tensor]
     global_params: dict[str, Tensor]
     global_out: ModelOutput | None
     num_classes: int
@@ -130,17 +132,29 @@ class Part:
         ``rc.scratch[self.name]``, set ``rc.extra_weight_decay``; a part may
         still set its ``taps`` here from ``rc.model.tap_names``: the client reads them afterwards)."""
 
+    # A part writes its loss term once: as :meth:`loss` (one client's batch) or as
+    # :meth:`lockstep_loss` (a leading client axis), never both; each form is derived from the other.
     def loss(self, ctx: TermContext) -> Tensor | None:
-        """This part's loss term for one batch (unweighted), or None."""
-        return None
+        """This part's loss term for one client's batch (unweighted), or None. By default the
+        part's :meth:`lockstep_loss` over that one client (:func:`one_client`)."""
+        if type(self).lockstep_loss is Part.lockstep_loss:
+            return None
+        value = self.lockstep_loss(one_client(ctx))
+        return None if value is None else value[0]
 
     def lockstep_loss(self, ctx: LockstepContext) -> Tensor | None:
         """:meth:`loss` for a group of clients trained at once (the vectorized backend): the
-        (clients,) unweighted terms, or None where :meth:`loss` would give None for all of them. By default :meth:`loss` under ``torch.vmap`` for an
-        ``output_only`` part; a part with state or weights in its term overrides this."""
+        (clients,) unweighted terms, or None where :meth:`loss` would give None for all of them. By
+        default :meth:`loss` under ``torch.vmap`` for an ``output_only`` part; a part with state or
+        weights in its term (or an operation without a ``vmap`` rule) writes this form instead of
+        :meth:`loss`."""
         if not self.output_only:
             raise NotImplementedError(f"part '{self.name}' has no lockstep form")
         return vmap_loss(self.loss, ctx)
+
+    def has_term(self) -> bool:
+        """Whether the part adds a loss term (a part may act only on the server or the step)."""
+        return type(self).loss is not Part.loss or type(self).lockstep_loss is not Part.lockstep_loss
 
     def has_lockstep_form(self) -> bool:
         return self.output_only or type(self).lockstep_loss is not Part.lockstep_loss
@@ -260,6 +274,45 @@ class MethodSpec:
 
     def all_parts(self) -> list[Part]:
         return self.parts + self.personalization.parts
+
+
+def _with_client_axis(out: ModelOutput | None) -> ModelOutput | None:
+    if out is None:
+        return None
+    return ModelOutput(out.logits.unsqueeze(0), out.z.unsqueeze(0),
+                       {k: v.unsqueeze(0) for k, v in out.features.items()})
+
+
+class _WithClientAxis(Mapping[str, Tensor]):
+    """One client's weights as a group of one: each a view with a leading axis of 1, made when a
+    term reads it (most terms read none)."""
+
+    def __init__(self, params: dict[str, Tensor]) -> None:
+        self.params = params
+
+    def __getitem__(self, name: str) -> Tensor:
+        return self.params[name].unsqueeze(0)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.params)
+
+    def __len__(self) -> int:
+        return len(self.params)
+
+
+def one_client(ctx: TermContext) -> LockstepContext:
+    """``ctx`` as a group of one client: outputs, labels and the weights being trained with a
+    leading client axis of 1 (views: gradients flow to the client's weights), the round's global
+    weights as they are (a lockstep term broadcasts them), and the client's round: ``ctx.rc``, or
+    where a context carries none, a round holding just the context's stores (``state``,
+    ``payload``, ``scratch``: all a term reads of it); a previous local model's output, where
+    there is one, as the client's (``prev_present`` None)."""
+    rc = ctx.rc or ClientRound(-1, None, ctx.global_params, ctx.state, ctx.payload, 0.0, len(ctx.y), 1, len(ctx.y),
+                               0.0, scratch=ctx.scratch)
+    return LockstepContext(_with_client_axis(ctx.out), ctx.y.unsqueeze(0),
+                           _WithClientAxis(ctx.params), ctx.global_params,
+                           _with_client_axis(ctx.global_out), ctx.num_classes, [rc],
+                           _with_client_axis(ctx.prev_out))
 
 
 def vmap_loss(loss, ctx: LockstepContext) -> Tensor:

@@ -266,13 +266,6 @@ def test_auto_never_picks_flower(tmp_path):
     assert summary["backend"] in ("simulation", "vectorized")
 
 
-def test_flower_refuses_what_it_does_not_run(tmp_path):
-    with pytest.raises(ConfigError, match="backend = 'flower': diagnostics.which"):
-        fedlatent.run(fedlatent.load_config(None, ['backend="flower"', 'diagnostics.which=["collapse"]']),
-                      tmp_path / "s")
-    assert not (tmp_path / "s").exists()
-
-
 def test_flower_backend_without_flower_is_a_config_error(tmp_path, monkeypatch):
     """Without the extra, backend = "flower" is refused in one line before any work (exit 2)."""
     from fedlatent.experiment import single
@@ -292,3 +285,58 @@ def test_clients_no_node_serves_stop_the_run_after_the_census(tmp_path, monkeypa
         run_experiment(config("flower"), tmp_path / "run", echo=None, grid=grid)
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["status"] == "stopped" and summary["rounds_completed"] == 0
+
+
+DIAGNOSED = {"test_split": ['diagnostics.which=["collapse","classifier","alignment","uniformity","per_class","tsne",'
+                            '"data","flops"]', "diagnostics.clients=true", "diagnostics.max_samples=300"],
+             "client_val_split": ['diagnostics.which=["collapse","uniformity","per_class","tsne"]',
+                                  'diagnostics.split="val"', "data.val_fraction=0.2", "diagnostics.clients=true",
+                                  "diagnostics.max_samples=100", "diagnostics.every=2"]}
+
+
+def diagnostics_lines(run: Path) -> list[dict]:
+    lines = [json.loads(x) for x in (run / "diagnostics.jsonl").read_text().splitlines()]
+    for line in lines:
+        line.pop("time_s", None)
+    return lines
+
+
+def assert_close(a, b, path="") -> None:
+    """Equal JSON values, numbers up to float rounding."""
+    if isinstance(a, dict):
+        assert a.keys() == b.keys(), path
+        for k in a:
+            assert_close(a[k], b[k], f"{path}.{k}")
+    elif isinstance(a, list):
+        assert len(a) == len(b), path
+        for i, (x, y) in enumerate(zip(a, b)):
+            assert_close(x, y, f"{path}[{i}]")
+    elif isinstance(a, float):
+        assert b == pytest.approx(a, rel=1e-4, abs=1e-6), path
+    else:
+        assert a == b, path
+
+
+@pytest.mark.parametrize("name", sorted(DIAGNOSED))
+def test_diagnostics_parity_through_messages(name, tmp_path, monkeypatch):
+    """``[diagnostics]`` on Flower (client halves on the nodes, gathered in extra messages) write
+    the embedded backend's ``diagnostics.jsonl``: the global test split measured on the server, a
+    validation split the clients hold, each client's local model, t-SNE and the data figures."""
+    grid = InProcessGrid(2)
+    run_both(tmp_path, monkeypatch, DIAGNOSED[name], grid=grid)
+    asked = {"test_split": {"query.tsne", "query.data"}, "client_val_split": {"query.diagnostics", "query.tsne"}}
+    assert {t for t in grid.sent if t in ("query.diagnostics", "query.tsne", "query.data")} == asked[name]
+    embedded, flower = diagnostics_lines(tmp_path / "embedded"), diagnostics_lines(tmp_path / "flower")
+    assert [(x["round"], x["model"]) for x in flower] == [(x["round"], x["model"]) for x in embedded]
+    assert len({x["model"] for x in flower}) > 2  # the global model and clients' local models
+    assert_close(embedded, flower)
+    if "flops" in DIAGNOSED[name][0]:  # counted on the nodes, summed on the server
+        assert all(x["flops"] > 0 for x in flower if x["model"] != "data")
+
+
+def test_flower_refuses_the_step_trace(tmp_path):
+    """The step trace is written by the embedded backends' trainer; on Flower it is refused in one
+    line before any work."""
+    with pytest.raises(ConfigError, match="diagnostics.trace_terms: recorded by the clients of backend = 'simulation'"):
+        fedlatent.run(fedlatent.load_config(None, ['backend="flower"', "diagnostics.trace_terms=true"]), tmp_path / "s")
+    assert not (tmp_path / "s").exists()

@@ -14,7 +14,8 @@ with it, standardised with its own statistics.
 Messages: ``query.census`` (the served clients and the sizes of their splits), ``train`` (the
 node's :class:`~fedlatent.federated.round.ClientTask` of a round, one message per node → their
 uploads), ``evaluate.validate`` (validation accuracy of the served clients), ``query.statistics``
-(calibration statistics), ``evaluate.report`` (the personalised report rows). A client whose
+(calibration statistics), ``query.diagnostics``, ``query.tsne`` and ``query.data`` (the client
+halves of ``[diagnostics]``, :mod:`.diagnostics`), ``evaluate.report`` (the personalised report rows). A client whose
 update raises or is not finite is a failure record naming it in the node's reply.
 """
 from __future__ import annotations
@@ -26,6 +27,7 @@ import tomllib
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 from flwr.app import Context, Message, RecordDict
 from flwr.clientapp import ClientApp
@@ -37,6 +39,8 @@ from fedlatent.data.federation import build_federation
 from fedlatent.data.types import ClientData, Federation
 from fedlatent.federated.calibrate import client_statistics
 from fedlatent.federated.client import Workspace
+from fedlatent.federated.diagnostics import (label_counts, mean_value_counts, mean_value_range, model_statistics,
+                                             tsne_features, tsne_seed)
 from fedlatent.federated.evaluation import client_validation
 from fedlatent.federated.failures import ClientFailure, error_detail
 from fedlatent.federated.personal import client_report
@@ -88,6 +92,7 @@ def job_for(config_toml: str, node_config: dict[str, Any]) -> Job:
                 config.data, dataset="arrays", path=data_path, partition="given"))
         torch.set_num_threads(config.train.threads)
         spec = resolve(config.algorithm, config.terms)
+        spec.count_flops = "flops" in config.diagnostics.which  # counted by the client, summed by the server
         federation = build_federation(config.data, config.data_seed)
         device = torch.device(config.train.device)
         model = make_model(config, federation, spec).to(device)
@@ -183,6 +188,59 @@ def statistics(msg: Message, context: Context) -> Message:
             job.workspace.model, global_state, client.train, job.spec.calibration, job.config.eval.batch_size,
             job.device))
     return Message(content, reply_to=msg)
+
+
+def _models(msg: Message) -> dict[str, Tensors]:
+    return {name[len("model."):]: M.from_record(record) for name, record in msg.content.array_records.items()
+            if name.startswith("model.")}
+
+
+@app.query("diagnostics")
+def diagnostics(msg: Message, context: Context) -> Message:
+    """Each served client's diagnostics statistics of every sent model on its split (the client
+    half, :func:`fedlatent.federated.diagnostics.model_statistics`), for the clients the server
+    sent rows of the uniformity sample to (those holding the split)."""
+    job = _job(msg, context)
+    asked = M.unpack_values(msg.content["diagnostics"])
+    models = _models(msg)
+    content = RecordDict()
+    for cid, client in job.clients.items():
+        if f"sample.{cid}" not in msg.content.array_records:
+            continue
+        rows = M.from_record(msg.content[f"sample.{cid}"])["rows"]
+        for name, state in models.items():
+            content[f"stats.{name}.{cid}"] = M.to_record(model_statistics(
+                job.workspace.model, state, getattr(client, asked["split"]), set(asked["which"]),
+                job.federation.num_classes, rows, job.config.eval.batch_size, job.device))
+    return Message(content, reply_to=msg)
+
+
+@app.query("tsne")
+def tsne(msg: Message, context: Context) -> Message:
+    """Each served client's t-SNE features of the asked class, through its local model when the
+    server sent one (``model.client<id>``), else the global model."""
+    job = _job(msg, context)
+    asked = M.unpack_values(msg.content["tsne"])
+    models = _models(msg)
+    content = RecordDict()
+    for cid, client in job.clients.items():
+        z = tsne_features(job.workspace.model, models.get(f"client{cid}", models["global"]), client.train,
+                          int(asked["class"]), int(asked["cap"]), tsne_seed(job.config.seed, cid),
+                          job.config.eval.batch_size, job.device)
+        if z is not None:
+            content[f"tsne.z.{cid}"] = M.to_record({"z": z})
+    return Message(content, reply_to=msg)
+
+
+@app.query("data")
+def data(msg: Message, context: Context) -> Message:
+    """Each served client's data figures: label counts and the range of its samples' mean input
+    values; sent the common bin ``edges``, its histogram counts over them."""
+    job = _job(msg, context)
+    edges = np.asarray(M.unpack_values(msg.content["edges"])["edges"]) if "edges" in msg.content else None
+    values = {str(cid): {"counts": label_counts(c.train, job.federation.num_classes), "range": mean_value_range(c.train)}
+              if edges is None else {"histogram": mean_value_counts(c.train, edges)} for cid, c in job.clients.items()}
+    return Message(RecordDict({"data": M.pack_values(values)}), reply_to=msg)
 
 
 @app.evaluate("report")

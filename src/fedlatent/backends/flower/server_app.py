@@ -29,6 +29,7 @@ from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.serverapp import Grid, ServerApp
 
 from fedlatent.backends.flower import messages as M
+from fedlatent.backends.flower.diagnostics import FlowerDiagnostics
 from fedlatent.federated.round import ClientTask, close_round, plan_round
 from fedlatent.backends.simulation import make_model, metrics_upto
 from fedlatent.config import RunConfig, to_toml
@@ -75,6 +76,7 @@ class ServerRun:
     client_states: list[Tensors] = field(default_factory=list)
     contacted: set[int] = field(default_factory=set)  # clients reached since this process started
     model: FedModel | None = None
+    diagnostics: FlowerDiagnostics | None = None
 
     @property
     def run_record(self) -> ConfigRecord:
@@ -176,6 +178,8 @@ class ServerRun:
         if (rnd + 1) % self.config.eval.every == 0 or rnd + 1 == self.config.train.rounds:
             line.update(self.evaluate_global())
         line["time_round_s"] = time.perf_counter() - started
+        if self.diagnostics is not None and self.diagnostics.due(rnd + 1):
+            self.diagnostics.record(rnd + 1, self.model, self.server.global_state, result.uploads)
         return line
 
     def outcomes(self, tasks: list[ClientTask], reply: Message | None) -> dict[int, M.Outcome]:
@@ -274,6 +278,12 @@ def serve(grid: Grid, config: RunConfig, federation: Federation, spec: MethodSpe
     metrics_path = out / "metrics.jsonl"
     write_atomically(metrics_path, "".join(line + "\n" for line in metrics_upto(metrics_path, start)))
     s.census = s.take_census()  # after metrics.jsonl exists: a failed census is a stopped run with a summary
+    if config.diagnostics.which:
+        sizes = {"train": s.census.train_sizes, "val": s.census.val_sizes, "test": s.census.test_sizes}
+        s.diagnostics = FlowerDiagnostics(config, federation, out / "diagnostics.jsonl", sizes,
+                                          lambda kind, records: s.broadcast(kind, records), warn,
+                                          torch.device(config.train.device))
+        s.diagnostics.start(start)
     with metrics_path.open("a") as sink:
         for rnd in range(start, config.train.rounds):
             line = s.train_round(rnd)

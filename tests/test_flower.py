@@ -234,6 +234,21 @@ def test_task_and_outcome_records_round_trip():
     assert f == failure and no_state is None
 
 
+def test_withheld_entries_come_from_the_nodes_initial_model():
+    """A ``train`` message without the withheld entries; the node completes the global model from
+    its own initial one (in its key order), and its uploads leave out what the server asked."""
+    glob = {"body": torch.randn(3), "head": torch.randn(2)}
+    task = ClientTask(0, 0, glob, {}, 0.1, 1, 10)
+    content = messages.pack_tasks([task], {}, frozenset({"head"}), frozenset({"head"}))
+    assert set(content["global"]) == {"body"} and messages.withheld(content) == ({"head"}, {"head"})
+    initial = {"head": torch.zeros(2), "body": torch.ones(3)}
+    (back, _), = messages.unpack_tasks(content, initial)
+    assert list(back.global_state) == ["head", "body"]
+    assert torch.equal(back.global_state["body"], glob["body"]) and torch.equal(back.global_state["head"], torch.zeros(2))
+    upload = Upload(0, dict(glob), 10, 1, 0.1, 0.0, {}, {})
+    assert set(messages.pack_outcomes([(upload, None)], {"head"})["weights.0"]) == {"body"}
+
+
 def test_served_clients_follow_the_partition_id():
     assert client_app.served({"partition-id": 1, "num-partitions": 3}, 10) == [1, 4, 7]
     assert client_app.served({"partition-id": 4, "num-partitions": 10}, 10) == [4]
@@ -340,3 +355,50 @@ def test_flower_refuses_the_step_trace(tmp_path):
     with pytest.raises(ConfigError, match="diagnostics.trace_terms: recorded by the clients of backend = 'simulation'"):
         fedlatent.run(fedlatent.load_config(None, ['backend="flower"', "diagnostics.trace_terms=true"]), tmp_path / "s")
     assert not (tmp_path / "s").exists()
+
+
+class Recording(InProcessGrid):
+    """An in-process grid that keeps the content of every ``train`` message and its replies."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.trains: list = []
+        self.uploads: list = []
+
+    def send_and_receive(self, messages, *, timeout=None):
+        messages = list(messages)
+        replies = super().send_and_receive(messages, timeout=timeout)
+        if messages and messages[0].metadata.message_type == "train":
+            self.trains += [m.content for m in messages]
+            self.uploads += [r.content for r in replies]
+        return replies
+
+
+def weight_keys(content) -> set[str]:
+    keys = set(content["global"]) if "global" in content else set()
+    for name, record in content.array_records.items():
+        if name.startswith("weights."):
+            keys |= set(record)
+    return keys
+
+
+UNTRANSMITTED = {"spherefed": ['algorithm.name="spherefed"'],
+                 "fedrep": ['algorithm.name="fedrep"', "algorithm.head_epochs=1", "data.local_test_fraction=0.2"],
+                 "lg_fedavg": ['algorithm.name="lg_fedavg"', "data.local_test_fraction=0.2"]}
+
+
+@pytest.mark.parametrize("name", sorted(UNTRANSMITTED))
+def test_only_what_travels(name, tmp_path, monkeypatch):
+    """The ``train`` messages and the uploads leave out what no client needs (SphereFed's fixed
+    head, which each node builds from the run's seed; FedRep's and LG-FedAvg's own layers): the
+    numbers are still the embedded backend's."""
+    extra = UNTRANSMITTED[name]
+    grid = Recording(2)
+    embedded, flower, embedded_rounds, flower_rounds = run_both(tmp_path, monkeypatch, extra, grid=grid)
+    assert_parity(embedded, flower, embedded_rounds, flower_rounds)
+    assert max_diff(embedded_rounds[-1], flower_rounds[-1]) <= 1e-5
+    untransmitted = set(flower_rounds[0]) - set().union(*(weight_keys(c) for c in grid.trains + grid.uploads))
+    head = {k for k in flower_rounds[0] if k.startswith("classifier.")}
+    # SphereFed's fixed head and FedRep's own head; LG-FedAvg's own layers are the body's, its head is shared
+    assert untransmitted == head if name != "lg_fedavg" else (untransmitted and not untransmitted & head)
+    assert all(set(c["withheld"]["down"]) == untransmitted for c in grid.trains)

@@ -63,6 +63,7 @@ class Job:
     clients: dict[int, ClientData]
     workspace: Workspace
     device: torch.device
+    initial: Tensors  # the seeded initial model: the entries the server does not send (a fixed head, own layers)
 
 
 def served(node_config: dict[str, Any], num_clients: int) -> list[int]:
@@ -101,7 +102,8 @@ def job_for(config_toml: str, node_config: dict[str, Any]) -> Job:
                        global_copy=copy.deepcopy(model) if any(p.needs_global_out for p in parts) else None,
                        previous=copy.deepcopy(model) if any(p.needs_prev_out for p in parts) else None,
                        personal=copy.deepcopy(model) if spec.personalization.kind == "ditto" else None)
-        _BUILT[key] = Job(config, spec, federation, {}, ws, device)
+        initial = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
+        _BUILT[key] = Job(config, spec, federation, {}, ws, device, initial)
     job = _BUILT[key]
     if data_path:  # the node's own file holds its one client: client partition-id
         clients = {int(node_config["partition-id"]): job.federation.clients[0]}
@@ -134,13 +136,16 @@ def census(msg: Message, context: Context) -> Message:
 
 @app.train()
 def train(msg: Message, context: Context) -> Message:
-    """A round of the node's selected clients, in turn: each task with the client's state from the
-    node's context (or the server's copy the first time a resumed run reaches it) → its upload,
-    the new state kept in the context; a client that raises or is not finite keeps its old state."""
+    """A round of the node's selected clients, in turn: each task (the global model completed
+    from the node's seeded initial model where the server withheld entries) with the client's
+    state from the node's context (or the server's copy the first time a resumed run reaches it)
+    → its upload (without the entries the server withholds from uploads), the new state kept in
+    the context; a client that raises or is not finite keeps its old state."""
     job = _job(msg, context)
     cfg = job.config
     outcomes: list[M.Outcome] = []
-    for task, restore in M.unpack_tasks(msg.content):
+    _, withheld_up = M.withheld(msg.content)
+    for task, restore in M.unpack_tasks(msg.content, job.initial):
         if task.client_id not in job.clients:
             raise ValueError(f"client {task.client_id} is not served by this node (it serves {list(job.clients)})")
         state = _state(context, task.client_id)
@@ -159,7 +164,7 @@ def train(msg: Message, context: Context) -> Message:
             continue
         context.state[f"{STATE}{task.client_id}"] = M.to_record(new_state)
         outcomes.append((outcome, new_state if cfg.flower.client_state_on_server else None))
-    return Message(M.pack_outcomes(outcomes), reply_to=msg)
+    return Message(M.pack_outcomes(outcomes, withheld_up), reply_to=msg)
 
 
 @app.evaluate("validate")

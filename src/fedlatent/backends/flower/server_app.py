@@ -76,6 +76,7 @@ class ServerRun:
     client_states: list[Tensors] = field(default_factory=list)
     contacted: set[int] = field(default_factory=set)  # clients reached since this process started
     model: FedModel | None = None
+    initial: Tensors = field(default_factory=dict)  # the seeded initial model, as each node builds it
     diagnostics: FlowerDiagnostics | None = None
 
     @property
@@ -129,6 +130,7 @@ class ServerRun:
         torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0)  # torch's one-off import, outside round 1
         self.model = make_model(self.config, self.federation, self.spec).to(self.config.train.device)
         state = {k: v.detach().cpu().clone() for k, v in self.model.state_dict().items()}
+        self.initial = {k: v.clone() for k, v in state.items()}
         self.server = Server(self.spec, state, [n for n, _ in self.model.named_parameters()],
                              trainable_names(self.model), self.config.server, len(self.federation.clients))
         self.client_states = [{} for _ in self.federation.clients]
@@ -139,6 +141,19 @@ class ServerRun:
         if cid in self.contacted or not self.client_states[cid]:
             return None
         return self.client_states[cid]
+
+    def withheld(self) -> tuple[frozenset[str], frozenset[str]]:
+        """What the ``train`` messages leave out: of the entries no client needs
+        (:meth:`Server.untransmitted`: a fixed head, the clients' own layers) those still at their
+        initial values, which each node builds from the run's seed (an FFC-calibrated head
+        travels); and what uploads leave out, filled from the sent global model on arrival (the
+        aggregate keeps the global values of those entries): the same, but the clients' own layers
+        travel when the diagnostics measure the uploads."""
+        never = self.server.untransmitted()
+        down = frozenset(k for k in never if torch.equal(self.server.global_state[k], self.initial[k]))
+        d = self.diagnostics
+        reads_uploads = d is not None and (d.cfg.clients or "alignment" in d.which)
+        return down, frozenset(never - set(self.server.local) if reads_uploads else never)
 
     def train_round(self, rnd: int) -> dict[str, Any]:
         """One round: one ``train`` message per SuperNode holding its selected clients' tasks,
@@ -151,13 +166,14 @@ class ServerRun:
             by_node.setdefault(self.census.node_of[task.client_id], []).append(task)
         outcomes: list[Upload | ClientFailure] = []
         sent = []
+        down, up = self.withheld()
         for node, node_tasks in sorted(by_node.items()):
             if node not in live:
                 outcomes += [ClientFailure(t.client_id, "error", f"SuperNode {node} is gone") for t in node_tasks]
                 continue
             restore = {t.client_id: self.restore_for(t.client_id) for t in node_tasks}
-            sent.append((node, Message(M.pack_tasks(node_tasks, {c: r for c, r in restore.items() if r is not None}),
-                                       dst_node_id=node, message_type="train")))
+            sent.append((node, Message(M.pack_tasks(node_tasks, {c: r for c, r in restore.items() if r is not None},
+                                                    down, up), dst_node_id=node, message_type="train")))
         new_states: dict[int, Tensors] = {}
         for node, reply in self.exchange(sent).items():
             for cid, (outcome, state) in self.outcomes(by_node[node], reply).items():
@@ -192,6 +208,9 @@ class ServerRun:
             detail = f"ClientApp error: {reply.error.reason}"
         else:
             got = M.unpack_outcomes(reply.content)
+            for upload, _ in got.values():
+                if isinstance(upload, Upload):  # the withheld entries, as the node was sent them
+                    upload.state = {k: upload.state.get(k, v) for k, v in tasks[0].global_state.items()}
             return {cid: got.get(cid, (ClientFailure(cid, "error", "missing from its node's reply"), None))
                     for cid in ids}
         return {cid: (ClientFailure(cid, "error", detail), None) for cid in ids}

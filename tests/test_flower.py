@@ -22,6 +22,7 @@ from fedlatent.backends.flower import client_app, messages, server_app  # noqa: 
 from fedlatent.errors import ConfigError, RunStopped  # noqa: E402
 from fedlatent.experiment import run as run_experiment  # noqa: E402
 from fedlatent.federated.failures import ClientFailure  # noqa: E402
+from fedlatent.data.types import ClientData, Split  # noqa: E402
 from fedlatent.federated.round import ClientTask  # noqa: E402
 from fedlatent.methods.parts import Upload  # noqa: E402
 from tests.flower_procs import InProcessGrid  # noqa: E402
@@ -402,3 +403,52 @@ def test_only_what_travels(name, tmp_path, monkeypatch):
     # SphereFed's fixed head and FedRep's own head; LG-FedAvg's own layers are the body's, its head is shared
     assert untransmitted == head if name != "lg_fedavg" else (untransmitted and not untransmitted & head)
     assert all(set(c["withheld"]["down"]) == untransmitted for c in grid.trains)
+
+
+def test_own_files_are_standardised_with_the_pooled_statistics(tmp_path, monkeypatch):
+    """Two SuperNodes with their own (raw) files: the server pools their censuses (Σx, Σx², n) and
+    each node standardises with the pooled mean and std — the float64 statistics of the two
+    files' training samples together — so the run's numbers are those of the embedded backend on
+    the same data standardised centrally."""
+    rng = np.random.default_rng(3)
+    raw = {c: {"train_x": rng.normal(2.0 + c, 1.5 + c, (40, 1, 8, 8)).astype(np.float32),
+               "train_y": rng.integers(0, 10, 40), "test_x": rng.normal(2.5, 2.0, (15, 1, 8, 8)).astype(np.float32),
+               "test_y": rng.integers(0, 10, 15)} for c in (0, 1)}
+    pooled = np.concatenate([raw[c]["train_x"] for c in (0, 1)]).astype(np.float64)
+    mean, std = pooled.mean(axis=(0, 2, 3)).reshape(-1, 1, 1), pooled.std(axis=(0, 2, 3)).reshape(-1, 1, 1)
+    for c in (0, 1):
+        np.savez(tmp_path / f"node{c}.npz", **{f"client0_{k}": v for k, v in raw[c].items()})
+    central = {f"client{c}_{k}": ((v - mean) / std).astype(np.float32) if k.endswith("_x") else v
+               for c in (0, 1) for k, v in raw[c].items()}
+    np.savez(tmp_path / "central.npz", **central)
+    seen = []
+    real = client_app.normalized
+
+    def spy(split, m, s):
+        seen.append((m.double(), s.double()))
+        return real(split, m, s)
+
+    monkeypatch.setattr(client_app, "normalized", spy)
+    extra = ['data.dataset="arrays"', f'data.path="{tmp_path / "central.npz"}"', 'data.partition="given"',
+             "data.num_clients=2", "flower.supernodes=2"]
+    grid = InProcessGrid(2, {1: {"data-path": str(tmp_path / "node0.npz")}, 2: {"data-path": str(tmp_path / "node1.npz")}})
+    embedded, flower, embedded_rounds, flower_rounds = run_both(tmp_path, monkeypatch, extra, grid=grid)
+    assert seen and all(torch.equal(m, seen[0][0]) and torch.equal(s, seen[0][1]) for m, s in seen)
+    np.testing.assert_allclose(seen[0][0].numpy(), mean, rtol=1e-6)
+    np.testing.assert_allclose(seen[0][1].numpy(), std, rtol=1e-6)
+    assert max_diff(embedded_rounds[-1], flower_rounds[-1]) <= 1e-5
+    assert flower["final"]["accuracy"] == pytest.approx(embedded["final"]["accuracy"], abs=1e-9)
+
+
+def test_the_pooled_census_is_the_float64_statistics_of_the_files_together():
+    """The nodes' censuses pooled in client-id order: mean and std of all their samples together."""
+    rng = np.random.default_rng(4)
+    parts = [rng.normal(c, 1 + c, (n, 3, 4, 4)) for c, n in enumerate((7, 20, 1))]
+    census = server_app.Census({0: 1, 1: 2, 2: 3}, [7, 20, 1], [0] * 3, [0] * 3,
+                               {c: client_app.own_census(ClientData(Split(torch.from_numpy(x), torch.zeros(len(x))),
+                                                                    None, None)) for c, x in enumerate(parts)})
+    got = census.normalization()
+    together = np.concatenate(parts)
+    np.testing.assert_allclose(got["mean"].numpy().ravel(), together.mean(axis=(0, 2, 3)), rtol=1e-6)
+    np.testing.assert_allclose(got["std"].numpy().ravel(), together.std(axis=(0, 2, 3)), rtol=1e-6)
+    assert server_app.Census({0: 1}, [7], [0], [0]).normalization() is None

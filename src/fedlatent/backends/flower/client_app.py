@@ -9,7 +9,8 @@ from its node config: ``partition-id`` k of ``num-partitions`` P serves the clie
 (one client per node when P is the number of clients; the simulation engine sets both), and
 ``data-path`` may point at the node's own arrays file (``data.dataset = "arrays"`` format, its
 client 0) instead of the configuration's data set: the node then serves client ``partition-id``
-with it, standardised with its own statistics.
+with it, standardised (``data.normalize``) with the statistics the server pools from such nodes'
+censuses (per-channel Σx, Σx², n), which every later message carries.
 
 Messages: ``query.census`` (the served clients and the sizes of their splits), ``train`` (the
 node's :class:`~fedlatent.federated.round.ClientTask` of a round, one message per node → their
@@ -29,14 +30,16 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch import Tensor
 from flwr.app import Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 
 from fedlatent.backends.flower import messages as M
 from fedlatent.backends.simulation import make_model
 from fedlatent.config import RunConfig, from_dict
-from fedlatent.data.federation import build_federation
-from fedlatent.data.types import ClientData, Federation
+from fedlatent.data.compact import Images
+from fedlatent.data.federation import build_federation, channel_census
+from fedlatent.data.types import ClientData, Federation, Split
 from fedlatent.federated.calibrate import client_statistics
 from fedlatent.federated.client import Workspace
 from fedlatent.federated.diagnostics import (label_counts, mean_value_counts, mean_value_range, model_statistics,
@@ -79,12 +82,34 @@ def served(node_config: dict[str, Any], num_clients: int) -> list[int]:
 _BUILT: dict[str, Job] = {}
 
 
-def job_for(config_toml: str, node_config: dict[str, Any]) -> Job:
+def own_census(client: ClientData) -> Tensors:
+    """A node's share of the normalisation census: per-channel Σx, Σx² (float64) and the count of
+    its own file's training samples, in the units the model reads ([0, 1] for uint8 images)."""
+    x = client.train.x
+    raw = x.data.numpy().astype(np.float64) / 255 if isinstance(x, Images) else x.numpy()
+    total, squares, count = channel_census(raw)
+    return {"sum": torch.from_numpy(total), "squares": torch.from_numpy(squares), "count": torch.tensor(count)}
+
+
+def normalized(split: Split | None, mean: Tensor, std: Tensor) -> Split | None:
+    """``split`` (raw, as its file holds it) standardised with the pooled ``mean`` and ``std``."""
+    if split is None:
+        return None
+    if isinstance(split.x, Images):
+        return Split(Images(split.x.data, mean.numpy(), std.numpy(), split.x.crop), split.y)
+    return Split((split.x - mean) / std, split.y)
+
+
+def job_for(config_toml: str, node_config: dict[str, Any], normalization: Tensors | None = None) -> Job:
     """The node's :class:`Job`: the configuration's method, data and models, built on first use and
     kept for the process (the simulation engine's workers serve many nodes of one run), with the
-    clients this node serves."""
+    clients this node serves. A node's own file is standardised with the ``normalization`` the
+    server pooled from the nodes' censuses (mean, std) once it sends them; raw before."""
     data_path = str(node_config.get("data-path", ""))
-    key = hashlib.sha256(f"{config_toml}\0{data_path}".encode()).hexdigest()
+    if not data_path:
+        normalization = None
+    norm_key = b"".join(t.numpy().tobytes() for t in normalization.values()) if normalization else b""
+    key = hashlib.sha256(f"{config_toml}\0{data_path}\0".encode() + norm_key).hexdigest()
     if key not in _BUILT:
         _BUILT.clear()  # one run at a time per process
         config = from_dict(tomllib.loads(config_toml))
@@ -95,6 +120,10 @@ def job_for(config_toml: str, node_config: dict[str, Any]) -> Job:
         spec = resolve(config.algorithm, config.terms)
         spec.count_flops = "flops" in config.diagnostics.which  # counted by the client, summed by the server
         federation = build_federation(config.data, config.data_seed)
+        if normalization:
+            mean, std = normalization["mean"], normalization["std"]
+            federation = dataclasses.replace(federation, clients=[
+                ClientData(*(normalized(s, mean, std) for s in (c.train, c.val, c.test))) for c in federation.clients])
         device = torch.device(config.train.device)
         model = make_model(config, federation, spec).to(device)
         parts = spec.all_parts()
@@ -113,7 +142,9 @@ def job_for(config_toml: str, node_config: dict[str, Any]) -> Job:
 
 
 def _job(msg: Message, context: Context) -> Job:
-    return job_for(str(msg.content["run"]["config"]), dict(context.node_config))
+    norm = msg.content.array_records.get("normalization")
+    return job_for(str(msg.content["run"]["config"]), dict(context.node_config),
+                   M.from_record(norm) if norm is not None else None)
 
 
 def _state(context: Context, cid: int) -> Tensors | None:
@@ -126,12 +157,18 @@ app = ClientApp()
 
 @app.query("census")
 def census(msg: Message, context: Context) -> Message:
-    """The clients this node serves and the sizes of their splits (the server's census)."""
+    """The clients this node serves and the sizes of their splits (the server's census); a node
+    with its own file and ``data.normalize`` on adds its normalisation census (``norm.<client>``)."""
     job = _job(msg, context)
+    content = RecordDict()
+    if context.node_config.get("data-path") and job.config.data.normalize:
+        for cid, client in job.clients.items():
+            content[f"norm.{cid}"] = M.to_record(own_census(client))
     values = {"clients": list(job.clients), "train_sizes": [len(c.train) for c in job.clients.values()],
               "val_sizes": [len(c.val) if c.val is not None else 0 for c in job.clients.values()],
               "test_sizes": [len(c.test) if c.test is not None else 0 for c in job.clients.values()]}
-    return Message(RecordDict({"census": M.pack_values(values)}), reply_to=msg)
+    content["census"] = M.pack_values(values)
+    return Message(content, reply_to=msg)
 
 
 @app.train()

@@ -33,6 +33,7 @@ from fedlatent.backends.flower.diagnostics import FlowerDiagnostics
 from fedlatent.federated.round import ClientTask, close_round, plan_round
 from fedlatent.backends.simulation import make_model, metrics_upto
 from fedlatent.config import RunConfig, to_toml
+from fedlatent.data.federation import pooled_channel_stats
 from fedlatent.data.types import Federation
 from fedlatent.errors import UserInputError
 from fedlatent.federated.calibrate import apply_statistics, head_keys
@@ -60,6 +61,16 @@ class Census:
     train_sizes: list[int]
     val_sizes: list[int]
     test_sizes: list[int]
+    norms: dict[int, Tensors] = field(default_factory=dict)  # own files' normalisation censuses, by client
+
+    def normalization(self) -> Tensors | None:
+        """The pooled per-channel mean and std of the nodes' own files (in client-id order), or None
+        when no node has one."""
+        if not self.norms:
+            return None
+        mean, std = pooled_channel_stats([(c["sum"].numpy(), c["squares"].numpy(), int(c["count"]))
+                                          for _, c in sorted(self.norms.items())])
+        return {"mean": torch.from_numpy(mean), "std": torch.from_numpy(std)}
 
 
 @dataclass
@@ -76,6 +87,7 @@ class ServerRun:
     client_states: list[Tensors] = field(default_factory=list)
     contacted: set[int] = field(default_factory=set)  # clients reached since this process started
     model: FedModel | None = None
+    normalization: Tensors | None = None  # sent with every message after the census
     initial: Tensors = field(default_factory=dict)  # the seeded initial model, as each node builds it
     diagnostics: FlowerDiagnostics | None = None
 
@@ -88,6 +100,8 @@ class ServerRun:
         (None where none came)."""
         for _, msg in messages:
             msg.content["run"] = self.run_record
+            if self.normalization is not None:
+                msg.content["normalization"] = M.to_record(self.normalization)
         replies = self.grid.send_and_receive([m for _, m in messages], timeout=self.config.flower.timeout)
         by_id = {msg.metadata.message_id: key for key, msg in messages}
         out: dict[int, Message | None] = {key: None for key, _ in messages}
@@ -102,6 +116,7 @@ class ServerRun:
         n = len(self.federation.clients)
         node_of: dict[int, int] = {}
         sizes: dict[str, dict[int, int]] = {"train_sizes": {}, "val_sizes": {}, "test_sizes": {}}
+        norms: dict[int, Tensors] = {}
         asked: set[int] = set()
         deadline = time.monotonic() + CENSUS_WAIT_S
         while len(node_of) < n:
@@ -115,16 +130,19 @@ class ServerRun:
                 for i, cid in enumerate(int(c) for c in values["clients"]):
                     if not 0 <= cid < n:  # a node configured for another federation's clients
                         continue
-                    node_of.setdefault(cid, node)
+                    if node_of.setdefault(cid, node) != node:
+                        continue
                     for key, by_client in sizes.items():
                         by_client[cid] = int(values[key][i])
+                    if f"norm.{cid}" in reply.content.array_records:
+                        norms[cid] = M.from_record(reply.content[f"norm.{cid}"])
             if len(node_of) < n:
                 if time.monotonic() > deadline:
                     missing = sorted(set(range(n)) - set(node_of))
                     raise RunStopped(f"census: no SuperNode serves client(s) {missing} after {CENSUS_WAIT_S:.0f} s "
                                      f"(start one with --node-config 'partition-id=K num-partitions=P')", 0)
                 time.sleep(1.0)
-        return Census(node_of, *([by_client[cid] for cid in range(n)] for by_client in sizes.values()))
+        return Census(node_of, *([by_client[cid] for cid in range(n)] for by_client in sizes.values()), norms)
 
     def setup(self) -> None:
         torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0)  # torch's one-off import, outside round 1
@@ -297,6 +315,7 @@ def serve(grid: Grid, config: RunConfig, federation: Federation, spec: MethodSpe
     metrics_path = out / "metrics.jsonl"
     write_atomically(metrics_path, "".join(line + "\n" for line in metrics_upto(metrics_path, start)))
     s.census = s.take_census()  # after metrics.jsonl exists: a failed census is a stopped run with a summary
+    s.normalization = s.census.normalization()
     if config.diagnostics.which:
         sizes = {"train": s.census.train_sizes, "val": s.census.val_sizes, "test": s.census.test_sizes}
         s.diagnostics = FlowerDiagnostics(config, federation, out / "diagnostics.jsonl", sizes,

@@ -307,7 +307,10 @@ DIAGNOSED = {"test_split": ['diagnostics.which=["collapse","classifier","alignme
                             '"data","flops"]', "diagnostics.clients=true", "diagnostics.max_samples=300"],
              "client_val_split": ['diagnostics.which=["collapse","uniformity","per_class","tsne"]',
                                   'diagnostics.split="val"', "data.val_fraction=0.2", "diagnostics.clients=true",
-                                  "diagnostics.max_samples=100", "diagnostics.every=2"]}
+                                  "diagnostics.max_samples=100", "diagnostics.every=2"],
+             # FedRep's own head is measured in the uploads: with the clients' models asked, it travels up
+             "fedrep_uploads": ['diagnostics.which=["classifier","alignment","per_class"]', "diagnostics.clients=true",
+                                'algorithm.name="fedrep"', "algorithm.head_epochs=1", "data.local_test_fraction=0.2"]}
 
 
 def diagnostics_lines(run: Path) -> list[dict]:
@@ -340,7 +343,8 @@ def test_diagnostics_parity_through_messages(name, tmp_path, monkeypatch):
     validation split the clients hold, each client's local model, t-SNE and the data figures."""
     grid = InProcessGrid(2)
     run_both(tmp_path, monkeypatch, DIAGNOSED[name], grid=grid)
-    asked = {"test_split": {"query.tsne", "query.data"}, "client_val_split": {"query.diagnostics", "query.tsne"}}
+    asked = {"test_split": {"query.tsne", "query.data"}, "client_val_split": {"query.diagnostics", "query.tsne"},
+             "fedrep_uploads": set()}
     assert {t for t in grid.sent if t in ("query.diagnostics", "query.tsne", "query.data")} == asked[name]
     embedded, flower = diagnostics_lines(tmp_path / "embedded"), diagnostics_lines(tmp_path / "flower")
     assert [(x["round"], x["model"]) for x in flower] == [(x["round"], x["model"]) for x in embedded]

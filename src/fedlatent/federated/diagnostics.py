@@ -21,7 +21,9 @@ sum) and t-SNE (at most ``tsne_samples`` features of the class). With ``clients`
 holder is also sent the selected clients' local models, since each is measured on the whole
 split. The classifier spectra, the alignment and the FLOPs read only weights and uploads.
 :class:`Diagnostics` drives both halves for the embedded backends, which play every client in
-one process.
+one process; a backend whose holders are remote overrides where the client halves run
+(:meth:`Diagnostics.holder_statistics`, :meth:`Diagnostics.tsne_features`,
+:meth:`Diagnostics.data_record`; ``backends/flower/diagnostics.py``).
 """
 from __future__ import annotations
 

@@ -22,6 +22,7 @@ from fedlatent.backends.flower import client_app, messages, server_app  # noqa: 
 from fedlatent.errors import ConfigError, RunStopped  # noqa: E402
 from fedlatent.experiment import run as run_experiment  # noqa: E402
 from fedlatent.federated.failures import ClientFailure  # noqa: E402
+from fedlatent.data.types import ClientData, Split  # noqa: E402
 from fedlatent.federated.round import ClientTask  # noqa: E402
 from fedlatent.methods.parts import Upload  # noqa: E402
 from tests.flower_procs import InProcessGrid  # noqa: E402
@@ -234,6 +235,21 @@ def test_task_and_outcome_records_round_trip():
     assert f == failure and no_state is None
 
 
+def test_withheld_entries_come_from_the_nodes_initial_model():
+    """A ``train`` message without the withheld entries; the node completes the global model from
+    its own initial one (in its key order), and its uploads leave out what the server asked."""
+    glob = {"body": torch.randn(3), "head": torch.randn(2)}
+    task = ClientTask(0, 0, glob, {}, 0.1, 1, 10)
+    content = messages.pack_tasks([task], {}, frozenset({"head"}), frozenset({"head"}))
+    assert set(content["global"]) == {"body"} and messages.withheld(content) == ({"head"}, {"head"})
+    initial = {"head": torch.zeros(2), "body": torch.ones(3)}
+    (back, _), = messages.unpack_tasks(content, initial)
+    assert list(back.global_state) == ["head", "body"]
+    assert torch.equal(back.global_state["body"], glob["body"]) and torch.equal(back.global_state["head"], torch.zeros(2))
+    upload = Upload(0, dict(glob), 10, 1, 0.1, 0.0, {}, {})
+    assert set(messages.pack_outcomes([(upload, None)], {"head"})["weights.0"]) == {"body"}
+
+
 def test_served_clients_follow_the_partition_id():
     assert client_app.served({"partition-id": 1, "num-partitions": 3}, 10) == [1, 4, 7]
     assert client_app.served({"partition-id": 4, "num-partitions": 10}, 10) == [4]
@@ -266,13 +282,6 @@ def test_auto_never_picks_flower(tmp_path):
     assert summary["backend"] in ("simulation", "vectorized")
 
 
-def test_flower_refuses_what_it_does_not_run(tmp_path):
-    with pytest.raises(ConfigError, match="backend = 'flower': diagnostics.which"):
-        fedlatent.run(fedlatent.load_config(None, ['backend="flower"', 'diagnostics.which=["collapse"]']),
-                      tmp_path / "s")
-    assert not (tmp_path / "s").exists()
-
-
 def test_flower_backend_without_flower_is_a_config_error(tmp_path, monkeypatch):
     """Without the extra, backend = "flower" is refused in one line before any work (exit 2)."""
     from fedlatent.experiment import single
@@ -292,3 +301,158 @@ def test_clients_no_node_serves_stop_the_run_after_the_census(tmp_path, monkeypa
         run_experiment(config("flower"), tmp_path / "run", echo=None, grid=grid)
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["status"] == "stopped" and summary["rounds_completed"] == 0
+
+
+DIAGNOSED = {"test_split": ['diagnostics.which=["collapse","classifier","alignment","uniformity","per_class","tsne",'
+                            '"data","flops"]', "diagnostics.clients=true", "diagnostics.max_samples=300"],
+             "client_val_split": ['diagnostics.which=["collapse","uniformity","per_class","tsne"]',
+                                  'diagnostics.split="val"', "data.val_fraction=0.2", "diagnostics.clients=true",
+                                  "diagnostics.max_samples=100", "diagnostics.every=2"],
+             # FedRep's own head is measured in the uploads: with the clients' models asked, it travels up
+             "fedrep_uploads": ['diagnostics.which=["classifier","alignment","per_class"]', "diagnostics.clients=true",
+                                'algorithm.name="fedrep"', "algorithm.head_epochs=1", "data.local_test_fraction=0.2"]}
+
+
+def diagnostics_lines(run: Path) -> list[dict]:
+    lines = [json.loads(x) for x in (run / "diagnostics.jsonl").read_text().splitlines()]
+    for line in lines:
+        line.pop("time_s", None)
+    return lines
+
+
+def assert_close(a, b, path="") -> None:
+    """Equal JSON values, numbers up to float rounding."""
+    if isinstance(a, dict):
+        assert a.keys() == b.keys(), path
+        for k in a:
+            assert_close(a[k], b[k], f"{path}.{k}")
+    elif isinstance(a, list):
+        assert len(a) == len(b), path
+        for i, (x, y) in enumerate(zip(a, b)):
+            assert_close(x, y, f"{path}[{i}]")
+    elif isinstance(a, float):
+        assert b == pytest.approx(a, rel=1e-4, abs=1e-6), path
+    else:
+        assert a == b, path
+
+
+@pytest.mark.parametrize("name", sorted(DIAGNOSED))
+def test_diagnostics_parity_through_messages(name, tmp_path, monkeypatch):
+    """``[diagnostics]`` on Flower (client halves on the nodes, gathered in extra messages) write
+    the embedded backend's ``diagnostics.jsonl``: the global test split measured on the server, a
+    validation split the clients hold, each client's local model, t-SNE and the data figures."""
+    grid = InProcessGrid(2)
+    run_both(tmp_path, monkeypatch, DIAGNOSED[name], grid=grid)
+    asked = {"test_split": {"query.tsne", "query.data"}, "client_val_split": {"query.diagnostics", "query.tsne"},
+             "fedrep_uploads": set()}
+    assert {t for t in grid.sent if t in ("query.diagnostics", "query.tsne", "query.data")} == asked[name]
+    embedded, flower = diagnostics_lines(tmp_path / "embedded"), diagnostics_lines(tmp_path / "flower")
+    assert [(x["round"], x["model"]) for x in flower] == [(x["round"], x["model"]) for x in embedded]
+    assert len({x["model"] for x in flower}) > 2  # the global model and clients' local models
+    assert_close(embedded, flower)
+    if "flops" in DIAGNOSED[name][0]:  # counted on the nodes, summed on the server
+        assert all(x["flops"] > 0 for x in flower if x["model"] != "data")
+
+
+def test_flower_refuses_the_step_trace(tmp_path):
+    """The step trace is written by the embedded backends' trainer; on Flower it is refused in one
+    line before any work."""
+    with pytest.raises(ConfigError, match="diagnostics.trace_terms: recorded by the clients of backend = 'simulation'"):
+        fedlatent.run(fedlatent.load_config(None, ['backend="flower"', "diagnostics.trace_terms=true"]), tmp_path / "s")
+    assert not (tmp_path / "s").exists()
+
+
+class Recording(InProcessGrid):
+    """An in-process grid that keeps the content of every ``train`` message and its replies."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.trains: list = []
+        self.uploads: list = []
+
+    def send_and_receive(self, messages, *, timeout=None):
+        messages = list(messages)
+        replies = super().send_and_receive(messages, timeout=timeout)
+        if messages and messages[0].metadata.message_type == "train":
+            self.trains += [m.content for m in messages]
+            self.uploads += [r.content for r in replies]
+        return replies
+
+
+def weight_keys(content) -> set[str]:
+    keys = set(content["global"]) if "global" in content else set()
+    for name, record in content.array_records.items():
+        if name.startswith("weights."):
+            keys |= set(record)
+    return keys
+
+
+UNTRANSMITTED = {"spherefed": ['algorithm.name="spherefed"'],
+                 "fedrep": ['algorithm.name="fedrep"', "algorithm.head_epochs=1", "data.local_test_fraction=0.2"],
+                 "lg_fedavg": ['algorithm.name="lg_fedavg"', "data.local_test_fraction=0.2"]}
+
+
+@pytest.mark.parametrize("name", sorted(UNTRANSMITTED))
+def test_only_what_travels(name, tmp_path, monkeypatch):
+    """The ``train`` messages and the uploads leave out what no client needs (SphereFed's fixed
+    head, which each node builds from the run's seed; FedRep's and LG-FedAvg's own layers): the
+    numbers are still the embedded backend's."""
+    extra = UNTRANSMITTED[name]
+    grid = Recording(2)
+    embedded, flower, embedded_rounds, flower_rounds = run_both(tmp_path, monkeypatch, extra, grid=grid)
+    assert_parity(embedded, flower, embedded_rounds, flower_rounds)
+    assert max_diff(embedded_rounds[-1], flower_rounds[-1]) <= 1e-5
+    untransmitted = set(flower_rounds[0]) - set().union(*(weight_keys(c) for c in grid.trains + grid.uploads))
+    head = {k for k in flower_rounds[0] if k.startswith("classifier.")}
+    # SphereFed's fixed head and FedRep's own head; LG-FedAvg's own layers are the body's, its head is shared
+    assert untransmitted == head if name != "lg_fedavg" else (untransmitted and not untransmitted & head)
+    assert all(set(c["withheld"]["down"]) == untransmitted for c in grid.trains)
+
+
+def test_own_files_are_standardised_with_the_pooled_statistics(tmp_path, monkeypatch):
+    """Two SuperNodes with their own (raw) files: the server pools their censuses (Σx, Σx², n) and
+    each node standardises with the pooled mean and std — the float64 statistics of the two
+    files' training samples together — so the run's numbers are those of the embedded backend on
+    the same data standardised centrally."""
+    rng = np.random.default_rng(3)
+    raw = {c: {"train_x": rng.normal(2.0 + c, 1.5 + c, (40, 1, 8, 8)).astype(np.float32),
+               "train_y": rng.integers(0, 10, 40), "test_x": rng.normal(2.5, 2.0, (15, 1, 8, 8)).astype(np.float32),
+               "test_y": rng.integers(0, 10, 15)} for c in (0, 1)}
+    pooled = np.concatenate([raw[c]["train_x"] for c in (0, 1)]).astype(np.float64)
+    mean, std = pooled.mean(axis=(0, 2, 3)).reshape(-1, 1, 1), pooled.std(axis=(0, 2, 3)).reshape(-1, 1, 1)
+    for c in (0, 1):
+        np.savez(tmp_path / f"node{c}.npz", **{f"client0_{k}": v for k, v in raw[c].items()})
+    central = {f"client{c}_{k}": ((v - mean) / std).astype(np.float32) if k.endswith("_x") else v
+               for c in (0, 1) for k, v in raw[c].items()}
+    np.savez(tmp_path / "central.npz", **central)
+    seen = []
+    real = client_app.normalized
+
+    def spy(split, m, s):
+        seen.append((m.double(), s.double()))
+        return real(split, m, s)
+
+    monkeypatch.setattr(client_app, "normalized", spy)
+    extra = ['data.dataset="arrays"', f'data.path="{tmp_path / "central.npz"}"', 'data.partition="given"',
+             "data.num_clients=2", "flower.supernodes=2"]
+    grid = InProcessGrid(2, {1: {"data-path": str(tmp_path / "node0.npz")}, 2: {"data-path": str(tmp_path / "node1.npz")}})
+    embedded, flower, embedded_rounds, flower_rounds = run_both(tmp_path, monkeypatch, extra, grid=grid)
+    assert seen and all(torch.equal(m, seen[0][0]) and torch.equal(s, seen[0][1]) for m, s in seen)
+    np.testing.assert_allclose(seen[0][0].numpy(), mean, rtol=1e-6)
+    np.testing.assert_allclose(seen[0][1].numpy(), std, rtol=1e-6)
+    assert max_diff(embedded_rounds[-1], flower_rounds[-1]) <= 1e-5
+    assert flower["final"]["accuracy"] == pytest.approx(embedded["final"]["accuracy"], abs=1e-9)
+
+
+def test_the_pooled_census_is_the_float64_statistics_of_the_files_together():
+    """The nodes' censuses pooled in client-id order: mean and std of all their samples together."""
+    rng = np.random.default_rng(4)
+    parts = [rng.normal(c, 1 + c, (n, 3, 4, 4)) for c, n in enumerate((7, 20, 1))]
+    census = server_app.Census({0: 1, 1: 2, 2: 3}, [7, 20, 1], [0] * 3, [0] * 3,
+                               {c: client_app.own_census(ClientData(Split(torch.from_numpy(x), torch.zeros(len(x))),
+                                                                    None, None)) for c, x in enumerate(parts)})
+    got = census.normalization()
+    together = np.concatenate(parts)
+    np.testing.assert_allclose(got["mean"].numpy().ravel(), together.mean(axis=(0, 2, 3)), rtol=1e-6)
+    np.testing.assert_allclose(got["std"].numpy().ravel(), together.std(axis=(0, 2, 3)), rtol=1e-6)
+    assert server_app.Census({0: 1}, [7], [0], [0]).normalization() is None

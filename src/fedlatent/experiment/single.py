@@ -76,9 +76,11 @@ def prepare(config: RunConfig) -> tuple[Federation, MethodSpec]:
     if config.backend not in BACKENDS and config.backend != "auto":
         raise ConfigError(f"backend = '{config.backend}': not available in this version; "
                           f"use 'auto' or {' or '.join(repr(b) for b in BACKENDS)}")
-    recorded = [key for key, on in (("diagnostics.trace_terms", config.diagnostics.trace_terms),
-                                     ("diagnostics.which = 'flops'", "flops" in config.diagnostics.which)) if on]
-    if recorded and config.backend in ("vectorized", "flower"):
+    recorded = [key for key, on, backends in (
+        ("diagnostics.trace_terms", config.diagnostics.trace_terms, ("vectorized", "flower")),
+        ("diagnostics.which = 'flops'", "flops" in config.diagnostics.which, ("vectorized",)))
+        if on and config.backend in backends]
+    if recorded:
         raise ConfigError(f"{recorded[0]}: recorded by the clients of backend = 'simulation' (or 'auto'), "
                           f"not '{config.backend}'")
     spec.trace = config.diagnostics.trace_terms
@@ -86,8 +88,6 @@ def prepare(config: RunConfig) -> tuple[Federation, MethodSpec]:
     if config.backend == "flower":
         if importlib.util.find_spec("flwr") is None:
             raise ConfigError("backend = 'flower': Flower is not installed; pip install 'fedlatent[flower]'")
-        from fedlatent.backends.flower import engine
-        engine.check(config, spec)
     federation = build_federation(config.data, config.data_seed)
     if config.backend == "vectorized":
         vectorized.check(config, spec)

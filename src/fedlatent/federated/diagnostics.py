@@ -21,7 +21,9 @@ sum) and t-SNE (at most ``tsne_samples`` features of the class). With ``clients`
 holder is also sent the selected clients' local models, since each is measured on the whole
 split. The classifier spectra, the alignment and the FLOPs read only weights and uploads.
 :class:`Diagnostics` drives both halves for the embedded backends, which play every client in
-one process.
+one process; a backend whose holders are remote overrides where the client halves run
+(:meth:`Diagnostics.holder_statistics`, :meth:`Diagnostics.tsne_features`,
+:meth:`Diagnostics.data_record`; ``backends/flower/diagnostics.py``).
 """
 from __future__ import annotations
 
@@ -57,9 +59,14 @@ def held_splits(federation: Federation, name: str) -> list[Split]:
     parts = [getattr(c, name) for c in federation.clients]
     parts = [p for p in parts if p is not None and len(p)]
     if not parts:
-        hint = {"val": " (set data.val_fraction)", "test": " (set data.local_test_fraction)"}.get(name, "")
-        raise ConfigError(f"diagnostics.split = {name!r}: this federation has no such samples{hint}")
+        raise no_samples(name)
     return parts
+
+
+def no_samples(name: str) -> ConfigError:
+    """The error of a diagnostics split no client holds."""
+    hint = {"val": " (set data.val_fraction)", "test": " (set data.local_test_fraction)"}.get(name, "")
+    return ConfigError(f"diagnostics.split = {name!r}: this federation has no such samples{hint}")
 
 
 def _jsonable(value: Any) -> Any:
@@ -132,6 +139,11 @@ def tsne_features(model: FedModel, state: Tensors, train: Split, cls: int, cap: 
         return None
     model.load_state_dict(state)
     return dg.representations(model, train.x[idx[_subsample(len(idx), cap, seed)]], batch_size, device)[0]
+
+
+def tsne_seed(seed: int, cid: int) -> int:
+    """The seed of client ``cid``'s choice of t-SNE samples (the same every round)."""
+    return derive_seed(seed, DIAGNOSTICS, _TSNE_SAMPLE, cid)
 
 
 def tsne_record(features: dict[int, Tensor], sources: dict[int, str], cls: int, seed: int) -> dict[str, Any]:
@@ -208,7 +220,9 @@ class Diagnostics:
         """Diagnostics of round ``rnd`` for the global model and, when asked, each upload's local
         model; ``model`` is a scratch instance, left holding ``global_state``."""
         started = time.perf_counter()
-        line = {"round": rnd, "model": "global", "split": self.cfg.split, **self.model_values(model, global_state)}
+        local = {f"client{u.client_id}": u.state for u in uploads} if self.cfg.clients else {}
+        values = self.models_values(model, {"global": global_state, **local})
+        line = {"round": rnd, "model": "global", "split": self.cfg.split, **values["global"]}
         if "flops" in self.which:  # the round's local training, counted by each client
             line["flops"] = sum(u.metrics["flops"] for u in uploads)
         if "alignment" in self.which:
@@ -218,7 +232,7 @@ class Diagnostics:
         if self.cfg.clients:
             for upload in uploads:
                 lines.append({"round": rnd, "model": f"client{upload.client_id}", "split": self.cfg.split,
-                              **self.model_values(model, upload.state),
+                              **values[f"client{upload.client_id}"],
                               **({"flops": upload.metrics["flops"]} if "flops" in self.which else {})})
         if "tsne" in self.which:
             line["tsne"] = self.tsne(rnd, model, global_state, uploads)
@@ -226,34 +240,47 @@ class Diagnostics:
         line["time_s"] = time.perf_counter() - started
         self._write(lines)
 
-    def model_values(self, model: FedModel, state: Tensors) -> dict[str, Any]:
-        """The per-model diagnostics of ``state`` on the split (``model`` is the scratch instance
-        the holders run it in)."""
-        out: dict[str, Any] = {}
-        if self.which & FEATURE_DIAGNOSTICS:
-            stats = [model_statistics(model, state, split, self.which, self.federation.num_classes, sample,
-                                      self.batch_size, self.device) for split, sample in zip(self.splits, self.samples)]
-            out.update(combine_statistics(stats, self.which, self.cfg.threshold, self.cfg.uniformity_t))
-        if "classifier" in self.which:
-            out["classifier_singular_values"] = dg.classifier_spectrum(state[CLASSIFIER]).tolist()
+    def models_values(self, model: FedModel, states: dict[str, Tensors]) -> dict[str, dict[str, Any]]:
+        """The per-model diagnostics of each named state on the split (``model`` is the scratch
+        instance the holders run it in)."""
+        stats = self.holder_statistics(model, states) if self.which & FEATURE_DIAGNOSTICS else {}
+        out: dict[str, dict[str, Any]] = {}
+        for name, state in states.items():
+            out[name] = combine_statistics(stats[name], self.which, self.cfg.threshold, self.cfg.uniformity_t) \
+                if name in stats else {}
+            if "classifier" in self.which:
+                out[name]["classifier_singular_values"] = dg.classifier_spectrum(state[CLASSIFIER]).tolist()
         return out
+
+    def holder_statistics(self, model: FedModel, states: dict[str, Tensors]) -> dict[str, list[Tensors]]:
+        """The client halves: each holder's :func:`model_statistics` of each named state, in holder
+        order (a backend whose holders are remote gathers them all in one exchange)."""
+        return {name: [model_statistics(model, state, split, self.which, self.federation.num_classes, sample,
+                                        self.batch_size, self.device)
+                       for split, sample in zip(self.splits, self.samples)]
+                for name, state in states.items()}
 
     def tsne(self, rnd: int, model: FedModel, global_state: Tensors, uploads: list[Upload]) -> dict[str, Any]:
         """t-SNE of the class's samples of the first ``tsne_clients`` clients holding at least two:
         each through that client's local model when ``clients`` is on and it trained this round,
         else through the global model."""
         local = {u.client_id: u.state for u in uploads} if self.cfg.clients else {}
+        features = self.tsne_features(model, global_state, local)
+        sources = {cid: "local" if cid in local else "global" for cid in features}
+        return tsne_record(features, sources, self.cfg.tsne_class, derive_seed(self.seed, DIAGNOSTICS, _TSNE_FIT, rnd))
+
+    def tsne_features(self, model: FedModel, global_state: Tensors, local: dict[int, Tensors]) -> dict[int, Tensor]:
+        """The t-SNE features of the first ``tsne_clients`` clients holding at least two samples of
+        the class, by client id (each through ``local[cid]`` when given, else the global model)."""
         features: dict[int, Tensor] = {}
         for cid, client in enumerate(self.federation.clients):
             if len(features) == self.cfg.tsne_clients:
                 break
             z = tsne_features(model, local.get(cid, global_state), client.train, self.cfg.tsne_class,
-                              self.cfg.tsne_samples, derive_seed(self.seed, DIAGNOSTICS, _TSNE_SAMPLE, cid),
-                              self.batch_size, self.device)
+                              self.cfg.tsne_samples, tsne_seed(self.seed, cid), self.batch_size, self.device)
             if z is not None:
                 features[cid] = z
-        sources = {cid: "local" if cid in local else "global" for cid in features}
-        return tsne_record(features, sources, self.cfg.tsne_class, derive_seed(self.seed, DIAGNOSTICS, _TSNE_FIT, rnd))
+        return features
 
     def _write(self, lines: list[dict[str, Any]]) -> None:
         with self.path.open("a") as sink:

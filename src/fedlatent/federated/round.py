@@ -88,7 +88,9 @@ def traffic(state: Tensors, untransmitted: set[str]) -> tuple[int, int]:
     """Bytes of ``state`` the algorithm needs to send, and the classifier's share of them: every entry but
     the ``untransmitted`` ones — a head fixed at init (each side builds it from the run's seed) and
     the layers clients keep to themselves (FedRep, LG-FedAvg). SphereFed's Table 1 counts the
-    classifier's communication this way: a learned head travels every round, a fixed one never."""
+    classifier's communication this way: a learned head travels every round, a fixed one never.
+    The Flower backend's messages leave these entries out too (an FFC-calibrated fixed head,
+    changed since init, travels there; the embedded count does not include it)."""
     sent = {k: v for k, v in state.items() if k not in untransmitted}
     return nbytes(sent), nbytes({k: v for k, v in sent.items() if k.startswith(HEAD)})
 

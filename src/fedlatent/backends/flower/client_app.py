@@ -9,12 +9,14 @@ from its node config: ``partition-id`` k of ``num-partitions`` P serves the clie
 (one client per node when P is the number of clients; the simulation engine sets both), and
 ``data-path`` may point at the node's own arrays file (``data.dataset = "arrays"`` format, its
 client 0) instead of the configuration's data set: the node then serves client ``partition-id``
-with it, standardised with its own statistics.
+with it, standardised (``data.normalize``) with the statistics the server pools from such nodes'
+censuses (per-channel Σx, Σx², n), which every later message carries.
 
 Messages: ``query.census`` (the served clients and the sizes of their splits), ``train`` (the
 node's :class:`~fedlatent.federated.round.ClientTask` of a round, one message per node → their
 uploads), ``evaluate.validate`` (validation accuracy of the served clients), ``query.statistics``
-(calibration statistics), ``evaluate.report`` (the personalised report rows). A client whose
+(calibration statistics), ``query.diagnostics``, ``query.tsne`` and ``query.data`` (the client
+halves of ``[diagnostics]``, :mod:`.diagnostics`), ``evaluate.report`` (the personalised report rows). A client whose
 update raises or is not finite is a failure record naming it in the node's reply.
 """
 from __future__ import annotations
@@ -26,17 +28,22 @@ import tomllib
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
+from torch import Tensor
 from flwr.app import Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 
 from fedlatent.backends.flower import messages as M
 from fedlatent.backends.simulation import make_model
 from fedlatent.config import RunConfig, from_dict
-from fedlatent.data.federation import build_federation
-from fedlatent.data.types import ClientData, Federation
+from fedlatent.data.compact import Images
+from fedlatent.data.federation import build_federation, channel_census
+from fedlatent.data.types import ClientData, Federation, Split
 from fedlatent.federated.calibrate import client_statistics
 from fedlatent.federated.client import Workspace
+from fedlatent.federated.diagnostics import (label_counts, mean_value_counts, mean_value_range, model_statistics,
+                                             tsne_features, tsne_seed)
 from fedlatent.federated.evaluation import client_validation
 from fedlatent.federated.failures import ClientFailure, error_detail
 from fedlatent.federated.personal import client_report
@@ -59,6 +66,7 @@ class Job:
     clients: dict[int, ClientData]
     workspace: Workspace
     device: torch.device
+    initial: Tensors  # the seeded initial model: the entries the server does not send (a fixed head, own layers)
 
 
 def served(node_config: dict[str, Any], num_clients: int) -> list[int]:
@@ -74,12 +82,34 @@ def served(node_config: dict[str, Any], num_clients: int) -> list[int]:
 _BUILT: dict[str, Job] = {}
 
 
-def job_for(config_toml: str, node_config: dict[str, Any]) -> Job:
+def own_census(client: ClientData) -> Tensors:
+    """A node's share of the normalisation census: per-channel Σx, Σx² (float64) and the count of
+    its own file's training samples, in the units the model reads ([0, 1] for uint8 images)."""
+    x = client.train.x
+    raw = x.data.numpy().astype(np.float64) / 255 if isinstance(x, Images) else x.numpy()
+    total, squares, count = channel_census(raw)
+    return {"sum": torch.from_numpy(total), "squares": torch.from_numpy(squares), "count": torch.tensor(count)}
+
+
+def normalized(split: Split | None, mean: Tensor, std: Tensor) -> Split | None:
+    """``split`` (raw, as its file holds it) standardised with the pooled ``mean`` and ``std``."""
+    if split is None:
+        return None
+    if isinstance(split.x, Images):
+        return Split(Images(split.x.data, mean.numpy(), std.numpy(), split.x.crop), split.y)
+    return Split((split.x - mean) / std, split.y)
+
+
+def job_for(config_toml: str, node_config: dict[str, Any], normalization: Tensors | None = None) -> Job:
     """The node's :class:`Job`: the configuration's method, data and models, built on first use and
     kept for the process (the simulation engine's workers serve many nodes of one run), with the
-    clients this node serves."""
+    clients this node serves. A node's own file is standardised with the ``normalization`` the
+    server pooled from the nodes' censuses (mean, std) once it sends them; raw before."""
     data_path = str(node_config.get("data-path", ""))
-    key = hashlib.sha256(f"{config_toml}\0{data_path}".encode()).hexdigest()
+    if not data_path:
+        normalization = None
+    norm_key = b"".join(t.numpy().tobytes() for t in normalization.values()) if normalization else b""
+    key = hashlib.sha256(f"{config_toml}\0{data_path}\0".encode() + norm_key).hexdigest()
     if key not in _BUILT:
         _BUILT.clear()  # one run at a time per process
         config = from_dict(tomllib.loads(config_toml))
@@ -88,7 +118,12 @@ def job_for(config_toml: str, node_config: dict[str, Any]) -> Job:
                 config.data, dataset="arrays", path=data_path, partition="given"))
         torch.set_num_threads(config.train.threads)
         spec = resolve(config.algorithm, config.terms)
+        spec.count_flops = "flops" in config.diagnostics.which  # counted by the client, summed by the server
         federation = build_federation(config.data, config.data_seed)
+        if normalization:
+            mean, std = normalization["mean"], normalization["std"]
+            federation = dataclasses.replace(federation, clients=[
+                ClientData(*(normalized(s, mean, std) for s in (c.train, c.val, c.test))) for c in federation.clients])
         device = torch.device(config.train.device)
         model = make_model(config, federation, spec).to(device)
         parts = spec.all_parts()
@@ -96,7 +131,8 @@ def job_for(config_toml: str, node_config: dict[str, Any]) -> Job:
                        global_copy=copy.deepcopy(model) if any(p.needs_global_out for p in parts) else None,
                        previous=copy.deepcopy(model) if any(p.needs_prev_out for p in parts) else None,
                        personal=copy.deepcopy(model) if spec.personalization.kind == "ditto" else None)
-        _BUILT[key] = Job(config, spec, federation, {}, ws, device)
+        initial = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
+        _BUILT[key] = Job(config, spec, federation, {}, ws, device, initial)
     job = _BUILT[key]
     if data_path:  # the node's own file holds its one client: client partition-id
         clients = {int(node_config["partition-id"]): job.federation.clients[0]}
@@ -106,7 +142,9 @@ def job_for(config_toml: str, node_config: dict[str, Any]) -> Job:
 
 
 def _job(msg: Message, context: Context) -> Job:
-    return job_for(str(msg.content["run"]["config"]), dict(context.node_config))
+    norm = msg.content.array_records.get("normalization")
+    return job_for(str(msg.content["run"]["config"]), dict(context.node_config),
+                   M.from_record(norm) if norm is not None else None)
 
 
 def _state(context: Context, cid: int) -> Tensors | None:
@@ -119,23 +157,32 @@ app = ClientApp()
 
 @app.query("census")
 def census(msg: Message, context: Context) -> Message:
-    """The clients this node serves and the sizes of their splits (the server's census)."""
+    """The clients this node serves and the sizes of their splits (the server's census); a node
+    with its own file and ``data.normalize`` on adds its normalisation census (``norm.<client>``)."""
     job = _job(msg, context)
+    content = RecordDict()
+    if context.node_config.get("data-path") and job.config.data.normalize:
+        for cid, client in job.clients.items():
+            content[f"norm.{cid}"] = M.to_record(own_census(client))
     values = {"clients": list(job.clients), "train_sizes": [len(c.train) for c in job.clients.values()],
               "val_sizes": [len(c.val) if c.val is not None else 0 for c in job.clients.values()],
               "test_sizes": [len(c.test) if c.test is not None else 0 for c in job.clients.values()]}
-    return Message(RecordDict({"census": M.pack_values(values)}), reply_to=msg)
+    content["census"] = M.pack_values(values)
+    return Message(content, reply_to=msg)
 
 
 @app.train()
 def train(msg: Message, context: Context) -> Message:
-    """A round of the node's selected clients, in turn: each task with the client's state from the
-    node's context (or the server's copy the first time a resumed run reaches it) → its upload,
-    the new state kept in the context; a client that raises or is not finite keeps its old state."""
+    """A round of the node's selected clients, in turn: each task (the global model completed
+    from the node's seeded initial model where the server withheld entries) with the client's
+    state from the node's context (or the server's copy the first time a resumed run reaches it)
+    → its upload (without the entries the server withholds from uploads), the new state kept in
+    the context; a client that raises or is not finite keeps its old state."""
     job = _job(msg, context)
     cfg = job.config
     outcomes: list[M.Outcome] = []
-    for task, restore in M.unpack_tasks(msg.content):
+    _, withheld_up = M.withheld(msg.content)
+    for task, restore in M.unpack_tasks(msg.content, job.initial):
         if task.client_id not in job.clients:
             raise ValueError(f"client {task.client_id} is not served by this node (it serves {list(job.clients)})")
         state = _state(context, task.client_id)
@@ -154,7 +201,7 @@ def train(msg: Message, context: Context) -> Message:
             continue
         context.state[f"{STATE}{task.client_id}"] = M.to_record(new_state)
         outcomes.append((outcome, new_state if cfg.flower.client_state_on_server else None))
-    return Message(M.pack_outcomes(outcomes), reply_to=msg)
+    return Message(M.pack_outcomes(outcomes, withheld_up), reply_to=msg)
 
 
 @app.evaluate("validate")
@@ -183,6 +230,59 @@ def statistics(msg: Message, context: Context) -> Message:
             job.workspace.model, global_state, client.train, job.spec.calibration, job.config.eval.batch_size,
             job.device))
     return Message(content, reply_to=msg)
+
+
+def _models(msg: Message) -> dict[str, Tensors]:
+    return {name[len("model."):]: M.from_record(record) for name, record in msg.content.array_records.items()
+            if name.startswith("model.")}
+
+
+@app.query("diagnostics")
+def diagnostics(msg: Message, context: Context) -> Message:
+    """Each served client's diagnostics statistics of every sent model on its split (the client
+    half, :func:`fedlatent.federated.diagnostics.model_statistics`), for the clients the server
+    sent rows of the uniformity sample to (those holding the split)."""
+    job = _job(msg, context)
+    asked = M.unpack_values(msg.content["diagnostics"])
+    models = _models(msg)
+    content = RecordDict()
+    for cid, client in job.clients.items():
+        if f"sample.{cid}" not in msg.content.array_records:
+            continue
+        rows = M.from_record(msg.content[f"sample.{cid}"])["rows"]
+        for name, state in models.items():
+            content[f"stats.{name}.{cid}"] = M.to_record(model_statistics(
+                job.workspace.model, state, getattr(client, asked["split"]), set(asked["which"]),
+                job.federation.num_classes, rows, job.config.eval.batch_size, job.device))
+    return Message(content, reply_to=msg)
+
+
+@app.query("tsne")
+def tsne(msg: Message, context: Context) -> Message:
+    """Each served client's t-SNE features of the asked class, through its local model when the
+    server sent one (``model.client<id>``), else the global model."""
+    job = _job(msg, context)
+    asked = M.unpack_values(msg.content["tsne"])
+    models = _models(msg)
+    content = RecordDict()
+    for cid, client in job.clients.items():
+        z = tsne_features(job.workspace.model, models.get(f"client{cid}", models["global"]), client.train,
+                          int(asked["class"]), int(asked["cap"]), tsne_seed(job.config.seed, cid),
+                          job.config.eval.batch_size, job.device)
+        if z is not None:
+            content[f"tsne.z.{cid}"] = M.to_record({"z": z})
+    return Message(content, reply_to=msg)
+
+
+@app.query("data")
+def data(msg: Message, context: Context) -> Message:
+    """Each served client's data figures: label counts and the range of its samples' mean input
+    values; sent the common bin ``edges``, its histogram counts over them."""
+    job = _job(msg, context)
+    edges = np.asarray(M.unpack_values(msg.content["edges"])["edges"]) if "edges" in msg.content else None
+    values = {str(cid): {"counts": label_counts(c.train, job.federation.num_classes), "range": mean_value_range(c.train)}
+              if edges is None else {"histogram": mean_value_counts(c.train, edges)} for cid, c in job.clients.items()}
+    return Message(RecordDict({"data": M.pack_values(values)}), reply_to=msg)
 
 
 @app.evaluate("report")

@@ -21,15 +21,7 @@ from fedlatent.backends.flower import client_app
 from fedlatent.backends.flower.server_app import serve
 from fedlatent.config import RunConfig
 from fedlatent.data.types import Federation
-from fedlatent.errors import ConfigError
 from fedlatent.methods.parts import MethodSpec
-
-
-def check(config: RunConfig, spec: MethodSpec) -> None:
-    """Raise a one-line ConfigError for what this backend does not run yet."""
-    if config.diagnostics.which:
-        raise ConfigError("backend = 'flower': diagnostics.which is not available on Flower yet; "
-                          "use backend = 'simulation'")
 
 
 def backend_config(config: RunConfig) -> dict[str, Any]:

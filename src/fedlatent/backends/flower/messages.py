@@ -24,13 +24,17 @@ def from_record(record: ArrayRecord) -> Tensors:
     return {k: v.clone() for k, v in record.to_torch_state_dict().items()}
 
 
-def pack_tasks(tasks: list[ClientTask], restore: dict[int, Tensors]) -> RecordDict:
+def pack_tasks(tasks: list[ClientTask], restore: dict[int, Tensors], withheld: frozenset[str] = frozenset(),
+               withheld_up: frozenset[str] = frozenset()) -> RecordDict:
     """One node's tasks of a round as one message's content (the node trains its clients in turn:
     its Context is then updated by one message at a time). The global model and a payload shared by
-    all tasks travel once; ``restore`` holds client states the server kept (a resumed run hands them
-    back to nodes that have none)."""
+    all tasks travel once, without the ``withheld`` entries (those the node builds itself from the
+    run's seed), and the node is told which entries its uploads leave out (``withheld_up``);
+    ``restore`` holds client states the server kept (a resumed run hands them back to nodes that
+    have none)."""
     shared = all(t.payload is tasks[0].payload for t in tasks)
-    content = RecordDict({"global": to_record(tasks[0].global_state)})
+    content = RecordDict({"global": to_record({k: v for k, v in tasks[0].global_state.items() if k not in withheld}),
+                          "withheld": ConfigRecord({"down": sorted(withheld), "up": sorted(withheld_up)})})
     if shared:
         content["payload"] = to_record(tasks[0].payload)
     for t in tasks:
@@ -44,9 +48,18 @@ def pack_tasks(tasks: list[ClientTask], restore: dict[int, Tensors]) -> RecordDi
     return content
 
 
-def unpack_tasks(content: RecordDict) -> list[tuple[ClientTask, Tensors | None]]:
-    """The tasks (in client-id order) and the server's copy of each client's state, if sent."""
-    global_state = from_record(content["global"])
+def withheld(content: RecordDict) -> tuple[set[str], set[str]]:
+    """The entries a ``train`` message leaves out of the global model, and those its uploads leave out."""
+    record = content["withheld"]
+    return set(record["down"]), set(record["up"])
+
+
+def unpack_tasks(content: RecordDict, initial: Tensors | None = None) -> list[tuple[ClientTask, Tensors | None]]:
+    """The tasks (in client-id order) and the server's copy of each client's state, if sent; the
+    global model's withheld entries taken from ``initial`` (the node's seeded initial model)."""
+    received = from_record(content["global"])
+    global_state = received if initial is None else \
+        {k: received[k] if k in received else initial[k].clone() for k in initial}
     shared = from_record(content["payload"]) if "payload" in content else None
     out = []
     for cid in sorted(int(name.split(".")[1]) for name in content.config_records if name.startswith("task.")):
@@ -62,9 +75,9 @@ def unpack_tasks(content: RecordDict) -> list[tuple[ClientTask, Tensors | None]]
 Outcome = tuple[Upload | ClientFailure, Tensors | None]
 
 
-def pack_outcomes(outcomes: list[Outcome]) -> RecordDict:
-    """A node's replies for its clients: each upload (with the client's new state when the server
-    keeps a copy) or failure (the kind and one line saying what)."""
+def pack_outcomes(outcomes: list[Outcome], withheld_up: set[str] | frozenset[str] = frozenset()) -> RecordDict:
+    """A node's replies for its clients: each upload (without the ``withheld_up`` entries; with the
+    client's new state when the server keeps a copy) or failure (the kind and one line saying what)."""
     content = RecordDict()
     for outcome, state in outcomes:
         if isinstance(outcome, ClientFailure):
@@ -74,7 +87,7 @@ def pack_outcomes(outcomes: list[Outcome]) -> RecordDict:
         content[f"upload.{cid}"] = ConfigRecord({"num_samples": u.num_samples, "steps": u.steps, "lr": float(u.lr),
                                                  "momentum": float(u.momentum), "metrics": json.dumps(u.metrics),
                                                  "extras": sorted(u.extras)})
-        content[f"weights.{cid}"] = to_record(u.state)
+        content[f"weights.{cid}"] = to_record({k: v for k, v in u.state.items() if k not in withheld_up})
         for part, extra in u.extras.items():
             content[f"extra.{cid}.{part}"] = to_record(extra)
         if state is not None:

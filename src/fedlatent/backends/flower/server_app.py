@@ -29,9 +29,11 @@ from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.serverapp import Grid, ServerApp
 
 from fedlatent.backends.flower import messages as M
+from fedlatent.backends.flower.diagnostics import FlowerDiagnostics
 from fedlatent.federated.round import ClientTask, close_round, plan_round
 from fedlatent.backends.simulation import make_model, metrics_upto
 from fedlatent.config import RunConfig, to_toml
+from fedlatent.data.federation import pooled_channel_stats
 from fedlatent.data.types import Federation
 from fedlatent.errors import UserInputError
 from fedlatent.federated.calibrate import apply_statistics, head_keys
@@ -59,6 +61,16 @@ class Census:
     train_sizes: list[int]
     val_sizes: list[int]
     test_sizes: list[int]
+    norms: dict[int, Tensors] = field(default_factory=dict)  # own files' normalisation censuses, by client
+
+    def normalization(self) -> Tensors | None:
+        """The pooled per-channel mean and std of the nodes' own files (in client-id order), or None
+        when no node has one."""
+        if not self.norms:
+            return None
+        mean, std = pooled_channel_stats([(c["sum"].numpy(), c["squares"].numpy(), int(c["count"]))
+                                          for _, c in sorted(self.norms.items())])
+        return {"mean": torch.from_numpy(mean), "std": torch.from_numpy(std)}
 
 
 @dataclass
@@ -75,6 +87,9 @@ class ServerRun:
     client_states: list[Tensors] = field(default_factory=list)
     contacted: set[int] = field(default_factory=set)  # clients reached since this process started
     model: FedModel | None = None
+    normalization: Tensors | None = None  # sent with every message after the census
+    initial: Tensors = field(default_factory=dict)  # the seeded initial model, as each node builds it
+    diagnostics: FlowerDiagnostics | None = None
 
     @property
     def run_record(self) -> ConfigRecord:
@@ -85,6 +100,8 @@ class ServerRun:
         (None where none came)."""
         for _, msg in messages:
             msg.content["run"] = self.run_record
+            if self.normalization is not None:
+                msg.content["normalization"] = M.to_record(self.normalization)
         replies = self.grid.send_and_receive([m for _, m in messages], timeout=self.config.flower.timeout)
         by_id = {msg.metadata.message_id: key for key, msg in messages}
         out: dict[int, Message | None] = {key: None for key, _ in messages}
@@ -99,6 +116,7 @@ class ServerRun:
         n = len(self.federation.clients)
         node_of: dict[int, int] = {}
         sizes: dict[str, dict[int, int]] = {"train_sizes": {}, "val_sizes": {}, "test_sizes": {}}
+        norms: dict[int, Tensors] = {}
         asked: set[int] = set()
         deadline = time.monotonic() + CENSUS_WAIT_S
         while len(node_of) < n:
@@ -112,21 +130,25 @@ class ServerRun:
                 for i, cid in enumerate(int(c) for c in values["clients"]):
                     if not 0 <= cid < n:  # a node configured for another federation's clients
                         continue
-                    node_of.setdefault(cid, node)
+                    if node_of.setdefault(cid, node) != node:
+                        continue
                     for key, by_client in sizes.items():
                         by_client[cid] = int(values[key][i])
+                    if f"norm.{cid}" in reply.content.array_records:
+                        norms[cid] = M.from_record(reply.content[f"norm.{cid}"])
             if len(node_of) < n:
                 if time.monotonic() > deadline:
                     missing = sorted(set(range(n)) - set(node_of))
                     raise RunStopped(f"census: no SuperNode serves client(s) {missing} after {CENSUS_WAIT_S:.0f} s "
                                      f"(start one with --node-config 'partition-id=K num-partitions=P')", 0)
                 time.sleep(1.0)
-        return Census(node_of, *([by_client[cid] for cid in range(n)] for by_client in sizes.values()))
+        return Census(node_of, *([by_client[cid] for cid in range(n)] for by_client in sizes.values()), norms)
 
     def setup(self) -> None:
         torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0)  # torch's one-off import, outside round 1
         self.model = make_model(self.config, self.federation, self.spec).to(self.config.train.device)
         state = {k: v.detach().cpu().clone() for k, v in self.model.state_dict().items()}
+        self.initial = {k: v.clone() for k, v in state.items()}
         self.server = Server(self.spec, state, [n for n, _ in self.model.named_parameters()],
                              trainable_names(self.model), self.config.server, len(self.federation.clients))
         self.client_states = [{} for _ in self.federation.clients]
@@ -137,6 +159,19 @@ class ServerRun:
         if cid in self.contacted or not self.client_states[cid]:
             return None
         return self.client_states[cid]
+
+    def withheld(self) -> tuple[frozenset[str], frozenset[str]]:
+        """What the ``train`` messages leave out: of the entries no client needs
+        (:meth:`Server.untransmitted`: a fixed head, the clients' own layers) those still at their
+        initial values, which each node builds from the run's seed (an FFC-calibrated head
+        travels); and what uploads leave out, filled from the sent global model on arrival (the
+        aggregate keeps the global values of those entries): the same, but the clients' own layers
+        travel when the diagnostics measure the uploads."""
+        never = self.server.untransmitted()
+        down = frozenset(k for k in never if torch.equal(self.server.global_state[k], self.initial[k]))
+        d = self.diagnostics
+        reads_uploads = d is not None and (d.cfg.clients or "alignment" in d.which)
+        return down, frozenset(never - set(self.server.local) if reads_uploads else never)
 
     def train_round(self, rnd: int) -> dict[str, Any]:
         """One round: one ``train`` message per SuperNode holding its selected clients' tasks,
@@ -149,13 +184,14 @@ class ServerRun:
             by_node.setdefault(self.census.node_of[task.client_id], []).append(task)
         outcomes: list[Upload | ClientFailure] = []
         sent = []
+        down, up = self.withheld()
         for node, node_tasks in sorted(by_node.items()):
             if node not in live:
                 outcomes += [ClientFailure(t.client_id, "error", f"SuperNode {node} is gone") for t in node_tasks]
                 continue
             restore = {t.client_id: self.restore_for(t.client_id) for t in node_tasks}
-            sent.append((node, Message(M.pack_tasks(node_tasks, {c: r for c, r in restore.items() if r is not None}),
-                                       dst_node_id=node, message_type="train")))
+            sent.append((node, Message(M.pack_tasks(node_tasks, {c: r for c, r in restore.items() if r is not None},
+                                                    down, up), dst_node_id=node, message_type="train")))
         new_states: dict[int, Tensors] = {}
         for node, reply in self.exchange(sent).items():
             for cid, (outcome, state) in self.outcomes(by_node[node], reply).items():
@@ -176,6 +212,8 @@ class ServerRun:
         if (rnd + 1) % self.config.eval.every == 0 or rnd + 1 == self.config.train.rounds:
             line.update(self.evaluate_global())
         line["time_round_s"] = time.perf_counter() - started
+        if self.diagnostics is not None and self.diagnostics.due(rnd + 1):
+            self.diagnostics.record(rnd + 1, self.model, self.server.global_state, result.uploads)
         return line
 
     def outcomes(self, tasks: list[ClientTask], reply: Message | None) -> dict[int, M.Outcome]:
@@ -188,6 +226,9 @@ class ServerRun:
             detail = f"ClientApp error: {reply.error.reason}"
         else:
             got = M.unpack_outcomes(reply.content)
+            for upload, _ in got.values():
+                if isinstance(upload, Upload):  # the withheld entries, as the node was sent them
+                    upload.state = {k: upload.state.get(k, v) for k, v in tasks[0].global_state.items()}
             return {cid: got.get(cid, (ClientFailure(cid, "error", "missing from its node's reply"), None))
                     for cid in ids}
         return {cid: (ClientFailure(cid, "error", detail), None) for cid in ids}
@@ -274,6 +315,13 @@ def serve(grid: Grid, config: RunConfig, federation: Federation, spec: MethodSpe
     metrics_path = out / "metrics.jsonl"
     write_atomically(metrics_path, "".join(line + "\n" for line in metrics_upto(metrics_path, start)))
     s.census = s.take_census()  # after metrics.jsonl exists: a failed census is a stopped run with a summary
+    s.normalization = s.census.normalization()
+    if config.diagnostics.which:
+        sizes = {"train": s.census.train_sizes, "val": s.census.val_sizes, "test": s.census.test_sizes}
+        s.diagnostics = FlowerDiagnostics(config, federation, out / "diagnostics.jsonl", sizes,
+                                          lambda kind, records: s.broadcast(kind, records), warn,
+                                          torch.device(config.train.device))
+        s.diagnostics.start(start)
     with metrics_path.open("a") as sink:
         for rnd in range(start, config.train.rounds):
             line = s.train_round(rnd)

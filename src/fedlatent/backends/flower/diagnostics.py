@@ -1,0 +1,122 @@
+"""``[diagnostics]`` on Flower: the server halves of :mod:`fedlatent.federated.diagnostics` here,
+the client halves on the SuperNodes (:mod:`.client_app`), gathered in extra rounds of messages.
+
+``query.diagnostics`` carries the model states to measure (the global model, and the selected
+clients' local models with ``clients`` on) and each holder's rows of the uniformity sample; each
+node answers with every served client's :func:`~fedlatent.federated.diagnostics.model_statistics`.
+``query.tsne`` and ``query.data`` (label counts and mean-value ranges, then, sent the common bin
+edges, the histogram counts) likewise. The server combines the replies in client-id order, so the
+records are the embedded backend's (up to float rounding of the summed moments). A split the
+server holds (the global test set) is measured on the server, as on the embedded backend.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+from flwr.app import Message
+from torch import Tensor
+
+from fedlatent.analysis import diagnostics as dg
+from fedlatent.backends.flower import messages as M
+from fedlatent.config import RunConfig
+from fedlatent.data.types import Federation
+from fedlatent.errors import ConfigError
+from fedlatent.federated.diagnostics import (FEATURE_DIAGNOSTICS, Diagnostics, data_record, no_samples,
+                                             sample_plan)
+from fedlatent.methods.parts import Tensors
+from fedlatent.models.base import FedModel
+from fedlatent.seeding import DIAGNOSTICS, derive_seed
+
+Broadcast = Callable[[str, dict[str, Any]], dict[int, Message]]
+_UNIFORMITY_SAMPLE = 0  # seeding.DIAGNOSTICS sub-stream of the uniformity sample (federated.diagnostics)
+
+
+def model_records(states: dict[str, Tensors]) -> dict[str, Any]:
+    return {f"model.{name}": M.to_record(state) for name, state in states.items()}
+
+
+def replies_by_client(replies: dict[int, Message], prefix: str) -> dict[str, dict[int, Tensors]]:
+    """The replies' ArrayRecords ``prefix.<name>.<client id>`` as {name: {client id: tensors}}."""
+    out: dict[str, dict[int, Tensors]] = {}
+    for reply in replies.values():
+        for key, record in reply.content.array_records.items():
+            kind, _, rest = key.partition(".")
+            if kind == prefix:
+                name, _, cid = rest.rpartition(".")
+                out.setdefault(name, {})[int(cid)] = M.from_record(record)
+    return out
+
+
+class FlowerDiagnostics(Diagnostics):
+    """The configured diagnostics of a run on Flower: the clients' splits stay on their nodes;
+    ``sizes`` are the census's split sizes by client id, ``broadcast`` sends a message type and
+    its records to every node and returns the replies."""
+
+    def __init__(self, config: RunConfig, federation: Federation, path: Path, sizes: dict[str, list[int]],
+                 broadcast: Broadcast, warn: Callable[[str], None], device: torch.device = torch.device("cpu")) -> None:
+        self.cfg, self.seed, self.rounds = config.diagnostics, config.seed, config.train.rounds
+        self.federation, self.path, self.device = federation, path, device
+        self.batch_size, self.which = config.eval.batch_size, set(self.cfg.which)
+        self.broadcast, self.warn, self.train_sizes = broadcast, warn, sizes["train"]
+        name = self.cfg.split
+        if name == "test" and federation.test is not None and len(federation.test):
+            self.splits, self.holders, held = [federation.test], [], [len(federation.test)]
+        else:
+            self.splits = []
+            self.holders = [cid for cid, n in enumerate(sizes[name]) if n]
+            held = [sizes[name][cid] for cid in self.holders]
+            if not self.holders:
+                raise no_samples(name)
+        if "tsne" in self.which and self.cfg.tsne_class >= federation.num_classes:
+            raise ConfigError(f"diagnostics.tsne_class = {self.cfg.tsne_class}: the data set has "
+                              f"{federation.num_classes} classes (0 .. {federation.num_classes - 1})")
+        self.samples = sample_plan(held, self.cfg.max_samples, derive_seed(self.seed, DIAGNOSTICS, _UNIFORMITY_SAMPLE))
+
+    def holder_statistics(self, model: FedModel, states: dict[str, Tensors]) -> dict[str, list[Tensors]]:
+        """The server's own split measured here; else each holder's statistics of every state,
+        gathered in one ``query.diagnostics`` exchange, in client-id order."""
+        if self.splits:
+            return super().holder_statistics(model, states)
+        records = {**model_records(states),
+                   **{f"sample.{cid}": M.to_record({"rows": rows}) for cid, rows in zip(self.holders, self.samples)},
+                   "diagnostics": M.pack_values({"which": sorted(self.which & FEATURE_DIAGNOSTICS),
+                                                 "split": self.cfg.split})}
+        got = replies_by_client(self.broadcast("query.diagnostics", records), "stats")
+        out = {}
+        for name in states:
+            by_client = got.get(name, {})
+            missing = [cid for cid in self.holders if cid not in by_client]
+            if missing:
+                self.warn(f"diagnostics of {name} without client(s) {missing} (no statistics came back)")
+            out[name] = [by_client[cid] for cid in self.holders if cid in by_client]
+        return out
+
+    def tsne_features(self, model: FedModel, global_state: Tensors, local: dict[int, Tensors]) -> dict[int, Tensor]:
+        """Every served client's t-SNE features from one ``query.tsne`` exchange; the first
+        ``tsne_clients`` holders in client-id order kept, as the embedded backend picks them."""
+        records = {**model_records({"global": global_state, **{f"client{c}": s for c, s in local.items()}}),
+                   "tsne": M.pack_values({"class": self.cfg.tsne_class, "cap": self.cfg.tsne_samples})}
+        got = replies_by_client(self.broadcast("query.tsne", records), "tsne").get("z", {})
+        return {cid: got[cid]["z"] for cid in sorted(got)[:self.cfg.tsne_clients]}
+
+    def data_record(self) -> dict[str, Any]:
+        """The data figures from two ``query.data`` exchanges: label counts and mean-value ranges,
+        then the histogram counts over the common edges."""
+        first = self._data_values({})
+        n = len(self.train_sizes)
+        edges = dg.histogram_edges([first[cid]["range"] for cid in range(n)], self.cfg.histogram_bins)
+        second = self._data_values({"edges": M.pack_values({"edges": edges.tolist()})})
+        return data_record([first[cid]["counts"] for cid in range(n)], edges,
+                           [second[cid]["histogram"] for cid in range(n)])
+
+    def _data_values(self, records: dict[str, Any]) -> dict[int, dict[str, Any]]:
+        values: dict[int, dict[str, Any]] = {}
+        for reply in self.broadcast("query.data", records).values():
+            values.update({int(k): v for k, v in M.unpack_values(reply.content["data"]).items()})
+        missing = sorted(set(range(len(self.train_sizes))) - set(values))
+        if missing:
+            raise RuntimeError(f"diagnostics: no data figures came back from client(s) {missing}")
+        return values
+

@@ -74,8 +74,13 @@ class _Stack:
     def __init__(self, states: list[Tensors], names: list[str], trainable: list[str], device: torch.device,
                  anchor: Tensors | None = None, pull: float = 0.0, drift: Tensors | None = None,
                  extra_decay: Tensor | None = None) -> None:
-        # weights and buffers (BatchNorm statistics: the forward updates them in place, per client)
-        self.params = {n: torch.stack([s[n] for s in states]).to(device) for n in names}
+        # weights and buffers (BatchNorm statistics: the forward updates them in place, per client);
+        # clients that all start from one state: that state broadcast, one copy per tensor
+        if all(st is states[0] for st in states):
+            self.params = {n: states[0][n].to(device).expand(len(states), *states[0][n].shape).contiguous()
+                           for n in names}
+        else:
+            self.params = {n: torch.stack([s[n] for s in states]).to(device) for n in names}
         self.trainable = trainable
         self.momentum = {n: torch.zeros_like(self.params[n]) for n in trainable}
         # Ditto's (λ/2)‖w − w̄‖²: its gradient λ(w − w̄) is added to the loss gradient directly
@@ -88,6 +93,13 @@ class _Stack:
 
     def client_state(self, c: int) -> Tensors:
         return {n: p[c].detach().to("cpu", copy=True) for n, p in self.params.items()}
+
+    def client_rows(self) -> list[Tensors]:
+        """Every client's state as rows (views) of one CPU copy of the stack: one copy per tensor
+        instead of one per client and tensor (the server averages such rows in one product,
+        ``server.stacked_mean``)."""
+        stacked = {n: p.detach().to("cpu", copy=True) for n, p in self.params.items()}
+        return [{n: t[c] for n, t in stacked.items()} for c in range(len(next(iter(stacked.values()))))]
 
     def step(self, group: Tensor | None, loss_fn: Callable[[dict[str, Tensor]], Tensor],
              s: LocalSettings) -> None:
@@ -294,9 +306,9 @@ def _train_together(ws: Workspace, starts: list[Tensors], datas: list[Split], sp
     seconds = time.perf_counter() - started
     uploads = []
     finishing = any(type(p).finish is not Part.finish for p in spec.parts)
-    for c, rc in enumerate(rcs):
+    rows = global_stack.client_rows()  # views: keep_models copies what a client keeps (MOON)
+    for c, (rc, trained) in enumerate(zip(rcs, rows)):
         rc.steps = steps[c]
-        trained = global_stack.client_state(c)
         if finishing:
             model.load_state_dict(trained)  # finish reads the trained weights off rc.model
         extras = finish_parts(rc, spec.parts + personal_parts)

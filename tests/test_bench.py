@@ -90,3 +90,28 @@ def test_bench_quick_prints_every_side_and_writes_the_raw_timings(tmp_path, caps
     assert len(times["bare loop"]["wall_abs"]) == 3 and len(times["simulation"]["wall_abs"]) == 1
     ratio = times["vectorized"]["wall"][0]
     assert ratio == pytest.approx(float(rows[2][3]), abs=1e-3)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not bench.flower_installed(), reason="the flower extra is not installed")
+def test_flowers_simulation_engine_is_a_column_of_workload_a_when_installed(tmp_path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    out, lines = tmp_path / "bench.json", []
+    text = bench.bench(quick=True, reps=1, only="a", json_path=str(out), echo=lines.append, flower=True)
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in text.splitlines() if line.startswith("| (")]
+    assert [r[1] for r in rows] == ["bare loop", "simulation", "vectorized", "flower"]
+    flower_row = rows[3]
+    raw = json.loads(out.read_text())["workloads"]["a"]["times"]
+    assert len(raw["flower"]["wall_abs"]) == 1 and raw["flower"]["wall_abs"][0] > 0
+    assert float(flower_row[2]) == pytest.approx(raw["flower"]["wall_abs"][0], abs=1e-3)
+    # the floor: 3 runs around the alternating sides (1 warm-up not counted) + 2 around Flower's run
+    assert len(raw["bare loop"]["wall_abs"]) == 5
+    assert "flower: one run per workload" in text
+
+
+@pytest.mark.skipif(not bench.flower_installed(), reason="the flower extra is not installed")
+def test_quick_leaves_flower_out_with_a_line(monkeypatch) -> None:
+    lines: list[str] = []
+    monkeypatch.setattr(bench, "workloads", lambda quick, scratch, echo: [])
+    bench.bench(quick=True, echo=lines.append)
+    assert lines == ["flower: left out of --quick (its start-up alone is ~20 s a run)"]

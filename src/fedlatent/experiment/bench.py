@@ -9,11 +9,15 @@ folder; skipped with a line when it or its data file is absent). Each side is a 
 figures); the floor is the FedAvg loop one would write by hand (:func:`bare_run`: the same initial
 weights, batches, sampled clients and evaluations). Sides alternate with the floor
 (:func:`~fedlatent.experiment.timing.bracketed`); (d) has no hand-written floor, so there the
-simulation run is the baseline.
+simulation run is the baseline. When the flower extra is installed, Flower's simulation engine
+(``backend = "flower"``) is a further side of the workloads in :data:`FLOWER_WORKLOADS`: its Ray
+start-up (~20 s) makes alternating it every repetition too long, so it runs once per workload,
+bracketed by two baseline runs (``--quick`` leaves it out).
 """
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import shutil
 import tempfile
 from dataclasses import dataclass
@@ -42,6 +46,9 @@ from fedlatent.seeding import LOCAL_TRAINING, derive_seed
 Tensors = dict[str, torch.Tensor]
 DITTO_RELEASE = Path("configs") / "ditto" / "release_ditto_mkmmd.toml"
 FLOOR = "bare loop"
+FLOWER = "flower"
+FLOWER_WORKLOADS = "a"  # the workloads Flower's simulation engine is timed on (once each)
+SIDES = (FLOOR, "simulation", "vectorized", FLOWER)
 
 
 @dataclass
@@ -176,19 +183,33 @@ def _backends(config: RunConfig) -> list[str]:
     return ["simulation", "vectorized"]
 
 
+def flower_installed() -> bool:
+    """Whether the flower extra (``flwr``) can be imported."""
+    return importlib.util.find_spec("flwr") is not None
+
+
 def measure(load: Workload, scratch: Path, reps: int | None = None,
-            progress: Callable[[str], None] | None = None) -> dict[str, Any]:
-    """Raw wall times of every side of one workload: ``{side: {"wall": ratios, "wall_abs": s}}``."""
+            progress: Callable[[str], None] | None = None, flower: bool = False) -> dict[str, Any]:
+    """Raw wall times of every side of one workload: ``{side: {"wall": ratios, "wall_abs": s}}``;
+    ``flower``: also one run on Flower's simulation engine between two baseline runs."""
     sides = {b: _side(load.config, b, scratch / f"{load.name}-{b}") for b in _backends(load.config)}
     reps = reps or load.reps
     if load.floor:
-        floor = bare_run(load.config, build_federation(load.config.data, load.config.data_seed))
-        times = timing.bracketed(floor, sides, reps, ("wall",), progress=progress)
+        base: Callable[[], None] = bare_run(load.config, build_federation(load.config.data, load.config.data_seed))
+        times = timing.bracketed(base, sides, reps, ("wall",), progress=progress)
         times[FLOOR] = times.pop(timing.BASELINE)
-        return times
-    base = sides.pop("simulation")
-    times = timing.bracketed(base, sides, reps, ("wall",), warmup=0, progress=progress)
-    times["simulation"] = times.pop(timing.BASELINE)
+    else:
+        base = sides.pop("simulation")
+        times = timing.bracketed(base, sides, reps, ("wall",), warmup=0, progress=progress)
+        times["simulation"] = times.pop(timing.BASELINE)
+    if flower:
+        import fedlatent.backends.flower.engine  # noqa: F401  (its imports are not the run's start-up)
+        once = timing.bracketed(base, {FLOWER: _side(load.config, FLOWER, scratch / f"{load.name}-{FLOWER}")}, 1,
+                                ("wall",), warmup=0)
+        times[FLOWER] = once[FLOWER]
+        times[FLOOR if load.floor else "simulation"]["wall_abs"] += once[timing.BASELINE]["wall_abs"]
+        if progress:
+            progress(f"{FLOWER}: {once[FLOWER]['wall_abs'][0]:.1f} s")
     return times
 
 
@@ -198,7 +219,7 @@ def rows(load: Workload, times: dict[str, Any]) -> list[list[Any]]:
     base = FLOOR if load.floor else "simulation"
     sim = timing.median(times["simulation"]["wall_abs"])
     out = []
-    for side in (FLOOR, "simulation", "vectorized"):
+    for side in SIDES:
         if side not in times:
             continue
         seconds = timing.median(times[side]["wall_abs"])
@@ -210,8 +231,14 @@ def rows(load: Workload, times: dict[str, Any]) -> list[list[Any]]:
 
 
 def bench(*, quick: bool = False, reps: int | None = None, only: str = "abcd", json_path: str | None = None,
-          echo: Callable[[str], None] = print) -> str:
-    """Measure the workloads named in ``only`` and return the table (raw timings to ``json_path``)."""
+          echo: Callable[[str], None] = print, flower: bool | None = None) -> str:
+    """Measure the workloads named in ``only`` and return the table (raw timings to ``json_path``);
+    ``flower`` (default: when installed and not ``quick``) adds Flower's simulation engine on
+    :data:`FLOWER_WORKLOADS`."""
+    if flower is None:
+        flower = flower_installed() and not quick
+        if quick and flower_installed():
+            echo("flower: left out of --quick (its start-up alone is ~20 s a run)")
     with tempfile.TemporaryDirectory(prefix="fedlatent-bench-") as tmp:
         scratch = Path(tmp)
         chosen = [w for w in workloads(quick, scratch, echo) if w.name in only]
@@ -219,11 +246,15 @@ def bench(*, quick: bool = False, reps: int | None = None, only: str = "abcd", j
         table_rows: list[list[Any]] = []
         for load in chosen:
             echo(f"({load.name}) {load.label}")
-            times = measure(load, scratch, reps, progress=lambda line: echo(f"    {line}"))
+            with_flower = flower and load.name in FLOWER_WORKLOADS
+            times = measure(load, scratch, reps, progress=lambda line: echo(f"    {line}"), flower=with_flower)
             results["workloads"][load.name] = {"label": load.label, "reps": reps or load.reps,
                                                "baseline": FLOOR if load.floor else "simulation", "times": times}
             table_rows += rows(load, times)
     text = timing.table(["workload", "side", "median s", "÷ baseline (median)", "÷ baseline (min)",
                          "÷ simulation"], table_rows)
+    if any(row[1] == FLOWER for row in table_rows):
+        text += (f"\n{FLOWER}: one run per workload (Ray's start-up ~20 s a run), between two baseline runs "
+                 "that join the baseline's median; the other sides alternate every repetition.")
     timing.dump(json_path, results)
     return text

@@ -51,6 +51,9 @@ from fedlatent.methods.parts import (ClientRound, LockstepContext, MethodSpec, P
                                      task_loss, trainable_names)
 from fedlatent.models.base import FedModel, ModelOutput
 
+Group = Tensor | slice | None  # a step's clients: all, a run of stack rows, or stack indices
+
+
 def unsupported(spec: MethodSpec) -> str | None:
     """Why ``spec`` cannot train in lockstep (one line), or None when it can."""
     for part in spec.parts:
@@ -74,8 +77,13 @@ class _Stack:
     def __init__(self, states: list[Tensors], names: list[str], trainable: list[str], device: torch.device,
                  anchor: Tensors | None = None, pull: float = 0.0, drift: Tensors | None = None,
                  extra_decay: Tensor | None = None) -> None:
-        # weights and buffers (BatchNorm statistics: the forward updates them in place, per client)
-        self.params = {n: torch.stack([s[n] for s in states]).to(device) for n in names}
+        # weights and buffers (BatchNorm statistics: the forward updates them in place, per client);
+        # clients that all start from one state: that state broadcast, one copy per tensor
+        if all(st is states[0] for st in states):
+            self.params = {n: states[0][n].to(device).expand(len(states), *states[0][n].shape).contiguous()
+                           for n in names}
+        else:
+            self.params = {n: torch.stack([s[n] for s in states]).to(device) for n in names}
         self.trainable = trainable
         self.momentum = {n: torch.zeros_like(self.params[n]) for n in trainable}
         # Ditto's (λ/2)‖w − w̄‖²: its gradient λ(w − w̄) is added to the loss gradient directly
@@ -89,7 +97,16 @@ class _Stack:
     def client_state(self, c: int) -> Tensors:
         return {n: p[c].detach().to("cpu", copy=True) for n, p in self.params.items()}
 
-    def step(self, group: Tensor | None, loss_fn: Callable[[dict[str, Tensor]], Tensor],
+    def client_rows(self, order: list[int]) -> list[Tensors]:
+        """Every client's state, in stack order, as rows (views) of one CPU copy of the stack put
+        back in the caller's client order (stack row i holds client ``order[i]``): one copy per
+        tensor instead of one per client and tensor, and the server averages rows of one stack in
+        client order in one product (``server.stacked_mean``)."""
+        back = torch.tensor(sorted(range(len(order)), key=order.__getitem__))
+        stacked = {n: p.detach().index_select(0, back.to(p.device)).to("cpu") for n, p in self.params.items()}
+        return [{n: t[c] for n, t in stacked.items()} for c in order]
+
+    def step(self, group: Group, loss_fn: Callable[[dict[str, Tensor]], Tensor],
              s: LocalSettings) -> None:
         """One SGD step of the clients in ``group`` (None: all) on ``loss_fn(params).sum()``.
 
@@ -98,7 +115,7 @@ class _Stack:
         b = m·b + d (b = d on the first step: the buffers start at zero), p −= lr·b; with a pull,
         g includes λ(p − w̄); with a drift, p −= lr·drift afterwards (outside the momentum)."""
         def pick(t: Tensor) -> Tensor:
-            return t if group is None else t.index_select(0, group)
+            return _rows(t, group)
 
         params = {n: pick(p).detach().requires_grad_(n in self.trainable) for n, p in self.params.items()}
         leaves = [params[n] for n in self.trainable]
@@ -122,7 +139,7 @@ class _Stack:
             torch._foreach_add_(leaves, direction, alpha=-s.lr)
             if self.drift:
                 torch._foreach_add_(leaves, [pick(self.drift[n]) for n in self.trainable], alpha=-s.lr)
-            if group is not None:  # all of the above acted on the group's copies: write them back
+            if isinstance(group, Tensor):  # all of the above acted on the group's copies: write them back
                 for n in self.params:
                     self.params[n].index_copy_(0, group, params[n])
                 for n, buf in zip(self.trainable, bufs):
@@ -174,7 +191,7 @@ class _Shared:
         module.eval()
         self.module, self.taps = module, frozenset(taps)
 
-    def out(self, group: Tensor | None, x: Tensor) -> ModelOutput:
+    def out(self, group: Group, x: Tensor) -> ModelOutput:
         with torch.no_grad():
             flat = self.module(x.flatten(0, 1), self.taps)
         return ModelOutput(*(v.unflatten(0, x.shape[:2]) for v in (flat.logits, flat.z)),
@@ -192,17 +209,30 @@ class _Frozen:
         self.forward = vmap(_forward(module, taps))
         self.taps = taps
 
-    def out(self, group: Tensor | None, x: Tensor) -> ModelOutput:
+    def out(self, group: Group, x: Tensor) -> ModelOutput:
         with torch.no_grad():
             return _output(self.forward(_pick(self.params, group), x), self.taps)
 
 
-def _rows(t: Tensor | None, group: Tensor | None) -> Tensor | None:
-    """The rows of ``group`` (None: all) of a stacked tensor."""
-    return t if t is None or group is None else t.index_select(0, group)
+def _rows(t: Tensor | None, group: Group) -> Tensor | None:
+    """The rows of ``group`` (None: all; a slice: a view, so in-place updates reach the stack) of
+    a stacked tensor."""
+    if t is None or group is None:
+        return t
+    return t[group] if isinstance(group, slice) else t.index_select(0, group)
 
 
-def _pick(values: dict[str, Tensor], group: Tensor | None) -> dict[str, Tensor]:
+def _group(members: list[int], count: int, device: torch.device) -> Group:
+    """The stack rows of a step's ``members`` (increasing): None for all, a slice for a run of
+    adjacent rows (no copies), else their indices."""
+    if len(members) == count:
+        return None
+    if members[-1] - members[0] + 1 == len(members):
+        return slice(members[0], members[-1] + 1)
+    return torch.tensor(members, device=device)
+
+
+def _pick(values: dict[str, Tensor], group: Group) -> dict[str, Tensor]:
     return {n: _rows(v, group) for n, v in values.items()}
 
 
@@ -220,8 +250,14 @@ def lockstep_update(ws: Workspace, global_state: Tensors, datas: list[Split], sp
 def _train_together(ws: Workspace, starts: list[Tensors], datas: list[Split], spec: MethodSpec,
                     rcs: list[ClientRound], s: LocalSettings, generators: list[torch.Generator]) -> list[Upload]:
     """Train client c of ``rcs`` from ``starts[c]`` (one object for all when they start from the
-    global state) on ``datas[c]``, all at once."""
+    global state) on ``datas[c]``, all at once.
+
+    The stack holds the clients by training-set size: clients of one size draw batches of the same
+    sizes, so a step's group of one batch size is mostly a run of adjacent rows (trained on views
+    of the stack, not on copies written back)."""
     started = time.perf_counter()
+    order = sorted(range(len(rcs)), key=lambda c: len(datas[c]))
+    starts, datas, rcs, generators = ([xs[c] for c in order] for xs in (starts, datas, rcs, generators))
     model, device, count = ws.model, s.device, len(rcs)
     model.train()  # the template's mode is what functional_call runs (BatchNorm: batch statistics)
     names = list(model.state_dict())
@@ -269,7 +305,7 @@ def _train_together(ws: Workspace, starts: list[Tensors], datas: list[Split], sp
             steps[c] += 1
             by_size[len(taken[c][0])].append(c)
         for members in by_size.values():
-            group = None if len(members) == count else torch.tensor(members, device=device)
+            group = _group(members, count, device)
             x = torch.stack([taken[c][1] for c in members])
             y = torch.stack([taken[c][2] for c in members])
             record = _recorder(sums, seen, members)
@@ -294,16 +330,16 @@ def _train_together(ws: Workspace, starts: list[Tensors], datas: list[Split], sp
     seconds = time.perf_counter() - started
     uploads = []
     finishing = any(type(p).finish is not Part.finish for p in spec.parts)
-    for c, rc in enumerate(rcs):
+    rows = global_stack.client_rows(order)  # views: keep_models copies what a client keeps (MOON)
+    for c, (rc, trained) in enumerate(zip(rcs, rows)):
         rc.steps = steps[c]
-        trained = global_stack.client_state(c)
         if finishing:
             model.load_state_dict(trained)  # finish reads the trained weights off rc.model
         extras = finish_parts(rc, spec.parts + personal_parts)
         keep_models(rc, spec, trained, personal_stack.client_state(c) if ditto else None)
         own = {k: float(v[c]) for k, v in sums.items() if k in ("train_loss", "personal_loss") or seen[k][c]}
         uploads.append(client_upload(rc, trained, s, extras, own, rc.steps, seconds / count))
-    return uploads
+    return [uploads[i] for i in sorted(range(count), key=order.__getitem__)]  # the caller's order
 
 
 def _task_losses(kind: str, logits: Tensor, y: Tensor, temperature: float) -> Tensor:

@@ -63,6 +63,34 @@ def resolve_server(cfg: ServerConfig, spec: MethodSpec) -> tuple[str, float]:
     return kind, lr
 
 
+def _stacked_rows(rows: list[torch.Tensor]) -> torch.Tensor | None:
+    """The floating-point tensor whose rows 0..C−1 are ``rows`` in order (views of one stack, as
+    the vectorized backend uploads them), or None."""
+    base = rows[0]._base
+    if base is None or not base.is_floating_point() or base.dim() == 0 or base.shape[0] != len(rows):
+        return None
+    start, stride = base.storage_offset(), base.stride(0)
+    for c, row in enumerate(rows):
+        if row._base is not base or row.storage_offset() != start + c * stride or row.shape != base.shape[1:]:
+            return None
+    return base
+
+
+def stacked_mean(uploads: list[Upload]) -> Tensors:
+    """:func:`~fedlatent.methods.aggregation.weighted_mean` (FedAvg's sample-weighted mean), with
+    one weighted sum over the client axis for each tensor whose uploads are the rows of one stack
+    (the vectorized backend's uploads): the same value up to float rounding (the summation order
+    differs), one operator instead of three per client. Other tensors take ``weighted_mean``."""
+    total = float(sum(u.num_samples for u in uploads))
+    weights = torch.tensor([u.num_samples / total for u in uploads])
+    out: Tensors = {}
+    for key in uploads[0].state:
+        base = _stacked_rows([u.state[key] for u in uploads])
+        out[key] = (torch.tensordot(weights.to(base.dtype), base, dims=1) if base is not None
+                    else weighted_mean(uploads, [key])[key])
+    return out
+
+
 class Server:
     """Holds the global model's state and the server state; turns uploads into the next model."""
 
@@ -94,7 +122,7 @@ class Server:
         if aggregator is not None:
             new = aggregator.aggregate(old, uploads, self.state, set(self.trainable), self.num_clients)
         else:
-            new = weighted_mean(uploads)
+            new = stacked_mean(uploads)
         for key in self.frozen + self.local:  # a fixed head and the clients' own layers are not aggregated
             new[key] = old[key]
         new = server_step(self.kind, old, new, self.trainable, self.state, self.cfg, self.lr)

@@ -1,0 +1,59 @@
+"""The vectorized backend's uploads as rows of one stack: the server's one-product FedAvg mean
+(``server.stacked_mean``) equals the per-client weighted mean, falls back where the rows are not
+a stack in upload order, and the finiteness check through a stack still catches a bad row."""
+from __future__ import annotations
+
+import torch
+
+from fedlatent.federated.failures import all_finite, first_nonfinite
+from fedlatent.federated.server import stacked_mean
+from fedlatent.methods.aggregation import weighted_mean
+from fedlatent.methods.parts import Upload
+
+
+def _uploads(rows: list[dict[str, torch.Tensor]], sizes: list[int]) -> list[Upload]:
+    return [Upload(c, state, n, 1, 0.1, 0.0, {}, {"train_loss": 0.0}) for c, (state, n) in enumerate(zip(rows, sizes))]
+
+
+def _stacked(clients: int) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(0)
+    return {"w": torch.randn(clients, 4, 3, generator=g), "b": torch.randn(clients, 3, generator=g),
+            "count": torch.arange(clients, dtype=torch.int64) * 7}
+
+
+def test_rows_of_a_stack_average_in_one_product_to_the_weighted_mean() -> None:
+    stack, sizes = _stacked(6), [14, 15, 14, 3, 20, 15]
+    rows = [{k: v[c] for k, v in stack.items()} for c in range(6)]
+    fast = stacked_mean(_uploads(rows, sizes))
+    slow = weighted_mean(_uploads([{k: v.clone() for k, v in r.items()} for r in rows], sizes))
+    exact = {k: (v.double() * torch.tensor(sizes, dtype=torch.float64).view(-1, *[1] * (v.dim() - 1))).sum(0)
+             / sum(sizes) for k, v in stack.items()}
+    for key in ("w", "b"):
+        assert fast[key].dtype == torch.float32 and fast[key].shape == stack[key].shape[1:]
+        assert torch.allclose(fast[key].double(), exact[key], atol=1e-6, rtol=0)
+        assert torch.allclose(fast[key], slow[key], atol=1e-6, rtol=0)
+    assert fast["count"].dtype == torch.int64 and torch.equal(fast["count"], slow["count"])
+
+
+def test_rows_out_of_order_or_a_subset_take_the_per_client_mean() -> None:
+    stack, sizes = _stacked(4), [1, 2, 3, 4]
+    rows = [{k: v[c] for k, v in stack.items()} for c in range(4)]
+    for chosen in ([3, 2, 1, 0], [0, 1, 2], [0, 2, 1, 3]):
+        picked = [rows[c] for c in chosen]
+        got = stacked_mean(_uploads(picked, [sizes[c] for c in chosen]))
+        want = weighted_mean(_uploads(picked, [sizes[c] for c in chosen]))
+        for key in ("w", "b"):
+            assert torch.allclose(got[key], want[key], atol=1e-7, rtol=0)
+    # the weights belong to the uploads in order: swapping the sizes changes the mean
+    swapped = stacked_mean(_uploads(rows, sizes[::-1]))
+    assert not torch.allclose(swapped["w"], stacked_mean(_uploads(rows, sizes))["w"])
+
+
+def test_a_non_finite_row_of_a_stack_is_found_and_named() -> None:
+    stack = _stacked(5)
+    rows = [{k: v[c] for k, v in stack.items()} for c in range(5)]
+    assert all_finite(rows)
+    stack["b"][3, 1] = float("nan")
+    assert not all_finite(rows)
+    assert not all_finite(rows[:2])  # stricter: the stack is checked as a whole, so callers search
+    assert [first_nonfinite(r) for r in rows] == [None, None, None, "b", None]

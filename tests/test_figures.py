@@ -93,3 +93,16 @@ def test_a_run_asks_for_the_curves_once_as_soon_as_its_last_line_is_written(tmp_
     asked.clear()  # a resumed run with nothing left to train still draws them, once
     single.run(config, tmp_path / "run", echo=None, resume=True)
     assert asked == [("partition", 3, True), ("curves", 3, True)]
+
+
+def test_curves_prepared_while_a_line_is_being_written_leave_the_torn_line_out(tmp_path) -> None:
+    """The child prepares the curves while the run trains: a metrics line caught half-written is
+    not read (it failed the child with a JSONDecodeError before), and the finished file draws whole."""
+    run_dir = _run_files(tmp_path / "run")
+    whole = (run_dir / "metrics.jsonl").read_text()
+    cut = whole.rfind("\n", 0, len(whole) - 1) + 10  # nine characters into the last line
+    (run_dir / "metrics.jsonl").write_text(whole[:cut])
+    renderer = render.Renderer(run_dir)
+    renderer.prepare_curves()
+    (run_dir / "metrics.jsonl").write_text(whole)
+    assert renderer.draw("curves", {}).read_bytes() == render.draw(run_dir, "curves", {}).read_bytes()

@@ -50,6 +50,9 @@ class Renderer:
         raise ValueError(f"unknown figure {figure!r}; known: {', '.join(FIGURES)}")
 
     def _metrics(self) -> list[dict]:
+        """The complete lines of ``metrics.jsonl``: the run may be writing the next one right now
+        (curves are prepared while it trains), so a last line without its newline is left out."""
         path = self.run_dir / "metrics.jsonl"
-        lines = path.read_text().splitlines() if path.is_file() else []
-        return [json.loads(line) for line in lines if line]
+        text = path.read_text() if path.is_file() else ""
+        complete = text[:text.rfind("\n") + 1]
+        return [json.loads(line) for line in complete.splitlines() if line]

@@ -11,7 +11,6 @@ round r and resumed gives exactly the numbers of the uninterrupted run. Clients 
 """
 from __future__ import annotations
 
-import copy
 import json
 import sys
 import time
@@ -27,7 +26,7 @@ from fedlatent.data.types import Federation, Split
 from fedlatent.errors import UserInputError
 from fedlatent.federated import calibrate
 from fedlatent.federated.background import BackgroundWriter
-from fedlatent.federated.client import LocalSettings, Workspace, local_update
+from fedlatent.federated.client import LocalSettings, Workspace, local_update, workspace_for
 from fedlatent.federated.diagnostics import Diagnostics
 from fedlatent.federated.evaluation import client_validation, evaluate
 from fedlatent.federated.failures import ClientFailure, error_detail
@@ -93,11 +92,7 @@ def setup(config: RunConfig, federation: Federation, spec: MethodSpec, trainer: 
     torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0)
     device = torch.device(config.train.device)
     model = make_model(config, federation, spec).to(device)
-    parts = spec.all_parts()
-    ws = Workspace(model=model,
-                   global_copy=copy.deepcopy(model) if any(p.needs_global_out for p in parts) else None,
-                   previous=copy.deepcopy(model) if any(p.needs_prev_out for p in parts) else None,
-                   personal=copy.deepcopy(model) if spec.personalization.kind == "ditto" else None)
+    ws = workspace_for(model, spec)
     state = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
     server = Server(spec, state, [n for n, _ in model.named_parameters()], trainable_names(model),
                     config.server, len(federation.clients))
@@ -199,6 +194,19 @@ def metrics_upto(path: Path, last_round: int) -> list[str]:
     return kept
 
 
+def restore(s: Any, ckpt: Path, num_clients: int, warn: Callable[[str], None]) -> tuple[int, float]:
+    """Load the newest intact checkpoint under ``ckpt`` into ``s`` (its server's global and server
+    state, its clients' states); return the round it ends and the wall seconds spent before it —
+    (0, 0.0) when the run has no checkpoint yet."""
+    if not has_checkpoint(ckpt):
+        return 0, 0.0
+    loaded = load_checkpoint(ckpt, num_clients, warn)
+    if loaded is None:
+        raise UserInputError(f"--resume: no intact checkpoint under {ckpt}")
+    s.server.global_state, s.server.state, s.client_states, info = loaded
+    return info["round"], info["elapsed_s"]
+
+
 def run(config: RunConfig, federation: Federation, spec: MethodSpec, out: Path, *, resume: bool = False,
         progress: Callable[[dict[str, Any]], None] | None = None,
         trainer: Trainer = train_in_turn, warn: Callable[[str], None] = _warn) -> tuple[dict[str, Any], float]:
@@ -212,13 +220,7 @@ def run(config: RunConfig, federation: Federation, spec: MethodSpec, out: Path, 
     torch.set_num_threads(config.train.threads)
     s = setup(config, federation, spec, trainer)
     ckpt = out / "checkpoints"
-    start, before = 0, 0.0
-    if resume and has_checkpoint(ckpt):
-        loaded = load_checkpoint(ckpt, len(federation.clients), warn)
-        if loaded is None:
-            raise UserInputError(f"--resume: no intact checkpoint under {ckpt}")
-        s.server.global_state, s.server.state, s.client_states, info = loaded
-        start, before = info["round"], info["elapsed_s"]
+    start, before = restore(s, ckpt, len(federation.clients), warn) if resume else (0, 0.0)
     if config.diagnostics.which:
         s.diagnostics = Diagnostics(config, federation, out / "diagnostics.jsonl", s.device)
         s.diagnostics.start(start)

@@ -12,6 +12,7 @@ are saved back to its state at the end.
 """
 from __future__ import annotations
 
+import copy
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -63,6 +64,15 @@ class Workspace:
     global_copy: FedModel | None = None
     previous: FedModel | None = None
     personal: FedModel | None = None
+
+
+def workspace_for(model: FedModel, spec: MethodSpec) -> Workspace:
+    """The workspace a method needs around ``model``: frozen copies only for the parts that read them."""
+    parts = spec.all_parts()
+    return Workspace(model=model,
+                     global_copy=copy.deepcopy(model) if any(p.needs_global_out for p in parts) else None,
+                     previous=copy.deepcopy(model) if any(p.needs_prev_out for p in parts) else None,
+                     personal=copy.deepcopy(model) if spec.personalization.kind == "ditto" else None)
 
 
 def batches(num_samples: int, batch_size: int, drop_last: bool, generator: torch.Generator) -> list[Tensor]:

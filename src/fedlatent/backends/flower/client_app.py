@@ -21,7 +21,6 @@ update raises or is not finite is a failure record naming it in the node's reply
 """
 from __future__ import annotations
 
-import copy
 import dataclasses
 import hashlib
 import tomllib
@@ -41,7 +40,7 @@ from fedlatent.data.compact import Images
 from fedlatent.data.federation import build_federation, channel_census
 from fedlatent.data.types import ClientData, Federation, Split
 from fedlatent.federated.calibrate import client_statistics
-from fedlatent.federated.client import Workspace
+from fedlatent.federated.client import Workspace, workspace_for
 from fedlatent.federated.diagnostics import (label_counts, mean_value_counts, mean_value_range, model_statistics,
                                              tsne_features, tsne_seed)
 from fedlatent.federated.evaluation import client_validation
@@ -126,11 +125,7 @@ def job_for(config_toml: str, node_config: dict[str, Any], normalization: Tensor
                 ClientData(*(normalized(s, mean, std) for s in (c.train, c.val, c.test))) for c in federation.clients])
         device = torch.device(config.train.device)
         model = make_model(config, federation, spec).to(device)
-        parts = spec.all_parts()
-        ws = Workspace(model=model,
-                       global_copy=copy.deepcopy(model) if any(p.needs_global_out for p in parts) else None,
-                       previous=copy.deepcopy(model) if any(p.needs_prev_out for p in parts) else None,
-                       personal=copy.deepcopy(model) if spec.personalization.kind == "ditto" else None)
+        ws = workspace_for(model, spec)
         initial = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
         _BUILT[key] = Job(config, spec, federation, {}, ws, device, initial)
     job = _BUILT[key]

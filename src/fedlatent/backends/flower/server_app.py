@@ -31,17 +31,16 @@ from flwr.serverapp import Grid, ServerApp
 from fedlatent.backends.flower import messages as M
 from fedlatent.backends.flower.diagnostics import FlowerDiagnostics
 from fedlatent.federated.round import ClientTask, close_round, plan_round
-from fedlatent.backends.simulation import make_model, metrics_upto
+from fedlatent.backends.simulation import make_model, metrics_upto, restore
 from fedlatent.config import RunConfig, to_toml
 from fedlatent.data.federation import pooled_channel_stats
 from fedlatent.data.types import Federation
-from fedlatent.errors import UserInputError
 from fedlatent.federated.calibrate import apply_statistics, head_keys
 from fedlatent.federated.evaluation import evaluate
 from fedlatent.federated.failures import ClientFailure, RunStopped
 from fedlatent.federated.personal import combine_reports
 from fedlatent.federated.server import Server
-from fedlatent.federated.state import has_checkpoint, load_checkpoint, save_checkpoint, write_atomically
+from fedlatent.federated.state import save_checkpoint, write_atomically
 from fedlatent.methods.parts import MethodSpec, Tensors, Upload, trainable_names
 from fedlatent.models import FedModel
 from fedlatent.seeding import CALIBRATION, derive_seed
@@ -305,13 +304,7 @@ def serve(grid: Grid, config: RunConfig, federation: Federation, spec: MethodSpe
     s = ServerRun(grid, config, federation, spec, warn)
     s.setup()
     ckpt = out / "checkpoints"
-    start, before = 0, 0.0
-    if resume and has_checkpoint(ckpt):
-        loaded = load_checkpoint(ckpt, len(federation.clients), warn)
-        if loaded is None:
-            raise UserInputError(f"--resume: no intact checkpoint under {ckpt}")
-        s.server.global_state, s.server.state, s.client_states, info = loaded
-        start, before = info["round"], info["elapsed_s"]
+    start, before = restore(s, ckpt, len(federation.clients), warn) if resume else (0, 0.0)
     metrics_path = out / "metrics.jsonl"
     write_atomically(metrics_path, "".join(line + "\n" for line in metrics_upto(metrics_path, start)))
     s.census = s.take_census()  # after metrics.jsonl exists: a failed census is a stopped run with a summary

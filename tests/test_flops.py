@@ -73,8 +73,8 @@ def test_fedrep_counts_both_phases() -> None:
         assert flops[cid] == n * (head_phase + body_phase)
 
 
-def test_flops_diagnostic_in_a_run(tmp_path, monkeypatch) -> None:
-    monkeypatch.setattr(single, "FigureWorker", _NoFigures)
+@pytest.mark.usefixtures("no_figures")
+def test_flops_diagnostic_in_a_run(tmp_path) -> None:
     config = load_config(DIGITS_CONFIG, ["train.rounds=2", "data.num_clients=4", "train.participation=0.5",
                                          f"model.hidden=[{H}]", 'diagnostics.which=["flops"]', "diagnostics.clients=true"])
     fedlatent.run(config, tmp_path / "run")
@@ -89,12 +89,3 @@ def test_flops_diagnostic_in_a_run(tmp_path, monkeypatch) -> None:
         single.prepare(load_config(DIGITS_CONFIG, ["backend=vectorized", 'diagnostics.which=["flops"]']))
 
 
-class _NoFigures:
-    def __init__(self, *args, **kwargs) -> None:
-        pass
-
-    def draw(self, *args, **kwargs) -> None:
-        pass
-
-    def close(self) -> None:
-        pass

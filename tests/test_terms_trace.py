@@ -24,22 +24,7 @@ SHORT = ["train.rounds=3", "train.participation=0.5", "data.num_clients=6", "bac
 TRACE = ["diagnostics.trace_terms=true"]
 
 
-class _NoFigures:
-    def __init__(self, *args, **kwargs) -> None:
-        pass
-
-    def draw(self, *args, **kwargs) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _no_plots():
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(single, "FigureWorker", _NoFigures)
-        yield
+pytestmark = pytest.mark.usefixtures("no_figures")
 
 
 def _lines(path: Path) -> list[dict]:

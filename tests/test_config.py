@@ -71,7 +71,6 @@ def test_overrides_parse_toml_values() -> None:
         "train.rounds=3",             # int
         "train.lr=1e-2",              # float
         "train.weight_decay=1",       # an int where a float is expected becomes a float
-        "data.root=some/folder",      # unquoted → taken as a string
         'data.dataset="arrays"', 'data.partition="given"',
         'data.path="quoted \\"x\\".npz"',  # a TOML string with escapes
         "model.hidden=[64, 32]",      # list
@@ -83,11 +82,12 @@ def test_overrides_parse_toml_values() -> None:
     assert config.train.rounds == 3 and type(config.train.rounds) is int
     assert config.train.lr == 0.01
     assert config.train.weight_decay == 1.0 and type(config.train.weight_decay) is float
-    assert config.data.root == "some/folder"
     assert config.data.path == 'quoted "x".npz'
     assert config.model.hidden == [64, 32]
     assert config.data.augment is True
     assert config.algorithm == {"name": "fedprox", "mu": 0.1}
+    unquoted = load_config(None, ['data.dataset="cifar10"', "data.root=some/folder"])  # → taken as a string
+    assert unquoted.data.root == "some/folder"
     assert config.data_seed == 7
 
 
@@ -130,7 +130,7 @@ seed = 12
 backend = "simulation"
 
 [data]
-dataset = "digits"
+dataset = "cifar10"
 partition = "dirichlet"
 alpha = 0.05
 num_clients = 7

@@ -23,6 +23,9 @@ from fedlatent.registry import Key, Registry
     (['data.dataset="mnist"'], "data.dataset = 'mnist': unknown; allowed values are arrays, cifar10"),
     (['data.partition="random"'], "data.partition = 'random': unknown; allowed values are dirichlet, domains"),
     (["data.alpha=0.1"], "data.alpha = 0.1 is not read by data.dataset = 'digits' with data.partition = 'iid'"),
+    (['data.root="/elsewhere"'], "data.root = '/elsewhere' is not read by data.dataset = 'digits'"),
+    (['data.dataset="synthetic"', 'data.partition="given"', 'data.root="/elsewhere"'],
+     "data.root = '/elsewhere' is not read by data.dataset = 'synthetic'"),
     (['model.width="paper"'], "model.width = 'paper' is not read by model.arch = 'mlp' (its keys: hidden)"),
     (['model.arch="cnn"', "model.projector=64"], "model.projector = 64 is not read by model.arch = 'cnn'"),
     (['model.arch="resnet18"', 'model.norm="layer"'], "model.norm = 'layer': allowed values are batch, group"),
@@ -46,6 +49,7 @@ def test_keys_a_component_reads_are_accepted_and_own_keys_resolved() -> None:
     config = load_config(None, ['data.partition="dirichlet"', "data.alpha=0.1", 'model.arch="vgg13"',
                                 "model.projector=32"])
     assert config.model.options == {"norm": "batch"}  # the model's own key, default filled in
+    assert load_config(None, ['data.dataset="cifar10"', 'data.root="/elsewhere"']).data.root == "/elsewhere"
     assert 'norm = "batch"' in to_toml(config).split("[model]")[1].split("[train]")[0]
     config = load_config(None, ['model.arch="convnet7"', 'model.norm="group"'])
     model = build_model(config.model, (3, 32, 32), 10)

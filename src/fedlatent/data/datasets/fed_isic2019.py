@@ -121,7 +121,7 @@ def read_fed_isic2019(root: Path, image_size: int,
     return clients
 
 
-@register_dataset("fed_isic2019", reads=("image_size", "augment_policy"), own_clients=True,
+@register_dataset("fed_isic2019", reads=("root", "image_size", "augment_policy"), own_clients=True,
                   headline="balanced_accuracy")
 def _fed_isic2019(cfg: DataConfig, seed: int) -> GivenClients:
     """FLamby's Fed-ISIC2019 (6 centers, 8 classes, fixed train/test per center) under data.root."""

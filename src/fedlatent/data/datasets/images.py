@@ -40,37 +40,37 @@ def _grouped(images: ImageSet) -> Pool:
                 num_classes=_classes(images), groups=images.domain, group_names=list(images.domain_names))
 
 
-@register_dataset("cifar10")
+@register_dataset("cifar10", reads=("root",))
 def _cifar10(cfg: DataConfig, seed: int) -> Pool:
     """CIFAR-10 python pickles (root/cifar-10-batches-py/)."""
     return _with_test(*_readers().read_cifar10(_root(cfg)))
 
 
-@register_dataset("cifar100")
+@register_dataset("cifar100", reads=("root",))
 def _cifar100(cfg: DataConfig, seed: int) -> Pool:
     """CIFAR-100 python pickles (root/cifar-100-python/)."""
     return _with_test(*_readers().read_cifar100(_root(cfg)))
 
 
-@register_dataset("stl10")
+@register_dataset("stl10", reads=("root",))
 def _stl10(cfg: DataConfig, seed: int) -> Pool:
     """STL-10 binaries (root/stl10_binary/)."""
     return _with_test(*_readers().read_stl10(_root(cfg)))
 
 
-@register_dataset("tinyimagenet")
+@register_dataset("tinyimagenet", reads=("root",))
 def _tinyimagenet(cfg: DataConfig, seed: int) -> Pool:
     """Tiny-ImageNet folders (root/tiny-imagenet-200/, val_annotations.txt as the test split)."""
     return _with_test(*_readers().read_tinyimagenet(_root(cfg)))
 
 
-@register_dataset("domains", reads=("image_size", "test_fraction"), groups=True)
+@register_dataset("domains", reads=("root", "image_size", "test_fraction"), groups=True)
 def _domains(cfg: DataConfig, seed: int) -> Pool:
     """Image folders root/<domain>/<class>/ (PACS, Office-Home layout), one domain per group."""
     return _grouped(_readers().read_domains(_root(cfg), cfg.image_size))
 
 
-@register_dataset("ham10000", reads=("image_size", "test_fraction"), groups=True)
+@register_dataset("ham10000", reads=("root", "image_size", "test_fraction"), groups=True)
 def _ham10000(cfg: DataConfig, seed: int) -> Pool:
     """HAM10000 (metadata CSV + images); the domain is the 'dataset' column."""
     return _grouped(_readers().read_ham10000(_root(cfg), cfg.image_size))

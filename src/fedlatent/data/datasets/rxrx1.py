@@ -94,7 +94,7 @@ def read_rxrx1(root: Path, image_size: int) -> list[dict[str, tuple[np.ndarray, 
     return clients
 
 
-@register_dataset("rxrx1", reads=("image_size",), own_clients=True)
+@register_dataset("rxrx1", reads=("root", "image_size"), own_clients=True)
 def _rxrx1(cfg: DataConfig, seed: int) -> GivenClients:
     """RxRx1 (4 cell types as clients, the 50 most frequent siRNAs, channels 1–3) under data.root."""
     root = Path(cfg.root).expanduser()

@@ -31,7 +31,7 @@ from fedlatent.federated.failures import (ClientFailure, RunStopped, all_finite,
 from fedlatent.federated.server import Server
 from fedlatent.methods.parts import ClientRound, MethodSpec, Tensors, Upload
 from fedlatent.models.base import FedModel
-from fedlatent.seeding import CLIENT_SAMPLING, LOCAL_TRAINING, derive_seed
+from fedlatent.seeding import CLIENT_SAMPLING, LOCAL_TRAINING, derive_seed, derive_seeds
 
 
 @dataclass
@@ -160,6 +160,12 @@ def client_round(task: ClientTask, state: Tensors, num_samples: int, model: FedM
 def client_generator(seed: int, task: ClientTask) -> torch.Generator:
     """The generator of a client's local training in a round: (seed, round, client)."""
     return torch.Generator().manual_seed(derive_seed(seed, LOCAL_TRAINING, task.round, task.client_id))
+
+
+def client_generators(seed: int, rnd: int, client_ids: list[int]) -> list[torch.Generator]:
+    """:func:`client_generator` of each of ``client_ids`` in round ``rnd`` (0-based), their seeds
+    hashed together (:func:`~fedlatent.seeding.derive_seeds`)."""
+    return [torch.Generator().manual_seed(s) for s in derive_seeds(seed, LOCAL_TRAINING, rnd, last=client_ids)]
 
 
 def client_update(ws: Workspace, spec: MethodSpec, task: ClientTask, data: Split, state: Tensors,

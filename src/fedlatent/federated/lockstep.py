@@ -98,14 +98,12 @@ class _Stack:
     def client_state(self, c: int) -> Tensors:
         return {n: p[c].detach().to("cpu", copy=True) for n, p in self.params.items()}
 
-    def client_rows(self, order: list[int]) -> list[Tensors]:
-        """Every client's state, in stack order, as rows (views) of one CPU copy of the stack put
-        back in the caller's client order (stack row i holds client ``order[i]``): one copy per
-        tensor instead of one per client and tensor, and the server averages rows of one stack in
-        client order in one product (``server.stacked_mean``)."""
-        back = torch.tensor(sorted(range(len(order)), key=order.__getitem__))
-        rows = {n: p.detach().index_select(0, back.to(p.device)).to("cpu").unbind(0) for n, p in self.params.items()}
-        return [{n: r[c] for n, r in rows.items()} for c in order]
+    def client_rows(self) -> list[Tensors]:
+        """Every client's state, in stack order, as rows (views) of one CPU copy of the stack (on
+        the CPU: of the stack itself): the server averages rows of one stack in one product
+        (``server.stacked_mean``)."""
+        rows = {n: p.detach().to("cpu").unbind(0) for n, p in self.params.items()}
+        return [dict(zip(rows, values)) for values in zip(*rows.values())]
 
     def step(self, group: Group, loss_fn: Callable[[dict[str, Tensor]], Tensor],
              s: LocalSettings, first: bool, again: bool) -> None:
@@ -276,10 +274,12 @@ def _train_together(ws: Workspace, starts: list[Tensors], datas: list[Split], sp
     ditto = spec.personalization.kind == "ditto"
     personal_parts = spec.personalization.parts if ditto else []
     same_start = all(st is starts[0] for st in starts)
-    model.load_state_dict(starts[0])  # what begin may read off rc.model (shapes, devices)
+    if any(type(p).begin is not Part.begin for p in spec.parts + personal_parts):
+        model.load_state_dict(starts[0])  # what begin may read off rc.model (shapes, devices)
     param_names = [n for n, _ in model.named_parameters()]
+    shared = {n: starts[0][n].to(device) for n in param_names} if same_start else None
     for rc, start in zip(rcs, starts):
-        rc.global_params = {n: start[n].to(device) for n in param_names}
+        rc.global_params = dict(shared) if shared is not None else {n: start[n].to(device) for n in param_names}
         for part in spec.parts + personal_parts:
             part.begin(rc)
     decay = [rc.extra_weight_decay for rc in rcs]
@@ -343,14 +343,16 @@ def _train_together(ws: Workspace, starts: list[Tensors], datas: list[Split], sp
     seconds = time.perf_counter() - started
     uploads = []
     finishing = any(type(p).finish is not Part.finish for p in spec.parts)
-    rows = global_stack.client_rows(order)  # views: keep_models copies what a client keeps (MOON)
+    rows = global_stack.client_rows()  # views: keep_models copies what a client keeps (MOON)
+    sums_of = {k: v.tolist() for k, v in sums.items()}  # per client, as Python floats (one call per key)
+    seen_by = {k: v.tolist() for k, v in seen.items()}
     for c, (rc, trained) in enumerate(zip(rcs, rows)):
         rc.steps = steps[c]
         if finishing:
             model.load_state_dict(trained)  # finish reads the trained weights off rc.model
         extras = finish_parts(rc, spec.parts + personal_parts)
         keep_models(rc, spec, trained, personal_stack.client_state(c) if ditto else None)
-        own = {k: float(v[c]) for k, v in sums.items() if k in ("train_loss", "personal_loss") or seen[k][c]}
+        own = {k: v[c] for k, v in sums_of.items() if k in ("train_loss", "personal_loss") or seen_by[k][c]}
         uploads.append(client_upload(rc, trained, s, extras, own, rc.steps, seconds / count))
     return [uploads[i] for i in sorted(range(count), key=order.__getitem__)]  # the caller's order
 
@@ -372,7 +374,11 @@ def _recorder(sums: dict[str, Tensor], seen: dict[str, Tensor],
 
     def record(key: str, values: Tensor, present: Tensor | None = None) -> None:
         values = values.detach().to("cpu", torch.float32)
-        mask = torch.ones(len(members), dtype=torch.bool) if present is None else present.to("cpu")
+        if present is None:
+            sums[key].index_add_(0, index, values)
+            seen[key].index_fill_(0, index, True)
+            return
+        mask = present.to("cpu")
         sums[key].index_add_(0, index, torch.where(mask, values, 0.0))
         seen[key].index_copy_(0, index, seen[key].index_select(0, index) | mask)
     return record

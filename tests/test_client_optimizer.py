@@ -114,3 +114,22 @@ def test_vectorized_backend_refuses_adam_and_local_steps(tmp_path: Path) -> None
         config = load_config(DIGITS, ["backend=vectorized", "train.rounds=1", *extra])
         with pytest.raises(ConfigError, match="backend = 'vectorized'"):
             fedlatent.run(config, tmp_path / extra[0].replace("=", "_"))
+
+
+def test_batch_count_is_the_number_of_batches_drawn() -> None:
+    """:func:`batch_count` (used to plan lockstep steps before drawing) against the batches drawn,
+    and the batches against the permutation's chunks: incomplete last dropped under drop_last, a
+    trailing single sample dropped, an empty epoch one empty batch without drop_last."""
+    from fedlatent.federated.client import batch_count, batches
+
+    for n in range(0, 41):
+        for size in (1, 2, 3, 7, 16, 32):
+            for drop_last in (False, True):
+                drawn = batches(n, size, drop_last, torch.Generator().manual_seed(n))
+                assert len(drawn) == batch_count(n, size, drop_last)
+                order = torch.randperm(n, generator=torch.Generator().manual_seed(n))
+                assert torch.equal(torch.cat(drawn) if drawn else order[:0], order[:sum(len(b) for b in drawn)])
+    assert batch_count(33, 32, False) == 1 and batch_count(34, 32, False) == 2  # a single trailing sample
+    assert batch_count(40, 32, True) == 1 and batch_count(64, 32, True) == 2
+    assert batch_count(0, 32, False) == 1 and batch_count(0, 32, True) == 0
+    assert batch_count(5, 1, False) == 4  # batches of one: the last one is a single trailing sample

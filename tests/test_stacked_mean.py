@@ -1,12 +1,12 @@
 """The vectorized backend's uploads as rows of one stack: the server's one-product FedAvg mean
-(``server.stacked_mean``) equals the per-client weighted mean, falls back where the rows are not
-a stack in upload order, and the finiteness check through a stack still catches a bad row."""
+(``server.stacked_mean``) equals the per-client weighted mean, rows in any order, falls back
+where the rows are not each row of one stack once, and the finiteness check through a stack still catches a bad row."""
 from __future__ import annotations
 
 import torch
 
 from fedlatent.federated.failures import all_finite, first_nonfinite
-from fedlatent.federated.server import stacked_mean
+from fedlatent.federated.server import _stacked_rows, stacked_mean
 from fedlatent.methods.aggregation import weighted_mean
 from fedlatent.methods.parts import Upload
 
@@ -35,18 +35,23 @@ def test_rows_of_a_stack_average_in_one_product_to_the_weighted_mean() -> None:
     assert fast["count"].dtype == torch.int64 and torch.equal(fast["count"], slow["count"])
 
 
-def test_rows_out_of_order_or_a_subset_take_the_per_client_mean() -> None:
+def test_rows_in_any_order_average_in_one_product_and_a_subset_takes_the_per_client_mean() -> None:
     stack, sizes = _stacked(4), [1, 2, 3, 4]
     rows = [{k: v[c] for k, v in stack.items()} for c in range(4)]
-    for chosen in ([3, 2, 1, 0], [0, 1, 2], [0, 2, 1, 3]):
+    for chosen in ([3, 2, 1, 0], [0, 1, 2], [0, 2, 1, 3], [1, 1, 2, 3]):
         picked = [rows[c] for c in chosen]
+        found = _stacked_rows([r["w"] for r in picked])
+        whole = sorted(chosen) == [0, 1, 2, 3]  # each row once: one product, the weights by row
+        assert (found is not None) == whole and (not whole or found[1] == chosen)
         got = stacked_mean(_uploads(picked, [sizes[c] for c in chosen]))
         want = weighted_mean(_uploads(picked, [sizes[c] for c in chosen]))
         for key in ("w", "b"):
-            assert torch.allclose(got[key], want[key], atol=1e-7, rtol=0)
-    # the weights belong to the uploads in order: swapping the sizes changes the mean
+            assert torch.allclose(got[key], want[key], atol=1e-6, rtol=0)
+    # the weights belong to the uploads: swapping the sizes changes the mean
     swapped = stacked_mean(_uploads(rows, sizes[::-1]))
     assert not torch.allclose(swapped["w"], stacked_mean(_uploads(rows, sizes))["w"])
+    # rows of a transposed stack are not rows of its base: the per-client mean
+    assert _stacked_rows(list(torch.randn(3, 4).t().contiguous().t().unbind(0))) is None
 
 
 def test_a_non_finite_row_of_a_stack_is_found_and_named() -> None:

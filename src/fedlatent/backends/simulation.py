@@ -31,7 +31,7 @@ from fedlatent.federated.diagnostics import Diagnostics
 from fedlatent.federated.evaluation import client_validation, evaluate
 from fedlatent.federated.failures import ClientFailure, error_detail
 from fedlatent.federated.personal import client_report, combine_reports
-from fedlatent.federated.round import (ClientTask, checked_all, client_generator, client_round, close_round,
+from fedlatent.federated.round import (ClientTask, checked_all, client_generators, client_round, close_round,
                                        local_settings, nbytes, plan_round, round_lr)
 from fedlatent.federated.round import sample_clients as sample_clients  # the embedded backend's sampling
 from fedlatent.federated.server import Server
@@ -122,7 +122,7 @@ def train_clients(s: Setup, tasks: list[ClientTask]) -> tuple[list[Upload | Clie
     local = settings(s, tasks[0].lr, cfg.train.local_epochs)
     rcs = [client_round(t, s.client_states[t.client_id], len(fed.clients[t.client_id].train), s.workspace.model,
                         local.momentum, cfg.seed) for t in tasks]
-    generators = [client_generator(cfg.seed, t) for t in tasks]
+    generators = client_generators(cfg.seed, tasks[0].round, selected)
     try:
         outcomes = s.trainer(s.workspace, tasks[0].global_state, [fed.clients[cid].train for cid in selected],
                              s.spec, rcs, local, generators)

@@ -75,16 +75,21 @@ def workspace_for(model: FedModel, spec: MethodSpec) -> Workspace:
                      personal=copy.deepcopy(model) if spec.personalization.kind == "ditto" else None)
 
 
+def batch_count(num_samples: int, batch_size: int, drop_last: bool) -> int:
+    """How many batches :func:`batches` keeps of an epoch (known before drawing): the ⌈n / b⌉
+    chunks of the permutation (one, empty, when n = 0) but an incomplete last one under
+    ``drop_last`` and a trailing one of a single sample (BatchNorm cannot train on it)."""
+    chunks = max(1, -(-num_samples // batch_size))
+    last = num_samples - (chunks - 1) * batch_size
+    return chunks - ((drop_last and last < batch_size) or (chunks > 1 and last == 1))
+
+
 def batches(num_samples: int, batch_size: int, drop_last: bool, generator: torch.Generator) -> list[Tensor]:
-    """Index batches of one epoch from a seeded permutation. A trailing batch of one sample is
-    dropped too (BatchNorm cannot train on it)."""
+    """Index batches of one epoch from a seeded permutation, the first :func:`batch_count` of its
+    chunks of ``batch_size``."""
     order = torch.randperm(num_samples, generator=generator)
-    chunks = list(order.split(batch_size))
-    incomplete = drop_last and len(chunks[-1]) < batch_size if chunks else False
-    single = len(chunks) > 1 and len(chunks[-1]) == 1
-    if incomplete or single:
-        chunks.pop()
-    return chunks
+    chunks = [order] if num_samples <= batch_size else list(order.split(batch_size))
+    return chunks[:batch_count(num_samples, batch_size, drop_last)]
 
 
 def state_to_cpu(model: torch.nn.Module) -> Tensors:

@@ -45,8 +45,8 @@ from torch.func import functional_call, vmap
 from fedlatent.data.augment import augment_batch
 from fedlatent.data.compact import Images
 from fedlatent.data.types import Split
-from fedlatent.federated.client import (PERSONAL, PREVIOUS, LocalSettings, Workspace, add_terms, batches, client_upload,
-                                       finish_parts, keep_models, partial_round, prefixed)
+from fedlatent.federated.client import (PERSONAL, PREVIOUS, LocalSettings, Workspace, add_terms, batch_count, batches,
+                                       client_upload, finish_parts, keep_models, partial_round, prefixed)
 from fedlatent.methods.parts import (ClientRound, LockstepContext, MethodSpec, Part, Tensors, Upload,
                                      task_loss, trainable_names)
 from fedlatent.models.base import FedModel, ModelOutput
@@ -72,7 +72,8 @@ def _has_dropout(model: FedModel) -> bool:
 
 
 class _Stack:
-    """C models' parameters on a leading client axis with their SGD momentum buffers."""
+    """C models' parameters on a leading client axis with their SGD momentum buffers (allocated
+    when a client first steps again: clients of one step a round never read theirs)."""
 
     def __init__(self, states: list[Tensors], names: list[str], trainable: list[str], device: torch.device,
                  anchor: Tensors | None = None, pull: float = 0.0, drift: Tensors | None = None,
@@ -85,7 +86,7 @@ class _Stack:
         else:
             self.params = {n: torch.stack([s[n] for s in states]).to(device) for n in names}
         self.trainable = trainable
-        self.momentum = {n: torch.zeros_like(self.params[n]) for n in trainable}
+        self.momentum: dict[str, Tensor] = {}
         # Ditto's (λ/2)‖w − w̄‖²: its gradient λ(w − w̄) is added to the loss gradient directly
         self.pull = pull
         self.anchor = {n: anchor[n].to(device).expand_as(self.params[n]) for n in trainable} if pull else {}
@@ -97,23 +98,24 @@ class _Stack:
     def client_state(self, c: int) -> Tensors:
         return {n: p[c].detach().to("cpu", copy=True) for n, p in self.params.items()}
 
-    def client_rows(self, order: list[int]) -> list[Tensors]:
-        """Every client's state, in stack order, as rows (views) of one CPU copy of the stack put
-        back in the caller's client order (stack row i holds client ``order[i]``): one copy per
-        tensor instead of one per client and tensor, and the server averages rows of one stack in
-        client order in one product (``server.stacked_mean``)."""
-        back = torch.tensor(sorted(range(len(order)), key=order.__getitem__))
-        stacked = {n: p.detach().index_select(0, back.to(p.device)).to("cpu") for n, p in self.params.items()}
-        return [{n: t[c] for n, t in stacked.items()} for c in order]
+    def client_rows(self) -> list[Tensors]:
+        """Every client's state, in stack order, as rows (views) of one CPU copy of the stack (on
+        the CPU: of the stack itself): the server averages rows of one stack in one product
+        (``server.stacked_mean``)."""
+        rows = {n: p.detach().to("cpu").unbind(0) for n, p in self.params.items()}
+        return [dict(zip(rows, values)) for values in zip(*rows.values())]
 
     def step(self, group: Group, loss_fn: Callable[[dict[str, Tensor]], Tensor],
-             s: LocalSettings) -> None:
-        """One SGD step of the clients in ``group`` (None: all) on ``loss_fn(params).sum()``.
+             s: LocalSettings, first: bool, again: bool) -> None:
+        """One SGD step of the clients in ``group`` (None: all) on ``loss_fn(params).sum()``;
+        ``first``: the group's first step of the round (all its clients take their steps in
+        lockstep, so they are at the same step), ``again``: some of them step again after it.
 
         The update is torch.optim.SGD's (dampening 0, no Nesterov): d = g + wd·p (wd per client
         with an extra decay),
         b = m·b + d (b = d on the first step: the buffers start at zero), p −= lr·b; with a pull,
-        g includes λ(p − w̄); with a drift, p −= lr·drift afterwards (outside the momentum)."""
+        g includes λ(p − w̄); with a drift, p −= lr·drift afterwards (outside the momentum). The
+        buffers are kept only for a step ``again``."""
         def pick(t: Tensor) -> Tensor:
             return _rows(t, group)
 
@@ -121,7 +123,6 @@ class _Stack:
         leaves = [params[n] for n in self.trainable]
         grads = torch.autograd.grad(loss_fn(params), leaves)
         with torch.no_grad():
-            bufs = [pick(self.momentum[n]) for n in self.trainable]
             if self.pull:
                 grads = torch._foreach_add(grads, torch._foreach_sub(leaves, [pick(self.anchor[n]) for n in self.trainable]),
                                            alpha=self.pull)
@@ -132,17 +133,25 @@ class _Stack:
                 direction = torch._foreach_add(grads, leaves, alpha=s.weight_decay)
             else:
                 direction = list(grads)
-            if s.momentum:
+            kept = bool(s.momentum) and again
+            if kept and not self.momentum:
+                self.momentum = {n: torch.empty_like(self.params[n]) for n in self.trainable}
+            if s.momentum and not first:
+                bufs = [pick(self.momentum[n]) for n in self.trainable]
                 torch._foreach_mul_(bufs, s.momentum)
                 torch._foreach_add_(bufs, direction)
                 direction = bufs
+            elif kept:  # b = d on a buffer's first step: d into the group's rows (a Tensor group's: below)
+                bufs = direction
+                if not isinstance(group, Tensor):
+                    torch._foreach_copy_([pick(self.momentum[n]) for n in self.trainable], direction)
             torch._foreach_add_(leaves, direction, alpha=-s.lr)
             if self.drift:
                 torch._foreach_add_(leaves, [pick(self.drift[n]) for n in self.trainable], alpha=-s.lr)
             if isinstance(group, Tensor):  # all of the above acted on the group's copies: write them back
                 for n in self.params:
                     self.params[n].index_copy_(0, group, params[n])
-                for n, buf in zip(self.trainable, bufs):
+                for n, buf in zip(self.trainable, bufs if kept else ()):
                     self.momentum[n].index_copy_(0, group, buf)
 
 
@@ -265,10 +274,12 @@ def _train_together(ws: Workspace, starts: list[Tensors], datas: list[Split], sp
     ditto = spec.personalization.kind == "ditto"
     personal_parts = spec.personalization.parts if ditto else []
     same_start = all(st is starts[0] for st in starts)
-    model.load_state_dict(starts[0])  # what begin may read off rc.model (shapes, devices)
+    if any(type(p).begin is not Part.begin for p in spec.parts + personal_parts):
+        model.load_state_dict(starts[0])  # what begin may read off rc.model (shapes, devices)
     param_names = [n for n, _ in model.named_parameters()]
+    shared = {n: starts[0][n].to(device) for n in param_names} if same_start else None
     for rc, start in zip(rcs, starts):
-        rc.global_params = {n: start[n].to(device) for n in param_names}
+        rc.global_params = dict(shared) if shared is not None else {n: start[n].to(device) for n in param_names}
         for part in spec.parts + personal_parts:
             part.begin(rc)
     decay = [rc.extra_weight_decay for rc in rcs]
@@ -296,10 +307,10 @@ def _train_together(ws: Workspace, starts: list[Tensors], datas: list[Split], sp
     seen: dict[str, Tensor] = defaultdict(lambda: torch.zeros(count, dtype=torch.bool))
     streams = [_stream(d, s, g) for d, g in zip(datas, generators)]
     steps = [0] * count
-    active = list(range(count))
+    total = [s.epochs * batch_count(len(d), s.batch_size, s.drop_last) for d in datas]  # each client's steps
+    active = [c for c in range(count) if total[c]]
     while active:
-        taken = {c: next(streams[c], None) for c in active}
-        active = [c for c in active if taken[c] is not None]
+        taken = {c: next(streams[c]) for c in active}
         by_size: dict[int, list[int]] = defaultdict(list)
         for c in active:
             steps[c] += 1
@@ -323,21 +334,25 @@ def _train_together(ws: Workspace, starts: list[Tensors], datas: list[Split], sp
                     out, y, params, group_global, global_out, s.num_classes, group_rcs, prev_out, group_present),
                     record)
 
-            global_stack.step(group, global_loss, s)
+            first, again = steps[members[0]] == 1, any(steps[c] < total[c] for c in members)
+            global_stack.step(group, global_loss, s, first, again)
             if ditto:
                 personal_stack.step(group, _personal_loss(spec, forward, global_out, taps, x, y, s, group_global,
-                                                          group_rcs, record), s)
+                                                          group_rcs, record), s, first, again)
+        active = [c for c in active if steps[c] < total[c]]
     seconds = time.perf_counter() - started
     uploads = []
     finishing = any(type(p).finish is not Part.finish for p in spec.parts)
-    rows = global_stack.client_rows(order)  # views: keep_models copies what a client keeps (MOON)
+    rows = global_stack.client_rows()  # views: keep_models copies what a client keeps (MOON)
+    sums_of = {k: v.tolist() for k, v in sums.items()}  # per client, as Python floats (one call per key)
+    seen_by = {k: v.tolist() for k, v in seen.items()}
     for c, (rc, trained) in enumerate(zip(rcs, rows)):
         rc.steps = steps[c]
         if finishing:
             model.load_state_dict(trained)  # finish reads the trained weights off rc.model
         extras = finish_parts(rc, spec.parts + personal_parts)
         keep_models(rc, spec, trained, personal_stack.client_state(c) if ditto else None)
-        own = {k: float(v[c]) for k, v in sums.items() if k in ("train_loss", "personal_loss") or seen[k][c]}
+        own = {k: v[c] for k, v in sums_of.items() if k in ("train_loss", "personal_loss") or seen_by[k][c]}
         uploads.append(client_upload(rc, trained, s, extras, own, rc.steps, seconds / count))
     return [uploads[i] for i in sorted(range(count), key=order.__getitem__)]  # the caller's order
 
@@ -359,7 +374,11 @@ def _recorder(sums: dict[str, Tensor], seen: dict[str, Tensor],
 
     def record(key: str, values: Tensor, present: Tensor | None = None) -> None:
         values = values.detach().to("cpu", torch.float32)
-        mask = torch.ones(len(members), dtype=torch.bool) if present is None else present.to("cpu")
+        if present is None:
+            sums[key].index_add_(0, index, values)
+            seen[key].index_fill_(0, index, True)
+            return
+        mask = present.to("cpu")
         sums[key].index_add_(0, index, torch.where(mask, values, 0.0))
         seen[key].index_copy_(0, index, seen[key].index_select(0, index) | mask)
     return record

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable, TypeVar
 
 import numpy as np
 import torch
@@ -31,7 +31,7 @@ from fedlatent.federated.failures import (ClientFailure, RunStopped, all_finite,
 from fedlatent.federated.server import Server
 from fedlatent.methods.parts import ClientRound, MethodSpec, Tensors, Upload
 from fedlatent.models.base import FedModel
-from fedlatent.seeding import CLIENT_SAMPLING, LOCAL_TRAINING, derive_seed
+from fedlatent.seeding import CLIENT_SAMPLING, LOCAL_TRAINING, derive_seed, derive_seeds
 
 
 @dataclass
@@ -78,9 +78,10 @@ def sample_clients(seed: int, rnd: int, num_clients: int, participation: float) 
 
 
 def nbytes(state: Tensors) -> int:
-    return sum(t.numel() * t.element_size() for t in state.values())
+    return sum(t.nbytes for t in state.values())
 
 
+T = TypeVar("T")
 HEAD = "classifier."  # state-key prefix of the classifier (FedModel.classifier)
 
 
@@ -91,8 +92,22 @@ def traffic(state: Tensors, untransmitted: set[str]) -> tuple[int, int]:
     classifier's communication this way: a learned head travels every round, a fixed one never.
     The Flower backend's messages leave these entries out too (an FFC-calibrated fixed head,
     changed since init, travels there; the embedded count does not include it)."""
-    sent = {k: v for k, v in state.items() if k not in untransmitted}
-    return nbytes(sent), nbytes({k: v for k, v in sent.items() if k.startswith(HEAD)})
+    sent = head = 0
+    for key, value in state.items():
+        if key not in untransmitted:
+            sent += value.nbytes
+            head += value.nbytes if key.startswith(HEAD) else 0
+    return sent, head
+
+
+def _once_each(states: list[Tensors], count: Callable[[Tensors], T]) -> list[T]:
+    """``count`` of each of ``states``, computed once per dict (a round's tasks share the global
+    state and the payload)."""
+    memo: dict[int, T] = {}
+    for state in states:
+        if id(state) not in memo:
+            memo[id(state)] = count(state)
+    return [memo[id(state)] for state in states]
 
 
 def local_settings(train: TrainConfig, lr: float, epochs: int, augment: Augmentation | bool, num_classes: int,
@@ -134,9 +149,9 @@ def close_round(server: Server, config: RunConfig, rnd: int, tasks: list[ClientT
         "client_train_loss": [u.metrics["train_loss"] for u in uploads],
     }
     untransmitted = server.untransmitted()
-    down = [traffic(t.global_state, untransmitted) for t in tasks]
+    down = _once_each([t.global_state for t in tasks], lambda state: traffic(state, untransmitted))
     up = [traffic(u.state, untransmitted) for u in uploads]
-    metrics["bytes_down"] = sum(d for d, _ in down) + sum(nbytes(t.payload) for t in tasks)
+    metrics["bytes_down"] = sum(d for d, _ in down) + sum(_once_each([t.payload for t in tasks], nbytes))
     metrics["bytes_up"] = sum(d for d, _ in up) + sum(nbytes(e) for u in uploads for e in u.extras.values())
     metrics["bytes_head_down"] = sum(h for _, h in down)
     metrics["bytes_head_up"] = sum(h for _, h in up)
@@ -160,6 +175,12 @@ def client_round(task: ClientTask, state: Tensors, num_samples: int, model: FedM
 def client_generator(seed: int, task: ClientTask) -> torch.Generator:
     """The generator of a client's local training in a round: (seed, round, client)."""
     return torch.Generator().manual_seed(derive_seed(seed, LOCAL_TRAINING, task.round, task.client_id))
+
+
+def client_generators(seed: int, rnd: int, client_ids: list[int]) -> list[torch.Generator]:
+    """:func:`client_generator` of each of ``client_ids`` in round ``rnd`` (0-based), their seeds
+    hashed together (:func:`~fedlatent.seeding.derive_seeds`)."""
+    return [torch.Generator().manual_seed(s) for s in derive_seeds(seed, LOCAL_TRAINING, rnd, last=client_ids)]
 
 
 def client_update(ws: Workspace, spec: MethodSpec, task: ClientTask, data: Split, state: Tensors,

@@ -1,0 +1,63 @@
+"""The lockstep stack's SGD step against torch.optim.SGD client by client: groups of every form
+(all, a run of rows, scattered rows), momentum buffers created only for clients that step again
+(b = d on a buffer's first step), weight decay, and clients that drop out of later steps."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fedlatent.federated.client import LocalSettings
+from fedlatent.federated.lockstep import _Stack
+
+
+def _settings(momentum: float, weight_decay: float) -> LocalSettings:
+    return LocalSettings(1, 4, 0.1, momentum, weight_decay, False, False, 3)
+
+
+def _states(clients: int) -> list[dict[str, torch.Tensor]]:
+    g = torch.Generator().manual_seed(3)
+    return [{"w": torch.randn(3, 2, generator=g), "b": torch.randn(3, generator=g)} for _ in range(clients)]
+
+
+def _loss(target: torch.Tensor):
+    """Σ over the group's clients of a quadratic in (w, b) around per-client targets."""
+    def loss(params: dict[str, torch.Tensor]) -> torch.Tensor:
+        return ((params["w"].sum(-1) + params["b"] - target.unsqueeze(-1)) ** 2).sum()
+    return loss
+
+
+# each schedule: per step, the clients that step (increasing); a client's last step is its last entry
+SCHEDULES = [
+    [[0, 1, 2, 3], [0, 1, 2, 3], [0, 1, 2, 3]],    # all clients, three steps
+    [[0, 1, 2, 3], [1, 2], [2]],                   # runs of rows, clients dropping out
+    [[0, 1, 2, 3], [0, 2, 3], [0, 3], [3]],        # scattered rows
+    [[0, 1, 2, 3]],                                # one step each: no buffer is ever kept
+]
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES)
+@pytest.mark.parametrize("momentum,weight_decay", [(0.9, 0.0), (0.9, 1e-2), (0.0, 1e-2)])
+def test_stack_steps_equal_torch_sgd_per_client(schedule, momentum: float, weight_decay: float) -> None:
+    s, states = _settings(momentum, weight_decay), _states(4)
+    stack = _Stack(states, ["w", "b"], ["w", "b"], torch.device("cpu"))
+    models = [{k: v.clone().requires_grad_() for k, v in st.items()} for st in states]
+    optims = [torch.optim.SGD(list(m.values()), lr=s.lr, momentum=momentum, weight_decay=weight_decay) for m in models]
+    last = {c: max(i for i, members in enumerate(schedule) if c in members) for c in range(4)}
+    targets = torch.linspace(-1, 1, 4)
+    for i, members in enumerate(schedule):
+        if members == list(range(4)):
+            group = None
+        elif members[-1] - members[0] + 1 == len(members):
+            group = slice(members[0], members[-1] + 1)
+        else:
+            group = torch.tensor(members)
+        stack.step(group, _loss(targets[members]), s, first=i == 0, again=any(last[c] > i for c in members))
+        for c in members:
+            optims[c].zero_grad()
+            _loss(targets[c])(models[c]).backward()
+            optims[c].step()
+    for c in range(4):
+        for key in ("w", "b"):
+            assert torch.allclose(stack.params[key][c], models[c][key].detach(), atol=1e-6, rtol=0)
+    if len(schedule) == 1 or not momentum:
+        assert stack.momentum == {}  # one step each, or no momentum: no buffer was ever needed

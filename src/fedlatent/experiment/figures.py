@@ -2,12 +2,14 @@
 
 On the digits workload the two figures cost about as much as all 20 rounds of training
 (matplotlib's import, ~100 cell labels and PNG encoding: ~0.25 s against ~0.3 s of training, warm).
-:class:`FigureWorker` forks a child when the run starts; the child imports matplotlib and draws
-the partition heatmap on the other core while the run trains, then builds the learning curves and
-draws them once off-screen (fonts, ticks and text layouts cached). The run asks for the curves as
-soon as its last metrics line is written, so what is left on the run's path is one redraw and
-the PNG (~0.05 s), beside the final evaluation. Requests travel one JSON line each through a
-pipe; the child ends at the end of input, also when the run is killed. Where ``fork`` is
+:class:`FigureWorker` forks a child when the run starts; the child draws the partition heatmap on
+the other core while the run trains, then keeps the learning curves current: the run asks for
+them after every metrics line, and the child redraws only the new points
+(:class:`fedlatent.analysis.plots.LearningCurves`) and rewrites ``curves.png``. Requests that
+queued while the child was busy are drawn once (the curves read the whole metrics file anyway),
+so the child never falls behind by more than one drawing, and what is left on the run's path
+after its last round is the wait for that last drawing. Requests travel one JSON line each through
+a pipe; the child ends at the end of input, also when the run is killed. Where ``fork`` is
 unavailable, or the child fails, the figures are drawn in this process, so nothing is lost. The
 child touches no torch state and leaves through ``os._exit``.
 """
@@ -55,7 +57,8 @@ class FigureWorker:
                 pass
 
     def close(self) -> None:
-        """Wait until every requested figure is on disk; draw in-process whatever the child could not."""
+        """Wait until every requested figure is on disk; draw in-process whatever the child could not
+        (each distinct request once)."""
         if self.pipe is not None:
             try:
                 self.pipe.close()
@@ -66,8 +69,20 @@ class FigureWorker:
             if os.waitstatus_to_exitcode(status) == 0:
                 return
             print("fedlatent: the figure process failed; drawing the figures in-process", file=sys.stderr)
-        for request in self.requests:
-            render.draw(self.run_dir, request["figure"], request["options"])
+        renderer = render.Renderer(self.run_dir)
+        for request in distinct(self.requests):
+            renderer.draw(request["figure"], request["options"])
+
+
+class NoFigures:
+    """The figure worker of a run without figures (``run(..., figures=False)``, ``--no-figures``):
+    asked for figures, draws none."""
+
+    def draw(self, figure: str, **options: Any) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
 
 
 def _warm_matplotlib() -> None:
@@ -79,16 +94,22 @@ def _warm_matplotlib() -> None:
     font_manager.findfont("DejaVu Sans")
 
 
+def distinct(requests: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``requests`` with each repeated one kept once, where it first came: drawing a figure again
+    from the same files draws the same thing, and the curves read every metrics line written."""
+    return list({json.dumps(r, sort_keys=True): r for r in requests}.values())
+
+
 def _serve(run_dir: Path, read_end: int) -> int:
-    """The child's loop: draw each requested figure; 0 when all were drawn."""
+    """The child's loop: draw the requests that arrived since the last drawing, each once; 0 when
+    all were drawn."""
     renderer = render.Renderer(run_dir)
+    pending = b""
     try:
-        with os.fdopen(read_end) as requests:
-            for line in requests:
-                request = json.loads(line)
+        while chunk := os.read(read_end, 1 << 16):  # blocks until at least one byte; b"" at the end
+            *lines, pending = (pending + chunk).split(b"\n")
+            for request in distinct([json.loads(line) for line in lines if line]):
                 renderer.draw(request["figure"], request["options"])
-                if renderer.curves is None:  # after the first figure, while the run trains
-                    renderer.prepare_curves()
         return 0
     except BaseException as err:  # noqa: BLE001 - reported by the exit status; the parent redraws
         print(f"fedlatent figure process: {type(err).__name__}: {err}", file=sys.stderr)

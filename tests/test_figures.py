@@ -245,3 +245,11 @@ def test_curves_drawn_while_a_line_is_being_written_leave_the_torn_line_out(tmp_
     drawn = _pixels(renderer.draw("curves", {"rounds": 6}))
     metrics = [json.loads(line) for line in whole.splitlines()]
     assert np.array_equal(drawn, _full_draw(metrics, 6, tmp_path / "full.png"))
+
+
+def test_a_sweep_without_figures_runs_its_cells_without_them(tmp_path, capsys) -> None:
+    study = tmp_path / "study.toml"
+    study.write_text(f'base = "{DIGITS}"\nset = {{"train.rounds" = 1, "data.num_clients" = 3}}\n[grid]\nseed = [0, 1]\n')
+    assert cli.main(["sweep", str(study), "--out", str(tmp_path / "sweep"), "--no-figures"]) == 0
+    cells = [p for p in (tmp_path / "sweep").iterdir() if p.is_dir()]
+    assert len(cells) == 2 and all((c / "summary.json").is_file() and not (c / "plots").exists() for c in cells)

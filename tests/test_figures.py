@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -147,14 +148,16 @@ def test_a_child_kept_current_round_by_round_writes_the_curves_of_the_whole_file
 
 
 def test_the_child_draws_requests_that_queued_meanwhile_once(tmp_path, monkeypatch) -> None:
-    drawn: list[tuple[str, dict]] = []
+    drawn: list[tuple] = []
     monkeypatch.setattr(render.Renderer, "draw", lambda self, figure, options: drawn.append((figure, options)))
+    monkeypatch.setattr(render.Renderer, "keep_curves", lambda self, options: drawn.append(("curves", options)) or False)
+    monkeypatch.setattr(render.Renderer, "write_curves", lambda self: drawn.append(("curves.png",)))
     read_end, write_end = os.pipe()
     requests = [("partition", {"title": "t"}), *[("curves", {"rounds": 9})] * 5, ("diagnostics", {})]
     os.write(write_end, "".join(json.dumps({"figure": f, "options": o}) + "\n" for f, o in requests).encode())
     os.close(write_end)
     assert figures._serve(tmp_path, read_end) == 0
-    assert drawn == [("partition", {"title": "t"}), ("curves", {"rounds": 9}), ("diagnostics", {})]
+    assert drawn == [("partition", {"title": "t"}), ("curves", {"rounds": 9}), ("diagnostics", {}), ("curves.png",)]
 
 
 def test_distinct_keeps_each_request_once_where_it_first_came() -> None:
@@ -253,3 +256,35 @@ def test_a_sweep_without_figures_runs_its_cells_without_them(tmp_path, capsys) -
     assert cli.main(["sweep", str(study), "--out", str(tmp_path / "sweep"), "--no-figures"]) == 0
     cells = [p for p in (tmp_path / "sweep").iterdir() if p.is_dir()]
     assert len(cells) == 2 and all((c / "summary.json").is_file() and not (c / "plots").exists() for c in cells)
+
+
+def test_the_child_writes_the_curves_once_complete_and_at_the_end_of_input(tmp_path, monkeypatch) -> None:
+    """Curves not yet at the planned last round stay on the canvas (no PNG each round); the PNG is
+    written as soon as they are complete, without waiting for the end of input, or at its end."""
+    events: list[str] = []
+    kept, written = threading.Event(), threading.Event()
+    monkeypatch.setattr(render.Renderer, "keep_curves",
+                        lambda self, options: (events.append("keep"), kept.set(), options["complete"])[-1])
+    monkeypatch.setattr(render.Renderer, "write_curves", lambda self: (events.append("write"), written.set()))
+
+    def serve(batches: list[bool]) -> None:
+        read_end, write_end = os.pipe()
+
+        def feed() -> None:
+            for complete in batches:
+                kept.clear()
+                os.write(write_end, (json.dumps({"figure": "curves", "options": {"complete": complete}}) + "\n").encode())
+                kept.wait(10)
+            if batches[-1]:
+                events.append("written before the end" if written.wait(10) else "not written")
+            os.close(write_end)
+        feeder = threading.Thread(target=feed)
+        feeder.start()
+        assert figures._serve(tmp_path, read_end) == 0
+        feeder.join()
+
+    serve([False, True])
+    assert events == ["keep", "keep", "write", "written before the end"]
+    events.clear()
+    serve([False])
+    assert events == ["keep", "write"]

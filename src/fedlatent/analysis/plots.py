@@ -140,10 +140,14 @@ class LearningCurves:
         for line in (self.accuracy, self.loss):
             line.axes.draw_artist(line)
 
-    def save(self, path: Path) -> Path:
-        """Render and write the PNG from the canvas' pixels."""
-        self.render()
+    def write(self, path: Path) -> Path:
+        """The PNG of the canvas as :meth:`render` left it."""
         return write_png(self.fig, path)
+
+    def save(self, path: Path) -> Path:
+        """Render and write the PNG."""
+        self.render()
+        return self.write(path)
 
 
 def _floats(values) -> np.ndarray:

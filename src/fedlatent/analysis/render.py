@@ -38,13 +38,27 @@ class Renderer:
             counts = np.asarray(json.loads((self.run_dir / "partition.json").read_text())["counts"])
             return partition_heatmap(counts, plots / "partition.png", options.get("title", ""))
         if figure == "curves":
-            if self.curves is None or self.curves.rounds != options.get("rounds"):
-                self.curves = LearningCurves(options.get("rounds"))
-            self.curves.update(self._metrics())
-            return self.curves.save(plots / "curves.png")
+            self.keep_curves(options)
+            return self.write_curves()
         if figure == "diagnostics":
             return plot_diagnostics([self.run_dir], plots)
         raise ValueError(f"unknown figure {figure!r}; known: {', '.join(FIGURES)}")
+
+    def keep_curves(self, options: dict) -> bool:
+        """Bring the learning curves on their canvas up to date with ``metrics.jsonl`` without
+        writing them (options as for :meth:`draw`); True once they show the planned last round."""
+        if self.curves is None or self.curves.rounds != options.get("rounds"):
+            self.curves = LearningCurves(options.get("rounds"))
+        metrics = self._metrics()
+        self.curves.update(metrics)
+        self.curves.render()
+        return bool(metrics) and metrics[-1]["round"] == options.get("rounds")
+
+    def write_curves(self) -> Path:
+        """Write the curves as :meth:`keep_curves` last drew them to ``plots/curves.png``."""
+        if self.curves is None:
+            raise RuntimeError("write_curves before keep_curves: no curves drawn")
+        return self.curves.write(self.run_dir / "plots" / "curves.png")
 
     def _metrics(self) -> list[dict]:
         """The complete lines of ``metrics.jsonl``: the run may be writing the next one right now

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import subprocess
+import sys
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -39,14 +43,15 @@ def _draw_both(worker: figures.FigureWorker) -> None:
 def test_every_requested_figure_is_on_disk_after_close(tmp_path, background: bool) -> None:
     run_dir = _run_files(tmp_path / "run")
     worker = figures.FigureWorker(run_dir, background=background)
-    assert (worker.child_pid != 0) == background
+    assert (worker.process is not None) == background
     _draw_both(worker)
     for name in ("partition.png", "curves.png"):
         assert (run_dir / "plots" / name).read_bytes()[:8] == PNG
 
 
 def test_a_failed_child_is_replaced_by_drawing_in_process(tmp_path, monkeypatch, capsys) -> None:
-    monkeypatch.setattr(figures, "_serve", lambda run_dir, read_end: 1)  # the child draws nothing, fails
+    monkeypatch.setattr(figures, "_serve", lambda requests, replies: 1)  # draws nothing, fails
+    monkeypatch.setattr(figures, "_process", None)  # a figure process forked with it
     run_dir = _run_files(tmp_path / "run")
     _draw_both(figures.FigureWorker(run_dir))
     assert (run_dir / "plots" / "partition.png").exists() and (run_dir / "plots" / "curves.png").exists()
@@ -147,23 +152,36 @@ def test_a_child_kept_current_round_by_round_writes_the_curves_of_the_whole_file
     assert sorted(p.name for p in (run_dir / "plots").iterdir()) == ["curves.png", "partition.png"]
 
 
-def test_the_child_draws_requests_that_queued_meanwhile_once(tmp_path, monkeypatch) -> None:
+def _serve(tmp_path: Path, messages: list[dict]) -> str:
+    """``figures._serve`` in this process, over ``messages`` sent at once; its answers."""
+    requests_read, requests_write = os.pipe()
+    replies_read, replies_write = os.pipe()
+    os.write(requests_write, "".join(json.dumps(m) + "\n" for m in messages).encode())
+    os.close(requests_write)
+    assert figures._serve(requests_read, replies_write) == 0
+    with os.fdopen(replies_read) as replies:
+        return replies.read()
+
+
+def test_the_process_draws_requests_that_queued_meanwhile_once(tmp_path, monkeypatch) -> None:
     drawn: list[tuple] = []
     monkeypatch.setattr(render.Renderer, "draw", lambda self, figure, options: drawn.append((figure, options)))
     monkeypatch.setattr(render.Renderer, "keep_curves", lambda self, options: drawn.append(("curves", options)) or False)
-    monkeypatch.setattr(render.Renderer, "write_curves", lambda self: drawn.append(("curves.png",)))
-    read_end, write_end = os.pipe()
+    monkeypatch.setattr(render.Renderer, "write_curves", lambda self: drawn.append(("curves.png", self.run_dir)))
     requests = [("partition", {"title": "t"}), *[("curves", {"rounds": 9})] * 5, ("diagnostics", {})]
-    os.write(write_end, "".join(json.dumps({"figure": f, "options": o}) + "\n" for f, o in requests).encode())
-    os.close(write_end)
-    assert figures._serve(tmp_path, read_end) == 0
-    assert drawn == [("partition", {"title": "t"}), ("curves", {"rounds": 9}), ("diagnostics", {}), ("curves.png",)]
+    messages = [{"figure": f, "options": o} for f, o in requests]
+    answers = _serve(tmp_path, [{"run": str(tmp_path / "a")}, *messages, {"end": True},
+                                {"run": str(tmp_path / "b")}, messages[1], {"end": True}])
+    assert drawn == [("partition", {"title": "t"}), ("curves", {"rounds": 9}), ("diagnostics", {}),
+                     ("curves.png", tmp_path / "a"), ("curves", {"rounds": 9}), ("curves.png", tmp_path / "b")]
+    assert answers == "drawn\ndrawn\n"
 
 
-def test_distinct_keeps_each_request_once_where_it_first_came() -> None:
+def test_distinct_keeps_each_request_of_a_run_once_where_it_first_came() -> None:
     a, b, c = {"figure": "curves", "options": {"rounds": 3}}, {"figure": "partition", "options": {}}, \
         {"figure": "curves", "options": {"rounds": 4}}
-    assert figures.distinct([a, b, dict(a), c, b]) == [a, b, c]
+    end, run = {"end": True}, {"run": "next"}
+    assert figures.distinct([a, b, dict(a), c, b, end, run, a, a, end]) == [a, b, c, end, run, a, end]
 
 
 def test_the_heatmap_without_cell_text_is_capped_and_shows_every_client(tmp_path) -> None:
@@ -258,9 +276,9 @@ def test_a_sweep_without_figures_runs_its_cells_without_them(tmp_path, capsys) -
     assert len(cells) == 2 and all((c / "summary.json").is_file() and not (c / "plots").exists() for c in cells)
 
 
-def test_the_child_writes_the_curves_once_complete_and_at_the_end_of_input(tmp_path, monkeypatch) -> None:
+def test_the_process_writes_the_curves_once_complete_and_at_the_end_of_a_run(tmp_path, monkeypatch) -> None:
     """Curves not yet at the planned last round stay on the canvas (no PNG each round); the PNG is
-    written as soon as they are complete, without waiting for the end of input, or at its end."""
+    written as soon as they are complete, without waiting for the run's end, or at its end."""
     events: list[str] = []
     kept, written = threading.Event(), threading.Event()
     monkeypatch.setattr(render.Renderer, "keep_curves",
@@ -268,23 +286,80 @@ def test_the_child_writes_the_curves_once_complete_and_at_the_end_of_input(tmp_p
     monkeypatch.setattr(render.Renderer, "write_curves", lambda self: (events.append("write"), written.set()))
 
     def serve(batches: list[bool]) -> None:
-        read_end, write_end = os.pipe()
+        requests_read, requests_write = os.pipe()
+        replies_read, replies_write = os.pipe()
 
         def feed() -> None:
+            os.write(requests_write, (json.dumps({"run": str(tmp_path)}) + "\n").encode())
             for complete in batches:
                 kept.clear()
-                os.write(write_end, (json.dumps({"figure": "curves", "options": {"complete": complete}}) + "\n").encode())
+                os.write(requests_write, (json.dumps({"figure": "curves", "options": {"complete": complete}}) + "\n").encode())
                 kept.wait(10)
             if batches[-1]:
                 events.append("written before the end" if written.wait(10) else "not written")
-            os.close(write_end)
+            os.write(requests_write, b'{"end": true}\n')
+            os.close(requests_write)
         feeder = threading.Thread(target=feed)
         feeder.start()
-        assert figures._serve(tmp_path, read_end) == 0
+        assert figures._serve(requests_read, replies_write) == 0
         feeder.join()
+        os.close(replies_read)
 
     serve([False, True])
     assert events == ["keep", "keep", "write", "written before the end"]
     events.clear()
     serve([False])
     assert events == ["keep", "write"]
+
+
+def test_later_runs_of_a_process_share_one_figure_process(tmp_path) -> None:
+    """Two runs in a row: one fork, each run's figures in its own folder with its own data (no
+    request of the first drawn into the second), on disk when each worker closes."""
+    first = figures.FigureWorker(_run_files(tmp_path / "one"))
+    process = first.process
+    _draw_both(first)
+    second_dir = _run_files(tmp_path / "two")
+    (second_dir / "metrics.jsonl").write_text(json.dumps({"round": 1, "train_loss": 3.0}) + "\n")
+    second = figures.FigureWorker(second_dir)
+    assert second.process is process is figures._process
+    second.draw("curves", rounds=4)
+    second.close()
+    assert np.array_equal(_pixels(second_dir / "plots" / "curves.png"),
+                          _full_draw([{"round": 1, "train_loss": 3.0}], 4, tmp_path / "full.png"))
+    assert not (second_dir / "plots" / "partition.png").exists()
+    assert (tmp_path / "one" / "plots" / "curves.png").is_file()
+
+
+def test_a_figure_process_that_died_between_runs_is_replaced(tmp_path, capsys) -> None:
+    _draw_both(figures.FigureWorker(_run_files(tmp_path / "one")))
+    dead = figures.shared_process()
+    os.kill(dead.pid, signal.SIGKILL)
+    os.waitpid(dead.pid, 0)  # reaped: the next run sees it gone
+    worker = figures.FigureWorker(_run_files(tmp_path / "two"))
+    assert worker.process is not dead and worker.process.pid != dead.pid
+    _draw_both(worker)
+    assert (tmp_path / "two" / "plots" / "curves.png").is_file()
+    assert "failed" not in capsys.readouterr().err
+
+
+def test_the_figure_process_ends_when_its_parent_dies(tmp_path) -> None:
+    """The parent is killed mid-run (no close): the figure process reads the end of its input and exits."""
+    script = (f"import os, sys; sys.path.insert(0, {str(Path(figures.__file__).parents[2])!r})\n"
+              "from fedlatent.experiment import figures\n"
+              f"worker = figures.FigureWorker(__import__('pathlib').Path({str(_run_files(tmp_path / 'run'))!r}))\n"
+              "print(worker.process.pid, flush=True)\n"
+              "os.kill(os.getpid(), 9)\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    pid = int(done.stdout.split()[0])
+    deadline = time.monotonic() + 20
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(pid)
+
+
+def _alive(pid: int) -> bool:
+    """Running (a zombie waiting for init to reap it counts as ended)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False

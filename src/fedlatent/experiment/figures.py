@@ -193,7 +193,7 @@ def _serve(requests: int, replies: int) -> int:
     once; the curves are brought up to date at every request but their PNG is written only when
     they show the last round, every :data:`REWRITE_SECONDS` before that, and at the run's end.
     0 at the end of input; 1, without an answer, when a figure fails (the run draws it)."""
-    renderer = render.Renderer(Path("."))
+    renderer: render.Renderer | None = None  # set by each run's first message
     pending, unwritten, written_at = b"", False, time.monotonic()
     try:
         with os.fdopen(replies, "w") as answers:

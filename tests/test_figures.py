@@ -170,17 +170,17 @@ def test_the_process_draws_requests_that_queued_meanwhile_once(tmp_path, monkeyp
     monkeypatch.setattr(render.Renderer, "write_curves", lambda self: drawn.append(("curves.png", self.run_dir)))
     requests = [("partition", {"title": "t"}), *[("curves", {"rounds": 9})] * 5, ("diagnostics", {})]
     messages = [{"figure": f, "options": o} for f, o in requests]
-    answers = _serve(tmp_path, [{"run": str(tmp_path / "a")}, *messages, {"end": True},
-                                {"run": str(tmp_path / "b")}, messages[1], {"end": True}])
+    answers = _serve(tmp_path, [{"run": str(tmp_path / "a"), "id": 1}, *messages, {"end": 1},
+                                {"run": str(tmp_path / "b"), "id": 2}, messages[1], {"end": 2}])
     assert drawn == [("partition", {"title": "t"}), ("curves", {"rounds": 9}), ("diagnostics", {}),
                      ("curves.png", tmp_path / "a"), ("curves", {"rounds": 9}), ("curves.png", tmp_path / "b")]
-    assert answers == "drawn\ndrawn\n"
+    assert answers == "drawn 1\ndrawn 2\n"
 
 
 def test_distinct_keeps_each_request_of_a_run_once_where_it_first_came() -> None:
     a, b, c = {"figure": "curves", "options": {"rounds": 3}}, {"figure": "partition", "options": {}}, \
         {"figure": "curves", "options": {"rounds": 4}}
-    end, run = {"end": True}, {"run": "next"}
+    end, run = {"end": 1}, {"run": "next", "id": 2}
     assert figures.distinct([a, b, dict(a), c, b, end, run, a, a, end]) == [a, b, c, end, run, a, end]
 
 
@@ -290,14 +290,14 @@ def test_the_process_writes_the_curves_once_complete_and_at_the_end_of_a_run(tmp
         replies_read, replies_write = os.pipe()
 
         def feed() -> None:
-            os.write(requests_write, (json.dumps({"run": str(tmp_path)}) + "\n").encode())
+            os.write(requests_write, (json.dumps({"run": str(tmp_path), "id": 1}) + "\n").encode())
             for complete in batches:
                 kept.clear()
                 os.write(requests_write, (json.dumps({"figure": "curves", "options": {"complete": complete}}) + "\n").encode())
                 kept.wait(10)
             if batches[-1]:
                 events.append("written before the end" if written.wait(10) else "not written")
-            os.write(requests_write, b'{"end": true}\n')
+            os.write(requests_write, b'{"end": 1}\n')
             os.close(requests_write)
         feeder = threading.Thread(target=feed)
         feeder.start()
@@ -363,3 +363,14 @@ def _alive(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
     except FileNotFoundError:
         return False
+
+
+def test_an_answer_left_unread_by_an_interrupted_run_is_not_taken_for_the_next_runs(tmp_path) -> None:
+    """A run whose wait was interrupted leaves its answer in the pipe; the next run waits for its own."""
+    first = figures.FigureWorker(_run_files(tmp_path / "one"))
+    first.process.send({"end": first.run})  # answered, never read: as if the wait was interrupted
+    second_dir = _run_files(tmp_path / "two")
+    second = figures.FigureWorker(second_dir)
+    second.draw("partition", title="two clients")
+    second.close()
+    assert (second_dir / "plots" / "partition.png").read_bytes()[:8] == PNG

@@ -50,8 +50,14 @@ class FigureProcess:
             os._exit(_serve(requests_read, replies_write))
         os.close(requests_read)
         os.close(replies_write)
-        self.pid, self.owner = pid, os.getpid()
+        self.pid, self.owner, self.runs = pid, os.getpid(), 0
         self.requests, self.replies = os.fdopen(requests_write, "w"), os.fdopen(replies_read)
+
+    def start_run(self, run_dir: Path) -> int:
+        """Mark the start of a run's requests; its number, for :meth:`finish_run`."""
+        self.runs += 1
+        self.send({"run": str(run_dir), "id": self.runs})
+        return self.runs
 
     def send(self, message: dict[str, Any]) -> None:
         """One message; a process that has gone is found by :meth:`finish_run`."""
@@ -61,13 +67,17 @@ class FigureProcess:
         except OSError:
             pass
 
-    def finish_run(self) -> bool:
-        """Wait until the current run's figures are on disk; False if the process failed or died."""
-        self.send({"end": True})
+    def finish_run(self, run: int) -> bool:
+        """Wait until the figures of run number ``run`` are on disk; False if the process failed
+        or died. An earlier run's answer left unread (its wait was interrupted) is skipped."""
+        self.send({"end": run})
         try:
-            return self.replies.readline() == "drawn\n"
+            while answer := self.replies.readline():
+                if answer == f"drawn {run}\n":
+                    return True
         except OSError:
-            return False
+            pass
+        return False
 
     def exited(self) -> bool:
         try:
@@ -124,9 +134,10 @@ class FigureWorker:
         self.run_dir = run_dir
         self.requests: list[dict[str, Any]] = []
         self.process: FigureProcess | None = None
+        self.run = 0  # the run's number in the figure process
         if background and sys.platform.startswith("linux"):
             self.process = shared_process()
-            self.process.send({"run": str(run_dir)})
+            self.run = self.process.start_run(run_dir)
 
     def draw(self, figure: str, **options: Any) -> None:
         """Ask for ``figure`` (see :data:`fedlatent.analysis.render.FIGURES`) once the files it
@@ -141,7 +152,7 @@ class FigureWorker:
         process could not (each distinct request once)."""
         if self.process is not None:
             process, self.process = self.process, None
-            if process.finish_run():
+            if process.finish_run(self.run):
                 return
             _discard(process)
             print("fedlatent: the figure process failed; drawing the figures in-process", file=sys.stderr)
@@ -188,8 +199,8 @@ def distinct(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def _serve(requests: int, replies: int) -> int:
-    """The figure process' loop over its runs (``{"run": folder}``, figure requests, ``{"end":
-    true}``, answered by ``drawn``): draw the requests that arrived since the last drawing, each
+    """The figure process' loop over its runs (``{"run": folder, "id": n}``, figure requests,
+    ``{"end": n}``, answered by ``drawn n``): draw the requests that arrived since the last drawing, each
     once; the curves are brought up to date at every request but their PNG is written only when
     they show the last round, every :data:`REWRITE_SECONDS` before that, and at the run's end.
     0 at the end of input; 1, without an answer, when a figure fails (the run draws it)."""
@@ -205,7 +216,7 @@ def _serve(requests: int, replies: int) -> int:
                     elif "end" in message:
                         if unwritten:
                             renderer.write_curves()
-                        answers.write("drawn\n")
+                        answers.write(f"drawn {message['end']}\n")
                         answers.flush()
                     elif message["figure"] != "curves":
                         renderer.draw(message["figure"], message["options"])

@@ -118,24 +118,6 @@ def test_curves_whose_limits_change_are_drawn_in_full_with_the_pixels_of_a_full_
     assert np.array_equal(drawn, _full_draw(more, 5, tmp_path / "full.png"))
 
 
-def test_a_full_draw_soon_after_the_last_is_deferred_until_the_curves_are_complete(tmp_path, monkeypatch) -> None:
-    """While the run trains, a limit change right after a full draw leaves the canvas alone; the
-    complete curves (the planned last round) are drawn at once, and a write draws what is due."""
-    run_dir = _run_files(tmp_path / "run")
-    metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    (run_dir / "metrics.jsonl").write_text(json.dumps(metrics[0]) + "\n")
-    renderer = render.Renderer(run_dir)
-    assert renderer.keep_curves({"rounds": 6}, 60.0) is False  # the first draw is never deferred
-    full_draws = _counting_full_draws(renderer.curves, monkeypatch)
-    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in metrics[:3]))
-    assert renderer.keep_curves({"rounds": 6}, 60.0) is False and full_draws == []
-    assert np.array_equal(_pixels(renderer.write_curves()), _full_draw(metrics[:3], 6, tmp_path / "three.png"))
-    assert full_draws == [1]
-    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in metrics))
-    assert renderer.keep_curves({"rounds": 6}, 60.0) is True and full_draws == [1, 1]
-    assert np.array_equal(_pixels(renderer.write_curves()), _full_draw(metrics, 6, tmp_path / "six.png"))
-
-
 def test_curves_span_the_planned_rounds_and_snap_their_y_limits_to_ticks() -> None:
     curves = plots.LearningCurves(rounds=20)
     curves.update([{"round": 1, "train_loss": 1.234, "test_accuracy": 0.412},
@@ -184,7 +166,7 @@ def _serve(tmp_path: Path, messages: list[dict]) -> str:
 def test_the_process_draws_requests_that_queued_meanwhile_once(tmp_path, monkeypatch) -> None:
     drawn: list[tuple] = []
     monkeypatch.setattr(render.Renderer, "draw", lambda self, figure, options: drawn.append((figure, options)))
-    monkeypatch.setattr(render.Renderer, "keep_curves", lambda self, options, defer: drawn.append(("curves", options)) or False)
+    monkeypatch.setattr(render.Renderer, "keep_curves", lambda self, options: drawn.append(("curves", options)) or False)
     monkeypatch.setattr(render.Renderer, "write_curves", lambda self: drawn.append(("curves.png", self.run_dir)))
     requests = [("partition", {"title": "t"}), *[("curves", {"rounds": 9})] * 5, ("diagnostics", {})]
     messages = [{"figure": f, "options": o} for f, o in requests]
@@ -300,7 +282,7 @@ def test_the_process_writes_the_curves_once_complete_and_at_the_end_of_a_run(tmp
     events: list[str] = []
     kept, written = threading.Event(), threading.Event()
     monkeypatch.setattr(render.Renderer, "keep_curves",
-                        lambda self, options, defer: (events.append("keep"), kept.set(), options["complete"])[-1])
+                        lambda self, options: (events.append("keep"), kept.set(), options["complete"])[-1])
     monkeypatch.setattr(render.Renderer, "write_curves", lambda self: (events.append("write"), written.set()))
 
     def serve(batches: list[bool]) -> None:

@@ -9,7 +9,6 @@ pixels (:func:`write_png`), not through ``savefig``, which would draw everything
 from __future__ import annotations
 
 import os
-import time
 from pathlib import Path
 from typing import Any
 
@@ -112,7 +111,6 @@ class LearningCurves:
         fixed_margins(self.fig, top=0.15)
         self.background: Any = None
         self.drawn_limits: tuple = ()
-        self.drawn_at = 0.0  # time.monotonic() of the last full draw
 
     def update(self, metrics: list[dict[str, Any]]) -> None:
         """Show ``metrics`` (the metrics lines so far): x over the planned rounds (or the rounds
@@ -129,30 +127,27 @@ class LearningCurves:
                 ax.relim()
                 ax.autoscale_view(scalex=False)
 
-    def render(self, defer_seconds: float = 0.0) -> bool:
+    def render(self) -> None:
         """Bring the canvas up to date: a full draw when the axes' limits differ from the last
-        one's, else the lines blitted onto its background. A full draw less than
-        ``defer_seconds`` after the previous one is left for later (the canvas is not touched):
-        while a run trains its limits may change every round, and only the last state is kept.
-        True when the canvas is up to date."""
+        one's, else the lines blitted onto its background."""
         canvas = self.fig.canvas
         limits = tuple((ax.get_xlim(), ax.get_ylim()) for ax in self.axes)
         if self.background is None or limits != self.drawn_limits:
-            if time.monotonic() - self.drawn_at < defer_seconds:
-                return False
             canvas.draw()  # all but the animated lines
             self.background, self.drawn_limits = canvas.copy_from_bbox(self.fig.bbox), limits
-            self.drawn_at = time.monotonic()
         else:
             canvas.restore_region(self.background)
         for line in (self.accuracy, self.loss):
             line.axes.draw_artist(line)
-        return True
+
+    def write(self, path: Path) -> Path:
+        """The PNG of the canvas as :meth:`render` left it."""
+        return write_png(self.fig, path)
 
     def save(self, path: Path) -> Path:
         """Render and write the PNG."""
         self.render()
-        return write_png(self.fig, path)
+        return self.write(path)
 
 
 def _floats(values) -> np.ndarray:

@@ -44,24 +44,21 @@ class Renderer:
             return plot_diagnostics([self.run_dir], plots)
         raise ValueError(f"unknown figure {figure!r}; known: {', '.join(FIGURES)}")
 
-    def keep_curves(self, options: dict, defer_seconds: float = 0.0) -> bool:
+    def keep_curves(self, options: dict) -> bool:
         """Bring the learning curves on their canvas up to date with ``metrics.jsonl`` without
-        writing them (options as for :meth:`draw`; ``defer_seconds``: see
-        :meth:`LearningCurves.render`, not once they are complete); True once they show the
-        planned last round."""
+        writing them (options as for :meth:`draw`); True once they show the planned last round."""
         if self.curves is None or self.curves.rounds != options.get("rounds"):
             self.curves = LearningCurves(options.get("rounds"))
         metrics = self._metrics()
         self.curves.update(metrics)
-        complete = bool(metrics) and metrics[-1]["round"] == options.get("rounds")
-        self.curves.render(0.0 if complete else defer_seconds)
-        return complete
+        self.curves.render()
+        return bool(metrics) and metrics[-1]["round"] == options.get("rounds")
 
     def write_curves(self) -> Path:
-        """Write the curves as :meth:`keep_curves` last brought them up to date to ``plots/curves.png``."""
+        """Write the curves as :meth:`keep_curves` last drew them to ``plots/curves.png``."""
         if self.curves is None:
             raise RuntimeError("write_curves before keep_curves: no curves drawn")
-        return self.curves.save(self.run_dir / "plots" / "curves.png")
+        return self.curves.write(self.run_dir / "plots" / "curves.png")
 
     def _metrics(self) -> list[dict]:
         """The complete lines of ``metrics.jsonl``: the run may be writing the next one right now

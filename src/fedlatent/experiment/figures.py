@@ -7,8 +7,7 @@ A figure process, forked at this process' first run and kept for its later ones
 and find matplotlib's caches warm), draws the partition heatmap on the other core while the run
 trains, then keeps the learning curves current: the run asks for them after every metrics line,
 and the process draws only the new points (:class:`fedlatent.analysis.plots.LearningCurves`,
-~2 ms; when a limit changed, a full draw of ~30 ms, at most every :data:`REDRAW_SECONDS` until
-the last round), writing ``curves.png`` (~8 ms) when it shows the last round and every
+~1 ms), writing ``curves.png`` (~8 ms) when it shows the last round and every
 :data:`REWRITE_SECONDS` before (a killed run keeps recent curves). Requests that queued while the
 process was busy are drawn once (the curves read the whole metrics file anyway), so it never
 falls behind by more than one drawing, and what is left on the run's path after its last round
@@ -32,7 +31,6 @@ from typing import Any
 from fedlatent.analysis import render
 
 REWRITE_SECONDS = 2.0  # how stale the figure process lets curves.png get while a run trains
-REDRAW_SECONDS = 0.1  # while a run trains, at most one full draw of the curves this often
 
 
 class FigureProcess:
@@ -203,10 +201,8 @@ def distinct(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def _serve(requests: int, replies: int) -> int:
     """The figure process' loop over its runs (``{"run": folder, "id": n}``, figure requests,
     ``{"end": n}``, answered by ``drawn n``): draw the requests that arrived since the last drawing, each
-    once; the curves are brought up to date at every request (a full draw, when their limits
-    changed, at most every :data:`REDRAW_SECONDS` until the last round) but their PNG is written
-    only when they show the last round, every :data:`REWRITE_SECONDS` before that, and at the
-    run's end.
+    once; the curves are brought up to date at every request but their PNG is written only when
+    they show the last round, every :data:`REWRITE_SECONDS` before that, and at the run's end.
     0 at the end of input; 1, without an answer, when a figure fails (the run draws it)."""
     renderer: render.Renderer | None = None  # set by each run's first message
     pending, unwritten, written_at = b"", False, time.monotonic()
@@ -225,7 +221,7 @@ def _serve(requests: int, replies: int) -> int:
                     elif message["figure"] != "curves":
                         renderer.draw(message["figure"], message["options"])
                     else:
-                        complete = renderer.keep_curves(message["options"], REDRAW_SECONDS)
+                        complete = renderer.keep_curves(message["options"])
                         unwritten = not (complete or time.monotonic() - written_at > REWRITE_SECONDS)
                         if not unwritten:
                             renderer.write_curves()

@@ -159,7 +159,8 @@ def write_partition(federation: Federation, out: Path) -> str:
 def run(config: RunConfig, out: str | Path | None = None, *, resume: bool = False, progress: bool = False,
         echo=print, figures: bool = True, figures_in_background: bool = True, grid: Any = None) -> dict[str, Any]:
     """Run ``config`` and return the summary (the content of ``summary.json``); the figures are
-    drawn by a child process while the run trains (``figures_in_background=False``: in-process;
+    drawn by the figure process while the run trains (:mod:`fedlatent.experiment.figures`;
+    ``figures_in_background=False``: in-process;
     ``figures=False``: none, e.g. for the runs of a sweep, whose report draws its own; the run's
     files are the same, less ``plots/``; ``fedlatent report`` draws curves from them).
     ``grid``: a Flower deployment's grid for ``backend = "flower"`` (else its simulation engine)."""

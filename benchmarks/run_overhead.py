@@ -7,12 +7,14 @@ by hand in the same process: the same initial weights and batch order, 20 FedAvg
 (``fedlatent.experiment.bench.plain_round``), test accuracy after each. The fedlatent side is
 ``fedlatent.run`` into a fresh folder: partition table, metrics, checkpoints, summary and both
 figures, which a forked child draws beside the training. A second side draws them in-process,
-to show what that child saves; A/A is a second bare loop (the noise floor). Ratios are wall time
+to show what that child saves, and a third draws none (``run(..., figures=False)``, the CLI's
+``--no-figures``), so that the figures' share of the run is a measured row; A/A is a second bare
+loop (the noise floor). Ratios are wall time
 over the mean of the bare loops right before and after each side (``fedlatent.experiment.timing.bracketed``); wall
 time, because the figure child's CPU time is not the run's process time.
 
     python benchmarks/run_overhead.py --quick        # ~30 s
-    python benchmarks/run_overhead.py                # 20 repetitions, ~1 min
+    python benchmarks/run_overhead.py                # 20 repetitions, ~1.5 min
     python benchmarks/run_overhead.py --profile      # + cProfile of one warm fedlatent.run
 """
 from __future__ import annotations
@@ -63,15 +65,16 @@ def main() -> None:
             with torch.no_grad():
                 (model(fed.test.x).logits.argmax(1) == fed.test.y).float().mean().item()
 
-    def fedlatent_run(background: bool):
+    def fedlatent_run(**figures: bool):
         def side() -> None:
             out = scratch / "run"
             shutil.rmtree(out, ignore_errors=True)
-            run_experiment(config, out, echo=None, figures_in_background=background)
+            run_experiment(config, out, echo=None, **figures)
         return side
 
-    results = C.bracketed(bare, {"fedlatent.run": fedlatent_run(True),
-                                 "fedlatent.run, figures in-process": fedlatent_run(False),
+    results = C.bracketed(bare, {"fedlatent.run": fedlatent_run(),
+                                 "fedlatent.run, figures in-process": fedlatent_run(figures_in_background=False),
+                                 "fedlatent.run, no figures": fedlatent_run(figures=False),
                                  "A/A (bare loop)": bare}, reps, ("wall",),
                           progress=lambda line: print(line, file=sys.stderr))
     base = results.pop(C.BASELINE)["wall_abs"]
@@ -84,7 +87,7 @@ def main() -> None:
     print(C.table(["side", "median wall s", "median ratio", "min ratio", "IQR"], rows))
     C.dump(args.json, {"machine": C.machine(), "reps": reps, "results": results, "baseline": base})
     if args.profile:
-        print(profile(fedlatent_run(True), args.profile_top))
+        print(profile(fedlatent_run(), args.profile_top))
     shutil.rmtree(scratch, ignore_errors=True)
 
 

@@ -43,25 +43,12 @@ def crash_at_round_2(monkeypatch: pytest.MonkeyPatch):
     return real_round
 
 
-class NoFigures:
-    """Stands in for the figure worker: end-to-end runs whose figures are tested elsewhere draw
-    none, so they start no child process."""
-
-    def __init__(self, *args, **kwargs) -> None:
-        pass
-
-    def draw(self, *args, **kwargs) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-
 @pytest.fixture(scope="module")
 def no_figures():
     """No figures for the runs of a module (``pytestmark = pytest.mark.usefixtures("no_figures")``)."""
     from fedlatent.experiment import single
+    from fedlatent.experiment.figures import NoFigures
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(single, "FigureWorker", NoFigures)
+        mp.setattr(single, "FigureWorker", lambda *args, **kwargs: NoFigures())
         yield

@@ -23,6 +23,8 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--out", help="run directory (default runs/<dataset>-<partition>-<algorithm>-seed<seed>)")
     run.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
     run.add_argument("--no-progress", action="store_true", help="no progress bar")
+    run.add_argument("--no-figures", action="store_true",
+                     help="draw no figures (plots/): the run's other files are the same")
     part = sub.add_parser("partition", help="print the partition table of a configuration")
     part.add_argument("config")
     part.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
@@ -31,6 +33,8 @@ def _parser() -> argparse.ArgumentParser:
     sweep.add_argument("study", help="TOML study file: a base config and a grid")
     sweep.add_argument("--jobs", type=_positive, default=1, help="runs at once, in worker processes")
     sweep.add_argument("--out", help="sweep directory (default runs/<study file name>)")
+    sweep.add_argument("--no-figures", action="store_true",
+                       help="the runs draw no figures of their own (fedlatent report draws the study's)")
     report = sub.add_parser("report", help="tables and plots over run or sweep directories")
     report.add_argument("dirs", nargs="+", help="run or sweep directories")
     report.add_argument("--out", help="where the tables and plots go (default: the first directory's report/)")
@@ -69,7 +73,7 @@ def _run(args: argparse.Namespace) -> None:
     from fedlatent.analysis.tables import summary_table
     from fedlatent.experiment import default_out, run
     out = Path(args.out) if args.out else default_out(config)
-    summary = run(config, out, resume=args.resume, progress=not args.no_progress)
+    summary = run(config, out, resume=args.resume, progress=not args.no_progress, figures=not args.no_figures)
     print(f"\n{summary['method']} on {summary['dataset']} ({out}):")
     print(summary_table(summary))
     dropped = summary.get("clients_dropped", [])
@@ -98,7 +102,7 @@ def _sweep(args: argparse.Namespace) -> None:
     study = load_study(args.study)
     from fedlatent.experiment.sweep import run_sweep
     out = Path(args.out) if args.out else Path("runs") / Path(args.study).stem
-    run_sweep(study, out, jobs=args.jobs)
+    run_sweep(study, out, jobs=args.jobs, figures=not args.no_figures)
     print(f"\n{(out / 'results.md').read_text()}\n(all runs: {out / 'results.csv'})")
 
 

@@ -1,7 +1,8 @@
 """Draw one of a run's figures from the files the run has written (``partition.json``,
 ``metrics.jsonl``, ``diagnostics.jsonl``), so that any process can draw it: the run itself, or the
 child process that draws its figures beside the training (``fedlatent.experiment.figures``), which
-keeps a :class:`Renderer` to prepare the learning curves before the run's last round."""
+keeps one :class:`Renderer` for the whole run so that the learning curves, redrawn after every
+round, stay open between rounds."""
 from __future__ import annotations
 
 import json
@@ -21,37 +22,47 @@ def draw(run_dir: Path, figure: str, options: dict) -> Path | list[Path]:
 
 
 class Renderer:
-    """Draws the figures of the run in ``run_dir``; the learning curves, once prepared, stay open,
-    so that drawing them after the last round costs one redraw."""
+    """Draws the figures of the run in ``run_dir``; the learning curves stay open between drawings,
+    so that drawing them again after one more round costs the new points and the PNG
+    (:class:`fedlatent.analysis.plots.LearningCurves`)."""
 
     def __init__(self, run_dir: Path) -> None:
         self.run_dir = run_dir
         self.curves: LearningCurves | None = None
 
-    def prepare_curves(self) -> None:
-        """Build the learning curves from the rounds written so far (none yet is fine) and draw
-        them once off-screen, while the run still trains."""
-        self.curves = self.curves or LearningCurves()
-        self.curves.update(self._metrics())
-        self.curves.render()
-
     def draw(self, figure: str, options: dict) -> Path | list[Path]:
-        """Draw ``figure`` (one of :data:`FIGURES`) into the run's ``plots/``."""
+        """Draw ``figure`` (one of :data:`FIGURES`) into the run's ``plots/``; ``curves`` take the
+        option ``rounds`` (the planned number of rounds: the x-axis' extent)."""
         plots = self.run_dir / "plots"
         if figure == "partition":
             counts = np.asarray(json.loads((self.run_dir / "partition.json").read_text())["counts"])
             return partition_heatmap(counts, plots / "partition.png", options.get("title", ""))
         if figure == "curves":
-            curves = self.curves or LearningCurves()
-            curves.update(self._metrics())
-            return curves.save(plots / "curves.png")
+            self.keep_curves(options)
+            return self.write_curves()
         if figure == "diagnostics":
             return plot_diagnostics([self.run_dir], plots)
         raise ValueError(f"unknown figure {figure!r}; known: {', '.join(FIGURES)}")
 
+    def keep_curves(self, options: dict) -> bool:
+        """Bring the learning curves on their canvas up to date with ``metrics.jsonl`` without
+        writing them (options as for :meth:`draw`); True once they show the planned last round."""
+        if self.curves is None or self.curves.rounds != options.get("rounds"):
+            self.curves = LearningCurves(options.get("rounds"))
+        metrics = self._metrics()
+        self.curves.update(metrics)
+        self.curves.render()
+        return bool(metrics) and metrics[-1]["round"] == options.get("rounds")
+
+    def write_curves(self) -> Path:
+        """Write the curves as :meth:`keep_curves` last drew them to ``plots/curves.png``."""
+        if self.curves is None:
+            raise RuntimeError("write_curves before keep_curves: no curves drawn")
+        return self.curves.write(self.run_dir / "plots" / "curves.png")
+
     def _metrics(self) -> list[dict]:
         """The complete lines of ``metrics.jsonl``: the run may be writing the next one right now
-        (curves are prepared while it trains), so a last line without its newline is left out."""
+        (the curves are drawn while it trains), so a last line without its newline is left out."""
         path = self.run_dir / "metrics.jsonl"
         text = path.read_text() if path.is_file() else ""
         complete = text[:text.rfind("\n") + 1]

@@ -2,72 +2,174 @@
 
 On the digits workload the two figures cost about as much as all 20 rounds of training
 (matplotlib's import, ~100 cell labels and PNG encoding: ~0.25 s against ~0.3 s of training, warm).
-:class:`FigureWorker` forks a child when the run starts; the child imports matplotlib and draws
-the partition heatmap on the other core while the run trains, then builds the learning curves and
-draws them once off-screen (fonts, ticks and text layouts cached). The run asks for the curves as
-soon as its last metrics line is written, so what is left on the run's path is one redraw and
-the PNG (~0.05 s), beside the final evaluation. Requests travel one JSON line each through a
-pipe; the child ends at the end of input, also when the run is killed. Where ``fork`` is
-unavailable, or the child fails, the figures are drawn in this process, so nothing is lost. The
-child touches no torch state and leaves through ``os._exit``.
+A figure process, forked at this process' first run and kept for its later ones
+(:class:`FigureProcess`: later runs pay no fork, nor the copy-on-write page faults it causes,
+and find matplotlib's caches warm), draws the partition heatmap on the other core while the run
+trains, then keeps the learning curves current: the run asks for them after every metrics line,
+and the process draws only the new points (:class:`fedlatent.analysis.plots.LearningCurves`,
+~1 ms), writing ``curves.png`` (~8 ms) when it shows the last round and every
+:data:`REWRITE_SECONDS` before (a killed run keeps recent curves). Requests that queued while the
+process was busy are drawn once (the curves read the whole metrics file anyway), so it never
+falls behind by more than one drawing, and what is left on the run's path after its last round
+is the wait for that last drawing and its PNG. Requests travel one JSON line each through a pipe,
+and the process answers one line when a run's figures are on disk; it ends at the end of input,
+i.e. when this process ends or is killed. Where ``fork`` is unavailable, or the figure process
+fails or has died, the run's figures are drawn in this process, so nothing is lost (and the next
+run forks a new one). The figure process touches no torch state, ignores Ctrl-C (this process
+waits for the figures) and leaves through ``os._exit``.
 """
 from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 from fedlatent.analysis import render
 
+REWRITE_SECONDS = 2.0  # how stale the figure process lets curves.png get while a run trains
+
+
+class FigureProcess:
+    """A forked process drawing the figures of this process' runs, one run after another."""
+
+    def __init__(self) -> None:
+        _warm_matplotlib()  # imported once, before the fork
+        requests_read, requests_write = os.pipe()
+        replies_read, replies_write = os.pipe()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:  # the figure process
+            os.close(requests_write)
+            os.close(replies_read)
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+            os._exit(_serve(requests_read, replies_write))
+        os.close(requests_read)
+        os.close(replies_write)
+        self.pid, self.owner, self.runs = pid, os.getpid(), 0
+        self.requests, self.replies = os.fdopen(requests_write, "w"), os.fdopen(replies_read)
+
+    def start_run(self, run_dir: Path) -> int:
+        """Mark the start of a run's requests; its number, for :meth:`finish_run`."""
+        self.runs += 1
+        self.send({"run": str(run_dir), "id": self.runs})
+        return self.runs
+
+    def send(self, message: dict[str, Any]) -> None:
+        """One message; a process that has gone is found by :meth:`finish_run`."""
+        try:
+            self.requests.write(json.dumps(message) + "\n")
+            self.requests.flush()
+        except OSError:
+            pass
+
+    def finish_run(self, run: int) -> bool:
+        """Wait until the figures of run number ``run`` are on disk; False if the process failed
+        or died. An earlier run's answer left unread (its wait was interrupted) is skipped."""
+        self.send({"end": run})
+        try:
+            while answer := self.replies.readline():
+                if answer == f"drawn {run}\n":
+                    return True
+        except OSError:
+            pass
+        return False
+
+    def exited(self) -> bool:
+        try:
+            return os.waitpid(self.pid, os.WNOHANG)[0] != 0
+        except ChildProcessError:  # reaped already
+            return True
+
+    def stop(self) -> None:
+        """End of input: the process ends (or has ended); reap it."""
+        for pipe in (self.requests, self.replies):
+            try:
+                pipe.close()
+            except OSError:
+                pass
+        try:
+            os.waitpid(self.pid, 0)
+        except ChildProcessError:  # reaped already
+            pass
+
+
+_process: FigureProcess | None = None
+
+
+def shared_process() -> FigureProcess:
+    """This process' figure process, forked now if there is none yet, or it has exited, or it
+    belongs to the process this one was forked from."""
+    global _process
+    if _process is not None and _process.owner != os.getpid():
+        for pipe in (_process.requests, _process.replies):  # the parent's: let its process see its end
+            try:
+                pipe.close()
+            except OSError:
+                pass
+        _process = None
+    if _process is not None and _process.exited():
+        _process.stop()
+        _process = None
+    if _process is None:
+        _process = FigureProcess()
+    return _process
+
+
+def _discard(process: FigureProcess) -> None:
+    global _process
+    if _process is process:
+        _process = None
+    process.stop()
+
 
 class FigureWorker:
-    """Draws the figures of the run in ``run_dir``: in a forked child, or in-process as a fallback."""
+    """Draws the figures of the run in ``run_dir``: in the figure process, or in-process as a fallback."""
 
     def __init__(self, run_dir: Path, *, background: bool = True) -> None:
         self.run_dir = run_dir
         self.requests: list[dict[str, Any]] = []
-        self.child_pid = 0
-        self.pipe: Any = None
+        self.process: FigureProcess | None = None
+        self.run = 0  # the run's number in the figure process
         if background and sys.platform.startswith("linux"):
-            _warm_matplotlib()  # once per process: every later child starts with it imported
-            read_end, write_end = os.pipe()
-            sys.stdout.flush()
-            sys.stderr.flush()
-            pid = os.fork()
-            if pid == 0:  # the child
-                os.close(write_end)
-                os._exit(_serve(run_dir, read_end))
-            os.close(read_end)
-            self.child_pid, self.pipe = pid, os.fdopen(write_end, "w")
+            self.process = shared_process()
+            self.run = self.process.start_run(run_dir)
 
     def draw(self, figure: str, **options: Any) -> None:
         """Ask for ``figure`` (see :data:`fedlatent.analysis.render.FIGURES`) once the files it
         reads are written."""
         request = {"figure": figure, "options": options}
         self.requests.append(request)
-        if self.pipe is not None:
-            try:
-                self.pipe.write(json.dumps(request) + "\n")
-                self.pipe.flush()
-            except OSError:  # the child has gone: close() draws in-process
-                pass
+        if self.process is not None:
+            self.process.send(request)
 
     def close(self) -> None:
-        """Wait until every requested figure is on disk; draw in-process whatever the child could not."""
-        if self.pipe is not None:
-            try:
-                self.pipe.close()
-            except OSError:
-                pass
-            _, status = os.waitpid(self.child_pid, 0)
-            self.pipe = None
-            if os.waitstatus_to_exitcode(status) == 0:
+        """Wait until every requested figure is on disk; draw in-process whatever the figure
+        process could not (each distinct request once)."""
+        if self.process is not None:
+            process, self.process = self.process, None
+            if process.finish_run(self.run):
                 return
+            _discard(process)
             print("fedlatent: the figure process failed; drawing the figures in-process", file=sys.stderr)
-        for request in self.requests:
-            render.draw(self.run_dir, request["figure"], request["options"])
+        renderer = render.Renderer(self.run_dir)
+        for request in distinct(self.requests):
+            renderer.draw(request["figure"], request["options"])
+
+
+class NoFigures:
+    """The figure worker of a run without figures (``run(..., figures=False)``, ``--no-figures``):
+    asked for figures, draws none."""
+
+    def draw(self, figure: str, **options: Any) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
 
 
 def _warm_matplotlib() -> None:
@@ -79,17 +181,52 @@ def _warm_matplotlib() -> None:
     font_manager.findfont("DejaVu Sans")
 
 
-def _serve(run_dir: Path, read_end: int) -> int:
-    """The child's loop: draw each requested figure; 0 when all were drawn."""
-    renderer = render.Renderer(run_dir)
+def distinct(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``messages`` with each figure request repeated within one run kept once, where it first
+    came: drawing a figure again from the same files draws the same thing, and the curves read
+    every metrics line written."""
+    kept: list[dict[str, Any]] = []
+    seen: set[str] = set()
+    for message in messages:
+        key = json.dumps(message, sort_keys=True)
+        if "figure" not in message:
+            seen = set()
+        elif key in seen:
+            continue
+        seen.add(key)
+        kept.append(message)
+    return kept
+
+
+def _serve(requests: int, replies: int) -> int:
+    """The figure process' loop over its runs (``{"run": folder, "id": n}``, figure requests,
+    ``{"end": n}``, answered by ``drawn n``): draw the requests that arrived since the last drawing, each
+    once; the curves are brought up to date at every request but their PNG is written only when
+    they show the last round, every :data:`REWRITE_SECONDS` before that, and at the run's end.
+    0 at the end of input; 1, without an answer, when a figure fails (the run draws it)."""
+    renderer: render.Renderer | None = None  # set by each run's first message
+    pending, unwritten, written_at = b"", False, time.monotonic()
     try:
-        with os.fdopen(read_end) as requests:
-            for line in requests:
-                request = json.loads(line)
-                renderer.draw(request["figure"], request["options"])
-                if renderer.curves is None:  # after the first figure, while the run trains
-                    renderer.prepare_curves()
+        with os.fdopen(replies, "w") as answers:
+            while chunk := os.read(requests, 1 << 16):  # blocks until at least one byte; b"" at the end
+                *lines, pending = (pending + chunk).split(b"\n")
+                for message in distinct([json.loads(line) for line in lines if line]):
+                    if "run" in message:
+                        renderer, unwritten, written_at = render.Renderer(Path(message["run"])), False, time.monotonic()
+                    elif "end" in message:
+                        if unwritten:
+                            renderer.write_curves()
+                        answers.write(f"drawn {message['end']}\n")
+                        answers.flush()
+                    elif message["figure"] != "curves":
+                        renderer.draw(message["figure"], message["options"])
+                    else:
+                        complete = renderer.keep_curves(message["options"])
+                        unwritten = not (complete or time.monotonic() - written_at > REWRITE_SECONDS)
+                        if not unwritten:
+                            renderer.write_curves()
+                            written_at = time.monotonic()
         return 0
-    except BaseException as err:  # noqa: BLE001 - reported by the exit status; the parent redraws
+    except BaseException as err:  # noqa: BLE001 - the run finds no answer and draws its figures itself
         print(f"fedlatent figure process: {type(err).__name__}: {err}", file=sys.stderr)
         return 1

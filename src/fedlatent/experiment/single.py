@@ -24,7 +24,7 @@ from fedlatent.data.federation import build_federation, counts_table
 from fedlatent.data.registry import DATASETS
 from fedlatent.data.types import Federation
 from fedlatent.errors import ConfigError, UserInputError
-from fedlatent.experiment.figures import FigureWorker
+from fedlatent.experiment.figures import FigureWorker, NoFigures
 from fedlatent.experiment.trace import TermTrace
 from fedlatent.federated.failures import RunStopped
 from fedlatent.federated.round import sample_clients
@@ -157,9 +157,12 @@ def write_partition(federation: Federation, out: Path) -> str:
 
 
 def run(config: RunConfig, out: str | Path | None = None, *, resume: bool = False, progress: bool = False,
-        echo=print, figures_in_background: bool = True, grid: Any = None) -> dict[str, Any]:
+        echo=print, figures: bool = True, figures_in_background: bool = True, grid: Any = None) -> dict[str, Any]:
     """Run ``config`` and return the summary (the content of ``summary.json``); the figures are
-    drawn by a child process while the run trains (``figures_in_background=False``: in-process).
+    drawn by the figure process while the run trains (:mod:`fedlatent.experiment.figures`;
+    ``figures_in_background=False``: in-process;
+    ``figures=False``: none, e.g. for the runs of a sweep, whose report draws its own; the run's
+    files are the same, less ``plots/``; ``fedlatent report`` draws curves from them).
     ``grid``: a Flower deployment's grid for ``backend = "flower"`` (else its simulation engine)."""
     started = time.perf_counter()
     out = Path(out) if out is not None else default_out(config)
@@ -174,7 +177,7 @@ def run(config: RunConfig, out: str | Path | None = None, *, resume: bool = Fals
     out.mkdir(parents=True, exist_ok=True)
     try:
         return _run_in(config, out, federation, spec, started, resume=resume, progress=progress, echo=echo,
-                       figures=FigureWorker(out, background=figures_in_background),
+                       figures=FigureWorker(out, background=figures_in_background) if figures else NoFigures(),
                        backend_args={"grid": grid} if grid is not None else {})
     except UserInputError:
         if created and not (out / "metrics.jsonl").is_file():  # found before training: leave nothing behind
@@ -183,7 +186,7 @@ def run(config: RunConfig, out: str | Path | None = None, *, resume: bool = Fals
 
 
 def _run_in(config: RunConfig, out: Path, federation: Federation, spec: MethodSpec, started: float, *,
-            resume: bool, progress: bool, echo, figures: FigureWorker, backend_args: dict[str, Any]) -> dict[str, Any]:
+            resume: bool, progress: bool, echo, figures: FigureWorker | NoFigures, backend_args: dict[str, Any]) -> dict[str, Any]:
     """The run in its (existing) directory: partition, training, summary; the figures are on disk
     when it returns or raises."""
     try:
@@ -197,7 +200,7 @@ def _run_in(config: RunConfig, out: Path, federation: Federation, spec: MethodSp
 
 
 def _train(config: RunConfig, out: Path, federation: Federation, spec: MethodSpec, started: float, *,
-           resume: bool, progress: bool, echo, figures: FigureWorker, table: str,
+           resume: bool, progress: bool, echo, figures: FigureWorker | NoFigures, table: str,
            backend_args: dict[str, Any]) -> dict[str, Any]:
     """Hand the rounds to the backend; summarise how they ended (a stopped run too)."""
     if echo:
@@ -208,9 +211,8 @@ def _train(config: RunConfig, out: Path, federation: Federation, spec: MethodSpe
     def on_line(line: dict[str, Any]) -> None:
         if bar:
             bar.update_line(line)
-        if line["round"] == config.train.rounds:  # the curves' data is complete: draw them beside the final evaluation
-            figures.draw("curves")
-            curves_asked.append(True)
+        figures.draw("curves", rounds=config.train.rounds)  # kept current while the run trains
+        curves_asked.append(True)
 
     backend_started = time.perf_counter()
     try:
@@ -234,12 +236,12 @@ def _train(config: RunConfig, out: Path, federation: Federation, spec: MethodSpe
 
 
 def _summarize(config: RunConfig, spec: MethodSpec, out: Path, ending: dict[str, Any],
-               wall: float, figures: FigureWorker, *, curves_asked: bool = False) -> dict[str, Any]:
+               wall: float, figures: FigureWorker | NoFigures, *, curves_asked: bool = False) -> dict[str, Any]:
     """Ask for the curves (unless asked already) and write ``summary.json`` (how the run ended, the
     final evaluation when it completed, the clients the failure policy dropped) and return the summary."""
     metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     if metrics and not curves_asked:
-        figures.draw("curves")
+        figures.draw("curves", rounds=config.train.rounds)
     summary = {**ending, "rounds_completed": len(metrics),
                "clients_dropped": [dict(d, round=m["round"]) for m in metrics for d in m.get("dropped", [])],
                "seed": config.seed, "method": spec.name, "backend": config.backend, "dataset": config.data.dataset,

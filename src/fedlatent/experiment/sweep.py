@@ -22,12 +22,13 @@ from fedlatent.experiment.store import run_row, write_tables
 from fedlatent.experiment.study import Cell, Study
 
 
-def run_cell(config: RunConfig, out: str) -> str:
-    """Run (or continue) one cell; returns "" on success, else the error's one-line message."""
+def run_cell(config: RunConfig, out: str, figures: bool = True) -> str:
+    """Run (or continue) one cell (``figures``: see :func:`fedlatent.experiment.single.run`);
+    returns "" on success, else the error's one-line message."""
     import torch
     torch.set_num_threads(config.train.threads)
     try:
-        run(config, Path(out), resume=(Path(out) / "config.toml").is_file(), echo=None)
+        run(config, Path(out), resume=(Path(out) / "config.toml").is_file(), echo=None, figures=figures)
     except UserInputError as err:
         return str(err)
     except Exception as err:  # noqa: BLE001 - one failed cell must not stop the others
@@ -55,9 +56,10 @@ def _say(text: str) -> None:
     print(text, flush=True)
 
 
-def run_sweep(study: Study, out: str | Path, *, jobs: int = 1, echo: Callable[[str], None] | None = _say
-              ) -> list[dict[str, Any]]:
-    """Run the study's available cells under ``out/<cell name>``; return the tidy rows."""
+def run_sweep(study: Study, out: str | Path, *, jobs: int = 1, echo: Callable[[str], None] | None = _say,
+              figures: bool = True) -> list[dict[str, Any]]:
+    """Run the study's available cells under ``out/<cell name>``; return the tidy rows
+    (``figures=False``: the runs draw no figures of their own, see ``fedlatent sweep --no-figures``)."""
     out = Path(out)
     write_manifest(study, out)
     for cell in study.cells:
@@ -94,7 +96,7 @@ def run_sweep(study: Study, out: str | Path, *, jobs: int = 1, echo: Callable[[s
     if jobs <= 1:
         for cell in todo:
             started, status = time.perf_counter(), _status(out / cell.name)
-            finish(cell, status, run_cell(cell.config, str(out / cell.name)), started)
+            finish(cell, status, run_cell(cell.config, str(out / cell.name), figures), started)
     else:
         with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
             pending: dict[Future, tuple[Cell, str, float]] = {}
@@ -103,7 +105,8 @@ def run_sweep(study: Study, out: str | Path, *, jobs: int = 1, echo: Callable[[s
                 while queue and len(pending) < jobs:
                     cell = queue.pop(0)
                     status = _status(out / cell.name)
-                    pending[pool.submit(run_cell, cell.config, str(out / cell.name))] = (cell, status, time.perf_counter())
+                    pending[pool.submit(run_cell, cell.config, str(out / cell.name), figures)] = \
+                        (cell, status, time.perf_counter())
                 finished, _ = wait(pending, return_when=FIRST_COMPLETED)
                 for future in finished:
                     cell, status, started = pending.pop(future)

@@ -51,4 +51,5 @@ def no_figures():
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(single, "FigureWorker", lambda *args, **kwargs: NoFigures())
+        mp.setattr(single, "start_process", lambda: None)
         yield

@@ -330,6 +330,22 @@ def test_later_runs_of_a_process_share_one_figure_process(tmp_path) -> None:
     assert (tmp_path / "one" / "plots" / "curves.png").is_file()
 
 
+def test_a_run_forks_the_figure_process_before_it_loads_its_data(tmp_path, monkeypatch) -> None:
+    """The figure process keeps this process' memory as it was when forked: forked after the data
+    were loaded, it would hold a first run's data set for the rest of the process."""
+    monkeypatch.setattr(figures, "_process", None)
+    forked_before_loading = []
+    prepare = single.prepare
+
+    def recording_prepare(config):
+        forked_before_loading.append(figures._process is not None)
+        return prepare(config)
+    monkeypatch.setattr(single, "prepare", recording_prepare)
+    single.run(load_config(None, ["train.rounds=1", "data.num_clients=3"]), tmp_path / "run", echo=None)
+    assert forked_before_loading == [True]
+    assert (tmp_path / "run" / "plots" / "curves.png").is_file()
+
+
 def test_a_figure_process_that_died_between_runs_is_replaced(tmp_path, capsys) -> None:
     _draw_both(figures.FigureWorker(_run_files(tmp_path / "one")))
     dead = figures.shared_process()

@@ -120,6 +120,14 @@ def shared_process() -> FigureProcess:
     return _process
 
 
+def start_process() -> None:
+    """Fork this process' figure process now if there is none: before a run loads its data, so that
+    the figure process, which keeps this process' memory as it was when forked (copy-on-write),
+    does not hold a first run's data set after that run has freed it."""
+    if sys.platform.startswith("linux"):
+        shared_process()
+
+
 def _discard(process: FigureProcess) -> None:
     global _process
     if _process is process:

@@ -24,7 +24,7 @@ from fedlatent.data.federation import build_federation, counts_table
 from fedlatent.data.registry import DATASETS
 from fedlatent.data.types import Federation
 from fedlatent.errors import ConfigError, UserInputError
-from fedlatent.experiment.figures import FigureWorker, NoFigures
+from fedlatent.experiment.figures import FigureWorker, NoFigures, start_process
 from fedlatent.experiment.trace import TermTrace
 from fedlatent.federated.failures import RunStopped
 from fedlatent.federated.round import sample_clients
@@ -171,6 +171,8 @@ def run(config: RunConfig, out: str | Path | None = None, *, resume: bool = Fals
         config = as_started(config, out / "config.toml")
         if (out / "config.toml").read_text() != to_toml(config):
             raise ConfigError(f"--resume: the configuration differs from the one in {out / 'config.toml'}")
+    if figures and figures_in_background:
+        start_process()  # before the data are loaded
     federation, spec = prepare(config)
     config = resolve_backend(config, federation, spec, echo)
     created = not out.exists()

@@ -28,7 +28,6 @@ import math
 
 import torch
 from torch import Tensor, nn
-from torch.func import functional_call
 
 from fedlatent.losses.mmd import squared_distances
 
@@ -103,24 +102,23 @@ class DeepKernel(nn.Module):
 
 
 def deep_kernel_matrix(kernel: DeepKernel, a: Tensor, b: Tensor | None = None, *,
-                       semantics: str = "official", raw_d2: Tensor | None = None) -> Tensor:
+                       semantics: str = "official") -> Tensor:
     """Gram matrix k(a_i, b_j), (n, m); ``b=None`` for k(a_i, a_j) with exact zero self-distances.
 
     "official": k = [(1 − ε)·exp(−‖φ(a) − φ(b)‖²/σ_φ²) + ε] · exp(−‖a − b‖²/σ_q²);
     "paper":    k = (1 − ε)·exp(−‖φ(a) − φ(b)‖²/σ_φ²) + ε · exp(−‖a − b‖²/σ_q²).
-    Distances on the raw inputs use the rows flattened to ``in_dim``; ``raw_d2`` passes them in
-    when already known (:func:`train_deep_kernel` reuses them across its steps).
+    Distances on the raw inputs use the rows flattened to ``in_dim``.
     """
     if semantics not in _SEMANTICS:
         raise ValueError(f"semantics = {semantics!r}: expected 'official' or 'paper'")
     a = _flatten(a, kernel.in_dim)
     if b is None:
         d2_phi = squared_distances(kernel(a))
-        d2_raw = squared_distances(a) if raw_d2 is None else raw_d2
+        d2_raw = squared_distances(a)
     else:
         b = _flatten(b, kernel.in_dim)
         d2_phi = squared_distances(kernel(a), kernel(b))
-        d2_raw = squared_distances(a, b) if raw_d2 is None else raw_d2
+        d2_raw = squared_distances(a, b)
     # exp(d² · (−1/σ²)) with −1/σ² = −exp(−2 log σ) as one scalar: one pass over the matrix
     kappa = torch.exp(d2_phi * -torch.exp(-2.0 * kernel.log_sigma_phi))
     q = torch.exp(d2_raw * -torch.exp(-2.0 * kernel.log_sigma_q))
@@ -175,57 +173,51 @@ def train_deep_kernel(kernel: DeepKernel, x: Tensor, y: Tensor, *, steps: int, l
     """Maximise :func:`mmd_d_power` over the kernel's parameters with AdamW for ``steps`` steps.
 
     Updates ``kernel`` in place; ``x`` and ``y`` are detached (no gradient reaches the features).
-    A fresh AdamW (torch defaults besides ``lr``, ``weight_decay``) is created per call.
-    Returns Ĵ evaluated before each step (length ``steps``).
+    A fresh AdamW (torch defaults besides ``lr``, ``weight_decay``) is used per call. This is
+    :func:`train_deep_kernels` for one kernel. Returns Ĵ evaluated before each step (length ``steps``).
     """
-    if steps < 0:
-        raise ValueError(f"steps = {steps}: must be ≥ 0")
-    x, y = x.detach(), y.detach()
     _require_equal(_flatten(x, kernel.in_dim).shape[0], _flatten(y, kernel.in_dim).shape[0],
                    "train_deep_kernel (Liu et al. Eq. 5 pairs x_i with y_i)")
-    raw_d2 = squared_distances(torch.cat([_flatten(x, kernel.in_dim), _flatten(y, kernel.in_dim)])) if steps else None
-    opt = torch.optim.AdamW(kernel.parameters(), lr=lr, weight_decay=weight_decay)
-    values: list[float] = []
-    for _ in range(steps):
-        opt.zero_grad(set_to_none=True)
-        power = _power(_paired_h(x, y, kernel, semantics, raw_d2), reg)
-        (-power).backward()
-        opt.step()
-        values.append(float(power.detach()))
-    return values
+    values = train_deep_kernels([kernel], x[None], y[None], steps=steps, lr=lr, semantics=semantics,
+                                weight_decay=weight_decay, reg=reg)
+    return values[:, 0].tolist()
 
 
 def train_deep_kernels(kernels: list[DeepKernel], xs: Tensor, ys: Tensor, *, steps: int, lr: float = 1e-3,
-                       semantics: str = "official", weight_decay: float = 0.01, reg: float = 1e-8) -> None:
-    """:func:`train_deep_kernel` for K kernels of one shape at once, kernel k on ``xs[k]``, ``ys[k]``
-    ((K, N, …) each): their parameters stacked, Ĵ of all of them from one ``vmap`` and the AdamW
-    step of ``torch.optim.AdamW`` (single-tensor form, torch defaults besides ``lr`` and
-    ``weight_decay``, fresh moments) applied to the stacks. Updates the kernels in place; the
-    result equals K separate calls up to float rounding (batched matrix products round
-    differently)."""
+                       semantics: str = "official", weight_decay: float = 0.01, reg: float = 1e-8) -> Tensor:
+    """Maximise Ĵ (:func:`mmd_d_power`) for K kernels of one shape at once, kernel k on ``xs[k]``,
+    ``ys[k]`` ((K, N, …) each), with the AdamW step of ``torch.optim.AdamW`` (single-tensor form,
+    torch defaults besides ``lr`` and ``weight_decay``, fresh moments) applied to the stacked
+    parameters. Updates the kernels in place and returns Ĵ before each step, (steps, K).
+
+    Per step: φ of all 2N rows of every kernel in one batched pass, and Ĵ from the Gram matrices'
+    row sums only (:func:`_stacked_power`), whose gradient never forms an N×N matrix besides the
+    Gram matrix itself (:class:`_SignedRowSums`). Equal to autograd through :func:`mmd_d_power`
+    with ``torch.optim.AdamW`` up to float rounding.
+    """
     if steps < 0:
         raise ValueError(f"steps = {steps}: must be ≥ 0")
-    if not steps:
-        return
-    template = kernels[0]
+    if semantics not in _SEMANTICS:
+        raise ValueError(f"semantics = {semantics!r}: expected 'official' or 'paper'")
     xs = xs.detach().flatten(2)
     ys = ys.detach().flatten(2)
     _require_equal(xs.shape[1], ys.shape[1], "train_deep_kernels (Liu et al. Eq. 5 pairs x_i with y_i)")
+    if not steps:
+        return xs.new_zeros(0, len(kernels))
+    template = kernels[0]
     names = [n for n, _ in template.named_parameters()]
     params = [torch.stack([dict(k.named_parameters())[n].detach() for k in kernels]) for n in names]
-    raw_d2 = torch.vmap(lambda x, y: squared_distances(torch.cat([x, y])))(xs, ys)
-
-    def power(weights: tuple[Tensor, ...], x: Tensor, y: Tensor, d2: Tensor) -> Tensor:
-        return functional_call(module, {f"kernel.{n}": w for n, w in zip(names, weights)}, (x, y, d2))
-
-    module = _PowerOf(template, semantics, reg)
-    batched = torch.vmap(power)
+    rows = torch.cat([xs, ys], 1)
+    raw_d2 = torch.vmap(squared_distances)(rows)
     beta1, beta2, eps = 0.9, 0.999, 1e-8
     exp_avg = [torch.zeros_like(p) for p in params]
     exp_avg_sq = [torch.zeros_like(p) for p in params]
+    values = []
     for step in range(1, steps + 1):
         leaves = [p.requires_grad_(True) for p in params]
-        grads = torch.autograd.grad(-batched(tuple(leaves), xs, ys, raw_d2).sum(), leaves)
+        power = _stacked_power(template, dict(zip(names, leaves)), rows, raw_d2, semantics, reg)
+        grads = torch.autograd.grad(-power.sum(), leaves)
+        values.append(power.detach())
         with torch.no_grad():
             params = [p.detach() for p in leaves]
             step_size = lr / (1 - beta1 ** step)
@@ -240,18 +232,111 @@ def train_deep_kernels(kernels: list[DeepKernel], xs: Tensor, ys: Tensor, *, ste
             own = dict(kernel.named_parameters())
             for n, p in zip(names, params):
                 own[n].copy_(p[i])
+    return torch.stack(values)
 
 
-class _PowerOf(nn.Module):
-    """Ĵ as a module of the kernel's parameters (under ``kernel.``), for ``functional_call``
-    under ``vmap``."""
+def _stacked_power(template: DeepKernel, params: dict[str, Tensor], rows: Tensor, raw_d2: Tensor,
+                   semantics: str, reg: float) -> Tensor:
+    """Ĵ of K kernels with stacked ``params`` (``template``'s names, a leading K axis) on ``rows`` =
+    [x; y] (K, 2n, d), ``raw_d2`` their squared distances (K, 2n, 2n). (K,)
 
-    def __init__(self, kernel: DeepKernel, semantics: str, reg: float) -> None:
-        super().__init__()
-        self.kernel, self.semantics, self.reg = kernel, semantics, reg
+    With s = [1_n; −1_n] and K the [x; y] Gram matrix, the row sums of the paired matrix H are
+    r_i = (Ks)_i − (Ks)_{n+i}, Σ_ij H_ij = Σ_i r_i and H_ii = 2 − 2k(x_i, y_i) (k(a, a) = 1), so
+    MMD²_u and σ̂²_H1 (Liu et al. Eq. 2, 5; see :func:`_power`) need only Ks: for "paper"
+    (1 − ε)·κs + ε·qs, for "official" (1 − ε)·(κ⊙q)s + ε·qs.
+    """
+    n = rows.shape[1] // 2
+    f = _stacked_featurize(template, params, rows)
+    c_phi = torch.exp(-2.0 * params["log_sigma_phi"])
+    c_q = torch.exp(-2.0 * params["log_sigma_q"])
+    eps = torch.sigmoid(params["eps_logit"])[:, None]
+    signs = torch.cat([rows.new_ones(n), -rows.new_ones(n)])
+    q_s = _SignedRowSums.apply(None, None, raw_d2, c_q, signs)
+    official = semantics == "official"
+    kappa_s = _SignedRowSums.apply(f, c_phi, raw_d2 if official else None, c_q if official else None, signs)
+    k_s = (1.0 - eps) * kappa_s + eps * q_s
+    r = k_s[:, :n] - k_s[:, n:]
+    kappa_xy = torch.exp(-c_phi[:, None] * (f[:, :n] - f[:, n:]).pow(2).sum(2))
+    q_xy = torch.exp(-c_q[:, None] * raw_d2[:, :n, n:].diagonal(dim1=1, dim2=2))
+    k_xy = ((1.0 - eps) * kappa_xy + eps) * q_xy if official else (1.0 - eps) * kappa_xy + eps * q_xy
+    total = r.sum(1)
+    mmd_u = (total - (2.0 - 2.0 * k_xy).sum(1)) / (n * (n - 1))
+    var = (4.0 / n ** 3 * r.pow(2).sum(1) - 4.0 / n ** 4 * total.pow(2)).clamp_min(0.0)
+    return mmd_u / torch.sqrt(var + reg)
 
-    def forward(self, x: Tensor, y: Tensor, raw_d2: Tensor) -> Tensor:
-        return _power(_paired_h(x, y, self.kernel, self.semantics, raw_d2), self.reg)
+
+def _stacked_featurize(template: DeepKernel, params: dict[str, Tensor], rows: Tensor) -> Tensor:
+    """φ of K kernels at once: (K, N, in_dim) → (K, N, out_dim), ``params`` stacked as in
+    :func:`_stacked_power`, each Linear layer one batched matrix product."""
+    h = rows
+    for i, layer in enumerate(template.featurizer):
+        if isinstance(layer, nn.Linear):
+            h = torch.baddbmm(params[f"featurizer.{i}.bias"][:, None, :], h,
+                              params[f"featurizer.{i}.weight"].transpose(1, 2))
+        else:
+            h = layer(h)
+    return h
+
+
+class _SignedRowSums(torch.autograd.Function):
+    """v = A s per kernel for A_ab = exp(−c_φ‖f_a − f_b‖² − c_q·D_ab) (K, N, N) and a fixed vector s
+    (N,): the Gaussian Gram matrix of features f (K, N, p) and/or of precomputed squared distances
+    D (K, N, N), either left out by passing None for it and its scale. ‖f_a − f_b‖² is formed as
+    ‖f_a‖² + ‖f_b‖² − 2 f_a·f_b clamped at 0 with an exact zero diagonal, as :func:`squared_distances`.
+
+    The gradient never forms ∂v/∂A (the outer product g sᵀ): with A symmetric,
+    ∂L/∂f_a = −2c_φ[g_a(f_a(As)_a − (A(s∘f))_a) + s_a(f_a(Ag)_a − (A(g∘f))_a)],
+    ∂L/∂c_φ = −Σ_ab g_a s_b A_ab ‖f_a − f_b‖² (expanded the same way) and
+    ∂L/∂c_q = −gᵀ(A⊙D)s: one product of A with 2p + 2 columns. Kernels are processed one at a
+    time so that A stays in cache."""
+
+    @staticmethod
+    def forward(ctx, f: Tensor | None, c_phi: Tensor | None, d2: Tensor | None, c_q: Tensor | None,
+                signs: Tensor) -> Tensor:
+        source = f if f is not None else d2
+        count, size = source.shape[0], source.shape[1]
+        out = source.new_empty(count, size)
+        grams = source.new_empty(count, size, size)
+        for k in range(count):
+            a = grams[k]
+            if f is not None:
+                fk = f[k]
+                sq = (fk * fk).sum(1)
+                torch.addmm(sq[:, None], fk, fk.T, alpha=-2.0, out=a).add_(sq).clamp_min_(0.0)
+                a.fill_diagonal_(0.0).mul_(-c_phi[k])
+                if d2 is not None:
+                    a.addcmul_(d2[k], -c_q[k])
+            else:
+                torch.mul(d2[k], -c_q[k], out=a)
+            a.exp_()
+            torch.mv(a, signs, out=out[k])
+        ctx.save_for_backward(f, c_phi, d2, signs, grams, out)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> tuple[Tensor | None, ...]:
+        f, c_phi, d2, signs, grams, out = ctx.saved_tensors
+        need_f, need_phi, _, need_q, _ = ctx.needs_input_grad
+        grad_f = torch.zeros_like(f) if need_f else None
+        grad_phi = torch.zeros_like(c_phi) if need_phi else None
+        grad_q = torch.zeros_like(grams[:, 0, 0]) if need_q else None
+        for k in range(grams.shape[0]):
+            a, g = grams[k], grad[k]
+            if need_f or need_phi:
+                fk = f[k]
+                sq = (fk * fk).sum(1)
+                p = fk.shape[1]
+                prod = a @ torch.cat([g[:, None], signs[:, None] * fk, g[:, None] * fk, (signs * sq)[:, None]], 1)
+                a_g, a_sf, a_gf, a_ssq = prod[:, 0], prod[:, 1:p + 1], prod[:, p + 1:2 * p + 1], prod[:, -1]
+                a_s = out[k]
+                if need_f:
+                    grad_f[k] = -2.0 * c_phi[k] * (g[:, None] * (fk * a_s[:, None] - a_sf)
+                                                   + signs[:, None] * (fk * a_g[:, None] - a_gf))
+                if need_phi:
+                    grad_phi[k] = -(g @ (sq * a_s) + g @ a_ssq - 2.0 * (g[:, None] * fk * a_sf).sum())
+            if need_q:
+                grad_q[k] = -(g @ torch.mv(a * d2[k], signs))
+        return grad_f, grad_phi, None, grad_q, None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -283,12 +368,12 @@ def _gram_blocks(x: Tensor, y: Tensor, kernel: DeepKernel, semantics: str) -> tu
     return k[:n, :n], k[n:, n:], k[:n, n:]
 
 
-def _paired_h(x: Tensor, y: Tensor, kernel: DeepKernel, semantics: str, raw_d2: Tensor | None = None) -> Tensor:
+def _paired_h(x: Tensor, y: Tensor, kernel: DeepKernel, semantics: str) -> Tensor:
     """H_ij = K^xx_ij + K^yy_ij − K^xy_ij − K^xy_ji, the last read off the symmetric [x; y] Gram
     matrix's lower-left block (no transposed copy)."""
     x, y = _flatten(x, kernel.in_dim), _flatten(y, kernel.in_dim)
     n = x.shape[0]
-    k = deep_kernel_matrix(kernel, torch.cat([x, y]), semantics=semantics, raw_d2=raw_d2)
+    k = deep_kernel_matrix(kernel, torch.cat([x, y]), semantics=semantics)
     return k[:n, :n] + k[n:, n:] - k[:n, n:] - k[n:, :n]
 
 

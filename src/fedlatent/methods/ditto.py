@@ -57,7 +57,7 @@ from torch.nn import functional as F
 from fedlatent.errors import ConfigError
 from fedlatent.losses.mmd import (kernel_bandwidths, mk_mmd_batch, mmd_estimates_with_covariance_batch,
                                   optimize_kernel_weights)
-from fedlatent.losses.mmd_d import DeepKernel, mmd_d, train_deep_kernel, train_deep_kernels
+from fedlatent.losses.mmd_d import DeepKernel, mmd_d, train_deep_kernels
 from fedlatent.methods.parts import ClientRound, LockstepContext, MethodSpec, Part, Personalization, TermContext
 from fedlatent.methods.registry import register_part, register_preset
 from fedlatent.models.base import ModelOutput
@@ -327,8 +327,7 @@ class MmdD(FeatureDrift):
 
     def train_kernels(self, windows: list[_Window], pairs: dict[str, tuple[Tensor, Tensor]]) -> None:
         """Train every layer's kernel of each window on its batches (kept as is when fewer than
-        two samples); one window alone with :func:`train_deep_kernel`, windows holding as many
-        samples together with :func:`train_deep_kernels`."""
+        two samples); windows holding as many samples together with :func:`train_deep_kernels`."""
         started = time.perf_counter()
         for l in self.layers:
             by_size: dict[int, list[tuple[DeepKernel, Tensor, Tensor]]] = {}
@@ -337,15 +336,9 @@ class MmdD(FeatureDrift):
                 if x.shape[0] >= 2:
                     by_size.setdefault(x.shape[0], []).append((self.kernel_for(window.rc, l, pairs[l][0]), x, y))
             for group in by_size.values():
-                if len(group) == 1:
-                    kernel, x, y = group[0]
-                    kernel.requires_grad_(True)
-                    train_deep_kernel(kernel, x, y, steps=self.steps, lr=self.lr, semantics=self.semantics)
-                    kernel.requires_grad_(False)
-                else:
-                    train_deep_kernels([k for k, _, _ in group], torch.stack([x for _, x, _ in group]),
-                                       torch.stack([y for _, _, y in group]), steps=self.steps, lr=self.lr,
-                                       semantics=self.semantics)
+                train_deep_kernels([k for k, _, _ in group], torch.stack([x for _, x, _ in group]),
+                                   torch.stack([y for _, _, y in group]), steps=self.steps, lr=self.lr,
+                                   semantics=self.semantics)
         share = (time.perf_counter() - started) / len(windows)
         for window in windows:
             metrics = window.rc.metrics

@@ -31,7 +31,8 @@ from torch import Tensor, nn
 
 from fedlatent.losses.mmd import squared_distances
 
-__all__ = ["DeepKernel", "deep_kernel_matrix", "mmd_d", "mmd_d_power", "train_deep_kernel", "train_deep_kernels"]
+__all__ = ["DeepKernel", "deep_kernel_matrix", "mmd_d", "mmd_d_power", "mmd_d_stacked", "stack_parameters",
+           "train_deep_kernel", "train_deep_kernels"]
 
 _SEMANTICS = ("official", "paper")
 _ESTIMATORS = ("unbiased", "unbiased_two_sample", "biased")
@@ -140,19 +141,47 @@ def mmd_d(x: Tensor, y: Tensor, kernel: DeepKernel, *, semantics: str = "officia
       Σ_{i≠j}K^yy/(m(m−1)) − 2 mean(K^xy); any n, m ≥ 2.
     * ``"biased"``: the V-statistic mean(K^xx) + mean(K^yy) − 2 mean(K^xy); any n, m ≥ 1.
     """
+    x, y = _flatten(x, kernel.in_dim), _flatten(y, kernel.in_dim)
+    return mmd_d_stacked(x[None], y[None], kernel, stack_parameters([kernel]), semantics=semantics,
+                         estimator=estimator)[0]
+
+
+def stack_parameters(kernels: list[DeepKernel]) -> dict[str, Tensor]:
+    """The parameters of kernels of one shape, by name, stacked along a new leading axis (K, …);
+    differentiable in each kernel's parameters."""
+    named = [dict(k.named_parameters()) for k in kernels]
+    return {n: torch.stack([own[n] for own in named]) for n in named[0]}
+
+
+def mmd_d_stacked(xs: Tensor, ys: Tensor, template: DeepKernel, params: dict[str, Tensor], *,
+                  semantics: str = "official", estimator: str = "unbiased") -> Tensor:
+    """:func:`mmd_d` of K kernels at once, kernel k (``params`` stacked as by
+    :func:`stack_parameters`, ``template`` one of them or of their shape) on ``xs[k]``, ``ys[k]``
+    ((K, n, …), (K, m, …)): the featuriser and the Gram matrices as batched products. (K,)"""
     if estimator not in _ESTIMATORS:
         raise ValueError(f"estimator = {estimator!r}: expected one of {', '.join(map(repr, _ESTIMATORS))}")
-    kxx, kyy, kxy = _gram_blocks(x, y, kernel, semantics)
-    n, m = kxx.shape[0], kyy.shape[0]
-    if estimator == "biased":
-        return kxx.mean() + kyy.mean() - 2.0 * kxy.mean()
+    if semantics not in _SEMANTICS:
+        raise ValueError(f"semantics = {semantics!r}: expected 'official' or 'paper'")
+    n, m = xs.shape[1], ys.shape[1]
     if estimator == "unbiased":
         _require_equal(n, m, "estimator='unbiased' (Liu et al. Eq. 2); use 'unbiased_two_sample' for n ≠ m")
-        return _mmd_u(kxx + kyy - kxy - kxy.T)
-    if min(n, m) < 2:
+    elif estimator == "unbiased_two_sample" and min(n, m) < 2:
         raise ValueError(f"the unbiased estimators need batch sizes ≥ 2, got {n} and {m}")
-    return ((kxx.sum() - kxx.diagonal().sum()) / (n * (n - 1)) + (kyy.sum() - kyy.diagonal().sum()) / (m * (m - 1))
-            - 2.0 * kxy.mean())
+    rows = torch.cat([xs.flatten(2), ys.flatten(2)], 1)
+    d2_phi = torch.vmap(squared_distances)(_stacked_featurize(template, params, rows))
+    d2_raw = torch.vmap(squared_distances)(rows)
+    kappa = torch.exp(d2_phi * -torch.exp(-2.0 * params["log_sigma_phi"])[:, None, None])
+    q = torch.exp(d2_raw * -torch.exp(-2.0 * params["log_sigma_q"])[:, None, None])
+    eps = torch.sigmoid(params["eps_logit"])[:, None, None]
+    k = ((1.0 - eps) * kappa + eps) * q if semantics == "official" else (1.0 - eps) * kappa + eps * q
+    kxx, kyy, kxy = k[:, :n, :n], k[:, n:, n:], k[:, :n, n:]
+    if estimator == "biased":
+        return kxx.mean((1, 2)) + kyy.mean((1, 2)) - 2.0 * kxy.mean((1, 2))
+    if estimator == "unbiased":
+        h = kxx + kyy - kxy - k[:, n:, :n]
+        return (h.sum((1, 2)) - h.diagonal(dim1=1, dim2=2).sum(1)) / (n * (n - 1))
+    return ((kxx.sum((1, 2)) - kxx.diagonal(dim1=1, dim2=2).sum(1)) / (n * (n - 1))
+            + (kyy.sum((1, 2)) - kyy.diagonal(dim1=1, dim2=2).sum(1)) / (m * (m - 1)) - 2.0 * kxy.mean((1, 2)))
 
 
 def mmd_d_power(x: Tensor, y: Tensor, kernel: DeepKernel, *, semantics: str = "official",
@@ -205,8 +234,8 @@ def train_deep_kernels(kernels: list[DeepKernel], xs: Tensor, ys: Tensor, *, ste
     if not steps:
         return xs.new_zeros(0, len(kernels))
     template = kernels[0]
-    names = [n for n, _ in template.named_parameters()]
-    params = [torch.stack([dict(k.named_parameters())[n].detach() for k in kernels]) for n in names]
+    stacked = stack_parameters(kernels)
+    names, params = list(stacked), [p.detach() for p in stacked.values()]
     rows = torch.cat([xs, ys], 1)
     raw_d2 = torch.vmap(squared_distances)(rows)
     beta1, beta2, eps = 0.9, 0.999, 1e-8
@@ -358,14 +387,6 @@ def _flatten(a: Tensor, in_dim: int) -> Tensor:
     if a.shape[1] != in_dim:
         raise ValueError(f"the deep kernel expects {in_dim} features per row, got {a.shape[1]}")
     return a
-
-
-def _gram_blocks(x: Tensor, y: Tensor, kernel: DeepKernel, semantics: str) -> tuple[Tensor, Tensor, Tensor]:
-    """K^xx, K^yy, K^xy from one Gram matrix of [x; y] (one featuriser pass)."""
-    x, y = _flatten(x, kernel.in_dim), _flatten(y, kernel.in_dim)
-    n = x.shape[0]
-    k = deep_kernel_matrix(kernel, torch.cat([x, y]), semantics=semantics)
-    return k[:n, :n], k[n:, n:], k[:n, n:]
 
 
 def _paired_h(x: Tensor, y: Tensor, kernel: DeepKernel, semantics: str) -> Tensor:

@@ -272,7 +272,8 @@ def _train_reference(kernel: DeepKernel, x: torch.Tensor, y: torch.Tensor, *, st
 
 
 @pytest.mark.parametrize("semantics", ["official", "paper"])
-def test_train_deep_kernels_equal_the_straightforward_trainer(semantics: str) -> None:
+@pytest.mark.parametrize("hidden,out_dim", [(6, 4), (3, 7)])
+def test_train_deep_kernels_equal_the_straightforward_trainer(semantics: str, hidden: int, out_dim: int) -> None:
     """K kernels trained at once (stacked parameters, Ĵ from the Gram matrices' row sums, the
     AdamW step on the stacks) reach the weights and report the Ĵ values of K separate runs of
     autograd through mmd_d_power with torch.optim.AdamW, in float64; train_deep_kernel (one
@@ -280,7 +281,7 @@ def test_train_deep_kernels_equal_the_straightforward_trainer(semantics: str) ->
     gradient is 0 and its float gradient is rounding noise that AdamW normalises into steps of at
     most lr each."""
     gen = torch.Generator().manual_seed(4)
-    kernels = [DeepKernel(5, 6, 4, gen, dtype=torch.float64) for _ in range(3)]
+    kernels = [DeepKernel(5, hidden, out_dim, gen, dtype=torch.float64) for _ in range(3)]
     xs = torch.randn(3, 12, 5, generator=gen, dtype=torch.float64)
     ys = torch.randn(3, 12, 5, generator=gen, dtype=torch.float64) * 1.2 + 0.5
     reference = [copy.deepcopy(k) for k in kernels]
@@ -306,12 +307,15 @@ def test_train_deep_kernels_equal_the_straightforward_trainer(semantics: str) ->
 
 
 @pytest.mark.parametrize("semantics", SEMANTICS)
-def test_stacked_power_and_gradient_equal_mmd_d_power(semantics: str) -> None:
+@pytest.mark.parametrize("hidden,out_dim", [(5, 3), (3, 7)])
+def test_stacked_power_and_gradient_equal_mmd_d_power(semantics: str, hidden: int, out_dim: int) -> None:
     """Ĵ from the row sums of the [x; y] Gram matrix (all kernels at once) equals mmd_d_power's
     value and parameter gradient (built on the full matrix H) in float64, also with a sample
-    repeated (x_0 = y_0: the zero distances of a duplicated row)."""
+    repeated (x_0 = y_0: the zero distances of a duplicated row); φ's output narrower than its
+    hidden layers (distances of φ's outputs) and wider (distances of the hidden features under
+    the metric WᵀW)."""
     gen = torch.Generator().manual_seed(11)
-    kernels = [DeepKernel(4, 5, 3, gen, dtype=torch.float64, eps=0.3) for _ in range(2)]
+    kernels = [DeepKernel(4, hidden, out_dim, gen, dtype=torch.float64, eps=0.3) for _ in range(2)]
     xs = torch.randn(2, 9, 4, generator=gen, dtype=torch.float64)
     ys = torch.randn(2, 9, 4, generator=gen, dtype=torch.float64) * 0.8 + 0.3
     ys[:, 0] = xs[:, 0]
@@ -320,7 +324,7 @@ def test_stacked_power_and_gradient_equal_mmd_d_power(semantics: str) -> None:
               for n in names}
     rows = torch.cat([xs, ys], 1)
     got = _stacked_power(kernels[0], params, rows, torch.vmap(squared_distances)(rows), semantics, 1e-8)
-    grads = torch.autograd.grad(got.sum(), list(params.values()))
+    grads = torch.autograd.grad(got.sum(), list(params.values()), materialize_grads=True)
     for i, kernel in enumerate(kernels):
         want = mmd_d_power(xs[i], ys[i], kernel, semantics=semantics)
         torch.testing.assert_close(got[i], want.detach(), rtol=1e-12, atol=1e-14)
@@ -328,23 +332,34 @@ def test_stacked_power_and_gradient_equal_mmd_d_power(semantics: str) -> None:
             torch.testing.assert_close(g[i], w, rtol=1e-9, atol=1e-12, msg=name)
 
 
-@pytest.mark.parametrize("phi,raw", [(True, False), (False, True), (True, True)])
-def test_signed_row_sums_gradcheck(phi: bool, raw: bool) -> None:
-    """The hand-written gradient of v = exp(−c_φ‖f_a − f_b‖² − c_q D_ab) s against finite differences."""
+@pytest.mark.parametrize("phi,raw,metric", [(True, False, False), (False, True, False), (True, True, False),
+                                            (True, True, True)])
+def test_signed_row_sums_gradcheck(phi: bool, raw: bool, metric: bool) -> None:
+    """The hand-written gradient of v = exp(−c_φ E − c_q D) s against finite differences, E the
+    squared distances of features f (left = right = f) or of h under a metric M (left = hM)."""
     gen = torch.Generator().manual_seed(12)
-    f = torch.randn(2, 6, 3, generator=gen, dtype=torch.float64).requires_grad_(phi)
+    h = torch.randn(2, 6, 3, generator=gen, dtype=torch.float64)
+    root = torch.randn(2, 3, 3, generator=gen, dtype=torch.float64)
     d2 = torch.vmap(squared_distances)(torch.randn(2, 6, 4, generator=gen, dtype=torch.float64))
     c_phi = torch.tensor([0.3, 0.7], dtype=torch.float64, requires_grad=phi)
     c_q = torch.tensor([0.2, 0.5], dtype=torch.float64, requires_grad=raw)
     signs = torch.tensor([1.0, 1, 1, -1, -1, -1], dtype=torch.float64)
-    args = (f if phi else None, c_phi if phi else None, d2 if raw else None, c_q if raw else None, signs)
-    assert torch.autograd.gradcheck(lambda *a: _SignedRowSums.apply(*a), args)
+
+    def row_sums(h: torch.Tensor, root: torch.Tensor, c_phi: torch.Tensor, c_q: torch.Tensor) -> torch.Tensor:
+        if not phi:
+            return _SignedRowSums.apply(None, None, None, None, d2, c_q, signs)
+        left = h @ (root.transpose(1, 2) @ root) if metric else h
+        return _SignedRowSums.apply(left, h, (left * h).sum(2), c_phi, d2 if raw else None, c_q if raw else None,
+                                    signs)
+
+    args = (h.requires_grad_(phi), root.requires_grad_(phi and metric), c_phi, c_q)
+    assert torch.autograd.gradcheck(row_sums, args)
     dense = torch.zeros_like(d2)
     if phi:
-        dense = dense - c_phi[:, None, None] * torch.vmap(squared_distances)(f)
+        dense = dense - c_phi[:, None, None] * torch.vmap(squared_distances)(h @ root.transpose(1, 2) if metric else h)
     if raw:
         dense = dense - c_q[:, None, None] * d2
-    torch.testing.assert_close(_SignedRowSums.apply(*args), dense.exp() @ signs)
+    torch.testing.assert_close(row_sums(*args), dense.exp() @ signs)
 
 
 @pytest.mark.parametrize("semantics", SEMANTICS)

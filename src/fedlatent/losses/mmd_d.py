@@ -245,7 +245,9 @@ def train_deep_kernels(kernels: list[DeepKernel], xs: Tensor, ys: Tensor, *, ste
     for step in range(1, steps + 1):
         leaves = [p.requires_grad_(True) for p in params]
         power = _stacked_power(template, dict(zip(names, leaves)), rows, raw_d2, semantics, reg)
-        grads = torch.autograd.grad(-power.sum(), leaves)
+        # φ's output bias cancels from every distance: exactly zero gradient (unused when the
+        # distances are taken before the last layer), so AdamW applies only its weight decay to it
+        grads = torch.autograd.grad(-power.sum(), leaves, materialize_grads=True)
         values.append(power.detach())
         with torch.no_grad():
             params = [p.detach() for p in leaves]
@@ -273,19 +275,31 @@ def _stacked_power(template: DeepKernel, params: dict[str, Tensor], rows: Tensor
     r_i = (Ks)_i − (Ks)_{n+i}, Σ_ij H_ij = Σ_i r_i and H_ii = 2 − 2k(x_i, y_i) (k(a, a) = 1), so
     MMD²_u and σ̂²_H1 (Liu et al. Eq. 2, 5; see :func:`_power`) need only Ks: for "paper"
     (1 − ε)·κs + ε·qs, for "official" (1 − ε)·(κ⊙q)s + ε·qs.
+
+    φ ends in a Linear layer φ(a) = W h(a) + b, so ‖φ(a) − φ(b)‖² = (h_a − h_b)ᵀ WᵀW (h_a − h_b):
+    when φ's output is wider than h (50 against 10 in the Ditto presets) the distances are taken
+    in h's space under the metric WᵀW, a smaller matrix product with the same values.
     """
     n = rows.shape[1] // 2
-    f = _stacked_featurize(template, params, rows)
+    h, last = _stacked_hidden(template, params, rows)
+    w, b = params[f"featurizer.{last}.weight"], params[f"featurizer.{last}.bias"]
     c_phi = torch.exp(-2.0 * params["log_sigma_phi"])
     c_q = torch.exp(-2.0 * params["log_sigma_q"])
     eps = torch.sigmoid(params["eps_logit"])[:, None]
     signs = torch.cat([rows.new_ones(n), -rows.new_ones(n)])
-    q_s = _SignedRowSums.apply(None, None, raw_d2, c_q, signs)
+    if w.shape[1] > w.shape[2]:
+        left = h @ (w.transpose(1, 2) @ w)
+        right = h
+    else:
+        left = right = torch.baddbmm(b[:, None, :], h, w.transpose(1, 2))
+    norms = (left * right).sum(2)
     official = semantics == "official"
-    kappa_s = _SignedRowSums.apply(f, c_phi, raw_d2 if official else None, c_q if official else None, signs)
+    kappa_s = _SignedRowSums.apply(left, right, norms, c_phi, raw_d2 if official else None,
+                                   c_q if official else None, signs)
+    q_s = _SignedRowSums.apply(None, None, None, None, raw_d2, c_q, signs)
     k_s = (1.0 - eps) * kappa_s + eps * q_s
     r = k_s[:, :n] - k_s[:, n:]
-    kappa_xy = torch.exp(-c_phi[:, None] * (f[:, :n] - f[:, n:]).pow(2).sum(2))
+    kappa_xy = torch.exp(-c_phi[:, None] * ((h[:, :n] - h[:, n:]) @ w.transpose(1, 2)).pow(2).sum(2))
     q_xy = torch.exp(-c_q[:, None] * raw_d2[:, :n, n:].diagonal(dim1=1, dim2=2))
     k_xy = ((1.0 - eps) * kappa_xy + eps) * q_xy if official else (1.0 - eps) * kappa_xy + eps * q_xy
     total = r.sum(1)
@@ -294,78 +308,91 @@ def _stacked_power(template: DeepKernel, params: dict[str, Tensor], rows: Tensor
     return mmd_u / torch.sqrt(var + reg)
 
 
-def _stacked_featurize(template: DeepKernel, params: dict[str, Tensor], rows: Tensor) -> Tensor:
-    """φ of K kernels at once: (K, N, in_dim) → (K, N, out_dim), ``params`` stacked as in
-    :func:`_stacked_power`, each Linear layer one batched matrix product."""
+def _stacked_hidden(template: DeepKernel, params: dict[str, Tensor], rows: Tensor) -> tuple[Tensor, int]:
+    """φ of K kernels at once up to its last Linear layer: (K, N, in_dim) → (K, N, hidden), and
+    that layer's index; ``params`` stacked as in :func:`_stacked_power`, each Linear layer one
+    batched matrix product."""
     h = rows
-    for i, layer in enumerate(template.featurizer):
+    layers = list(template.featurizer)
+    for i, layer in enumerate(layers[:-1]):
         if isinstance(layer, nn.Linear):
             h = torch.baddbmm(params[f"featurizer.{i}.bias"][:, None, :], h,
                               params[f"featurizer.{i}.weight"].transpose(1, 2))
         else:
             h = layer(h)
-    return h
+    return h, len(layers) - 1
+
+
+def _stacked_featurize(template: DeepKernel, params: dict[str, Tensor], rows: Tensor) -> Tensor:
+    """φ of K kernels at once: (K, N, in_dim) → (K, N, out_dim) (see :func:`_stacked_hidden`)."""
+    h, last = _stacked_hidden(template, params, rows)
+    return torch.baddbmm(params[f"featurizer.{last}.bias"][:, None, :], h,
+                         params[f"featurizer.{last}.weight"].transpose(1, 2))
 
 
 class _SignedRowSums(torch.autograd.Function):
-    """v = A s per kernel for A_ab = exp(−c_φ‖f_a − f_b‖² − c_q·D_ab) (K, N, N) and a fixed vector s
-    (N,): the Gaussian Gram matrix of features f (K, N, p) and/or of precomputed squared distances
-    D (K, N, N), either left out by passing None for it and its scale. ‖f_a − f_b‖² is formed as
-    ‖f_a‖² + ‖f_b‖² − 2 f_a·f_b clamped at 0 with an exact zero diagonal, as :func:`squared_distances`.
+    """v = A s per kernel for A_ab = exp(−c_φ·E_ab − c_q·D_ab) (K, N, N) and a fixed vector s (N,),
+    where E_ab = ‖·‖²_a + ‖·‖²_b − 2 l_a·r_b (``norms``, ``left``, ``right``: (K, N), (K, N, p),
+    (K, N, p)) is a squared distance written as an inner product (l = r = f for ‖f_a − f_b‖²;
+    l = hM, r = h for (h_a − h_b)ᵀM(h_a − h_b)), clamped at 0 with an exact zero diagonal as
+    :func:`squared_distances`, and D (K, N, N) precomputed squared distances. Either term is left
+    out by passing None for its inputs.
 
-    The gradient never forms ∂v/∂A (the outer product g sᵀ): with A symmetric,
-    ∂L/∂f_a = −2c_φ[g_a(f_a(As)_a − (A(s∘f))_a) + s_a(f_a(Ag)_a − (A(g∘f))_a)],
-    ∂L/∂c_φ = −Σ_ab g_a s_b A_ab ‖f_a − f_b‖² (expanded the same way) and
-    ∂L/∂c_q = −gᵀ(A⊙D)s: one product of A with 2p + 2 columns. Kernels are processed one at a
-    time so that A stays in cache."""
+    The gradient never forms ∂v/∂A (the outer product g sᵀ): with A symmetric and v = As,
+    ∂L/∂l_a = 2c_φ g_a (A(s∘r))_a, ∂L/∂r_a = 2c_φ s_a (A(g∘l))_a,
+    ∂L/∂‖·‖²_a = −c_φ(g_a v_a + s_a (Ag)_a), ∂L/∂c_φ = −Σ_ab g_a s_b A_ab E_ab (E expanded as
+    above) and ∂L/∂c_q = −gᵀ(A⊙D)s: one product of A with 2p + 2 columns. Kernels are processed
+    one at a time so that A stays in cache."""
 
     @staticmethod
-    def forward(ctx, f: Tensor | None, c_phi: Tensor | None, d2: Tensor | None, c_q: Tensor | None,
-                signs: Tensor) -> Tensor:
-        source = f if f is not None else d2
+    def forward(ctx, left: Tensor | None, right: Tensor | None, norms: Tensor | None, c_phi: Tensor | None,
+                d2: Tensor | None, c_q: Tensor | None, signs: Tensor) -> Tensor:
+        source = norms if norms is not None else d2
         count, size = source.shape[0], source.shape[1]
         out = source.new_empty(count, size)
         grams = source.new_empty(count, size, size)
         for k in range(count):
             a = grams[k]
-            if f is not None:
-                fk = f[k]
-                sq = (fk * fk).sum(1)
-                torch.addmm(sq[:, None], fk, fk.T, alpha=-2.0, out=a).add_(sq).clamp_min_(0.0)
-                a.fill_diagonal_(0.0).mul_(-c_phi[k])
+            if left is not None:
+                scaled = c_phi[k] * norms[k]
+                torch.addmm(-scaled[:, None], left[k] * (2.0 * c_phi[k]), right[k].T, out=a)
+                a.sub_(scaled).clamp_max_(0.0).fill_diagonal_(0.0)
                 if d2 is not None:
                     a.addcmul_(d2[k], -c_q[k])
             else:
                 torch.mul(d2[k], -c_q[k], out=a)
             a.exp_()
             torch.mv(a, signs, out=out[k])
-        ctx.save_for_backward(f, c_phi, d2, signs, grams, out)
+        ctx.save_for_backward(left, right, norms, c_phi, d2, signs, grams, out)
         return out
 
     @staticmethod
     def backward(ctx, grad: Tensor) -> tuple[Tensor | None, ...]:
-        f, c_phi, d2, signs, grams, out = ctx.saved_tensors
-        need_f, need_phi, _, need_q, _ = ctx.needs_input_grad
-        grad_f = torch.zeros_like(f) if need_f else None
+        left, right, norms, c_phi, d2, signs, grams, out = ctx.saved_tensors
+        need_l, need_r, need_n, need_phi, _, need_q, _ = ctx.needs_input_grad
+        grad_l = torch.zeros_like(left) if need_l else None
+        grad_r = torch.zeros_like(right) if need_r else None
+        grad_n = torch.zeros_like(norms) if need_n else None
         grad_phi = torch.zeros_like(c_phi) if need_phi else None
-        grad_q = torch.zeros_like(grams[:, 0, 0]) if need_q else None
+        grad_q = grams.new_zeros(grams.shape[0]) if need_q else None
         for k in range(grams.shape[0]):
-            a, g = grams[k], grad[k]
-            if need_f or need_phi:
-                fk = f[k]
-                sq = (fk * fk).sum(1)
-                p = fk.shape[1]
-                prod = a @ torch.cat([g[:, None], signs[:, None] * fk, g[:, None] * fk, (signs * sq)[:, None]], 1)
-                a_g, a_sf, a_gf, a_ssq = prod[:, 0], prod[:, 1:p + 1], prod[:, p + 1:2 * p + 1], prod[:, -1]
-                a_s = out[k]
-                if need_f:
-                    grad_f[k] = -2.0 * c_phi[k] * (g[:, None] * (fk * a_s[:, None] - a_sf)
-                                                   + signs[:, None] * (fk * a_g[:, None] - a_gf))
+            a, g, v = grams[k], grad[k], out[k]
+            if need_l or need_r or need_n or need_phi:
+                lk, rk, nk, c = left[k], right[k], norms[k], c_phi[k]
+                p = lk.shape[1]
+                prod = a @ torch.cat([g[:, None], signs[:, None] * rk, g[:, None] * lk, (signs * nk)[:, None]], 1)
+                a_g, a_sr, a_gl, a_sn = prod[:, 0], prod[:, 1:p + 1], prod[:, p + 1:2 * p + 1], prod[:, -1]
+                if need_l:
+                    grad_l[k] = 2.0 * c * g[:, None] * a_sr
+                if need_r:
+                    grad_r[k] = 2.0 * c * signs[:, None] * a_gl
+                if need_n:
+                    grad_n[k] = -c * (g * v + signs * a_g)
                 if need_phi:
-                    grad_phi[k] = -(g @ (sq * a_s) + g @ a_ssq - 2.0 * (g[:, None] * fk * a_sf).sum())
+                    grad_phi[k] = -(g @ (nk * v) + g @ a_sn - 2.0 * (g[:, None] * lk * a_sr).sum())
             if need_q:
                 grad_q[k] = -(g @ torch.mv(a * d2[k], signs))
-        return grad_f, grad_phi, None, grad_q, None
+        return grad_l, grad_r, grad_n, grad_phi, None, grad_q, None
 
 
 # ---------------------------------------------------------------------------------------------

@@ -237,7 +237,9 @@ def train_deep_kernels(kernels: list[DeepKernel], xs: Tensor, ys: Tensor, *, ste
     stacked = stack_parameters(kernels)
     names, params = list(stacked), [p.detach() for p in stacked.values()]
     rows = torch.cat([xs, ys], 1)
-    raw_d2 = torch.vmap(squared_distances)(rows)
+    raw_d2 = rows.new_empty(rows.shape[0], rows.shape[1], rows.shape[1])
+    for k, r in enumerate(rows):
+        _scaled_distances(r, r, r.pow(2).sum(1), torch.ones((), dtype=r.dtype), out=raw_d2[k])
     beta1, beta2, eps = 0.9, 0.999, 1e-8
     exp_avg = [torch.zeros_like(p) for p in params]
     exp_avg_sq = [torch.zeros_like(p) for p in params]
@@ -330,6 +332,20 @@ def _stacked_featurize(template: DeepKernel, params: dict[str, Tensor], rows: Te
                          params[f"featurizer.{last}.weight"].transpose(1, 2))
 
 
+def _scaled_distances(left: Tensor, right: Tensor, norms: Tensor, scale: Tensor, *, out: Tensor,
+                      negate: bool = False) -> Tensor:
+    """out = ±scale·(‖·‖²_a + ‖·‖²_b − 2 l_a·r_b) (N, N), scale > 0 (− with ``negate``), from one
+    matrix product of [∓2·scale·l, ±scale·norms, ±scale] and [r, 1, norms] (no broadcast passes),
+    clamped at 0 with an exact zero diagonal as :func:`squared_distances` (l = r = x:
+    scale·‖x_a − x_b‖²)."""
+    signed = -scale if negate else scale
+    ones = torch.ones_like(norms)[:, None]
+    torch.mm(torch.cat([left * (-2.0 * signed), signed * norms[:, None], signed * ones], 1),
+             torch.cat([right, ones, norms[:, None]], 1).T, out=out)
+    (out.clamp_max_ if negate else out.clamp_min_)(0.0)
+    return out.fill_diagonal_(0.0)
+
+
 class _SignedRowSums(torch.autograd.Function):
     """v = A s per kernel for A_ab = exp(−c_φ·E_ab − c_q·D_ab) (K, N, N) and a fixed vector s (N,),
     where E_ab = ‖·‖²_a + ‖·‖²_b − 2 l_a·r_b (``norms``, ``left``, ``right``: (K, N), (K, N, p),
@@ -354,9 +370,7 @@ class _SignedRowSums(torch.autograd.Function):
         for k in range(count):
             a = grams[k]
             if left is not None:
-                scaled = c_phi[k] * norms[k]
-                torch.addmm(-scaled[:, None], left[k] * (2.0 * c_phi[k]), right[k].T, out=a)
-                a.sub_(scaled).clamp_max_(0.0).fill_diagonal_(0.0)
+                _scaled_distances(left[k], right[k], norms[k], c_phi[k], out=a, negate=True)
                 if d2 is not None:
                     a.addcmul_(d2[k], -c_q[k])
             else:

@@ -35,6 +35,7 @@ __all__ = ["DeepKernel", "deep_kernel_matrix", "mmd_d", "mmd_d_power", "mmd_d_st
            "train_deep_kernel", "train_deep_kernels"]
 
 _SEMANTICS = ("official", "paper")
+_LOG2E = math.log2(math.e)
 _ESTIMATORS = ("unbiased", "unbiased_two_sample", "biased")
 
 
@@ -367,15 +368,19 @@ class _SignedRowSums(torch.autograd.Function):
         count, size = source.shape[0], source.shape[1]
         out = source.new_empty(count, size)
         grams = source.new_empty(count, size, size)
+        # exp(t) as 2^(t·log2 e), the factor folded into the scales: torch's exp2 runs ~4x faster
+        # than its exp on CPU, and agrees with it to float rounding
+        phi_scale = c_phi * _LOG2E if left is not None else None
+        q_scale = -c_q * _LOG2E if d2 is not None else None
         for k in range(count):
             a = grams[k]
             if left is not None:
-                _scaled_distances(left[k], right[k], norms[k], c_phi[k], out=a, negate=True)
+                _scaled_distances(left[k], right[k], norms[k], phi_scale[k], out=a, negate=True)
                 if d2 is not None:
-                    a.addcmul_(d2[k], -c_q[k])
+                    a.addcmul_(d2[k], q_scale[k])
             else:
-                torch.mul(d2[k], -c_q[k], out=a)
-            a.exp_()
+                torch.mul(d2[k], q_scale[k], out=a)
+            a.exp2_()
             torch.mv(a, signs, out=out[k])
         ctx.save_for_backward(left, right, norms, c_phi, d2, signs, grams, out)
         return out

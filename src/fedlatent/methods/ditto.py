@@ -51,13 +51,12 @@ from typing import Any
 
 import torch
 from torch import Tensor
-from torch.func import functional_call
 from torch.nn import functional as F
 
 from fedlatent.errors import ConfigError
 from fedlatent.losses.mmd import (kernel_bandwidths, mk_mmd_batch, mmd_estimates_with_covariance_batch,
                                   optimize_kernel_weights)
-from fedlatent.losses.mmd_d import DeepKernel, mmd_d, train_deep_kernel, train_deep_kernels
+from fedlatent.losses.mmd_d import DeepKernel, mmd_d_stacked, stack_parameters, train_deep_kernels
 from fedlatent.methods.parts import ClientRound, LockstepContext, MethodSpec, Part, Personalization, TermContext
 from fedlatent.methods.registry import register_part, register_preset
 from fedlatent.models.base import ModelOutput
@@ -280,6 +279,8 @@ class MmdD(FeatureDrift):
         self.hidden, self.out_dim, self.lr = opts["hidden"], opts["out_dim"], opts["kernel_lr"]
         self.every, self.stale, self.steps = opts["kernel_every"], opts["stale_first_step"], opts["train_steps"]
         self.window = _window(opts["kernel_batches"], opts["release_off_by_one"])
+        # stacked kernel weights of the clients stepping together, per layer (see stacked_kernels)
+        self.stacks: dict[tuple[str, tuple[int, ...]], tuple[list[_Window], DeepKernel, dict[str, Tensor]]] = {}
 
     def prefix(self, layer: str) -> str:
         return f"{self.name}.kernel.{layer}."
@@ -287,6 +288,7 @@ class MmdD(FeatureDrift):
     def begin(self, rc: ClientRound) -> None:
         super().begin(rc)
         rc.scratch[self.name] = _Window(rc, self.layers, self.window)
+        self.stacks.clear()
 
     def kernel_for(self, rc: ClientRound, layer: str, sample: Tensor) -> DeepKernel:
         """Client ``rc``'s kernel for ``layer``: from its state, or freshly seeded."""
@@ -305,7 +307,7 @@ class MmdD(FeatureDrift):
     def lockstep_loss(self, ctx: LockstepContext) -> Tensor:
         """Each client's window records the step's features, the kernels due trained together
         (:func:`~fedlatent.losses.mmd_d.train_deep_kernels`); the terms of all clients from one
-        ``vmap`` over their stacked kernel weights."""
+        batched call on their stacked kernel weights (:func:`~fedlatent.losses.mmd_d.mmd_d_stacked`)."""
         pairs = self.pairs(ctx.out, ctx.global_out, batch_dims=2)
         windows = [rc.scratch[self.name] for rc in ctx.rcs]
         due = []
@@ -317,19 +319,25 @@ class MmdD(FeatureDrift):
             self.train_kernels(due, pairs)
         total = 0.0
         for l, (p, g) in pairs.items():
-            kernels = [self.kernel_for(window.rc, l, p) for window in windows]
-            named = [dict(kernel.named_parameters()) for kernel in kernels]
-            weights = {k: torch.stack([params[k] for params in named]) for k in named[0]}
-            loss = _KernelLoss(kernels[0], self.semantics, self.estimator)
-            total = total + torch.vmap(lambda w, a, b: functional_call(loss, {f"kernel.{k}": v for k, v in w.items()},
-                                                                       (a, b)))(weights, p, g)
+            template, params = self.stacked_kernels(windows, l, p)
+            total = total + mmd_d_stacked(p, g, template, params, semantics=self.semantics, estimator=self.estimator)
         return total
+
+    def stacked_kernels(self, windows: list[_Window], layer: str, sample: Tensor) -> tuple[DeepKernel, dict[str, Tensor]]:
+        """The windows' kernels for ``layer`` and their stacked weights, stacked once and reused
+        until a kernel changes (training, or a client's round beginning or ending). Keyed by the
+        windows' identities; the entry keeps the windows alive, so no identity is reused meanwhile."""
+        key = (layer, tuple(map(id, windows)))
+        if key not in self.stacks:
+            kernels = [self.kernel_for(window.rc, layer, sample) for window in windows]
+            self.stacks[key] = (windows, kernels[0], stack_parameters(kernels))
+        return self.stacks[key][1:]
 
     def train_kernels(self, windows: list[_Window], pairs: dict[str, tuple[Tensor, Tensor]]) -> None:
         """Train every layer's kernel of each window on its batches (kept as is when fewer than
-        two samples); one window alone with :func:`train_deep_kernel`, windows holding as many
-        samples together with :func:`train_deep_kernels`."""
+        two samples); windows holding as many samples together with :func:`train_deep_kernels`."""
         started = time.perf_counter()
+        self.stacks.clear()
         for l in self.layers:
             by_size: dict[int, list[tuple[DeepKernel, Tensor, Tensor]]] = {}
             for window in windows:
@@ -337,36 +345,20 @@ class MmdD(FeatureDrift):
                 if x.shape[0] >= 2:
                     by_size.setdefault(x.shape[0], []).append((self.kernel_for(window.rc, l, pairs[l][0]), x, y))
             for group in by_size.values():
-                if len(group) == 1:
-                    kernel, x, y = group[0]
-                    kernel.requires_grad_(True)
-                    train_deep_kernel(kernel, x, y, steps=self.steps, lr=self.lr, semantics=self.semantics)
-                    kernel.requires_grad_(False)
-                else:
-                    train_deep_kernels([k for k, _, _ in group], torch.stack([x for _, x, _ in group]),
-                                       torch.stack([y for _, _, y in group]), steps=self.steps, lr=self.lr,
-                                       semantics=self.semantics)
+                train_deep_kernels([k for k, _, _ in group], torch.stack([x for _, x, _ in group]),
+                                   torch.stack([y for _, _, y in group]), steps=self.steps, lr=self.lr,
+                                   semantics=self.semantics)
         share = (time.perf_counter() - started) / len(windows)
         for window in windows:
             metrics = window.rc.metrics
             metrics["personal_kernel_seconds"] = metrics.get("personal_kernel_seconds", 0.0) + share
 
     def finish(self, rc: ClientRound) -> None:
+        self.stacks.clear()
         for l, kernel in rc.scratch[self.name].kernels.items():
             rc.state.update({self.prefix(l) + k: v.detach().to("cpu", copy=True)
                              for k, v in kernel.state_dict().items()})
         return None
-
-
-class _KernelLoss(torch.nn.Module):
-    """``mmd_d`` as a module of the kernel's weights, for ``functional_call`` under ``vmap``."""
-
-    def __init__(self, kernel: DeepKernel, semantics: str, estimator: str) -> None:
-        super().__init__()
-        self.kernel, self.semantics, self.estimator = kernel, semantics, estimator
-
-    def forward(self, personal: Tensor, global_: Tensor) -> Tensor:
-        return mmd_d(personal, global_, self.kernel, semantics=self.semantics, estimator=self.estimator)
 
 
 # ---------------------------------------------------------------------------------------- parts

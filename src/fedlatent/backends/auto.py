@@ -28,6 +28,8 @@ def choose(config: RunConfig, federation: Federation, spec: MethodSpec) -> tuple
     reason = vectorized.refusal(config, spec)
     if reason:
         return "simulation", f"no lockstep form: {reason}"
+    if config.train.compile:
+        return "simulation", "train.compile = true compiles the sequential client step"
     if any(isinstance(m, torch.nn.modules.dropout._DropoutNd) for m in model.modules()):
         return "simulation", "dropout masks are drawn differently in lockstep"
     convolutions = any(isinstance(m, torch.nn.modules.conv._ConvNd) for m in model.modules())

@@ -61,7 +61,7 @@ def test_compile_is_refused_without_a_cpp_compiler_on_a_cpu(monkeypatch) -> None
 def test_auto_keeps_a_compiled_run_on_simulation() -> None:
     """auto would pick vectorized for this MLP run; with train.compile it keeps the compiled path."""
     for extra, expected in (([], "vectorized"), (["train.compile=true"], "simulation")):
-        config = fedlatent.load_config(None, [*BASE, *extra])
+        config = fedlatent.load_config(None, [*BASE, "data.num_clients=5", *extra])
         backend, why = auto.choose(config, build_federation(config.data, config.data_seed),
                                    resolve(config.algorithm, config.terms))
         assert backend == expected, extra

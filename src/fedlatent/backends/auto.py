@@ -1,8 +1,8 @@
 """``backend = "auto"``: the backend a run is measured to be fastest on, with the reason.
 
 ``vectorized`` where the run trains in lockstep (:func:`fedlatent.backends.vectorized.refusal`
-finds nothing to refuse), the model has no dropout and, on a CPU, no convolution; ``simulation``
-otherwise. Both give the same numbers up to float rounding (``tests/test_vectorized.py``), so the
+finds nothing to refuse), ``train.compile`` is off, the model has no dropout and, on a CPU, no
+convolution and enough clients per round (:data:`FEWEST_CLIENTS`); ``simulation`` otherwise. Both give the same numbers up to float rounding (``tests/test_vectorized.py``), so the
 choice is one of speed only (dropout masks are drawn differently in lockstep: same distribution,
 other numbers, so a model with dropout stays on the sequential path). The figures behind it (``fedlatent bench``, ``benchmarks/README.md``; 2 cores,
 1 thread): on the digits MLP the vectorized round costs ~0.4× the simulation round with 10 clients
@@ -19,7 +19,17 @@ import torch
 from fedlatent.backends import simulation, vectorized
 from fedlatent.config import RunConfig
 from fedlatent.data.types import Federation
+from fedlatent.federated.round import sample_clients
 from fedlatent.methods.parts import MethodSpec
+
+# Fewest clients per round for which lockstep is faster on a CPU. A lockstep step has a fixed cost
+# of several sequential steps (vmap, the stacked weights' updates), which only enough clients per
+# step amortise; what a step costs besides (terms, extra forwards) is paid once for all clients in
+# lockstep. Measured with benchmarks/backend_choice.py (digits MLP, 2 cores, 1 thread, process CPU
+# time, vectorized / simulation round, median of 12; benchmarks/README.md), at 2 / 3 / 4 / 5 / 6
+# clients: FedAvg 1.95 / 1.17 / 1.08 / 0.84 / 0.81, FedProx 1.07 / 0.78 / 0.74 / - / 0.54,
+# FedUV 1.06 / 0.75 / 0.59 / - / 0.46. "plain": no loss term or step hook, no personal model.
+FEWEST_CLIENTS = {"plain": 5, "other": 3}
 
 
 def choose(config: RunConfig, federation: Federation, spec: MethodSpec) -> tuple[str, str]:
@@ -35,4 +45,10 @@ def choose(config: RunConfig, federation: Federation, spec: MethodSpec) -> tuple
     convolutions = any(isinstance(m, torch.nn.modules.conv._ConvNd) for m in model.modules())
     if convolutions and torch.device(config.train.device).type == "cpu":
         return "simulation", "convolutions run slower in lockstep on a CPU"
+    if torch.device(config.train.device).type == "cpu":
+        kind = "plain" if not spec.parts and spec.personalization.kind in ("none", "finetune") else "other"
+        per_round = len(sample_clients(config.seed, 0, len(federation.clients), config.train.participation))
+        if per_round < FEWEST_CLIENTS[kind]:
+            return "simulation", (f"{per_round} clients a round train faster in turn on a CPU "
+                                  f"(lockstep pays off from {FEWEST_CLIENTS[kind]} for this method)")
     return "vectorized", "the run trains in lockstep"

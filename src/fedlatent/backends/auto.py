@@ -27,8 +27,8 @@ from fedlatent.methods.parts import MethodSpec
 # step amortise; what a step costs besides (terms, extra forwards) is paid once for all clients in
 # lockstep. Measured with benchmarks/backend_choice.py (digits MLP, 2 cores, 1 thread, process CPU
 # time, vectorized / simulation round, median of 12; benchmarks/README.md), at 2 / 3 / 4 / 5 / 6
-# clients: FedAvg 1.95 / 1.17 / 1.08 / 0.84 / 0.81, FedProx 1.07 / 0.78 / 0.74 / - / 0.54,
-# FedUV 1.06 / 0.75 / 0.59 / - / 0.46. "plain": no loss term or step hook, no personal model.
+# clients: FedAvg 1.95 / 1.17 / 1.08 / 0.84 / 0.81, FedProx 1.07 / 0.78 / 0.74 / 0.54 / 0.54,
+# FedUV 1.06 / 0.75 / 0.59 / 0.54 / 0.46; at 10 clients every preset 0.30-0.70. "plain": no loss term or step hook, no personal model.
 FEWEST_CLIENTS = {"plain": 5, "other": 3}
 
 

@@ -2,11 +2,11 @@
 sequential client step (``federated.client.local_update``); backward follows by AOTAutograd.
 
 Measured with ``benchmarks/compile.py`` (2 cores, 1 thread, CPU time; ``benchmarks/README.md``):
-on the small CNN a compiled round of 10 clients x 7 steps costs ~0.63x an eager one, after a
-one-off compile of ~60 CPU seconds with an empty inductor cache (~1 s with a warm one): it pays off
-after ~100 such rounds, sooner with more steps per round. On the digits MLP a compiled step is
-slower than an eager one (per-call guard and wrapper costs exceed what fusion saves on a 64-128-10
-net), and so is a compiled lockstep forward: the option is off by default and the vectorized
+on the small CNN a compiled round of 10 clients x 7 steps costs 0.70x an eager one, after a
+one-off compile of ~46 CPU seconds with an empty inductor cache (~1 s with a warm one): it pays
+off after ~90 such rounds, sooner with more steps per round. On the digits MLP a compiled round
+costs 1.9x an eager one (per-call guard and wrapper costs exceed what fusion saves on a 64-128-10
+net), and a compiled lockstep forward 1.35x: the option is off by default and the vectorized
 backend refuses it.
 """
 from __future__ import annotations

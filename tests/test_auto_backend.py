@@ -72,9 +72,11 @@ def test_auto_keeps_convolutions_on_simulation_on_a_cpu_only(tmp_path) -> None:
 
 
 def test_auto_keeps_rounds_of_few_clients_on_simulation_on_a_cpu() -> None:
-    """Below auto.FEWEST_CLIENTS clients a round (5 for a method without terms, 3 with them: the
-    measured break-even) the clients train in turn; the count is the sampled one; not on CUDA."""
+    """Below auto.FEWEST_CLIENTS clients a round (5 for a method without a loss term or personal
+    model, 3 with one: the measured break-even) the clients train in turn; the count is the
+    sampled one; not on CUDA."""
     cases = [("fedavg", 10, 0.4, "simulation"), ("fedavg", 5, 1.0, "vectorized"), ("fedavgm", 4, 1.0, "simulation"),
+             ("fednova", 3, 1.0, "simulation"), ("scaffold", 4, 1.0, "simulation"), ("scaffold", 5, 1.0, "vectorized"),
              ("fedprox", 2, 1.0, "simulation"), ("fedprox", 3, 1.0, "vectorized"), ("moon", 10, 0.3, "vectorized"),
              ("ditto", 2, 1.0, "simulation"), ("ditto", 3, 1.0, "vectorized")]
     for algorithm, clients, participation, expected in cases:

@@ -24,12 +24,14 @@ from fedlatent.methods.parts import MethodSpec
 
 # Fewest clients per round for which lockstep is faster on a CPU. A lockstep step has a fixed cost
 # of several sequential steps (vmap, the stacked weights' updates), which only enough clients per
-# step amortise; what a step costs besides (terms, extra forwards) is paid once for all clients in
-# lockstep. Measured with benchmarks/backend_choice.py (digits MLP, 2 cores, 1 thread, process CPU
-# time, vectorized / simulation round, median of 12; benchmarks/README.md), at 2 / 3 / 4 / 5 / 6
-# clients: FedAvg 1.95 / 1.17 / 1.08 / 0.84 / 0.81, FedProx 1.07 / 0.78 / 0.74 / 0.54 / 0.54,
-# FedUV 1.06 / 0.75 / 0.59 / 0.54 / 0.46; at 10 clients every preset 0.30-0.70. "plain": no loss term or step hook, no personal model.
-FEWEST_CLIENTS = {"plain": 5, "other": 3}
+# step amortise; what a step costs besides (loss terms, extra forwards, a personal model) is paid
+# once for all clients in lockstep, so such methods break even sooner. Measured with
+# benchmarks/backend_choice.py (digits MLP, 2 cores, 1 thread, process CPU time, vectorized /
+# simulation round, median of 12; benchmarks/README.md), at 2 / 3 / 4 / 5 / 6 clients: FedAvg
+# 1.95 / 1.17 / 1.08 / 0.84 / 0.81, SCAFFOLD 1.54 / 1.02 at 2 / 3, FedNova 1.39 at 3; with a term:
+# FedProx 1.07 / 0.78 / 0.74 / 0.54 / 0.54, FedUV 1.06 / 0.75 / 0.59 / 0.54 / 0.46, MOON 1.12 / 0.69,
+# Ditto 1.21 / 0.76 at 2 / 3; at 10 clients every preset 0.30-0.70.
+FEWEST_CLIENTS = {"plain": 5, "terms": 3}
 
 
 def choose(config: RunConfig, federation: Federation, spec: MethodSpec) -> tuple[str, str]:
@@ -46,7 +48,8 @@ def choose(config: RunConfig, federation: Federation, spec: MethodSpec) -> tuple
     if convolutions and torch.device(config.train.device).type == "cpu":
         return "simulation", "convolutions run slower in lockstep on a CPU"
     if torch.device(config.train.device).type == "cpu":
-        kind = "plain" if not spec.parts and spec.personalization.kind in ("none", "finetune") else "other"
+        terms = spec.personalization.kind == "ditto" or any(p.has_term() for p in spec.all_parts())
+        kind = "terms" if terms else "plain"
         per_round = len(sample_clients(config.seed, 0, len(federation.clients), config.train.participation))
         if per_round < FEWEST_CLIENTS[kind]:
             return "simulation", (f"{per_round} clients a round train faster in turn on a CPU "

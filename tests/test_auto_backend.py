@@ -20,7 +20,7 @@ from fedlatent.experiment import single
 from fedlatent.methods import resolve
 
 DIGITS_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "digits_fedavg.toml"
-SMALL = ["train.rounds=3", "data.num_clients=3", "eval.every=1"]
+SMALL = ["train.rounds=3", "data.num_clients=5", "eval.every=1"]
 
 
 def _choice(config: fedlatent.RunConfig) -> tuple[str, str]:
@@ -69,6 +69,27 @@ def test_auto_keeps_convolutions_on_simulation_on_a_cpu_only(tmp_path) -> None:
     # the model is built on the CPU either way: the device only steers the decision
     on_cuda = dataclasses.replace(config, train=dataclasses.replace(config.train, device="cuda"))
     assert _choice(on_cuda)[0] == "vectorized"
+
+
+def test_auto_keeps_rounds_of_few_clients_on_simulation_on_a_cpu() -> None:
+    """Below auto.FEWEST_CLIENTS clients a round (5 for a method without a loss term or personal
+    model, 3 with one: the measured break-even) the clients train in turn; the count is the
+    sampled one; not on CUDA."""
+    cases = [("fedavg", 10, 0.4, "simulation"), ("fedavg", 5, 1.0, "vectorized"), ("fedavgm", 4, 1.0, "simulation"),
+             ("fednova", 3, 1.0, "simulation"), ("scaffold", 4, 1.0, "simulation"), ("scaffold", 5, 1.0, "vectorized"),
+             ("fedprox", 2, 1.0, "simulation"), ("fedprox", 3, 1.0, "vectorized"), ("moon", 10, 0.3, "vectorized"),
+             ("ditto", 2, 1.0, "simulation"), ("ditto", 3, 1.0, "vectorized")]
+    for algorithm, clients, participation, expected in cases:
+        config = fedlatent.load_config(DIGITS_CONFIG, [*SMALL, f'algorithm.name="{algorithm}"',
+                                                       f"data.num_clients={clients}",
+                                                       f"train.participation={participation}"])
+        backend, why = _choice(config)
+        assert backend == expected, (algorithm, clients, participation, why)
+        if expected == "simulation":
+            per_round = max(1, round(clients * participation))
+            assert why.startswith(f"{per_round} clients a round train faster in turn"), why
+            on_cuda = dataclasses.replace(config, train=dataclasses.replace(config.train, device="cuda"))
+            assert _choice(on_cuda)[0] == "vectorized"
 
 
 def test_explicit_backends_are_kept() -> None:

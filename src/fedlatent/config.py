@@ -116,6 +116,10 @@ class TrainConfig:
     threads: int = _key(1, "torch intra-op threads (1 is fastest for small models on few cores)",
                         low=1)
     device: str = _key("cpu", "torch device for training ('cpu', 'cuda', 'cuda:1', ...)")
+    compile: bool = _key(False, "torch.compile the trained model's forward in the sequential client step "
+                         "(inductor: a C++ compiler on a CPU); pays off for convolutional models over "
+                         "long runs, slower for small MLPs (benchmarks/README.md); not with backend = "
+                         "'vectorized'")
     on_nonfinite: str = _key("stop", "a client whose loss or update is not finite: 'stop' the run "
                              "(exit 1) or 'drop' it from that round's aggregate", choices=("stop", "drop"))
     on_client_error: str = _key("stop", "a client whose local update raises: 'stop' the run (exit 1) "

@@ -1,9 +1,9 @@
 """``backend = "auto"``: the backend a run is measured to be fastest on, with the reason.
 
 ``vectorized`` where the run trains in lockstep (:func:`fedlatent.backends.vectorized.refusal`
-finds nothing to refuse), the model has no dropout and, on a CPU, no convolution; ``simulation``
-otherwise. Both give the same numbers up to float rounding (``tests/test_vectorized.py``), so the
-choice is one of speed only (dropout masks are drawn differently in lockstep: same distribution,
+finds nothing to refuse), ``train.compile`` is off, the model has no dropout and, on a CPU, no
+convolution and enough clients per round (:data:`FEWEST_CLIENTS`); ``simulation`` otherwise.
+Both give the same numbers up to float rounding (``tests/test_vectorized.py``), so the choice is one of speed only (dropout masks are drawn differently in lockstep: same distribution,
 other numbers, so a model with dropout stays on the sequential path). The figures behind it (``fedlatent bench``, ``benchmarks/README.md``; 2 cores,
 1 thread): on the digits MLP the vectorized round costs ~0.4× the simulation round with 10 clients
 and less with 100, while the small CNN runs 1.45× slower vectorized on a CPU (vmap turns each
@@ -19,7 +19,19 @@ import torch
 from fedlatent.backends import simulation, vectorized
 from fedlatent.config import RunConfig
 from fedlatent.data.types import Federation
+from fedlatent.federated.round import sample_clients
 from fedlatent.methods.parts import MethodSpec
+
+# Fewest clients per round for which lockstep is faster on a CPU. A lockstep step has a fixed cost
+# of several sequential steps (vmap, the stacked weights' updates), which only enough clients per
+# step amortise; what a step costs besides (loss terms, extra forwards, a personal model) is paid
+# once for all clients in lockstep, so such methods break even sooner. Measured with
+# benchmarks/backend_choice.py (digits MLP, 2 cores, 1 thread, process CPU time, vectorized /
+# simulation round, median of 12; benchmarks/README.md), at 2 / 3 / 4 / 5 / 6 clients: FedAvg
+# 1.95 / 1.17 / 1.08 / 0.84 / 0.81, SCAFFOLD 1.54 / 1.02 at 2 / 3, FedNova 1.39 at 3; with a term:
+# FedProx 1.07 / 0.78 / 0.74 / 0.54 / 0.54, FedUV 1.06 / 0.75 / 0.59 / 0.54 / 0.46, MOON 1.12 / 0.69,
+# Ditto 1.21 / 0.76 at 2 / 3; every preset 0.30-0.70 at 10 clients and 0.15-0.36 at 50 of 100.
+FEWEST_CLIENTS = {"plain": 5, "terms": 3}
 
 
 def choose(config: RunConfig, federation: Federation, spec: MethodSpec) -> tuple[str, str]:
@@ -28,9 +40,18 @@ def choose(config: RunConfig, federation: Federation, spec: MethodSpec) -> tuple
     reason = vectorized.refusal(config, spec)
     if reason:
         return "simulation", f"no lockstep form: {reason}"
+    if config.train.compile:
+        return "simulation", "train.compile = true compiles the sequential client step"
     if any(isinstance(m, torch.nn.modules.dropout._DropoutNd) for m in model.modules()):
         return "simulation", "dropout masks are drawn differently in lockstep"
     convolutions = any(isinstance(m, torch.nn.modules.conv._ConvNd) for m in model.modules())
     if convolutions and torch.device(config.train.device).type == "cpu":
         return "simulation", "convolutions run slower in lockstep on a CPU"
+    if torch.device(config.train.device).type == "cpu":
+        terms = spec.personalization.kind == "ditto" or any(p.has_term() for p in spec.all_parts())
+        kind = "terms" if terms else "plain"
+        per_round = len(sample_clients(config.seed, 0, len(federation.clients), config.train.participation))
+        if per_round < FEWEST_CLIENTS[kind]:
+            return "simulation", (f"{per_round} clients a round train faster in turn on a CPU "
+                                  f"(lockstep pays off from {FEWEST_CLIENTS[kind]} for this method)")
     return "vectorized", "the run trains in lockstep"

@@ -92,7 +92,7 @@ def setup(config: RunConfig, federation: Federation, spec: MethodSpec, trainer: 
     torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0)
     device = torch.device(config.train.device)
     model = make_model(config, federation, spec).to(device)
-    ws = workspace_for(model, spec)
+    ws = workspace_for(model, spec, config.train.compile)
     state = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
     server = Server(spec, state, [n for n, _ in model.named_parameters()], trainable_names(model),
                     config.server, len(federation.clients))

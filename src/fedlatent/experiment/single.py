@@ -26,6 +26,7 @@ from fedlatent.data.types import Federation
 from fedlatent.errors import ConfigError, UserInputError
 from fedlatent.experiment.figures import FigureWorker, NoFigures, start_process
 from fedlatent.experiment.trace import TermTrace
+from fedlatent.federated import compiled
 from fedlatent.federated.failures import RunStopped
 from fedlatent.federated.round import sample_clients
 from fedlatent.federated.state import write_atomically
@@ -88,6 +89,10 @@ def prepare(config: RunConfig) -> tuple[Federation, MethodSpec]:
     if config.backend == "flower":
         if importlib.util.find_spec("flwr") is None:
             raise ConfigError("backend = 'flower': Flower is not installed; pip install 'fedlatent[flower]'")
+    if config.train.compile:
+        reason = compiled.refusal(config.train.device, config.backend)
+        if reason:
+            raise ConfigError(f"train.compile = true: {reason}")
     federation = build_federation(config.data, config.data_seed)
     if config.backend == "vectorized":
         vectorized.check(config, spec)

@@ -26,7 +26,8 @@ from fedlatent.data.compact import Images
 from fedlatent.data.types import Split
 from fedlatent.methods.parts import (ClientRound, MethodSpec, Part, Personalization, TermContext, Tensors,
                                      Upload, task_loss, trainable_names)
-from fedlatent.models.base import FedModel
+from fedlatent.federated.compiled import forward_of
+from fedlatent.models.base import FedModel, ModelOutput
 from fedlatent.models.flops import per_sample_flops
 
 PERSONAL = "personal."   # client-state prefix of the Ditto personal model
@@ -58,18 +59,21 @@ class LocalSettings:
 @dataclass
 class Workspace:
     """Model instances a backend reuses across clients: the model being trained and, when parts
-    need them, frozen copies of the global model, the previous local model and the personal model."""
+    need them, frozen copies of the global model, the previous local model and the personal model;
+    ``forward``: the model's compiled forward (``train.compile``, ``federated.compiled``) or None."""
 
     model: FedModel
     global_copy: FedModel | None = None
     previous: FedModel | None = None
     personal: FedModel | None = None
+    forward: Callable[..., ModelOutput] | None = None
 
 
-def workspace_for(model: FedModel, spec: MethodSpec) -> Workspace:
-    """The workspace a method needs around ``model``: frozen copies only for the parts that read them."""
+def workspace_for(model: FedModel, spec: MethodSpec, compile_model: bool = False) -> Workspace:
+    """The workspace a method needs around ``model``: frozen copies only for the parts that read them,
+    the compiled forward when ``compile_model``."""
     parts = spec.all_parts()
-    return Workspace(model=model,
+    return Workspace(model=model, forward=forward_of(model, compile_model),
                      global_copy=copy.deepcopy(model) if any(p.needs_global_out for p in parts) else None,
                      previous=copy.deepcopy(model) if any(p.needs_prev_out for p in parts) else None,
                      personal=copy.deepcopy(model) if spec.personalization.kind == "ditto" else None)
@@ -205,6 +209,7 @@ def local_update(ws: Workspace, global_state: Tensors, data: Split, spec: Method
     flops = 0
     x_all, y_all = data.x, data.y
     params = dict(model.named_parameters())
+    forward = model if ws.forward is None else ws.forward
     for epoch in _epochs(len(data), s, generator):
         for idx in epoch:
             y = y_all[idx].to(s.device)
@@ -221,7 +226,7 @@ def local_update(ws: Workspace, global_state: Tensors, data: Split, spec: Method
             if has_previous:
                 with torch.no_grad():
                     prev_out = ws.previous(x, taps)
-            out = model(x, taps)
+            out = forward(x, taps)
             task = task_loss(spec.loss, out.logits, y, temperature=spec.temperature)
             ctx = TermContext(out, y, params, rc.global_params, global_out,
                               prev_out, s.num_classes, rc.state, rc.payload, rc.scratch, rc)

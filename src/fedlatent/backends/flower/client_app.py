@@ -125,7 +125,7 @@ def job_for(config_toml: str, node_config: dict[str, Any], normalization: Tensor
                 ClientData(*(normalized(s, mean, std) for s in (c.train, c.val, c.test))) for c in federation.clients])
         device = torch.device(config.train.device)
         model = make_model(config, federation, spec).to(device)
-        ws = workspace_for(model, spec)
+        ws = workspace_for(model, spec, config.train.compile)
         initial = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
         _BUILT[key] = Job(config, spec, federation, {}, ws, device, initial)
     job = _BUILT[key]

@@ -111,23 +111,25 @@ def test_curves_whose_limits_change_are_drawn_in_full_with_the_pixels_of_a_full_
     curves.save(tmp_path / "first.png")
     loss_limits = curves.axes[1].get_ylim()
     full_draws = _counting_full_draws(curves, monkeypatch)
-    more = [*lines, {"round": 3, "train_loss": 0.05, "test_accuracy": 0.9}]
+    more = [*lines, {"round": 3, "train_loss": 3.5, "test_accuracy": 0.9}]  # above the loss axis
     curves.update(more)
     drawn = _pixels(curves.save(tmp_path / "drawn.png"))
-    assert full_draws == [1] and curves.axes[1].get_ylim()[0] < loss_limits[0]
+    assert full_draws == [1] and curves.axes[1].get_ylim()[1] > loss_limits[1]
     assert np.array_equal(drawn, _full_draw(more, 5, tmp_path / "full.png"))
 
 
-def test_curves_span_the_planned_rounds_and_snap_their_y_limits_to_ticks() -> None:
+def test_curves_span_the_planned_rounds_accuracy_0_to_1_and_the_loss_from_0_to_a_tick() -> None:
     curves = plots.LearningCurves(rounds=20)
     curves.update([{"round": 1, "train_loss": 1.234, "test_accuracy": 0.412},
                    {"round": 2, "train_loss": 0.987, "test_accuracy": 0.633}])
     for ax in curves.axes:
         low, high = ax.get_xlim()
         assert low < 1 and high > 20  # all 20 rounds fit from the first one
-        ticks = ax.yaxis.get_major_locator()()
-        assert ax.get_ylim()[0] in ticks and ax.get_ylim()[1] in ticks
-    assert curves.axes[0].get_ylim()[0] <= 0.412 and curves.axes[0].get_ylim()[1] >= 0.633
+    accuracy, loss = (ax.get_ylim() for ax in curves.axes)
+    assert accuracy[0] < 0 and accuracy[1] > 1
+    assert loss[0] == 0 and loss[1] >= 1.234 and loss[1] in curves.axes[1].yaxis.get_major_locator()()
+    curves.update([{"round": r, "train_loss": 1.2 - 0.05 * r, "test_accuracy": 0.4 + 0.02 * r} for r in range(1, 21)])
+    assert [ax.get_ylim() for ax in curves.axes] == [accuracy, loss]  # a run that improves keeps its axes
     longer = plots.LearningCurves(rounds=2)  # a resumed run's file may hold more rounds than planned
     longer.update([{"round": r, "train_loss": 1.0} for r in (1, 2, 3)])
     assert longer.axes[1].get_xlim()[1] > 3

@@ -369,3 +369,27 @@ def test_first_nonfinite_names_the_first_bad_tensor_and_is_not_fooled_by_an_over
     mixed = {"h": torch.tensor([1.0, float("nan")], dtype=torch.float16), "f": torch.ones(2, dtype=torch.float64)}
     assert first_nonfinite(mixed) == "h"
     assert first_nonfinite({**mixed, "h": torch.ones(2, dtype=torch.float16)}) is None
+
+
+def test_losses_are_checked_in_one_sum_and_an_overflowing_sum_falls_back_to_each_upload() -> None:
+    from fedlatent.config import TrainConfig
+    from fedlatent.federated.failures import losses_finite, screen
+    from fedlatent.federated.round import checked_all
+    from fedlatent.methods.parts import Upload
+
+    def upload(cid: int, **metrics: float | None) -> Upload:
+        return Upload(cid, {"w": torch.ones(2)}, 10, 3, 0.1, 0.0,
+                      metrics={"train_loss": 0.5, "train_seconds": float("inf"), **metrics})
+
+    assert losses_finite([]) and losses_finite([upload(0), upload(1, term_prox=0.1, personal_loss=None)])
+    for bad in (float("nan"), float("inf"), float("-inf")):
+        assert not losses_finite([upload(0), upload(1, term_prox=bad)])
+        assert not losses_finite([upload(0, personal_loss=bad)])
+    assert losses_finite([upload(0, steps=float("inf"))])  # not a loss: nonfinite_quantity does not read it
+    big = [upload(0, train_loss=1e308), upload(1, train_loss=1e308)]  # finite, but their sum overflows
+    assert not losses_finite(big)
+    kept, dropped = screen(0, big, TrainConfig(on_nonfinite="drop"))
+    assert [u.client_id for u in kept] == [0, 1] and not dropped
+    assert checked_all(big, {0: {}, 1: {}}) == big
+    outcomes = checked_all([upload(0), upload(1, term_prox=float("nan"))], {0: {}, 1: {}})
+    assert outcomes[0].client_id == 0 and (outcomes[1].client, outcomes[1].detail) == (1, "non-finite term prox (nan)")

@@ -368,3 +368,47 @@ def test_parts_hold_only_their_configuration(name: str, keys: dict, trainer) -> 
     for part, made in zip(spec.all_parts(), fresh.all_parts()):
         assert vars(part).keys() == vars(made).keys(), part.name
     assert seen and all(rc.scratch == {} for rc in seen)
+
+
+@pytest.mark.parametrize("drop_last", [False, True])
+@pytest.mark.parametrize("compact", [False, True])
+def test_pooled_batches_are_each_client_s_own_draws(drop_last: bool, compact: bool) -> None:
+    """Without augmentation a step's batches are one gather from the clients' data concatenated:
+    the same indices, inputs and labels, step by step, as each client drawing from its own
+    generator (``client.batches``, epoch by epoch) and indexing its own data."""
+    from fedlatent.data.compact import Images
+    from fedlatent.data.types import Split
+    from fedlatent.federated.client import LocalSettings, batch_count, batches
+    from fedlatent.federated.lockstep import _Batches
+
+    sizes = [5, 11, 11, 1, 8]
+    gen = torch.Generator().manual_seed(0)
+    datas = []
+    for n in sizes:
+        raw = torch.randint(0, 256, (n, 3, 4, 4), dtype=torch.uint8, generator=gen)
+        x = Images(raw, [0.5, 0.4, 0.3], [0.2, 0.25, 0.3], crop=2) if compact else raw.float()
+        datas.append(Split(x, torch.randint(0, 10, (n,), generator=gen)))
+    s = LocalSettings(epochs=2, batch_size=4, lr=0.1, momentum=0.0, weight_decay=0.0, drop_last=drop_last,
+                      augment=False, num_classes=10)
+    seeds = [7, 8, 9, 10, 11]
+    draws = _Batches(datas, sizes, s, [torch.Generator().manual_seed(k) for k in seeds])
+    own = [iter([idx for _ in range(s.epochs) for idx in batches(n, s.batch_size, drop_last, g)])
+           for n, g in zip(sizes, [torch.Generator().manual_seed(k) for k in seeds])]
+    left = [s.epochs * batch_count(n, s.batch_size, drop_last) for n in sizes]
+    longest = max(left)
+    active = [c for c in range(len(sizes)) if left[c]]
+    steps = 0
+    while active:
+        taken = draws.take(active)
+        expected = {c: next(own[c]) for c in active}
+        for size in {draws.size(b) for b in taken.values()}:
+            members = [c for c in active if draws.size(taken[c]) == size]
+            x, y = draws.stacked(taken, members)
+            assert x.shape[:2] == y.shape == (len(members), size)
+            for row, c in enumerate(members):
+                assert torch.equal(taken[c], expected[c])
+                assert torch.equal(x[row], datas[c].x[expected[c]]) and torch.equal(y[row], datas[c].y[expected[c]])
+            steps += 1
+        left = [k - (c in taken) for c, k in enumerate(left)]
+        active = [c for c in active if left[c]]
+    assert (steps > longest or drop_last) and all(next(it, None) is None for it in own)  # short batches split steps

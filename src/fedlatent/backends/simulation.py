@@ -76,6 +76,10 @@ class Setup:
     trainer: Trainer = train_in_turn
     metrics: list[dict[str, Any]] = field(default_factory=list)
     diagnostics: Diagnostics | None = None
+    train_sizes: list[int] = field(init=False)  # the census of training-set sizes, taken once
+
+    def __post_init__(self) -> None:
+        self.train_sizes = [len(c.train) for c in self.federation.clients]
 
 
 def make_model(config: RunConfig, federation: Federation, spec: MethodSpec) -> FedModel:
@@ -120,7 +124,7 @@ def train_clients(s: Setup, tasks: list[ClientTask]) -> tuple[list[Upload | Clie
     cfg, fed = s.config, s.federation
     selected = [t.client_id for t in tasks]
     local = settings(s, tasks[0].lr, cfg.train.local_epochs)
-    rcs = [client_round(t, s.client_states[t.client_id], len(fed.clients[t.client_id].train), s.workspace.model,
+    rcs = [client_round(t, s.client_states[t.client_id], s.train_sizes[t.client_id], s.workspace.model,
                         local.momentum, cfg.seed) for t in tasks]
     generators = client_generators(cfg.seed, tasks[0].round, selected)
     try:
@@ -138,7 +142,7 @@ def run_round(s: Setup, rnd: int) -> dict[str, Any]:
     keeps the state it had before the round."""
     cfg = s.config
     started = time.perf_counter()
-    tasks = plan_round(s.server, cfg, rnd, [len(c.train) for c in s.federation.clients])
+    tasks = plan_round(s.server, cfg, rnd, s.train_sizes)
     outcomes, states = train_clients(s, tasks)
     result = close_round(s.server, cfg, rnd, tasks, outcomes)
     for upload in result.uploads:

@@ -24,8 +24,8 @@ from fedlatent.methods.parts import Tensors, Upload
 
 LOSS_KEYS = ("train_loss", "personal_loss")  # besides every "term_*" metric
 
-__all__ = ["ClientFailure", "RunStopped", "all_finite", "error_detail", "first_nonfinite", "nonfinite_quantity",
-           "screen", "upload_tensors"]
+__all__ = ["ClientFailure", "RunStopped", "all_finite", "error_detail", "first_nonfinite", "losses_finite",
+           "nonfinite_quantity", "screen", "upload_tensors"]
 
 
 @dataclass(frozen=True)
@@ -62,6 +62,15 @@ def nonfinite_quantity(upload: Upload, state: Tensors | None = None, *, tensors_
         if name is not None:
             return f"{where} {name}"
     return None
+
+
+def losses_finite(uploads: Iterable[Upload]) -> bool:
+    """Whether every loss and term of ``uploads`` (the quantities :func:`nonfinite_quantity` checks
+    before the tensors) is finite, in one sum over them all: a NaN or an infinity makes it
+    non-finite. False may also mean the sum overflowed, so a caller checks upload by upload before
+    it names anything (a round's clients checked one by one cost ~3 µs apiece, twice a round)."""
+    return math.isfinite(sum(value for u in uploads for key, value in u.metrics.items()
+                             if value is not None and (key in LOSS_KEYS or key.startswith("term_"))))
 
 
 def upload_tensors(upload: Upload) -> list[Tensors]:
@@ -118,10 +127,12 @@ def screen(rnd: int, outcomes: list[Upload | ClientFailure],
     :class:`RunStopped` when the policy says stop or too few clients remain."""
     kept: list[Upload] = []
     dropped: list[ClientFailure] = []
-    finite = all_finite(t for o in outcomes if isinstance(o, Upload) for t in upload_tensors(o))
+    uploads = [o for o in outcomes if isinstance(o, Upload)]
+    finite = all_finite(t for u in uploads for t in upload_tensors(u))
+    clean = finite and losses_finite(uploads)  # the common case: nothing to look for upload by upload
     for outcome in outcomes:
         if isinstance(outcome, Upload):
-            quantity = nonfinite_quantity(outcome, tensors_finite=finite)
+            quantity = None if clean else nonfinite_quantity(outcome, tensors_finite=finite)
             if quantity is None:
                 kept.append(outcome)
                 continue

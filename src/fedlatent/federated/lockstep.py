@@ -36,6 +36,7 @@ from __future__ import annotations
 import time
 from collections import defaultdict
 from collections.abc import Iterator
+from itertools import accumulate
 from typing import Callable
 
 import torch
@@ -190,6 +191,46 @@ def _stream(data: Split, s: LocalSettings, generator: torch.Generator) -> Iterat
             yield idx, x, data.y[idx].to(s.device)
 
 
+class _Batches:
+    """The round's batches of the clients of one stack, drawn from each client's generator in the
+    sequential client's order. With augmentation, client by client (:func:`_stream`: a batch's
+    transform draws from the generator between the epochs' permutations). Without, each client's
+    index batches of the whole round are drawn at the start (its permutations, epoch after epoch:
+    nothing else draws from its generator), and a step's batches of a group are one gather from
+    the clients' training sets concatenated once, not one per client and a stack."""
+
+    def __init__(self, datas: list[Split], sizes: list[int], s: LocalSettings,
+                 generators: list[torch.Generator]) -> None:
+        self.device = s.device
+        if s.augment:
+            self.streams = [_stream(d, s, g) for d, g in zip(datas, generators)]
+            return
+        self.pool = Split.concat(datas)
+        self.offsets = [0, *accumulate(sizes)][:-1]
+        self.streams = [iter([idx for _ in range(s.epochs) for idx in batches(n, s.batch_size, s.drop_last, g)])
+                        for n, g in zip(sizes, generators)]
+
+    def take(self, active: list[int]) -> dict[int, Tensor | tuple[Tensor, Tensor, Tensor]]:
+        """The next batch of each client of ``active``: its indices (the pooled form) or (indices, x, y)."""
+        return {c: next(self.streams[c]) for c in active}
+
+    @staticmethod
+    def size(batch: Tensor | tuple[Tensor, Tensor, Tensor]) -> int:
+        return len(batch) if isinstance(batch, Tensor) else len(batch[0])
+
+    def stacked(self, taken: dict[int, Tensor | tuple[Tensor, Tensor, Tensor]],
+                members: list[int]) -> tuple[Tensor, Tensor]:
+        """The (clients, batch, …) inputs and (clients, batch) labels of ``members``' batches (one size)."""
+        if not isinstance(taken[members[0]], Tensor):
+            return (torch.stack([taken[c][1] for c in members]), torch.stack([taken[c][2] for c in members]))
+        size = len(taken[members[0]])
+        flat = torch.cat([taken[c] for c in members]) if len(members) > 1 else taken[members[0]]
+        if any(self.offsets[c] for c in members):
+            flat = flat + torch.tensor([self.offsets[c] for c in members]).repeat_interleave(size)
+        x, y = self.pool.x[flat].to(self.device), self.pool.y[flat].to(self.device)
+        return x.unflatten(0, (len(members), size)), y.unflatten(0, (len(members), size))
+
+
 class _Shared:
     """The frozen round-start model every client starts from, run on a (clients, batch, …) input
     as one plain forward (eval mode: no batch statistics, so flattening the clients together
@@ -265,8 +306,9 @@ def _train_together(ws: Workspace, starts: list[Tensors], datas: list[Split], sp
     sizes, so a step's group of one batch size is mostly a run of adjacent rows (trained on views
     of the stack, not on copies written back)."""
     started = time.perf_counter()
-    order = sorted(range(len(rcs)), key=lambda c: len(datas[c]))
-    starts, datas, rcs, generators = ([xs[c] for c in order] for xs in (starts, datas, rcs, generators))
+    sizes = [len(d) for d in datas]
+    order = sorted(range(len(rcs)), key=sizes.__getitem__)
+    starts, datas, rcs, generators, sizes = ([xs[c] for c in order] for xs in (starts, datas, rcs, generators, sizes))
     model, device, count = ws.model, s.device, len(rcs)
     model.train()  # the template's mode is what functional_call runs (BatchNorm: batch statistics)
     names = list(model.state_dict())
@@ -305,20 +347,19 @@ def _train_together(ws: Workspace, starts: list[Tensors], datas: list[Split], sp
 
     sums: dict[str, Tensor] = defaultdict(lambda: torch.zeros(count))
     seen: dict[str, Tensor] = defaultdict(lambda: torch.zeros(count, dtype=torch.bool))
-    streams = [_stream(d, s, g) for d, g in zip(datas, generators)]
+    draws = _Batches(datas, sizes, s, generators)
     steps = [0] * count
-    total = [s.epochs * batch_count(len(d), s.batch_size, s.drop_last) for d in datas]  # each client's steps
+    total = [s.epochs * batch_count(n, s.batch_size, s.drop_last) for n in sizes]  # each client's steps
     active = [c for c in range(count) if total[c]]
     while active:
-        taken = {c: next(streams[c]) for c in active}
+        taken = draws.take(active)
         by_size: dict[int, list[int]] = defaultdict(list)
         for c in active:
             steps[c] += 1
-            by_size[len(taken[c][0])].append(c)
+            by_size[draws.size(taken[c])].append(c)
         for members in by_size.values():
             group = _group(members, count, device)
-            x = torch.stack([taken[c][1] for c in members])
-            y = torch.stack([taken[c][2] for c in members])
+            x, y = draws.stacked(taken, members)
             record = _recorder(sums, seen, members)
             group_rcs = [rcs[c] for c in members]
             global_out = frozen.out(group, x) if frozen is not None else None

@@ -26,7 +26,7 @@ from fedlatent.config import RunConfig, TrainConfig
 from fedlatent.data.augment import Augmentation
 from fedlatent.data.types import Split
 from fedlatent.federated.client import LocalSettings, Workspace, local_update
-from fedlatent.federated.failures import (ClientFailure, RunStopped, all_finite, first_nonfinite,
+from fedlatent.federated.failures import (ClientFailure, RunStopped, all_finite, first_nonfinite, losses_finite,
                                          nonfinite_quantity, screen, upload_tensors)
 from fedlatent.federated.server import Server
 from fedlatent.methods.parts import ClientRound, MethodSpec, Tensors, Upload
@@ -204,8 +204,11 @@ def checked(upload: Upload, new_state: Tensors, *, tensors_finite: bool = False)
 
 def checked_all(outcomes: list[Upload | ClientFailure], states: dict[int, Tensors]) -> list[Upload | ClientFailure]:
     """:func:`checked` for every upload of clients played in one process (``states``: their new
-    states by id), their tensors checked together first (:func:`~fedlatent.federated.failures.all_finite`)."""
+    states by id), their tensors and losses checked together first
+    (:func:`~fedlatent.federated.failures.all_finite`, :func:`~fedlatent.federated.failures.losses_finite`)."""
     uploads = [o for o in outcomes if isinstance(o, Upload)]
     finite = all_finite(t for u in uploads for t in (*upload_tensors(u), states[u.client_id]))
+    if finite and losses_finite(uploads):  # the common case: every reply stands as it is
+        return outcomes
     return [checked(o, states[o.client_id], tensors_finite=finite) if isinstance(o, Upload) else o
             for o in outcomes]

@@ -46,6 +46,9 @@ def test_take_and_concat_stay_compact() -> None:
     assert isinstance(sub.x, Images) and torch.equal(sub.x.data, torch.from_numpy(raw[[4, 1]]))
     both = Split.concat([sub, split])
     assert isinstance(both.x, Images) and len(both) == 7 and torch.equal(both.x[0], split.x[4])
+    other = Images(images.data, images.mean.flatten() + 0.1, images.std.flatten(), images.crop)
+    with pytest.raises(ValueError, match="statistics or crops differ"):
+        Images.concat([images, other])
 
 
 def test_image_pool_is_uint8_and_standardised_with_training_statistics(tmp_path: Path) -> None:

@@ -63,7 +63,12 @@ class Images:
 
     @staticmethod
     def concat(parts: Sequence["Images"]) -> "Images":
-        """Parts that share their statistics and crop, one after another."""
+        """Parts that share their statistics and crop, one after another (parts that do not are refused:
+        one set of statistics would standardise some of them wrongly)."""
+        first = parts[0]
+        if any(p.crop != first.crop or not torch.equal(p.mean, first.mean) or not torch.equal(p.std, first.std)
+               for p in parts[1:]):
+            raise ValueError("Images.concat: the parts' standardisation statistics or crops differ")
         return Images(torch.cat([p.data for p in parts]), parts[0].mean.flatten(), parts[0].std.flatten(),
                       parts[0].crop)
 

@@ -96,8 +96,8 @@ class LearningCurves:
     to its largest value so far (usually the first round's) snapped up to a tick value
     (matplotlib's ``axes.autolimit_mode = "round_numbers"``). Fitted to the data instead, a slowly
     improving run changed its limits at 18 of 20 rounds (the 100-client digits workload). The two
-    lines are animated artists: a full draw (:meth:`render` when the limits changed, ~30 ms of text layout on the digits workload) paints everything else and keeps
-    it as a background; otherwise the background is restored and only the lines are drawn on it
+    lines are animated artists: a full draw (:meth:`render` when the limits changed, ~30 ms of text
+    layout on the digits workload) paints everything else and keeps it as a background; otherwise the background is restored and only the lines are drawn on it
     (blitting, ~1 ms). Either way the pixels are those of a full draw of the same data (tested)."""
 
     def __init__(self, rounds: int | None = None) -> None:

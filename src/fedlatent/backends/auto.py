@@ -3,10 +3,12 @@
 ``vectorized`` where the run trains in lockstep (:func:`fedlatent.backends.vectorized.refusal`
 finds nothing to refuse), ``train.compile`` is off, the model has no dropout and, on a CPU, no
 convolution and enough clients per round (:data:`FEWEST_CLIENTS`); ``simulation`` otherwise.
-Both give the same numbers up to float rounding (``tests/test_vectorized.py``), so the choice is one of speed only (dropout masks are drawn differently in lockstep: same distribution,
-other numbers, so a model with dropout stays on the sequential path). The figures behind it (``fedlatent bench``, ``benchmarks/README.md``; 2 cores,
-1 thread): on the digits MLP the vectorized round costs ~0.4× the simulation round with 10 clients
-and less with 100, while the small CNN runs 1.45× slower vectorized on a CPU (vmap turns each
+Both give the same numbers up to float rounding (``tests/test_vectorized.py``), so the choice is
+one of speed only (dropout masks are drawn differently in lockstep: same distribution, other
+numbers, so a model with dropout stays on the sequential path). The figures behind it
+(``fedlatent bench``, ``benchmarks/README.md``; 2 cores, 1 thread): on the digits MLP the
+vectorized round costs ~0.4× the simulation round with 10 clients and less with 100, while the
+small CNN's run is 1.3× slower vectorized on a CPU (vmap turns each
 convolution into a grouped one, which the CPU kernels run slower than C separate ones). On a CUDA
 device convolutions go vectorized too: there one small kernel per client and operator leaves the
 device idle between launches, which is what lockstep removes; re-run ``fedlatent bench`` on the

@@ -95,6 +95,7 @@ def test_calibration_parity_through_messages(name, tmp_path, monkeypatch):
     assert max_diff(embedded_rounds[-1], flower_rounds[-1]) <= 1e-5
     for key in ("accuracy", "uncalibrated_accuracy"):
         assert embedded["final"][key] == pytest.approx(flower["final"][key], abs=1e-9)
+    assert flower["final"]["bytes_calibration_up"] == embedded["final"]["bytes_calibration_up"] > 0
 
 
 @pytest.mark.slow

@@ -10,8 +10,8 @@ import torch
 from torch import nn
 from torch.func import functional_call
 
-from fedlatent.losses.mmd import squared_distances
-from fedlatent.losses.mmd_d import (DeepKernel, _batched_distances, _SignedRowSums, _stacked_power, deep_kernel_matrix, mmd_d, mmd_d_power,
+from fedlatent.losses.mmd import batched_self_distances, squared_distances
+from fedlatent.losses.mmd_d import (DeepKernel, _SignedRowSums, _stacked_power, deep_kernel_matrix, mmd_d, mmd_d_power,
                                     mmd_d_stacked, stack_parameters, train_deep_kernel, train_deep_kernels)
 
 SEMANTICS = ["official", "paper"]
@@ -386,7 +386,7 @@ def test_batched_distances_both_forms(rows: int, dim: int) -> None:
     """The per-step form (differences, small stacks) and the large-stack form agree with
     squared_distances per problem, zero diagonal included."""
     a = torch.randn(3, rows, dim, generator=torch.Generator().manual_seed(14), dtype=torch.float64)
-    got = _batched_distances(a)
+    got = batched_self_distances(a)
     for k in range(3):
         torch.testing.assert_close(got[k], squared_distances(a[k]), rtol=1e-12, atol=1e-12)
         assert bool((got[k].diagonal() == 0).all())

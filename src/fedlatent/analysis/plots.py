@@ -165,10 +165,3 @@ class LearningCurves:
 def _floats(values) -> np.ndarray:
     """Values as floats, a missing one (a round that kept no client has no loss) as NaN: a gap."""
     return np.array([np.nan if v is None else v for v in values], dtype=np.float64)
-
-
-def learning_curves(metrics: list[dict[str, Any]], path: Path, rounds: int | None = None) -> Path:
-    """Test accuracy and training loss over rounds (``rounds``: the x-axis' extent, see :class:`LearningCurves`)."""
-    curves = LearningCurves(rounds)
-    curves.update(metrics)
-    return curves.save(path)

@@ -46,10 +46,9 @@ def choose(config: RunConfig, federation: Federation, spec: MethodSpec) -> tuple
         return "simulation", "train.compile = true compiles the sequential client step"
     if any(isinstance(m, torch.nn.modules.dropout._DropoutNd) for m in model.modules()):
         return "simulation", "dropout masks are drawn differently in lockstep"
-    convolutions = any(isinstance(m, torch.nn.modules.conv._ConvNd) for m in model.modules())
-    if convolutions and torch.device(config.train.device).type == "cpu":
-        return "simulation", "convolutions run slower in lockstep on a CPU"
     if torch.device(config.train.device).type == "cpu":
+        if any(isinstance(m, torch.nn.modules.conv._ConvNd) for m in model.modules()):
+            return "simulation", "convolutions run slower in lockstep on a CPU"
         terms = spec.personalization.kind == "ditto" or any(p.has_term() for p in spec.all_parts())
         kind = "terms" if terms else "plain"
         per_round = len(sample_clients(config.seed, 0, len(federation.clients), config.train.participation))

@@ -26,12 +26,12 @@ from fedlatent.data.types import Federation, Split
 from fedlatent.errors import UserInputError
 from fedlatent.federated import calibrate
 from fedlatent.federated.background import BackgroundWriter
-from fedlatent.federated.client import LocalSettings, Workspace, local_update, workspace_for
+from fedlatent.federated.client import LocalSettings, Workspace, local_update, state_to_cpu, workspace_for
 from fedlatent.federated.diagnostics import Diagnostics
 from fedlatent.federated.evaluation import client_validation, evaluate
 from fedlatent.federated.failures import ClientFailure, error_detail
 from fedlatent.federated.personal import client_report, combine_reports
-from fedlatent.federated.round import (ClientTask, checked_all, client_generators, client_round, close_round,
+from fedlatent.federated.round import (ClientTask, calibration_due, checked_all, client_generators, client_round, close_round,
                                        local_settings, nbytes, plan_round, round_lr)
 from fedlatent.federated.round import sample_clients as sample_clients  # the embedded backend's sampling
 from fedlatent.federated.server import Server
@@ -93,14 +93,20 @@ def make_model(config: RunConfig, federation: Federation, spec: MethodSpec) -> F
 def setup(config: RunConfig, federation: Federation, spec: MethodSpec, trainer: Trainer = train_in_turn) -> Setup:
     # torch imports torch._dynamo (~1 s, once per process) when the first optimiser is built: pay
     # it here, so that it does not count as the first round's local-training time
-    torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0)
     device = torch.device(config.train.device)
-    model = make_model(config, federation, spec).to(device)
+    model, server = initial_server(config, federation, spec)
     ws = workspace_for(model, spec, config.train.compile)
-    state = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
-    server = Server(spec, state, [n for n, _ in model.named_parameters()], trainable_names(model),
-                    config.server, len(federation.clients))
     return Setup(config, federation, spec, ws, server, [{} for _ in federation.clients], device, trainer)
+
+
+def initial_server(config: RunConfig, federation: Federation, spec: MethodSpec) -> tuple[FedModel, Server]:
+    """The run's model on its device and the server holding its initial weights (both backends'
+    start; torch's one-off optimiser import first, so that it is not counted in round 1)."""
+    torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0)
+    model = make_model(config, federation, spec).to(config.train.device)
+    server = Server(spec, state_to_cpu(model), [n for n, _ in model.named_parameters()], trainable_names(model),
+                    config.server, len(federation.clients))
+    return model, server
 
 
 def settings(s: Setup, lr: float, epochs: int) -> LocalSettings:
@@ -147,7 +153,7 @@ def run_round(s: Setup, rnd: int) -> dict[str, Any]:
     result = close_round(s.server, cfg, rnd, tasks, outcomes)
     for upload in result.uploads:
         s.client_states[upload.client_id] = states[upload.client_id]
-    if s.spec.calibration.kind == "ffc" and s.spec.calibration.every and (rnd + 1) % s.spec.calibration.every == 0:
+    if calibration_due(s.spec, rnd):
         s.server.global_state, sent = calibrated(s, s.server.global_state)
         result.metrics["bytes_calibration_up"] = sent
     line: dict[str, Any] = {"round": rnd + 1, "lr": tasks[0].lr, **result.metrics}

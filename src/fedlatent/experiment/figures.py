@@ -56,7 +56,7 @@ class FigureProcess:
     def start_run(self, run_dir: Path) -> int:
         """Mark the start of a run's requests; its number, for :meth:`finish_run`."""
         self.runs += 1
-        self.send({"run": str(run_dir), "id": self.runs})
+        self.send({"run": str(run_dir)})
         return self.runs
 
     def send(self, message: dict[str, Any]) -> None:
@@ -85,13 +85,17 @@ class FigureProcess:
         except ChildProcessError:  # reaped already
             return True
 
-    def stop(self) -> None:
-        """End of input: the process ends (or has ended); reap it."""
+    def close_pipes(self) -> None:
+        """This end of both pipes closed: the figure process sees the end of its input."""
         for pipe in (self.requests, self.replies):
             try:
                 pipe.close()
             except OSError:
                 pass
+
+    def stop(self) -> None:
+        """End of input: the process ends (or has ended); reap it."""
+        self.close_pipes()
         try:
             os.waitpid(self.pid, 0)
         except ChildProcessError:  # reaped already
@@ -106,11 +110,7 @@ def shared_process() -> FigureProcess:
     belongs to the process this one was forked from."""
     global _process
     if _process is not None and _process.owner != os.getpid():
-        for pipe in (_process.requests, _process.replies):  # the parent's: let its process see its end
-            try:
-                pipe.close()
-            except OSError:
-                pass
+        _process.close_pipes()  # the parent's: let its process see its end
         _process = None
     if _process is not None and _process.exited():
         _process.stop()
@@ -207,7 +207,7 @@ def distinct(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def _serve(requests: int, replies: int) -> int:
-    """The figure process' loop over its runs (``{"run": folder, "id": n}``, figure requests,
+    """The figure process' loop over its runs (``{"run": folder}``, figure requests,
     ``{"end": n}``, answered by ``drawn n``): draw the requests that arrived since the last drawing, each
     once; the curves are brought up to date at every request but their PNG is written only when
     they show the last round, every :data:`REWRITE_SECONDS` before that, and at the run's end.

@@ -213,13 +213,14 @@ def _train(config: RunConfig, out: Path, federation: Federation, spec: MethodSpe
     if echo:
         echo(f"partition ({config.data.partition}, {len(federation.clients)} clients):\n{table}")
     bar = _progress_bar(config) if progress else None
-    curves_asked = []
+    curves_asked = False
 
     def on_line(line: dict[str, Any]) -> None:
+        nonlocal curves_asked
         if bar:
             bar.update_line(line)
         figures.draw("curves", rounds=config.train.rounds)  # kept current while the run trains
-        curves_asked.append(True)
+        curves_asked = True
 
     backend_started = time.perf_counter()
     try:
@@ -230,7 +231,7 @@ def _train(config: RunConfig, out: Path, federation: Federation, spec: MethodSpe
         if bar:
             bar.close()
         _summarize(config, spec, out, {"status": "stopped", "stop_reason": stop.reason},
-                   time.perf_counter() - started, figures, curves_asked=bool(curves_asked))
+                   time.perf_counter() - started, figures, curves_asked=curves_asked)
         raise
     backend_seconds = time.perf_counter() - backend_started
     if bar:
@@ -239,7 +240,7 @@ def _train(config: RunConfig, out: Path, federation: Federation, spec: MethodSpe
         figures.draw("diagnostics")
     return _summarize(config, spec, out, {"status": "completed", "final": final},
                       wall + time.perf_counter() - started - backend_seconds, figures,
-                      curves_asked=bool(curves_asked))
+                      curves_asked=curves_asked)
 
 
 def _summarize(config: RunConfig, spec: MethodSpec, out: Path, ending: dict[str, Any],

@@ -94,13 +94,20 @@ def sample_plan(sizes: list[int], cap: int, seed: int) -> list[Tensor]:
     return [pooled[(pooled >= lo) & (pooled < hi)] - int(lo) for lo, hi in zip(starts[:-1], starts[1:])]
 
 
-@torch.no_grad()
 def model_statistics(model: FedModel, state: Tensors, split: Split, which: set[str], num_classes: int,
                      sample: Tensor, batch_size: int, device: torch.device) -> Tensors:
-    """Client half: what one holder sends for the model ``state`` on its own ``split``. Always the
+    """Client half: what one holder sends for the model ``state`` on its own ``split``
+    (:func:`split_statistics` of ``model`` loaded with ``state``)."""
+    model.load_state_dict(state)
+    return split_statistics(model, split, which, num_classes, sample, batch_size, device)
+
+
+@torch.no_grad()
+def split_statistics(model: FedModel, split: Split, which: set[str], num_classes: int,
+                     sample: Tensor, batch_size: int, device: torch.device) -> Tensors:
+    """What one holder sends for ``model`` (loaded already) on its own ``split``. Always the
     count; ``collapse``: the float64 mean and centred scatter Σ(z − z̄)(z − z̄)ᵀ of z; ``uniformity``:
     the raw z of the rows ``sample`` (the server's seeded choice); ``per_class``: per-class hits and counts."""
-    model.load_state_dict(state)
     z, pred = dg.representations(model, split.x, batch_size, device)
     out: Tensors = {"count": torch.tensor(len(z))}
     if "collapse" in which:
@@ -254,11 +261,15 @@ class Diagnostics:
 
     def holder_statistics(self, model: FedModel, states: dict[str, Tensors]) -> dict[str, list[Tensors]]:
         """The client halves: each holder's :func:`model_statistics` of each named state, in holder
-        order (a backend whose holders are remote gathers them all in one exchange)."""
-        return {name: [model_statistics(model, state, split, self.which, self.federation.num_classes, sample,
-                                        self.batch_size, self.device)
-                       for split, sample in zip(self.splits, self.samples)]
-                for name, state in states.items()}
+        order (a backend whose holders are remote gathers them all in one exchange); each state
+        loaded once for all holders."""
+        stats: dict[str, list[Tensors]] = {}
+        for name, state in states.items():
+            model.load_state_dict(state)
+            stats[name] = [split_statistics(model, split, self.which, self.federation.num_classes, sample,
+                                            self.batch_size, self.device)
+                           for split, sample in zip(self.splits, self.samples)]
+        return stats
 
     def tsne(self, rnd: int, model: FedModel, global_state: Tensors, uploads: list[Upload]) -> dict[str, Any]:
         """t-SNE of the class's samples of the first ``tsne_clients`` clients holding at least two:

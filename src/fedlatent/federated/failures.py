@@ -49,9 +49,8 @@ def nonfinite_quantity(upload: Upload, state: Tensors | None = None, *, tensors_
     are finite. Losses first: they are what diverges first and what the user watches.
     ``tensors_finite``: the caller has found every tensor finite already (:func:`all_finite` over
     a whole round's uploads), so only the losses are left to check."""
-    for key in (*LOSS_KEYS, *sorted(k for k in upload.metrics if k.startswith("term_"))):
-        value = upload.metrics.get(key)
-        if value is not None and not math.isfinite(value):
+    for key, value in _losses(upload):
+        if not math.isfinite(value):
             return f"{key.replace('_', ' ')} ({value})"
     if tensors_finite:
         return None
@@ -69,8 +68,14 @@ def losses_finite(uploads: Iterable[Upload]) -> bool:
     before the tensors) is finite, in one sum over them all: a NaN or an infinity makes it
     non-finite. False may also mean the sum overflowed, so a caller checks upload by upload before
     it names anything (a round's clients checked one by one cost ~3 µs apiece, twice a round)."""
-    return math.isfinite(sum(value for u in uploads for key, value in u.metrics.items()
-                             if value is not None and (key in LOSS_KEYS or key.startswith("term_"))))
+    return math.isfinite(sum(value for u in uploads for _, value in _losses(u)))
+
+
+def _losses(upload: Upload) -> list[tuple[str, float]]:
+    """The losses and terms an upload reports (:data:`LOSS_KEYS`, then every ``term_*`` metric by
+    name), without the missing ones."""
+    keys = (*LOSS_KEYS, *sorted(k for k in upload.metrics if k.startswith("term_")))
+    return [(key, upload.metrics[key]) for key in keys if upload.metrics.get(key) is not None]
 
 
 def upload_tensors(upload: Upload) -> list[Tensors]:

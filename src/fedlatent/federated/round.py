@@ -172,6 +172,13 @@ def client_round(task: ClientTask, state: Tensors, num_samples: int, model: FedM
                        task.num_clients, task.total_samples, momentum, seed=seed)
 
 
+def calibration_due(spec: MethodSpec, rnd: int) -> bool:
+    """Whether the head is calibrated after round ``rnd`` (0-based) as well as at the end
+    (``algorithm.calibration_every``, periodic FFC)."""
+    cal = spec.calibration
+    return cal.kind == "ffc" and bool(cal.every) and (rnd + 1) % cal.every == 0
+
+
 def client_generator(seed: int, task: ClientTask) -> torch.Generator:
     """The generator of a client's local training in a round: (seed, round, client)."""
     return torch.Generator().manual_seed(derive_seed(seed, LOCAL_TRAINING, task.round, task.client_id))

@@ -29,13 +29,12 @@ import math
 import torch
 from torch import Tensor, nn
 
-from fedlatent.losses.mmd import squared_distances
+from fedlatent.losses.mmd import _LOG2E, batched_self_distances, squared_distances
 
 __all__ = ["DeepKernel", "deep_kernel_matrix", "mmd_d", "mmd_d_power", "mmd_d_stacked", "stack_parameters",
            "train_deep_kernel", "train_deep_kernels"]
 
 _SEMANTICS = ("official", "paper")
-_LOG2E = math.log2(math.e)
 _ESTIMATORS = ("unbiased", "unbiased_two_sample", "biased")
 
 
@@ -169,8 +168,8 @@ def mmd_d_stacked(xs: Tensor, ys: Tensor, template: DeepKernel, params: dict[str
     elif estimator == "unbiased_two_sample" and min(n, m) < 2:
         raise ValueError(f"the unbiased estimators need batch sizes ≥ 2, got {n} and {m}")
     rows = torch.cat([xs.flatten(2), ys.flatten(2)], 1)
-    d2_phi = _batched_distances(_stacked_featurize(template, params, rows))
-    d2_raw = _batched_distances(rows)
+    d2_phi = batched_self_distances(_stacked_featurize(template, params, rows))
+    d2_raw = batched_self_distances(rows)
     kappa = torch.exp(d2_phi * -torch.exp(-2.0 * params["log_sigma_phi"])[:, None, None])
     q = torch.exp(d2_raw * -torch.exp(-2.0 * params["log_sigma_q"])[:, None, None])
     eps = torch.sigmoid(params["eps_logit"])[:, None, None]
@@ -309,15 +308,6 @@ def _stacked_power(template: DeepKernel, params: dict[str, Tensor], rows: Tensor
     mmd_u = (total - (2.0 - 2.0 * k_xy).sum(1)) / (n * (n - 1))
     var = (4.0 / n ** 3 * r.pow(2).sum(1) - 4.0 / n ** 4 * total.pow(2)).clamp_min(0.0)
     return mmd_u / torch.sqrt(var + reg)
-
-
-def _batched_distances(a: Tensor) -> Tensor:
-    """(K, N, N) squared distances of the rows of each a[k] (K, N, d), with an exact zero diagonal:
-    from the differences while the (K, N, N, d) stack is small (per-step terms, the exact form),
-    else as :func:`squared_distances`."""
-    if a.shape[1] ** 2 * a.shape[2] <= 1 << 16:
-        return (a[:, :, None] - a[:, None]).square().sum(-1)
-    return torch.vmap(squared_distances)(a)
 
 
 def _stacked_hidden(template: DeepKernel, params: dict[str, Tensor], rows: Tensor) -> tuple[Tensor, int]:

@@ -40,8 +40,8 @@ from fedlatent.data.compact import Images
 from fedlatent.data.federation import build_federation, channel_census
 from fedlatent.data.types import ClientData, Federation, Split
 from fedlatent.federated.calibrate import client_statistics
-from fedlatent.federated.client import Workspace, workspace_for
-from fedlatent.federated.diagnostics import (label_counts, mean_value_counts, mean_value_range, model_statistics,
+from fedlatent.federated.client import Workspace, state_to_cpu, workspace_for
+from fedlatent.federated.diagnostics import (label_counts, mean_value_counts, mean_value_range, split_statistics,
                                              tsne_features, tsne_seed)
 from fedlatent.federated.evaluation import client_validation
 from fedlatent.federated.failures import ClientFailure, error_detail
@@ -126,7 +126,7 @@ def job_for(config_toml: str, node_config: dict[str, Any], normalization: Tensor
         device = torch.device(config.train.device)
         model = make_model(config, federation, spec).to(device)
         ws = workspace_for(model, spec, config.train.compile)
-        initial = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
+        initial = state_to_cpu(model)
         _BUILT[key] = Job(config, spec, federation, {}, ws, device, initial)
     job = _BUILT[key]
     if data_path:  # the node's own file holds its one client: client partition-id
@@ -235,20 +235,21 @@ def _models(msg: Message) -> dict[str, Tensors]:
 @app.query("diagnostics")
 def diagnostics(msg: Message, context: Context) -> Message:
     """Each served client's diagnostics statistics of every sent model on its split (the client
-    half, :func:`fedlatent.federated.diagnostics.model_statistics`), for the clients the server
+    half, :func:`fedlatent.federated.diagnostics.split_statistics`), for the clients the server
     sent rows of the uniformity sample to (those holding the split)."""
     job = _job(msg, context)
     asked = M.unpack_values(msg.content["diagnostics"])
     models = _models(msg)
     content = RecordDict()
-    for cid, client in job.clients.items():
-        if f"sample.{cid}" not in msg.content.array_records:
-            continue
-        rows = M.from_record(msg.content[f"sample.{cid}"])["rows"]
-        for name, state in models.items():
-            content[f"stats.{name}.{cid}"] = M.to_record(model_statistics(
-                job.workspace.model, state, getattr(client, asked["split"]), set(asked["which"]),
-                job.federation.num_classes, rows, job.config.eval.batch_size, job.device))
+    rows = {cid: M.from_record(msg.content[f"sample.{cid}"])["rows"] for cid in job.clients
+            if f"sample.{cid}" in msg.content.array_records}
+    model = job.workspace.model
+    for name, state in models.items():
+        model.load_state_dict(state)  # once for all the node's clients
+        for cid, sample in rows.items():
+            content[f"stats.{name}.{cid}"] = M.to_record(split_statistics(
+                model, getattr(job.clients[cid], asked["split"]), set(asked["which"]),
+                job.federation.num_classes, sample, job.config.eval.batch_size, job.device))
     return Message(content, reply_to=msg)
 
 

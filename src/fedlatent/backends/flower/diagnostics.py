@@ -23,14 +23,13 @@ from fedlatent.backends.flower import messages as M
 from fedlatent.config import RunConfig
 from fedlatent.data.types import Federation
 from fedlatent.errors import ConfigError
-from fedlatent.federated.diagnostics import (FEATURE_DIAGNOSTICS, Diagnostics, data_record, no_samples,
-                                             sample_plan)
+from fedlatent.federated.diagnostics import (_UNIFORMITY_SAMPLE, FEATURE_DIAGNOSTICS, Diagnostics, data_record,
+                                             no_samples, sample_plan)
 from fedlatent.methods.parts import Tensors
 from fedlatent.models.base import FedModel
 from fedlatent.seeding import DIAGNOSTICS, derive_seed
 
 Broadcast = Callable[[str, dict[str, Any]], dict[int, Message]]
-_UNIFORMITY_SAMPLE = 0  # seeding.DIAGNOSTICS sub-stream of the uniformity sample (federated.diagnostics)
 
 
 def model_records(states: dict[str, Tensors]) -> dict[str, Any]:

@@ -21,7 +21,8 @@ def to_record(tensors: Tensors) -> ArrayRecord:
 
 
 def from_record(record: ArrayRecord) -> Tensors:
-    return {k: v.clone() for k, v in record.to_torch_state_dict().items()}
+    """The tensors of ``record``: new tensors (Flower decodes each array afresh), not views of it."""
+    return dict(record.to_torch_state_dict())
 
 
 def pack_tasks(tasks: list[ClientTask], restore: dict[int, Tensors], withheld: frozenset[str] = frozenset(),

@@ -30,8 +30,8 @@ from flwr.serverapp import Grid, ServerApp
 
 from fedlatent.backends.flower import messages as M
 from fedlatent.backends.flower.diagnostics import FlowerDiagnostics
-from fedlatent.federated.round import ClientTask, close_round, plan_round
-from fedlatent.backends.simulation import make_model, metrics_upto, restore
+from fedlatent.federated.round import ClientTask, calibration_due, close_round, nbytes, plan_round
+from fedlatent.backends.simulation import initial_server, metrics_upto, restore
 from fedlatent.config import RunConfig, to_toml
 from fedlatent.data.federation import pooled_channel_stats
 from fedlatent.data.types import Federation
@@ -41,7 +41,7 @@ from fedlatent.federated.failures import ClientFailure, RunStopped
 from fedlatent.federated.personal import combine_reports
 from fedlatent.federated.server import Server
 from fedlatent.federated.state import save_checkpoint, write_atomically
-from fedlatent.methods.parts import MethodSpec, Tensors, Upload, trainable_names
+from fedlatent.methods.parts import MethodSpec, Tensors, Upload
 from fedlatent.models import FedModel
 from fedlatent.seeding import CALIBRATION, derive_seed
 
@@ -144,12 +144,8 @@ class ServerRun:
         return Census(node_of, *([by_client[cid] for cid in range(n)] for by_client in sizes.values()), norms)
 
     def setup(self) -> None:
-        torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0)  # torch's one-off import, outside round 1
-        self.model = make_model(self.config, self.federation, self.spec).to(self.config.train.device)
-        state = {k: v.detach().cpu().clone() for k, v in self.model.state_dict().items()}
-        self.initial = {k: v.clone() for k, v in state.items()}
-        self.server = Server(self.spec, state, [n for n, _ in self.model.named_parameters()],
-                             trainable_names(self.model), self.config.server, len(self.federation.clients))
+        self.model, self.server = initial_server(self.config, self.federation, self.spec)
+        self.initial = {k: v.clone() for k, v in self.server.global_state.items()}
         self.client_states = [{} for _ in self.federation.clients]
 
     def restore_for(self, cid: int) -> Tensors | None:
@@ -204,9 +200,8 @@ class ServerRun:
         for upload in result.uploads:
             if upload.client_id in new_states:
                 self.client_states[upload.client_id] = new_states[upload.client_id]
-        cal = self.spec.calibration
-        if cal.kind == "ffc" and cal.every and (rnd + 1) % cal.every == 0:
-            self.server.global_state = self.calibrated(self.server.global_state)
+        if calibration_due(self.spec, rnd):
+            self.server.global_state, result.metrics["bytes_calibration_up"] = self.calibrated(self.server.global_state)
         line: dict[str, Any] = {"round": rnd + 1, "lr": tasks[0].lr, **result.metrics}
         if (rnd + 1) % self.config.eval.every == 0 or rnd + 1 == self.config.train.rounds:
             line.update(self.evaluate_global())
@@ -256,9 +251,9 @@ class ServerRun:
                 for node in nodes]
         return {node: r for node, r in self.exchange(msgs).items() if r is not None and r.has_content()}
 
-    def calibrated(self, state: Tensors) -> Tensors:
+    def calibrated(self, state: Tensors) -> tuple[Tensors, int]:
         """``state`` with its head calibrated from the clients' statistics, gathered in an extra
-        round of messages and combined in client-id order."""
+        round of messages and combined in client-id order, and the bytes of those statistics."""
         stats: dict[int, Tensors] = {}
         for reply in self.broadcast("query.statistics", {"global": M.to_record(state)}).values():
             stats.update({int(name.split(".")[1]): M.from_record(record)
@@ -267,8 +262,8 @@ class ServerRun:
         if missing:
             self.warn(f"calibration without client(s) {missing} (no statistics came back)")
         generator = torch.Generator().manual_seed(derive_seed(self.config.seed, CALIBRATION))
-        return apply_statistics(state, [stats[cid] for cid in sorted(stats)], self.spec.calibration,
-                                *head_keys(self.model), generator)
+        return (apply_statistics(state, [stats[cid] for cid in sorted(stats)], self.spec.calibration,
+                                 *head_keys(self.model), generator), sum(nbytes(st) for st in stats.values()))
 
     def finish(self) -> dict[str, Any]:
         """Final evaluation: the global model on the test set (after calibration, when the method
@@ -277,7 +272,7 @@ class ServerRun:
         before = self.evaluate_global()
         state = self.server.global_state
         if self.spec.calibration.kind != "none":
-            state = self.calibrated(state)
+            state, final["bytes_calibration_up"] = self.calibrated(state)
             final.update({f"uncalibrated_{k.removeprefix('test_')}": v for k, v in before.items()})
             before = self.evaluate_global(state)
         final.update({k.removeprefix("test_"): v for k, v in before.items()})

@@ -217,11 +217,13 @@ class Diagnostics:
         return bool(self.which - {"data"}) and (rnd % self.cfg.every == 0 or rnd == self.rounds)
 
     def data_record(self) -> dict[str, Any]:
-        """The FedUV supplement's data figures: label counts and per-client mean-input histograms."""
+        """The FedUV supplement's data figures: label counts and per-client mean-input histograms,
+        in one pass over each training set (this process holds them all; the client halves that
+        Flower's nodes run give the same record: tests/test_diagnostics_halves.py)."""
         trains = [c.train for c in self.federation.clients]
-        edges = dg.histogram_edges([mean_value_range(t) for t in trains], self.cfg.histogram_bins)
-        return data_record([label_counts(t, self.federation.num_classes) for t in trains], edges,
-                           [mean_value_counts(t, edges) for t in trains])
+        pooled = dg.mean_value_histograms([t.x[:] for t in trains], self.cfg.histogram_bins)  # each set read once
+        return data_record([label_counts(t, self.federation.num_classes) for t in trains],
+                           np.asarray(pooled["edges"]), pooled["counts"])
 
     def record(self, rnd: int, model: FedModel, global_state: Tensors, uploads: list[Upload]) -> None:
         """Diagnostics of round ``rnd`` for the global model and, when asked, each upload's local

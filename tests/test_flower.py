@@ -210,6 +210,18 @@ def test_resume_restores_client_states_from_the_checkpoint(tmp_path, monkeypatch
     assert max_diff(whole[-1], resumed[-1]) == 0.0
 
 
+def test_restored_client_states_go_only_to_the_node_serving_each_client():
+    """After a resume, the final report sends a checkpointed client state to its own node only,
+    and none to a client this process has reached already (its node holds it) or that has none."""
+    census = server_app.Census({0: 1, 1: 2, 2: 1, 3: 2}, [5] * 4, [0] * 4, [5] * 4)
+    states = [{"w": torch.full((2,), float(cid))} for cid in range(3)] + [{}]
+    run = server_app.ServerRun(grid=None, config=None, federation=None, spec=None, census=census,
+                               client_states=states, contacted={2})
+    own = run.restored_states()
+    assert {node: sorted(records) for node, records in own.items()} == {1: ["client.0"], 2: ["client.1"]}
+    assert torch.equal(messages.from_record(own[2]["client.1"])["w"], states[1]["w"])
+
+
 def test_task_and_outcome_records_round_trip():
     """Tasks and outcomes come back from their records as they left: values, dtypes, NaN metrics."""
     shared = {"scaffold.c.w": torch.ones(2, 3)}

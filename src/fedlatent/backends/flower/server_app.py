@@ -25,7 +25,7 @@ from typing import Any, Callable
 
 import numpy as np
 import torch
-from flwr.app import ConfigRecord, Context, Message, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
 from flwr.serverapp import Grid, ServerApp
 
 from fedlatent.backends.flower import messages as M
@@ -155,6 +155,16 @@ class ServerRun:
             return None
         return self.client_states[cid]
 
+    def restored_states(self) -> dict[int, dict[str, ArrayRecord]]:
+        """By node, the records of the checkpointed client states its clients have not yet been
+        sent (:meth:`restore_for`; after a resume): each node gets only its own clients' states."""
+        own: dict[int, dict[str, ArrayRecord]] = {}
+        for cid, node in self.census.node_of.items():
+            state = self.restore_for(cid)
+            if state is not None:
+                own.setdefault(node, {})[f"client.{cid}"] = M.to_record(state)
+        return own
+
     def withheld(self) -> tuple[frozenset[str], frozenset[str]]:
         """What the ``train`` messages leave out: of the entries no client needs
         (:meth:`Server.untransmitted`: a fixed head, the clients' own layers) those still at their
@@ -244,10 +254,14 @@ class ServerRun:
                 out["val_accuracy"] = float(np.mean([values[cid] for cid in sorted(values)]))
         return out
 
-    def broadcast(self, message_type: str, records: dict[str, Any]) -> dict[int, Message]:
-        """The same content to every SuperNode of the census; the replies with content, by node."""
+    def broadcast(self, message_type: str, records: dict[str, Any],
+                  own: dict[int, dict[str, Any]] | None = None) -> dict[int, Message]:
+        """The same ``records`` to every SuperNode of the census, each with its ``own`` records
+        beside them (by node); the replies with content, by node."""
         nodes = sorted(set(self.census.node_of.values()))
-        msgs = [(node, Message(RecordDict(dict(records)), dst_node_id=node, message_type=message_type))
+        own = own or {}
+        msgs = [(node, Message(RecordDict({**records, **own.get(node, {})}), dst_node_id=node,
+                               message_type=message_type))
                 for node in nodes]
         return {node: r for node, r in self.exchange(msgs).items() if r is not None and r.has_content()}
 
@@ -278,11 +292,8 @@ class ServerRun:
         final.update({k.removeprefix("test_"): v for k, v in before.items()})
         if self.config.eval.personalized == "never" or not any(self.census.test_sizes):
             return final
-        records: dict[str, Any] = {"global": M.to_record(state)}
-        for cid, client_state in enumerate(self.client_states):
-            if cid not in self.contacted and client_state:
-                records[f"client.{cid}"] = M.to_record(client_state)
-        rows = [row for reply in self.broadcast("evaluate.report", records).values()
+        rows = [row for reply in self.broadcast("evaluate.report", {"global": M.to_record(state)},
+                                                self.restored_states()).values()
                 for row in M.unpack_values(reply.content["rows"])["rows"]]
         final.update(combine_reports(rows))
         return final

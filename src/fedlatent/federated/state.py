@@ -1,6 +1,6 @@
 """Checkpointable run state: tensors in safetensors, everything else in JSON (never pickle).
 
-Each round's state goes into its own folder ``checkpoints/roundNNNNN/`` (global model, server
+A round's checkpoint goes into its own folder ``checkpoints/roundNNNNN/`` (global model, server
 state, client states, ``state.json``) and is sealed by ``manifest.json``, written last and
 atomically (temporary file, rename), which records the SHA-256 of every other file. A
 folder without a manifest is an interrupted write; one whose files do not match their checksums is

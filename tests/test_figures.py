@@ -215,10 +215,10 @@ def test_a_partial_png_never_replaces_a_whole_one(tmp_path, monkeypatch) -> None
     assert (tmp_path / "curves.png").read_bytes() == whole
 
 
-@pytest.mark.parametrize("step,lines", [(1.0, (1, 2, 3)), (0.0, (3,))], ids=["always-due", "never-due"])
+@pytest.mark.parametrize("step,lines", [(1.0, (1, 2, 3)), (0.0, (1, 3))], ids=["always-due", "never-due"])
 def test_a_run_asks_for_the_curves_when_due_and_after_its_last_line(tmp_path, monkeypatch, step, lines) -> None:
     """With a clock that moves CURVES_SECONDS or more between lines, after every line (as
-    before pacing); with one that stands still, after the last line only."""
+    before pacing); with one that stands still, after the first and the last line only."""
     asked: list[tuple[str, int, bool, dict]] = []
     ticks = iter(range(1000))
     monkeypatch.setattr(figures, "now", lambda: step * next(ticks))
@@ -413,15 +413,16 @@ def test_curves_are_asked_for_at_most_every_interval_and_for_the_last_round() ->
     clock, requests = [0.0], _Requests()
     pacing = figures.CurvesPacing(requests, rounds=9, interval=0.5, clock=lambda: clock[0])
     asked = []
-    for rnd, at in {1: 0.2, 2: 0.49, 3: 0.5, 4: 0.7, 5: 0.99, 6: 1.1, 7: 1.2, 8: 3.0, 9: 3.1}.items():
+    for rnd, at in {1: 0.25, 2: 0.5, 3: 0.625, 4: 0.75, 5: 1.0, 6: 1.125, 7: 1.25, 8: 3.0, 9: 3.125}.items():
         clock[0] = at
         before = len(requests.asked)
         pacing.line(rnd)
         asked += [rnd] * (len(requests.asked) - before)
-    # 3: 0.5 s after the start; 6: 0.6 s after round 3's; 8: long after; 9: the last round
-    assert asked == [3, 6, 8, 9] and requests.asked == [("curves", {"rounds": 9})] * 4
+    # 1: the first line; 4: 0.5 s after round 1's request; 7: 0.5 s after round 4's; 8: long
+    # after; 9: the last round
+    assert asked == [1, 4, 7, 8, 9] and requests.asked == [("curves", {"rounds": 9})] * 5
     pacing.finish(9)  # the newest line is shown already
-    assert len(requests.asked) == 4
+    assert len(requests.asked) == 5
     assert figures.CurvesPacing(requests, rounds=9).interval == figures.CURVES_SECONDS == 0.5
 
 
@@ -430,12 +431,12 @@ def test_a_run_ending_before_its_last_round_asks_for_its_newest_line_once() -> N
     pacing = figures.CurvesPacing(requests, rounds=9, clock=lambda: clock[0])
     for rnd in (1, 2, 3):
         pacing.line(rnd)
-    assert requests.asked == []  # the clock never made a request due
+    assert requests.asked == [("curves", {"rounds": 9})]  # the first line's; the clock never made another due
     pacing.finish(pacing.newest)
     pacing.finish(3)
-    assert requests.asked == [("curves", {"rounds": 9})]
-    pacing.finish(0)  # no metrics line at all: nothing to draw
-    assert len(requests.asked) == 1
+    assert requests.asked == [("curves", {"rounds": 9})] * 2
+    figures.CurvesPacing(requests, rounds=9).finish(0)  # a run without any metrics line: nothing to draw
+    assert len(requests.asked) == 2
 
 
 def _count_curves(monkeypatch) -> list[dict]:
@@ -457,18 +458,18 @@ def _metrics(run_dir: Path) -> list[dict]:
 
 
 @pytest.mark.parametrize("background", [True, False], ids=["child", "in-process"])
-def test_a_short_run_asks_for_its_curves_once_and_they_show_every_round(tmp_path, monkeypatch, background) -> None:
+def test_a_short_run_asks_for_its_curves_twice_and_they_show_every_round(tmp_path, monkeypatch, background) -> None:
     asked = _count_curves(monkeypatch)
     config = load_config(DIGITS, ["train.rounds=4", "data.num_clients=3", 'backend="simulation"'])
     out = tmp_path / "run"
     single.run(config, out, echo=None, figures_in_background=background)
-    assert asked == [{"rounds": 4}]
+    assert asked == [{"rounds": 4}] * 2  # after the first and the last round
     metrics = _metrics(out)
     assert [m["round"] for m in metrics] == [1, 2, 3, 4]
     assert np.array_equal(_pixels(out / "plots" / "curves.png"), _full_draw(metrics, 4, tmp_path / "full.png"))
 
 
-def test_a_stopped_run_asks_for_its_curves_once_and_they_show_its_rounds(tmp_path, monkeypatch) -> None:
+def test_a_stopped_run_asks_for_its_curves_when_it_stops_and_they_show_its_rounds(tmp_path, monkeypatch) -> None:
     from fedlatent.backends import simulation
     from fedlatent.errors import RunStopped
 
@@ -485,7 +486,7 @@ def test_a_stopped_run_asks_for_its_curves_once_and_they_show_its_rounds(tmp_pat
     out = tmp_path / "run"
     with pytest.raises(RunStopped):
         single.run(config, out, echo=None)
-    assert asked == [{"rounds": 4}]
+    assert asked == [{"rounds": 4}] * 2  # after the first round and when the run stopped
     metrics = _metrics(out)
     assert [m["round"] for m in metrics] == [1, 2]
     assert np.array_equal(_pixels(out / "plots" / "curves.png"), _full_draw(metrics, 4, tmp_path / "full.png"))

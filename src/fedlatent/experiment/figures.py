@@ -5,8 +5,8 @@ On the digits workload the two figures cost about as much as all 20 rounds of tr
 A figure process, forked at this process' first run and kept for its later ones
 (:class:`FigureProcess`: later runs pay no fork, nor the copy-on-write page faults it causes,
 and find matplotlib's caches warm), draws the partition heatmap on the other core while the run
-trains, then keeps the learning curves current: the run asks for them after a metrics line at
-most every :data:`CURVES_SECONDS`, after the last round and once more when it ends
+trains, then keeps the learning curves current: the run asks for them after its first metrics
+line, then at most every :data:`CURVES_SECONDS`, after the last round and once more when it ends
 (:class:`CurvesPacing`), and the process draws only the new points (:class:`fedlatent.analysis.plots.LearningCurves`,
 ~1 ms), writing ``curves.png`` (~8 ms) when it shows the last round and every
 :data:`REWRITE_SECONDS` before (a killed run keeps recent curves). Requests that queued while the
@@ -188,12 +188,14 @@ def now() -> float:
 
 
 class CurvesPacing:
-    """When a run asks ``figures`` for its learning curves: after a metrics line when the last
-    request is ``interval`` seconds old (:data:`CURVES_SECONDS` by default) or the line is the
-    planned last round, and at the run's end (:meth:`finish`) when its newest line was not shown.
-    Every request costs the figure process a redraw on the core the training shares (a round of
-    the digits workload is a few ms); the curves read the whole metrics file, so the figure after
-    the last request is the same whichever lines were asked for before."""
+    """When a run asks ``figures`` for its learning curves: after its first metrics line (the
+    figure process builds the figure and draws its axes while the run trains, so that after the
+    last round a blit and the PNG are left), then when the last request is ``interval`` seconds
+    old (:data:`CURVES_SECONDS` by default) or the line is the planned last round, and at the
+    run's end (:meth:`finish`) when its newest line was not shown. Every request costs the figure
+    process a redraw on the cores the training shares (a round of the digits workload is a few
+    ms); the curves read the whole metrics file, so the figure after the last request is the same
+    whichever lines were asked for before."""
 
     def __init__(self, figures: FigureWorker | NoFigures, rounds: int, interval: float | None = None,
                  clock: Callable[[], float] | None = None) -> None:
@@ -206,7 +208,7 @@ class CurvesPacing:
     def line(self, rnd: int) -> None:
         """Round ``rnd``'s metrics line is written: ask for the curves if it is due."""
         self.newest = rnd
-        if rnd == self.rounds or self.clock() - self.asked_at >= self.interval:
+        if not self.shown or rnd == self.rounds or self.clock() - self.asked_at >= self.interval:
             self.ask(rnd)
 
     def finish(self, newest: int) -> None:

@@ -53,3 +53,13 @@ def no_figures():
         mp.setattr(single, "FigureWorker", lambda *args, **kwargs: NoFigures())
         mp.setattr(single, "start_process", lambda: None)
         yield
+
+
+@pytest.fixture
+def checkpoint_every_round(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every round's checkpoint written (runs pace them to one a second), for tests that read or
+    damage the checkpoint of a round other than the last."""
+    from fedlatent.federated import state
+
+    monkeypatch.setattr(state, "CHECKPOINT_SECONDS", 0.0)
+

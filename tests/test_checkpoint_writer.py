@@ -1,6 +1,7 @@
 """Checkpoints written by the background writer: the same files as a direct write, sealed by
 checksums of the bytes written, a snapshot of the state at the call, damage still detected and
-skipped; the writer itself runs jobs in order and hands failures back to the caller."""
+skipped; written at most every ``interval`` seconds, after the last round and on any way out; the
+writer itself runs jobs in order and hands failures back to the caller."""
 from __future__ import annotations
 
 import json
@@ -14,6 +15,7 @@ from safetensors.torch import load_file
 
 from fedlatent.federated import state as checkpoint_store
 from fedlatent.federated.background import BackgroundWriter
+from fedlatent.federated.state import Checkpoints
 
 
 def _state(rnd: int) -> dict:
@@ -24,9 +26,9 @@ def _state(rnd: int) -> dict:
 
 
 def test_background_checkpoints_equal_direct_ones_and_verify(tmp_path: Path) -> None:
-    with BackgroundWriter() as writer:
+    with Checkpoints(tmp_path / "bg", interval=0.0) as checkpoints:
         for rnd in (1, 2, 3):
-            checkpoint_store.save_checkpoint(tmp_path / "bg", **_state(rnd), writer=writer)
+            checkpoints.save(**_state(rnd))
     for rnd in (1, 2, 3):
         checkpoint_store.save_checkpoint(tmp_path / "direct", **_state(rnd))
     bg, direct = checkpoint_store.round_folders(tmp_path / "bg"), checkpoint_store.round_folders(tmp_path / "direct")
@@ -47,25 +49,27 @@ def test_background_checkpoints_equal_direct_ones_and_verify(tmp_path: Path) -> 
 
 
 def test_the_checkpoint_is_the_state_at_the_call(tmp_path: Path) -> None:
-    """The files hold the tensors as they were when save_checkpoint returned, whatever the run
-    does to them while the writer works (in-place updates, a client's state replaced)."""
-    state = _state(1)
-    gate = threading.Event()
-    with BackgroundWriter() as writer:
-        writer.submit(gate.wait)  # holds the writer until the state has changed
-        checkpoint_store.save_checkpoint(tmp_path, **state, writer=writer)
-        state["global_state"]["w"].add_(100.0)
-        state["client_states"][0] = {"c": torch.full((2,), 7.0)}
-        gate.set()
-    folder = tmp_path / "round00001"
-    assert torch.equal(load_file(str(folder / "global.safetensors"))["w"], torch.arange(6.0).reshape(2, 3) + 1)
-    assert torch.equal(load_file(str(folder / "clients.safetensors"))["0/c"], torch.ones(2))
+    """The files hold the tensors as they were when ``save`` returned, whatever the run does to
+    them while the writer works or while the snapshot waits for its write (in-place updates, a
+    client's state replaced)."""
+    for interval, root in ((0.0, tmp_path / "written"), (3600.0, tmp_path / "pending")):
+        state = _state(1)
+        gate = threading.Event()
+        with Checkpoints(root, interval=interval) as checkpoints:
+            checkpoints.writer.submit(gate.wait)  # holds the writer until the state has changed
+            checkpoints.save(**state)
+            state["global_state"]["w"].add_(100.0)
+            state["client_states"][0] = {"c": torch.full((2,), 7.0)}
+            gate.set()
+        folder = root / "round00001"
+        assert torch.equal(load_file(str(folder / "global.safetensors"))["w"], torch.arange(6.0).reshape(2, 3) + 1)
+        assert torch.equal(load_file(str(folder / "clients.safetensors"))["0/c"], torch.ones(2))
 
 
 def test_a_damaged_newest_background_checkpoint_falls_back(tmp_path: Path) -> None:
-    with BackgroundWriter() as writer:
+    with Checkpoints(tmp_path, interval=0.0) as checkpoints:
         for rnd in (1, 2):
-            checkpoint_store.save_checkpoint(tmp_path, **_state(rnd), writer=writer)
+            checkpoints.save(**_state(rnd))
     newest = tmp_path / "round00002" / "clients.safetensors"
     newest.write_bytes(newest.read_bytes()[:-1] + b"!")
     warnings: list[str] = []
@@ -117,3 +121,83 @@ def test_leaving_with_an_exception_keeps_that_exception_and_finishes_the_writes(
             writer.submit(done.append, 1)
             raise KeyboardInterrupt
     assert done == [1]
+
+
+class FakeClock:
+    """A clock that reads ``at`` (seconds), moved by the test."""
+
+    def __init__(self) -> None:
+        self.at = 0.0
+
+    def __call__(self) -> float:
+        return self.at
+
+
+def _written(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The rounds whose folder is written (in the writer's thread), in order."""
+    written: list[int] = []
+    real = checkpoint_store.write_sealed
+
+    def write_sealed(root, rnd, files):
+        written.append(rnd)
+        return real(root, rnd, files)
+
+    monkeypatch.setattr(checkpoint_store, "write_sealed", write_sealed)
+    return written
+
+
+def test_rounds_are_written_once_the_last_write_is_interval_old_and_the_last_always(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    written, clock = _written(monkeypatch), FakeClock()
+    ends = {1: 0.4, 2: 0.9, 3: 1.0, 4: 1.5, 5: 1.9, 6: 2.0, 7: 2.1, 8: 4.5, 9: 4.6}  # round -> its end
+    with Checkpoints(tmp_path, interval=1.0, clock=clock) as checkpoints:
+        for rnd, at in ends.items():
+            clock.at = at
+            checkpoints.save(**_state(rnd), last=rnd == 9)
+    # 3: 1.0 s after the start; 6: 1.0 s after round 3's write; 8: long after; 9: the last
+    assert written == [3, 6, 8, 9]
+    assert [p.name for p in checkpoint_store.round_folders(tmp_path)] == ["round00009", "round00008"]
+    assert checkpoint_store.load_checkpoint(tmp_path, 3)[3] == _state(9)["info"]
+
+
+def test_the_default_interval_is_read_at_construction(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert Checkpoints(tmp_path / "a").interval == checkpoint_store.CHECKPOINT_SECONDS == 1.0
+    monkeypatch.setattr(checkpoint_store, "CHECKPOINT_SECONDS", 0.0)
+    written = _written(monkeypatch)
+    with Checkpoints(tmp_path / "b", clock=FakeClock()) as checkpoints:  # the clock never moves
+        for rnd in (1, 2, 3):
+            checkpoints.save(**_state(rnd))
+    assert written == [1, 2, 3]
+
+
+@pytest.mark.parametrize("exception", [KeyboardInterrupt, RuntimeError])
+def test_leaving_with_an_exception_writes_the_pending_round_and_keeps_the_exception(
+        exception: type[BaseException], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    written = _written(monkeypatch)
+    with pytest.raises(exception, match="in round 3"):
+        with Checkpoints(tmp_path, interval=1.0, clock=FakeClock()) as checkpoints:
+            for rnd in (1, 2, 3):
+                if rnd == 3:
+                    raise exception("in round 3")
+                checkpoints.save(**_state(rnd))
+    assert written == [2]  # round 1 was never due, round 2 was pending
+    assert checkpoint_store.verify(tmp_path / "round00002") is None
+    assert checkpoint_store.load_checkpoint(tmp_path, 3)[3] == _state(2)["info"]
+
+
+def test_a_failed_write_is_raised_at_the_end_unless_an_exception_is_on_its_way(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def failing(root, rnd, files):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(checkpoint_store, "write_sealed", failing)
+    with pytest.raises(OSError, match="disk full"):
+        with Checkpoints(tmp_path, interval=0.0) as checkpoints:
+            checkpoints.save(**_state(1))
+    with pytest.raises(KeyboardInterrupt):
+        with Checkpoints(tmp_path, interval=1.0, clock=FakeClock()) as checkpoints:
+            checkpoints.save(**_state(1), last=True)  # written at once: fails
+            checkpoints.save(**_state(2))  # pending: its write, on the way out, raises round 1's failure
+            while checkpoints.writer._error is None:  # the failure is known before the exception leaves
+                time.sleep(0.01)
+            raise KeyboardInterrupt

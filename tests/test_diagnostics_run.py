@@ -95,14 +95,14 @@ def test_recorded_values_match_a_recomputation_from_the_final_weights(pair):
 @pytest.mark.slow
 def test_resume_truncates_and_reproduces_the_diagnostics(pair, tmp_path, monkeypatch):
     _, reference = pair
-    real_save = simulation.save_checkpoint
+    real_save = simulation.Checkpoints.save
 
-    def crash_before_round_3_is_saved(root, **kw):   # round 3's records are written, its checkpoint not
+    def crash_before_round_3_is_saved(self, **kw):  # round 3's records are written, its checkpoint not
         if kw["info"]["round"] == 3:
             raise KeyboardInterrupt
-        return real_save(root, **kw)
+        return real_save(self, **kw)
 
-    monkeypatch.setattr(simulation, "save_checkpoint", crash_before_round_3_is_saved)
+    monkeypatch.setattr(simulation.Checkpoints, "save", crash_before_round_3_is_saved)
     out = tmp_path / "crashed"
     with pytest.raises(KeyboardInterrupt):
         fedlatent.run(load_config(DIGITS_CONFIG, SHORT + ALL), out)

@@ -104,9 +104,53 @@ def test_stop_policy_ends_with_one_line_and_keeps_the_last_good_checkpoint(
     assert checkpoint_store.verify(out / "checkpoints" / "round00001") is None
 
 
+@pytest.fixture
+def frozen_clock(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The checkpoints' clock stopped: no round is ever due, only the last one and the ways out
+    of the loop write a checkpoint (what a run shorter than CHECKPOINT_SECONDS does)."""
+    monkeypatch.setattr(checkpoint_store, "now", lambda: 0.0)
+
+
+def test_a_fast_run_writes_only_its_last_round(reference: Path, tmp_path: Path, frozen_clock) -> None:
+    out = tmp_path / "run"
+    assert _run(out) == 0
+    assert [p.name for p in checkpoint_store.round_folders(out / "checkpoints")] == ["round00003"]
+    _same_run(out, reference)
+
+
+@pytest.mark.parametrize("way_out", ["stop", "exception", "ctrl-c"])
+def test_leaving_in_round_r_keeps_round_r_minus_1_and_resumes_to_the_same_numbers(
+        way_out: str, reference: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, frozen_clock) -> None:
+    """The failure policy's stop, a bug and Ctrl-C in round 3 leave round 2's checkpoint, never
+    written before (the clock never made it due), and --resume ends as the uninterrupted run."""
+    if way_out == "stop":
+        _inject(monkeypatch, client=1, rnd=3, fault="raise")
+    else:
+        real_round = simulation.run_round
+
+        def failing(s, rnd):
+            if rnd == 2:
+                raise RuntimeError("a bug in round 3") if way_out == "exception" else KeyboardInterrupt
+            return real_round(s, rnd)
+
+        monkeypatch.setattr(simulation, "run_round", failing)
+    out = tmp_path / "run"
+    if way_out == "exception":
+        with pytest.raises(RuntimeError, match="a bug in round 3"):
+            _run(out)
+    else:
+        assert _run(out) == 1
+    assert [p.name for p in checkpoint_store.round_folders(out / "checkpoints")] == ["round00002"]
+    assert checkpoint_store.verify(out / "checkpoints" / "round00002") is None
+    monkeypatch.undo()
+    monkeypatch.setattr(checkpoint_store, "now", lambda: 0.0)
+    assert _run(out, "--resume") == 0
+    _same_run(out, reference)
+
+
 @pytest.mark.parametrize("fault,kind", [("nan", "nonfinite"), ("raise", "error")])
 def test_drop_policy_aggregates_the_others_and_records_the_client(
-        fault: str, kind: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        fault: str, kind: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, checkpoint_every_round) -> None:
     seen = _inject(monkeypatch, client=1, rnd=2, fault=fault)
     out = tmp_path / "run"
     assert _run(out, "--set", f"train.{'on_nonfinite' if fault == 'nan' else 'on_client_error'}=drop") == 0
@@ -193,7 +237,8 @@ def test_vectorized_exception_concerns_every_client_trained_together(
     assert "round 1: 0 client(s) left after dropping 4" in line
 
 
-def test_truncated_newest_checkpoint_resumes_from_the_previous_one(reference: Path, tmp_path: Path, capsys) -> None:
+def test_truncated_newest_checkpoint_resumes_from_the_previous_one(reference: Path, tmp_path: Path, capsys,
+                                                                   checkpoint_every_round) -> None:
     """The issue's third command: a damaged newest global.safetensors."""
     out = tmp_path / "run"
     assert _run(out) == 0
@@ -207,7 +252,7 @@ def test_truncated_newest_checkpoint_resumes_from_the_previous_one(reference: Pa
     assert all(checkpoint_store.verify(p) is None for p in checkpoint_store.round_folders(out / "checkpoints"))
 
 
-def test_no_intact_checkpoint_is_one_line(tmp_path: Path, capsys) -> None:
+def test_no_intact_checkpoint_is_one_line(tmp_path: Path, capsys, checkpoint_every_round) -> None:
     out = tmp_path / "run"
     assert _run(out) == 0
     for folder in checkpoint_store.round_folders(out / "checkpoints"):
@@ -273,6 +318,7 @@ def write_atomically(path, text):  # dies with the manifest's temporary file hal
     real_write(path, text)
 
 state.write_file, state.write_atomically = write_file, write_atomically
+state.CHECKPOINT_SECONDS = 0.0  # every round written: the kills are counted in checkpoint files
 from fedlatent.cli import main
 sys.exit(main(sys.argv[3:]))
 """

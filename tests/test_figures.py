@@ -215,8 +215,13 @@ def test_a_partial_png_never_replaces_a_whole_one(tmp_path, monkeypatch) -> None
     assert (tmp_path / "curves.png").read_bytes() == whole
 
 
-def test_a_run_asks_for_the_curves_after_every_metrics_line(tmp_path, monkeypatch) -> None:
+@pytest.mark.parametrize("step,lines", [(1.0, (1, 2, 3)), (0.0, (1, 3))], ids=["always-due", "never-due"])
+def test_a_run_asks_for_the_curves_when_due_and_after_its_last_line(tmp_path, monkeypatch, step, lines) -> None:
+    """With a clock that moves CURVES_SECONDS or more between lines, after every line (as
+    before pacing); with one that stands still, after the first and the last line only."""
     asked: list[tuple[str, int, bool, dict]] = []
+    ticks = iter(range(1000))
+    monkeypatch.setattr(figures, "now", lambda: step * next(ticks))
 
     class Recorder:
         def __init__(self, run_dir, **_) -> None:
@@ -233,7 +238,7 @@ def test_a_run_asks_for_the_curves_after_every_metrics_line(tmp_path, monkeypatc
     monkeypatch.setattr(single, "FigureWorker", Recorder)
     config = load_config(DIGITS, ["train.rounds=3", "data.num_clients=3", 'backend="simulation"'])
     single.run(config, tmp_path / "run", echo=None)
-    assert asked == [("partition", 0, False, None), *[("curves", n, False, 3) for n in (1, 2, 3)]]
+    assert asked == [("partition", 0, False, None), *[("curves", n, False, 3) for n in lines]]
     asked.clear()  # a resumed run with nothing left to train still draws them, once
     single.run(config, tmp_path / "run", echo=None, resume=True)
     assert asked == [("partition", 3, True, None), ("curves", 3, True, 3)]
@@ -392,3 +397,96 @@ def test_an_answer_left_unread_by_an_interrupted_run_is_not_taken_for_the_next_r
     second.draw("partition", title="two clients")
     second.close()
     assert (second_dir / "plots" / "partition.png").read_bytes()[:8] == PNG
+
+
+class _Requests:
+    """A figure worker that records the figures asked for."""
+
+    def __init__(self) -> None:
+        self.asked: list[tuple[str, dict]] = []
+
+    def draw(self, figure: str, **options) -> None:
+        self.asked.append((figure, options))
+
+
+def test_curves_are_asked_for_at_most_every_interval_and_for_the_last_round() -> None:
+    clock, requests = [0.0], _Requests()
+    pacing = figures.CurvesPacing(requests, rounds=9, interval=0.5, clock=lambda: clock[0])
+    asked = []
+    for rnd, at in {1: 0.25, 2: 0.5, 3: 0.625, 4: 0.75, 5: 1.0, 6: 1.125, 7: 1.25, 8: 3.0, 9: 3.125}.items():
+        clock[0] = at
+        before = len(requests.asked)
+        pacing.line(rnd)
+        asked += [rnd] * (len(requests.asked) - before)
+    # 1: the first line; 4: 0.5 s after round 1's request; 7: 0.5 s after round 4's; 8: long
+    # after; 9: the last round
+    assert asked == [1, 4, 7, 8, 9] and requests.asked == [("curves", {"rounds": 9})] * 5
+    pacing.finish(9)  # the newest line is shown already
+    assert len(requests.asked) == 5
+    assert figures.CurvesPacing(requests, rounds=9).interval == figures.CURVES_SECONDS == 0.5
+
+
+def test_a_run_ending_before_its_last_round_asks_for_its_newest_line_once() -> None:
+    clock, requests = [0.0], _Requests()
+    pacing = figures.CurvesPacing(requests, rounds=9, clock=lambda: clock[0])
+    for rnd in (1, 2, 3):
+        pacing.line(rnd)
+    assert requests.asked == [("curves", {"rounds": 9})]  # the first line's; the clock never made another due
+    pacing.finish(pacing.newest)
+    pacing.finish(3)
+    assert requests.asked == [("curves", {"rounds": 9})] * 2
+    figures.CurvesPacing(requests, rounds=9).finish(0)  # a run without any metrics line: nothing to draw
+    assert len(requests.asked) == 2
+
+
+def _count_curves(monkeypatch) -> list[dict]:
+    asked: list[dict] = []
+    real = figures.FigureWorker.draw
+
+    def draw(self, figure, **options):
+        if figure == "curves":
+            asked.append(options)
+        return real(self, figure, **options)
+
+    monkeypatch.setattr(figures.FigureWorker, "draw", draw)
+    monkeypatch.setattr(figures, "now", lambda: 0.0)  # a run shorter than CURVES_SECONDS
+    return asked
+
+
+def _metrics(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.parametrize("background", [True, False], ids=["child", "in-process"])
+def test_a_short_run_asks_for_its_curves_twice_and_they_show_every_round(tmp_path, monkeypatch, background) -> None:
+    asked = _count_curves(monkeypatch)
+    config = load_config(DIGITS, ["train.rounds=4", "data.num_clients=3", 'backend="simulation"'])
+    out = tmp_path / "run"
+    single.run(config, out, echo=None, figures_in_background=background)
+    assert asked == [{"rounds": 4}] * 2  # after the first and the last round
+    metrics = _metrics(out)
+    assert [m["round"] for m in metrics] == [1, 2, 3, 4]
+    assert np.array_equal(_pixels(out / "plots" / "curves.png"), _full_draw(metrics, 4, tmp_path / "full.png"))
+
+
+def test_a_stopped_run_asks_for_its_curves_when_it_stops_and_they_show_its_rounds(tmp_path, monkeypatch) -> None:
+    from fedlatent.backends import simulation
+    from fedlatent.errors import RunStopped
+
+    asked = _count_curves(monkeypatch)
+    real_round = simulation.run_round
+
+    def stopping(s, rnd):
+        if rnd == 2:
+            raise RunStopped("round 3: stopped by the test", 2)
+        return real_round(s, rnd)
+
+    monkeypatch.setattr(simulation, "run_round", stopping)
+    config = load_config(DIGITS, ["train.rounds=4", "data.num_clients=3", 'backend="simulation"'])
+    out = tmp_path / "run"
+    with pytest.raises(RunStopped):
+        single.run(config, out, echo=None)
+    assert asked == [{"rounds": 4}] * 2  # after the first round and when the run stopped
+    metrics = _metrics(out)
+    assert [m["round"] for m in metrics] == [1, 2]
+    assert np.array_equal(_pixels(out / "plots" / "curves.png"), _full_draw(metrics, 4, tmp_path / "full.png"))

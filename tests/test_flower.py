@@ -43,15 +43,15 @@ def config(backend: str, extra=()):
 
 
 def record_globals(monkeypatch: pytest.MonkeyPatch, module) -> list[dict[str, torch.Tensor]]:
-    """The global state after each round, as ``module``'s loop checkpoints it."""
+    """The global state after each round, as ``module``'s loop snapshots it for its checkpoints."""
     seen: list[dict[str, torch.Tensor]] = []
-    real = module.save_checkpoint
 
-    def save(root, **kwargs):
-        seen.append({k: v.clone() for k, v in kwargs["global_state"].items()})
-        return real(root, **kwargs)
+    class Recording(module.Checkpoints):
+        def save(self, **kwargs):
+            seen.append({k: v.clone() for k, v in kwargs["global_state"].items()})
+            return super().save(**kwargs)
 
-    monkeypatch.setattr(module, "save_checkpoint", save)
+    monkeypatch.setattr(module, "Checkpoints", Recording)
     return seen
 
 

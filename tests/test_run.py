@@ -15,6 +15,7 @@ from fedlatent import load_config
 from fedlatent.backends import simulation
 from fedlatent.config import to_toml
 from fedlatent.errors import ConfigError
+from fedlatent.federated import state
 from fedlatent.federated.state import verify
 
 pytestmark = pytest.mark.slow
@@ -40,7 +41,9 @@ def _final_weights(out: Path) -> dict[str, torch.Tensor]:
 def full_run(tmp_path_factory) -> tuple[dict, Path]:
     """configs/digits_fedavg.toml as shipped: 10 IID clients, 20 rounds."""
     out = tmp_path_factory.mktemp("full") / "run"
-    return fedlatent.run(load_config(DIGITS_CONFIG), out), out
+    with pytest.MonkeyPatch.context() as mp:  # every round written (runs pace them): the last two are kept
+        mp.setattr(state, "CHECKPOINT_SECONDS", 0.0)
+        return fedlatent.run(load_config(DIGITS_CONFIG), out), out
 
 
 @pytest.fixture(scope="module")

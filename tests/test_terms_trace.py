@@ -75,14 +75,14 @@ def test_one_line_per_client_step_averaging_to_the_metrics(pair) -> None:
 
 def test_resume_continues_the_trace_exactly(pair, tmp_path, monkeypatch) -> None:
     _, reference = pair
-    real_save = simulation.save_checkpoint
+    real_save = simulation.Checkpoints.save
 
-    def crash_before_round_3_is_saved(root, **kw):  # round 3's steps are written, its checkpoint not
+    def crash_before_round_3_is_saved(self, **kw):  # round 3's steps are written, its checkpoint not
         if kw["info"]["round"] == 3:
             raise KeyboardInterrupt
-        return real_save(root, **kw)
+        return real_save(self, **kw)
 
-    monkeypatch.setattr(simulation, "save_checkpoint", crash_before_round_3_is_saved)
+    monkeypatch.setattr(simulation.Checkpoints, "save", crash_before_round_3_is_saved)
     out = tmp_path / "crashed"
     with pytest.raises(KeyboardInterrupt):
         fedlatent.run(load_config(DIGITS_CONFIG, SHORT + TRACE), out)

@@ -1,8 +1,8 @@
 """Draw one of a run's figures from the files the run has written (``partition.json``,
 ``metrics.jsonl``, ``diagnostics.jsonl``), so that any process can draw it: the run itself, or the
 child process that draws its figures beside the training (``fedlatent.experiment.figures``), which
-keeps one :class:`Renderer` for the whole run so that the learning curves, redrawn after every
-round, stay open between rounds."""
+keeps one :class:`Renderer` for the whole run so that the learning curves, redrawn as the run
+asks for them, stay open between drawings."""
 from __future__ import annotations
 
 import json

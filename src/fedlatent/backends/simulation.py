@@ -5,7 +5,8 @@ server half plans the round (sampling, payload, learning rate) and closes it (fa
 aggregation, server step); between them this backend's trainer runs the selected clients' local
 updates (``federated.client``) in turn. It plays every client, so it keeps every client's state in
 its own store (``Setup.client_states``, checkpointed with the server's), which the server half
-never reads. Then it evaluates and writes metrics and a checkpoint. Every random choice is derived
+never reads. Then it evaluates and writes metrics and a checkpoint (at most one a second, see
+``federated.state.Checkpoints``). Every random choice is derived
 from (seed, round, client), never from a global RNG reseeded in the loop, so a run killed after
 round r and resumed gives exactly the numbers of the uninterrupted run. Clients that raise or diverge are handled by ``federated.failures``.
 """
@@ -25,7 +26,6 @@ from fedlatent.config import RunConfig
 from fedlatent.data.types import Federation, Split
 from fedlatent.errors import UserInputError
 from fedlatent.federated import calibrate
-from fedlatent.federated.background import BackgroundWriter
 from fedlatent.federated.client import LocalSettings, Workspace, local_update, state_to_cpu, workspace_for
 from fedlatent.federated.diagnostics import Diagnostics
 from fedlatent.federated.evaluation import client_validation, evaluate
@@ -35,7 +35,7 @@ from fedlatent.federated.round import (ClientTask, calibration_due, checked_all,
                                        local_settings, nbytes, plan_round, round_lr)
 from fedlatent.federated.round import sample_clients as sample_clients  # the embedded backend's sampling
 from fedlatent.federated.server import Server
-from fedlatent.federated.state import has_checkpoint, load_checkpoint, save_checkpoint, write_atomically
+from fedlatent.federated.state import Checkpoints, has_checkpoint, load_checkpoint, write_atomically
 from fedlatent.methods.head import apply_head
 from fedlatent.methods.parts import ClientRound, MethodSpec, Tensors, Upload, trainable_names
 from fedlatent.models import FedModel, build_model
@@ -224,8 +224,9 @@ def run(config: RunConfig, federation: Federation, spec: MethodSpec, out: Path, 
     return the final evaluation (global, calibrated and personalised) and the run's wall seconds
     (including the part before a resume). A resume starts from the newest intact checkpoint
     (``warn`` is told of each damaged one skipped); the failure policy may raise
-    :class:`~fedlatent.federated.failures.RunStopped`, the last good round's checkpoint kept. Every
-    checkpoint is on disk when this returns or raises."""
+    :class:`~fedlatent.federated.failures.RunStopped`, the last good round's checkpoint kept. The
+    checkpoints are paced by :class:`~fedlatent.federated.state.Checkpoints`; the last completed
+    round's is on disk when this returns or raises."""
     clock = time.perf_counter()
     torch.set_num_threads(config.train.threads)
     s = setup(config, federation, spec, trainer)
@@ -236,17 +237,17 @@ def run(config: RunConfig, federation: Federation, spec: MethodSpec, out: Path, 
         s.diagnostics.start(start)
     metrics_path = out / "metrics.jsonl"
     write_atomically(metrics_path, "".join(line + "\n" for line in metrics_upto(metrics_path, start)))
-    with BackgroundWriter() as writer:  # the checkpoints' files: written while the next round trains
+    with Checkpoints(ckpt) as checkpoints:  # files written while the next round trains
         with metrics_path.open("a") as sink:
             for rnd in range(start, config.train.rounds):
                 line = run_round(s, rnd)
                 line["time_elapsed_s"] = before + time.perf_counter() - clock
                 sink.write(json.dumps(line) + "\n")
                 sink.flush()
-                save_checkpoint(ckpt, global_state=s.server.global_state, server_state=s.server.state,
-                                client_states=s.client_states,
-                                info={"round": rnd + 1, "elapsed_s": before + time.perf_counter() - clock},
-                                writer=writer)
+                checkpoints.save(global_state=s.server.global_state, server_state=s.server.state,
+                                 client_states=s.client_states,
+                                 info={"round": rnd + 1, "elapsed_s": before + time.perf_counter() - clock},
+                                 last=rnd + 1 == config.train.rounds)
                 if progress:
                     progress(line)
         final = finish(s)

@@ -5,8 +5,9 @@ On the digits workload the two figures cost about as much as all 20 rounds of tr
 A figure process, forked at this process' first run and kept for its later ones
 (:class:`FigureProcess`: later runs pay no fork, nor the copy-on-write page faults it causes,
 and find matplotlib's caches warm), draws the partition heatmap on the other core while the run
-trains, then keeps the learning curves current: the run asks for them after every metrics line,
-and the process draws only the new points (:class:`fedlatent.analysis.plots.LearningCurves`,
+trains, then keeps the learning curves current: the run asks for them after its first metrics
+line, then at most every :data:`CURVES_SECONDS`, after the last round and once more when it ends
+(:class:`CurvesPacing`), and the process draws only the new points (:class:`fedlatent.analysis.plots.LearningCurves`,
 ~1 ms), writing ``curves.png`` (~8 ms) when it shows the last round and every
 :data:`REWRITE_SECONDS` before (a killed run keeps recent curves). Requests that queued while the
 process was busy are drawn once (the curves read the whole metrics file anyway), so it never
@@ -26,11 +27,12 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from fedlatent.analysis import render
 
 REWRITE_SECONDS = 2.0  # how stale the figure process lets curves.png get while a run trains
+CURVES_SECONDS = 0.5  # the most wall time between two requests for the curves while a run trains
 
 
 class FigureProcess:
@@ -178,6 +180,46 @@ class NoFigures:
 
     def close(self) -> None:
         pass
+
+
+def now() -> float:
+    """The clock :class:`CurvesPacing` paces its requests by (its own function: tests replace it)."""
+    return time.monotonic()
+
+
+class CurvesPacing:
+    """When a run asks ``figures`` for its learning curves: after its first metrics line (the
+    figure process builds the figure and draws its axes while the run trains, so that after the
+    last round a blit and the PNG are left), then when the last request is ``interval`` seconds
+    old (:data:`CURVES_SECONDS` by default) or the line is the planned last round, and at the
+    run's end (:meth:`finish`) when its newest line was not shown. Every request costs the figure
+    process a redraw on the cores the training shares (a round of the digits workload is a few
+    ms); the curves read the whole metrics file, so the figure after the last request is the same
+    whichever lines were asked for before."""
+
+    def __init__(self, figures: FigureWorker | NoFigures, rounds: int, interval: float | None = None,
+                 clock: Callable[[], float] | None = None) -> None:
+        self.figures, self.rounds = figures, rounds
+        self.interval = CURVES_SECONDS if interval is None else interval
+        self.clock = clock or now
+        self.asked_at = self.clock()
+        self.newest = self.shown = 0  # the newest round written, the newest asked for
+
+    def line(self, rnd: int) -> None:
+        """Round ``rnd``'s metrics line is written: ask for the curves if it is due."""
+        self.newest = rnd
+        if not self.shown or rnd == self.rounds or self.clock() - self.asked_at >= self.interval:
+            self.ask(rnd)
+
+    def finish(self, newest: int) -> None:
+        """The run has ended with ``newest`` rounds in its metrics (0: none): ask for the curves
+        unless they were asked for with that round already."""
+        if newest and newest != self.shown:
+            self.ask(newest)
+
+    def ask(self, rnd: int) -> None:
+        self.figures.draw("curves", rounds=self.rounds)
+        self.shown, self.asked_at = rnd, self.clock()
 
 
 def _warm_matplotlib() -> None:

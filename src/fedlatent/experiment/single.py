@@ -24,7 +24,7 @@ from fedlatent.data.federation import build_federation, counts_table
 from fedlatent.data.registry import DATASETS
 from fedlatent.data.types import Federation
 from fedlatent.errors import ConfigError, UserInputError
-from fedlatent.experiment.figures import FigureWorker, NoFigures, start_process
+from fedlatent.experiment.figures import CurvesPacing, FigureWorker, NoFigures, start_process
 from fedlatent.experiment.trace import TermTrace
 from fedlatent.federated import compiled
 from fedlatent.federated.failures import RunStopped
@@ -213,14 +213,12 @@ def _train(config: RunConfig, out: Path, federation: Federation, spec: MethodSpe
     if echo:
         echo(f"partition ({config.data.partition}, {len(federation.clients)} clients):\n{table}")
     bar = _progress_bar(config) if progress else None
-    curves_asked = False
+    curves = CurvesPacing(figures, config.train.rounds)  # kept current while the run trains
 
     def on_line(line: dict[str, Any]) -> None:
-        nonlocal curves_asked
         if bar:
             bar.update_line(line)
-        figures.draw("curves", rounds=config.train.rounds)  # kept current while the run trains
-        curves_asked = True
+        curves.line(line["round"])
 
     backend_started = time.perf_counter()
     try:
@@ -231,7 +229,10 @@ def _train(config: RunConfig, out: Path, federation: Federation, spec: MethodSpe
         if bar:
             bar.close()
         _summarize(config, spec, out, {"status": "stopped", "stop_reason": stop.reason},
-                   time.perf_counter() - started, figures, curves_asked=curves_asked)
+                   time.perf_counter() - started, curves)
+        raise
+    except BaseException:  # Ctrl-C, a bug: no summary, but the curves show every line written
+        curves.finish(curves.newest)
         raise
     backend_seconds = time.perf_counter() - backend_started
     if bar:
@@ -239,17 +240,16 @@ def _train(config: RunConfig, out: Path, federation: Federation, spec: MethodSpe
     if config.diagnostics.which:
         figures.draw("diagnostics")
     return _summarize(config, spec, out, {"status": "completed", "final": final},
-                      wall + time.perf_counter() - started - backend_seconds, figures,
-                      curves_asked=curves_asked)
+                      wall + time.perf_counter() - started - backend_seconds, curves)
 
 
 def _summarize(config: RunConfig, spec: MethodSpec, out: Path, ending: dict[str, Any],
-               wall: float, figures: FigureWorker | NoFigures, *, curves_asked: bool = False) -> dict[str, Any]:
-    """Ask for the curves (unless asked already) and write ``summary.json`` (how the run ended, the
-    final evaluation when it completed, the clients the failure policy dropped) and return the summary."""
+               wall: float, curves: CurvesPacing) -> dict[str, Any]:
+    """Ask for the curves (unless they show the newest line already) and write ``summary.json``
+    (how the run ended, the final evaluation when it completed, the clients the failure policy
+    dropped) and return the summary."""
     metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    if metrics and not curves_asked:
-        figures.draw("curves", rounds=config.train.rounds)
+    curves.finish(metrics[-1]["round"] if metrics else 0)
     summary = {**ending, "rounds_completed": len(metrics),
                "clients_dropped": [dict(d, round=m["round"]) for m in metrics for d in m.get("dropped", [])],
                "seed": config.seed, "method": spec.name, "backend": config.backend, "dataset": config.data.dataset,

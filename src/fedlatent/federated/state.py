@@ -1,6 +1,6 @@
 """Checkpointable run state: tensors in safetensors, everything else in JSON (never pickle).
 
-Each round's state goes into its own folder ``checkpoints/roundNNNNN/`` (global model, server
+A round's checkpoint goes into its own folder ``checkpoints/roundNNNNN/`` (global model, server
 state, client states, ``state.json``) and is sealed by ``manifest.json``, written last and
 atomically (temporary file, rename), which records the SHA-256 of every other file. A
 folder without a manifest is an interrupted write; one whose files do not match their checksums is
@@ -21,6 +21,11 @@ files back. The second step needs nothing but the bytes, so a run hands it to a
 :class:`~fedlatent.federated.background.BackgroundWriter`: on ext4 a round's folder creation,
 renames and removal of the oldest folder wait ~7 ms on the journal, half the digits workload's
 round, and this way they overlap the next round's training.
+
+A run's loop goes through :class:`Checkpoints`, which takes the first step every round and the
+second at most every :data:`CHECKPOINT_SECONDS` of wall time, after the last round, and on any
+way out of the loop that Python sees (a stop, an exception, Ctrl-C): only a hard kill loses
+rounds, at most that many seconds of them, and a resume reruns them with the same numbers.
 """
 from __future__ import annotations
 
@@ -28,8 +33,9 @@ import hashlib
 import json
 import os
 import shutil
+import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from safetensors.torch import load_file, save
 
@@ -38,6 +44,7 @@ from fedlatent.methods.parts import Tensors
 
 MANIFEST = "manifest.json"
 KEEP = 2  # sealed rounds kept: the newest may be damaged on disk, the one before is the fallback
+CHECKPOINT_SECONDS = 1.0  # the most wall time between two checkpoint writes while a run trains
 
 
 def sha256(path: Path) -> str:
@@ -107,16 +114,62 @@ def write_sealed(root: Path, rnd: int, files: dict[str, bytes]) -> Path:
 
 
 def save_checkpoint(root: Path, *, global_state: Tensors, server_state: Tensors,
-                    client_states: list[Tensors], info: dict[str, Any],
-                    writer: BackgroundWriter | None = None) -> Path:
-    """Write and seal the state after round ``info['round']`` (see :func:`write_sealed`); with a
-    ``writer``, the state is serialized here and the files are written by the writer's thread."""
-    files = encode_checkpoint(global_state=global_state, server_state=server_state, client_states=client_states,
-                              info=info)
-    if writer is None:
-        return write_sealed(root, info["round"], files)
-    writer.submit(write_sealed, root, info["round"], files)
-    return root / f"round{info['round']:05d}"
+                    client_states: list[Tensors], info: dict[str, Any]) -> Path:
+    """Write and seal the state after round ``info['round']`` now (see :func:`write_sealed`)."""
+    return write_sealed(root, info["round"], encode_checkpoint(global_state=global_state, server_state=server_state,
+                                                               client_states=client_states, info=info))
+
+
+def now() -> float:
+    """The clock :class:`Checkpoints` paces its writes by (its own function: tests replace it)."""
+    return time.monotonic()
+
+
+class Checkpoints:
+    """A run loop's checkpoints under ``root``: :meth:`save` snapshots the state after every round
+    (encoded at once: the run changes its tensors in place in the next round) and hands the files
+    to a :class:`BackgroundWriter` when the last write is ``interval`` seconds old
+    (:data:`CHECKPOINT_SECONDS` by default) or the round is the run's last; leaving the ``with``
+    block, however it is left, writes the snapshot still pending, so that a stop, an exception or
+    Ctrl-C in round r leaves round r-1's checkpoint. Each write costs ~2.4 ms of CPU on the digits
+    workload, about a round's training, which is why not every round is written."""
+
+    def __init__(self, root: Path, interval: float | None = None, clock: Callable[[], float] | None = None) -> None:
+        self.root = root
+        self.interval = CHECKPOINT_SECONDS if interval is None else interval
+        self.clock = clock or now
+        self.pending: tuple[int, dict[str, bytes]] | None = None
+        self.written_at = self.clock()
+        self.writer = BackgroundWriter()
+
+    def save(self, *, global_state: Tensors, server_state: Tensors, client_states: list[Tensors],
+             info: dict[str, Any], last: bool = False) -> None:
+        """Snapshot the state after round ``info['round']``; write it if it is due or ``last``."""
+        self.pending = (info["round"], encode_checkpoint(global_state=global_state, server_state=server_state,
+                                                         client_states=client_states, info=info))
+        if last or self.clock() - self.written_at >= self.interval:
+            self.flush()
+
+    def flush(self) -> None:
+        """Hand the pending snapshot, if any, to the writer."""
+        if self.pending is not None:
+            (rnd, files), self.pending = self.pending, None
+            self.writer.submit(write_sealed, self.root, rnd, files)
+            self.written_at = self.clock()
+
+    def __enter__(self) -> Checkpoints:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, *rest: Any) -> None:
+        """Write the pending snapshot and wait for the writes; on the way out with an exception,
+        that exception is the one reported (a failed write is then left unsaid)."""
+        try:
+            self.flush()
+        except Exception:
+            if exc_type is None:
+                raise
+        finally:
+            self.writer.__exit__(exc_type, *rest)
 
 
 def verify(folder: Path) -> str | None:

@@ -7,7 +7,8 @@ the SuperNodes (which clients each serves, their training-set sizes), then per r
 replies (sorted by client id, so reply order cannot change the numbers), evaluation (the global
 test set on the server, validation accuracy from the clients), ``metrics.jsonl`` and a checkpoint
 (global model, server state — SCAFFOLD c, FedDyn h, FedOpt moments — and the clients' states when
-they send a copy, ``flower.client_state_on_server``), so ``--resume`` continues as the embedded
+they send a copy, ``flower.client_state_on_server``; paced as the embedded backend's by
+:class:`fedlatent.federated.state.Checkpoints`), so ``--resume`` continues as the embedded
 backend does. A client that raises, diverges or does not reply within ``flower.timeout`` seconds is
 a :class:`ClientFailure` for the shared failure policy; each is told in one log line.
 
@@ -40,7 +41,7 @@ from fedlatent.federated.evaluation import evaluate
 from fedlatent.federated.failures import ClientFailure, RunStopped
 from fedlatent.federated.personal import combine_reports
 from fedlatent.federated.server import Server
-from fedlatent.federated.state import save_checkpoint, write_atomically
+from fedlatent.federated.state import Checkpoints, write_atomically
 from fedlatent.methods.parts import MethodSpec, Tensors, Upload
 from fedlatent.models import FedModel
 from fedlatent.seeding import CALIBRATION, derive_seed
@@ -321,18 +322,20 @@ def serve(grid: Grid, config: RunConfig, federation: Federation, spec: MethodSpe
                                           lambda kind, records: s.broadcast(kind, records), warn,
                                           torch.device(config.train.device))
         s.diagnostics.start(start)
-    with metrics_path.open("a") as sink:
+    with Checkpoints(ckpt) as checkpoints, metrics_path.open("a") as sink:
         for rnd in range(start, config.train.rounds):
             line = s.train_round(rnd)
             line["time_elapsed_s"] = before + time.perf_counter() - clock
             sink.write(json.dumps(line) + "\n")
             sink.flush()
-            save_checkpoint(ckpt, global_state=s.server.global_state, server_state=s.server.state,
-                            client_states=s.client_states,
-                            info={"round": rnd + 1, "elapsed_s": before + time.perf_counter() - clock})
+            checkpoints.save(global_state=s.server.global_state, server_state=s.server.state,
+                             client_states=s.client_states,
+                             info={"round": rnd + 1, "elapsed_s": before + time.perf_counter() - clock},
+                             last=rnd + 1 == config.train.rounds)
             if progress:
                 progress(line)
-    return s.finish(), before + time.perf_counter() - clock
+        final = s.finish()
+    return final, before + time.perf_counter() - clock
 
 
 def bundled(path: str) -> str:

@@ -7,6 +7,8 @@ import torch
 
 from fedlatent.federated.failures import all_finite, first_nonfinite
 from fedlatent.methods.aggregation import stack_rows, weighted_mean
+from fedlatent.methods.feddyn import FedDyn
+from fedlatent.methods.fednova import FedNova
 from fedlatent.methods.parts import Upload
 
 
@@ -65,3 +67,43 @@ def test_a_non_finite_row_of_a_stack_is_found_and_named() -> None:
     assert not all_finite(rows)
     assert not all_finite(rows[:2])  # stricter: the stack is checked as a whole, so callers search
     assert [first_nonfinite(r) for r in rows] == [None, None, None, "b", None]
+
+
+def test_explicit_coefficients_sum_rows_and_copies_alike() -> None:
+    """weighted_mean(..., weights=c): Σ_k c_k · w_k (FedNova's p_k/a_k, FedDyn's 1/K) by hand, on
+    rows of a stack in any order and on copies, integer buffers rounded back."""
+    stack, coeffs = _stacked(4), [0.5, -1.0, 2.0, 0.25]
+    order = [2, 0, 3, 1]
+    rows = [{k: v[c] for k, v in stack.items()} for c in order]
+    fast = weighted_mean(_uploads(rows, [1] * 4), weights=coeffs)
+    slow = weighted_mean(_uploads([{k: v.clone() for k, v in r.items()} for r in rows], [1] * 4), weights=coeffs)
+    for key in ("w", "b", "d"):
+        want = sum(c * stack[key][r].double() for c, r in zip(coeffs, order))
+        assert fast[key].dtype == stack[key].dtype
+        torch.testing.assert_close(fast[key].double(), want, rtol=0, atol=1e-5)
+        torch.testing.assert_close(slow[key], fast[key], rtol=0, atol=1e-5)
+    assert int(fast["count"]) == round(sum(c * 7 * r for c, r in zip(coeffs, order))) == int(slow["count"])
+
+
+def test_fednova_and_feddyn_aggregate_rows_of_a_stack_as_they_aggregate_copies() -> None:
+    """Both replace the server's mean and sum through weighted_mean: the vectorized backend's rows
+    and the simulation backend's separate tensors give the same model (float64: to 1e-12), in
+    the uploads' key order."""
+    g = torch.Generator().manual_seed(5)
+    stack = {"w": torch.randn(5, 3, 2, generator=g, dtype=torch.float64),
+             "bn": torch.randn(5, 2, generator=g, dtype=torch.float64)}
+    old = {k: v[0] + 0.1 for k, v in stack.items()}
+    extras = [{"feddyn": {"w": torch.full((3, 2), 0.01 * c, dtype=torch.float64)}} for c in range(5)]
+
+    def uploads(copy: bool) -> list[Upload]:
+        return [Upload(c, {k: v[c].clone() if copy else v[c] for k, v in stack.items()}, 10 + c, 1 + c % 3, 0.1, 0.9,
+                       extras[c], {"train_loss": 0.0}) for c in range(5)]
+
+    for part in (FedNova(), FedDyn(0.1)):
+        state_rows, state_copies = {}, {}
+        got = part.aggregate(old, uploads(False), state_rows, {"w"}, num_clients=8)
+        want = part.aggregate(old, uploads(True), state_copies, {"w"}, num_clients=8)
+        assert list(got) == list(want) == ["w", "bn"]
+        for key in got:
+            torch.testing.assert_close(got[key], want[key], rtol=0, atol=1e-12)
+        torch.testing.assert_close(got["bn"], weighted_mean(uploads(True), ["bn"])["bn"], rtol=0, atol=1e-12)

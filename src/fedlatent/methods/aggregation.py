@@ -6,17 +6,20 @@ import torch
 from fedlatent.methods.parts import Tensors, Upload
 
 
-def weighted_mean(uploads: list[Upload], keys: list[str] | None = None) -> Tensors:
-    """Sample-count-weighted mean of the uploaded states (FedAvg's, McMahan et al. 2017, eq. in
-    Algorithm 1: Σ_k n_k/n · w_k), accumulated in float32 (float64 for float64 tensors); integer
-    buffers are rounded back.
+def weighted_mean(uploads: list[Upload], keys: list[str] | None = None,
+                  weights: list[float] | None = None) -> Tensors:
+    """Sample-count-weighted mean of the uploaded states (FedAvg's, McMahan et al. 2017, Algorithm 1:
+    Σ_k n_k/n · w_k), or Σ_k c_k · w_k with the coefficients ``weights`` when given (FedNova's
+    p_k/a_k, FedDyn's 1/K); accumulated in float32 (float64 for float64 tensors), integer buffers
+    rounded back.
 
     A tensor whose uploads are the rows of one stack, each row once in any order (the vectorized
-    backend's uploads: views of its trained stack), is averaged in one weighted sum over the client
-    axis, one operator instead of three per client: the same value up to float rounding (the
-    summation order differs). Every caller (the server's mean, FedNova's and FedDyn's) takes it."""
-    total = float(sum(u.num_samples for u in uploads))
-    weights = [u.num_samples / total for u in uploads]
+    backend's uploads: views of its trained stack), is summed in one product over the client axis,
+    one operator instead of three per client: the same value up to float rounding (the summation
+    order differs). Every caller (the server's mean, FedNova's and FedDyn's) takes it."""
+    if weights is None:
+        total = float(sum(u.num_samples for u in uploads))
+        weights = [u.num_samples / total for u in uploads]
     keys = list(uploads[0].state) if keys is None else keys
     out: Tensors = {}
     for key in keys:

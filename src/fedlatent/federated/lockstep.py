@@ -1,8 +1,11 @@
 """The local update of many clients at once: the vectorized backend's form of ``client.local_update``.
 
-The selected clients' models are stacked on a leading client axis and trained in lockstep with
-``torch.func`` (``functional_call`` under ``vmap``): one forward and one backward per step for all
-of them, so per-operator overhead is paid once instead of once per client. The same SGD
+The selected clients' models are stacked on a leading client axis and trained in lockstep: one
+forward and one backward per step for all of them, so per-operator overhead is paid once instead of
+once per client. The forward is the model's own stacked form where it has one
+(:meth:`~fedlatent.models.base.FedModel.stacked_forward`: the MLP's layers as batched matrix
+products, no per-step cost of ``vmap`` and ``functional_call``), else ``torch.func``'s
+``functional_call`` under ``vmap`` (convolutions, projectors, dropout). The same SGD
 (momentum, weight decay, a fresh optimiser each round), the same batches (each client's seeded
 permutations, drawn exactly as ``client.batches`` draws them) and the same Ditto step as the
 sequential client: the weights agree with the simulation backend up to floating-point rounding.

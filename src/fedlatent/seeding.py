@@ -15,6 +15,7 @@ DIAGNOSTICS = 16
 _MASK32 = 0xFFFFFFFF
 _INIT_A, _MULT_A, _INIT_B, _MULT_B = 0x43B0D7E5, 0x931E8875, 0x8B51F9DD, 0x58F38DED
 _MIX_L, _MIX_R, _XSHIFT, _POOL = 0xCA01F9DD, 0x4973F715, 16, 4
+Word = int | np.ndarray  # a uint32 word: one for every row (a Python int) or a column of them
 
 
 def derive_seed(*parts: int) -> int:
@@ -44,24 +45,24 @@ def derive_seeds(*prefix: int, last: Sequence[int]) -> list[int]:
         raise ValueError("derive_seeds: seeds are non-negative integers")
     if max(int(c) for c in last) > _MASK32:  # rows of different lengths: one at a time
         return [derive_seed(*prefix, c) for c in last]
-    u32 = np.uint32
-    entropy = [np.full(len(last), w, dtype=u32) for p in prefix for w in _words(int(p))]
-    entropy.append(np.asarray([int(c) for c in last], dtype=u32))
+    # the prefix's words are the same in every row: they stay Python ints, and an operation
+    # touches an array (a column, one row per value of ``last``) only once a word depends on it
+    entropy: list[Word] = [w for p in prefix for w in _words(int(p))]
+    entropy.append(np.asarray([int(c) for c in last], dtype=np.uint32))
     hash_const = _INIT_A
 
-    def hashmix(value: np.ndarray) -> np.ndarray:
+    def hashmix(value: Word) -> Word:
         nonlocal hash_const
-        value = value ^ u32(hash_const)
+        value = value ^ hash_const
         hash_const = (hash_const * _MULT_A) & _MASK32
-        value = value * u32(hash_const)
-        return value ^ (value >> u32(_XSHIFT))
+        value = (value * hash_const) & _MASK32
+        return value ^ (value >> _XSHIFT)
 
-    def mix(x: np.ndarray, y: np.ndarray) -> np.ndarray:
-        result = x * u32(_MIX_L) - y * u32(_MIX_R)
-        return result ^ (result >> u32(_XSHIFT))
+    def mix(x: Word, y: Word) -> Word:
+        result = (((x * _MIX_L) & _MASK32) - ((y * _MIX_R) & _MASK32)) & _MASK32
+        return result ^ (result >> _XSHIFT)
 
-    zero = np.zeros(len(last), dtype=u32)
-    pool = [hashmix(entropy[i] if i < len(entropy) else zero) for i in range(_POOL)]
+    pool = [hashmix(entropy[i] if i < len(entropy) else 0) for i in range(_POOL)]
     for src in range(_POOL):
         for dst in range(_POOL):
             if src != dst:
@@ -72,8 +73,8 @@ def derive_seeds(*prefix: int, last: Sequence[int]) -> list[int]:
     # generate_state: the first two uint32 words of the output, as one little-endian uint64
     out, hash_const = [], _INIT_B
     for word in pool[:2]:
-        word = word ^ u32(hash_const)
+        word = word ^ hash_const
         hash_const = (hash_const * _MULT_B) & _MASK32
-        word = word * u32(hash_const)
-        out.append((word ^ (word >> u32(_XSHIFT))).astype(np.uint64))
+        word = (word * hash_const) & _MASK32
+        out.append(np.broadcast_to(word ^ (word >> _XSHIFT), (len(last),)).astype(np.uint64))
     return [int(v) for v in (out[0] | (out[1] << np.uint64(32))) >> np.uint64(1)]

@@ -1,6 +1,7 @@
 """The vectorized backend: the simulation backend's round loop (the server and client halves of
 ``federated.round``), with the selected clients trained at once (its trainer hook is
-``federated.lockstep``: stacked weights, ``torch.func.vmap``) instead of in turn.
+``federated.lockstep``: stacked weights, the model's stacked forward or ``torch.func.vmap``)
+instead of in turn.
 
 Same server, checkpoints, evaluation and results as ``simulation``; the weights agree with it up to
 floating-point rounding (models with dropout: in distribution only, see ``federated.lockstep``). Worth it when clients are many and steps small (per-operator overhead is

@@ -67,8 +67,10 @@ def losses_finite(uploads: Iterable[Upload]) -> bool:
     """Whether every loss and term of ``uploads`` (the quantities :func:`nonfinite_quantity` checks
     before the tensors) is finite, in one sum over them all: a NaN or an infinity makes it
     non-finite. False may also mean the sum overflowed, so a caller checks upload by upload before
-    it names anything (a round's clients checked one by one cost ~3 µs apiece, twice a round)."""
-    return math.isfinite(sum(value for u in uploads for _, value in _losses(u)))
+    it names anything (a round's clients checked one by one cost ~3 µs apiece, twice a round). The
+    metrics are read in place, not through :func:`_losses` (sorted names: 4x the time on 50 uploads)."""
+    return math.isfinite(sum(value for u in uploads for key, value in u.metrics.items()
+                             if value is not None and (key in LOSS_KEYS or key.startswith("term_"))))
 
 
 def _losses(upload: Upload) -> list[tuple[str, float]]:

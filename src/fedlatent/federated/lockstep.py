@@ -1,8 +1,11 @@
 """The local update of many clients at once: the vectorized backend's form of ``client.local_update``.
 
-The selected clients' models are stacked on a leading client axis and trained in lockstep with
-``torch.func`` (``functional_call`` under ``vmap``): one forward and one backward per step for all
-of them, so per-operator overhead is paid once instead of once per client. The same SGD
+The selected clients' models are stacked on a leading client axis and trained in lockstep: one
+forward and one backward per step for all of them, so per-operator overhead is paid once instead of
+once per client. The forward is the model's own stacked form where it has one
+(:meth:`~fedlatent.models.base.FedModel.stacked_forward`: the MLP's layers as batched matrix
+products, no per-step cost of ``vmap`` and ``functional_call``), else ``torch.func``'s
+``functional_call`` under ``vmap`` (convolutions, projectors, dropout). The same SGD
 (momentum, weight decay, a fresh optimiser each round), the same batches (each client's seeded
 permutations, drawn exactly as ``client.batches`` draws them) and the same Ditto step as the
 sequential client: the weights agree with the simulation backend up to floating-point rounding.
@@ -102,7 +105,7 @@ class _Stack:
     def client_rows(self) -> list[Tensors]:
         """Every client's state, in stack order, as rows (views) of one CPU copy of the stack (on
         the CPU: of the stack itself): the server averages rows of one stack in one product
-        (``server.stacked_mean``)."""
+        (``methods.aggregation.weighted_mean``)."""
         rows = {n: p.detach().to("cpu").unbind(0) for n, p in self.params.items()}
         return [dict(zip(rows, values)) for values in zip(*rows.values())]
 
@@ -171,6 +174,21 @@ def _forward(model: FedModel, taps: tuple[str, ...]) -> Callable:
         out = functional_call(model, params, (x, frozenset(taps)))
         return (out.logits, out.z, *(out.features[t] for t in taps))
     return one
+
+
+def _stacked(model: FedModel, taps: tuple[str, ...]) -> Callable:
+    """(params, x) ↦ (logits, z, taps...) of stacked clients' (clients, batch, …) input: the model's
+    :meth:`~fedlatent.models.base.FedModel.stacked_forward` where it has one (no vmap or
+    functional_call to pay for on each step), else its forward under ``vmap``, with an
+    independent dropout mask per client (see the module's docstring)."""
+    if not model.has_stacked_forward:
+        return vmap(_forward(model, taps), randomness="different" if _has_dropout(model) else "error")
+    asked = frozenset(taps)
+
+    def stacked(params: dict[str, Tensor], x: Tensor) -> tuple[Tensor, ...]:
+        out = model.stacked_forward(params, x, asked)
+        return (out.logits, out.z, *(out.features[t] for t in taps))
+    return stacked
 
 
 def _output(values: tuple[Tensor, ...], taps: tuple[str, ...]) -> ModelOutput:
@@ -256,7 +274,7 @@ class _Frozen:
     def __init__(self, module: FedModel, states: list[Tensors], taps: tuple[str, ...], device: torch.device) -> None:
         self.params = {n: torch.stack([st[n] for st in states]).to(device) for n in states[0]}
         module.eval()  # functional_call runs the module's mode
-        self.forward = vmap(_forward(module, taps))
+        self.forward = _stacked(module, taps)
         self.taps = taps
 
     def out(self, group: Group, x: Tensor) -> ModelOutput:
@@ -329,8 +347,7 @@ def _train_together(ws: Workspace, starts: list[Tensors], datas: list[Split], sp
                           extra_decay=torch.tensor(decay, device=device) if any(decay) else None)
     # after begin: a part may resolve its taps from rc.model.tap_names (feature-drift depth)
     taps = tuple(sorted(frozenset().union(*(p.taps for p in personal_parts + spec.parts))))
-    randomness = "different" if _has_dropout(model) else "error"
-    forward = vmap(_forward(model, taps), randomness=randomness)
+    forward = _stacked(model, taps)
     # the weights the round started from: no client axis when shared, else stacked (picked per group)
     global_params = rcs[0].global_params if same_start else \
         {n: torch.stack([rc.global_params[n] for rc in rcs]) for n in rcs[0].global_params}

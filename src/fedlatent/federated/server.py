@@ -63,46 +63,6 @@ def resolve_server(cfg: ServerConfig, spec: MethodSpec) -> tuple[str, float]:
     return kind, lr
 
 
-def _stacked_rows(rows: list[torch.Tensor]) -> tuple[torch.Tensor, list[int]] | None:
-    """The floating-point tensor whose rows 0..C−1 are ``rows`` in some order (views of one stack,
-    as the vectorized backend uploads them) and the row of each, or None."""
-    base = rows[0]._base
-    if base is None or not base.is_floating_point() or base.dim() == 0 or base.shape[0] != len(rows):
-        return None
-    start, stride, shape, strides = base.storage_offset(), base.stride(0), base.shape[1:], base.stride()[1:]
-    if stride <= 0:
-        return None
-    where = []
-    for row in rows:
-        index, rest = divmod(row.storage_offset() - start, stride)
-        if row._base is not base or rest or row.shape != shape or row.stride() != strides:
-            return None
-        where.append(index)
-    return (base, where) if sorted(where) == list(range(len(rows))) else None
-
-
-def stacked_mean(uploads: list[Upload]) -> Tensors:
-    """:func:`~fedlatent.methods.aggregation.weighted_mean` (FedAvg's sample-weighted mean), with
-    one weighted sum over the client axis for each tensor whose uploads are the rows of one stack,
-    in any order (the vectorized backend's uploads): the same value up to float rounding (the
-    summation order differs), one operator instead of three per client. Other tensors take
-    ``weighted_mean``."""
-    total = float(sum(u.num_samples for u in uploads))
-    weights = [u.num_samples / total for u in uploads]
-    out: Tensors = {}
-    for key in uploads[0].state:
-        stacked = _stacked_rows([u.state[key] for u in uploads])
-        if stacked is None:
-            out[key] = weighted_mean(uploads, [key])[key]
-            continue
-        base, where = stacked
-        by_row = [0.0] * len(uploads)
-        for row, weight in zip(where, weights):
-            by_row[row] = weight
-        out[key] = torch.tensordot(torch.tensor(by_row, dtype=base.dtype), base, dims=1)
-    return out
-
-
 class Server:
     """Holds the global model's state and the server state; turns uploads into the next model."""
 
@@ -134,7 +94,7 @@ class Server:
         if aggregator is not None:
             new = aggregator.aggregate(old, uploads, self.state, set(self.trainable), self.num_clients)
         else:
-            new = stacked_mean(uploads)
+            new = weighted_mean(uploads)
         for key in self.frozen + self.local:  # a fixed head and the clients' own layers are not aggregated
             new[key] = old[key]
         new = server_step(self.kind, old, new, self.trainable, self.state, self.cfg, self.lr)

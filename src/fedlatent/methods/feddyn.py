@@ -60,13 +60,16 @@ class FedDyn(Part):
 
     def aggregate(self, global_state: Tensors, uploads: list[Upload], server_state: Tensors,
                   trainable: set[str], num_clients: int) -> Tensors:
-        out = weighted_mean(uploads)
-        for name in trainable:
+        names = list(uploads[0].state)
+        moved = [n for n in names if n in trainable]
+        out = {**weighted_mean(uploads, [n for n in names if n not in trainable]),
+               **weighted_mean(uploads, moved, [1 / len(uploads)] * len(uploads))}  # the plain mean
+        for name in moved:
             h = server_state.get(H + name, torch.zeros_like(global_state[name]))
-            h = h + sum(u.extras[self.name][name] for u in uploads) / num_clients
+            h = h + torch.stack([u.extras[self.name][name] for u in uploads]).sum(0) / num_clients
             server_state[H + name] = h
-            out[name] = sum(u.state[name] for u in uploads) / len(uploads) + h
-        return out
+            out[name] = out[name] + h
+        return {n: out[n] for n in names}
 
 
 @register_part("feddyn", alpha=0.01)

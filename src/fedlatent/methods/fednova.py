@@ -7,6 +7,7 @@ w_g ← w_g − (Σ p_i a_i)·Σ p_i d_i with p_i = n_i/n over the round's parti
 """
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from fedlatent.methods.aggregation import weighted_mean
@@ -28,16 +29,24 @@ class FedNova(Part):
 
     def aggregate(self, global_state: Tensors, uploads: list[Upload], server_state: Tensors,
                   trainable: set[str], num_clients: int) -> Tensors:
-        out = weighted_mean(uploads)
+        """w − τ_eff · Σ_i p_i (w − w_i) / a_i for the trainable tensors (the module's formula),
+        computed as w − τ_eff · (Σ_i c_i · w − Σ_i c_i w_i) with c_i = p_i / a_i, the last sum one
+        :func:`weighted_mean` with those coefficients; the rest (buffers) the sample-weighted mean."""
         total = float(sum(u.num_samples for u in uploads))
         shares = [u.num_samples / total for u in uploads]
         factors = [normalising_factor(u.steps, u.momentum) for u in uploads]
         tau_eff = sum(p * a for p, a in zip(shares, factors))
-        for name in trainable:
+        # a client without a step (a = 0) makes the model non-finite, as (w − w_i)/0 would
+        coeffs = [p / a if a else math.inf for p, a in zip(shares, factors)]
+        names = list(uploads[0].state)
+        moved = [n for n in names if n in trainable]
+        rows = {**weighted_mean(uploads, [n for n in names if n not in trainable]),
+                **weighted_mean(uploads, moved, coeffs)}
+        pull = sum(coeffs)
+        for name in moved:
             w = global_state[name]
-            direction = sum(p * (w - u.state[name]) / a for p, a, u in zip(shares, factors, uploads))
-            out[name] = w - tau_eff * direction
-        return out
+            rows[name] = w - tau_eff * (pull * w - rows[name])
+        return {n: rows[n] for n in names}
 
 
 @register_part("fednova")

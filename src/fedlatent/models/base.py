@@ -58,6 +58,40 @@ class FedModel(nn.Module):
             logits = torch.softmax(logits, dim=1)
         return ModelOutput(logits=logits, z=z, features=features)
 
+    def stacked_encode(self, params: dict[str, Tensor], x: Tensor,
+                       taps: frozenset[str]) -> tuple[Tensor, dict[str, Tensor]]:
+        """:meth:`encode` of C models at once: ``params`` is this model's state with a leading
+        client axis, ``x`` a (clients, batch, …) input, and client c's rows are computed with its
+        weights. Optional: a subclass built of layers with a batched form (Linear: ``bmm``)
+        implements it, and the lockstep trainer then runs :meth:`stacked_forward` instead of
+        ``forward`` under ``vmap`` (whose dispatch costs more than the small layers themselves)."""
+        raise NotImplementedError
+
+    @property
+    def has_stacked_forward(self) -> bool:
+        """Whether :meth:`stacked_forward` computes what ``forward`` under ``vmap`` does: the subclass
+        has a :meth:`stacked_encode`, the projector is the identity and nothing draws random
+        numbers (dropout: vmap's per-client masks are its own draws)."""
+        return (type(self).stacked_encode is not FedModel.stacked_encode and isinstance(self.projector, nn.Identity)
+                and not any(isinstance(m, nn.modules.dropout._DropoutNd) for m in self.modules()))
+
+    def stacked_forward(self, params: dict[str, Tensor], x: Tensor, taps: frozenset[str] = frozenset()) -> ModelOutput:
+        """:meth:`forward` of C models at once (see :meth:`stacked_encode`): outputs with a leading
+        client axis, (clients, batch, …)."""
+        z, features = self.stacked_encode(params, x, taps)
+        if self.normalize_z:
+            z = unit_rows(z)
+        logits = stacked_linear(z, params["classifier.weight"], params.get("classifier.bias"))
+        if self.softmax_output:
+            logits = torch.softmax(logits, dim=-1)
+        return ModelOutput(logits=logits, z=z, features=features)
+
+
+def stacked_linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+    """``F.linear`` of C clients at once: x (C, B, in), weight (C, out, in), bias (C, out) or None."""
+    w = weight.transpose(1, 2)
+    return torch.bmm(x, w) if bias is None else torch.baddbmm(bias.unsqueeze(1), x, w)
+
 
 def mlp_projector(in_dim: int, width: int, layers: int = 2) -> nn.Sequential:
     """The papers' projector: (Linear → BatchNorm1d → ReLU) × ``layers``."""

@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import math
 
+import torch
 from torch import Tensor, nn
 
 from fedlatent.errors import ConfigError
-from fedlatent.models.base import FedModel
+from fedlatent.models.base import FedModel, stacked_linear
 from fedlatent.models.registry import register_model
 
 
@@ -32,6 +33,17 @@ class MLP(FedModel):
         features: dict[str, Tensor] = {}
         for i, layer in enumerate(self.layers, start=1):
             h = layer(h)
+            if f"hidden{i}" in taps:
+                features[f"hidden{i}"] = h
+        return h, features
+
+    def stacked_encode(self, params: dict[str, Tensor], x: Tensor,
+                       taps: frozenset[str]) -> tuple[Tensor, dict[str, Tensor]]:
+        """:meth:`encode` of C clients' weights on a (clients, batch, …) input, one ``baddbmm`` a layer."""
+        h = x.flatten(2)
+        features: dict[str, Tensor] = {}
+        for i in range(1, len(self.layers) + 1):
+            h = torch.relu(stacked_linear(h, params[f"layers.{i - 1}.0.weight"], params[f"layers.{i - 1}.0.bias"]))
             if f"hidden{i}" in taps:
                 features[f"hidden{i}"] = h
         return h, features

@@ -31,7 +31,7 @@ from torch import Tensor, nn
 
 from fedlatent.losses.mmd import _LOG2E, batched_self_distances, squared_distances
 
-__all__ = ["DeepKernel", "deep_kernel_matrix", "mmd_d", "mmd_d_power", "mmd_d_stacked", "stack_parameters",
+__all__ = ["DeepKernel", "GramWorkspace", "deep_kernel_matrix", "mmd_d", "mmd_d_power", "mmd_d_stacked", "stack_parameters",
            "train_deep_kernel", "train_deep_kernels"]
 
 _SEMANTICS = ("official", "paper")
@@ -213,7 +213,8 @@ def train_deep_kernel(kernel: DeepKernel, x: Tensor, y: Tensor, *, steps: int, l
 
 
 def train_deep_kernels(kernels: list[DeepKernel], xs: Tensor, ys: Tensor, *, steps: int, lr: float = 1e-3,
-                       semantics: str = "official", weight_decay: float = 0.01, reg: float = 1e-8) -> Tensor:
+                       semantics: str = "official", weight_decay: float = 0.01, reg: float = 1e-8,
+                       workspace: GramWorkspace | None = None) -> Tensor:
     """Maximise Ĵ (:func:`mmd_d_power`) for K kernels of one shape at once, kernel k on ``xs[k]``,
     ``ys[k]`` ((K, N, …) each), with the AdamW step of ``torch.optim.AdamW`` (single-tensor form,
     torch defaults besides ``lr`` and ``weight_decay``, fresh moments) applied to the stacked
@@ -237,16 +238,16 @@ def train_deep_kernels(kernels: list[DeepKernel], xs: Tensor, ys: Tensor, *, ste
     stacked = stack_parameters(kernels)
     names, params = list(stacked), [p.detach() for p in stacked.values()]
     rows = torch.cat([xs, ys], 1)
-    raw_d2 = rows.new_empty(rows.shape[0], rows.shape[1], rows.shape[1])
-    for k, r in enumerate(rows):
-        _scaled_distances(r, r, r.pow(2).sum(1), torch.ones((), dtype=r.dtype), out=raw_d2[k])
+    work = workspace or GramWorkspace()
+    # the raw inputs are fixed during the training: their distances are taken once for all steps
+    raw_d2 = _batched_self_distances(rows, out=work.buffer("raw", (len(kernels),) + (rows.shape[1],) * 2, rows))
     beta1, beta2, eps = 0.9, 0.999, 1e-8
     exp_avg = [torch.zeros_like(p) for p in params]
     exp_avg_sq = [torch.zeros_like(p) for p in params]
     values = []
     for step in range(1, steps + 1):
         leaves = [p.requires_grad_(True) for p in params]
-        power = _stacked_power(template, dict(zip(names, leaves)), rows, raw_d2, semantics, reg)
+        power = _stacked_power(template, dict(zip(names, leaves)), rows, raw_d2, semantics, reg, work)
         # φ's output bias cancels from every distance: exactly zero gradient (unused when the
         # distances are taken before the last layer), so AdamW applies only its weight decay to it
         grads = torch.autograd.grad(-power.sum(), leaves, materialize_grads=True)
@@ -269,7 +270,7 @@ def train_deep_kernels(kernels: list[DeepKernel], xs: Tensor, ys: Tensor, *, ste
 
 
 def _stacked_power(template: DeepKernel, params: dict[str, Tensor], rows: Tensor, raw_d2: Tensor,
-                   semantics: str, reg: float) -> Tensor:
+                   semantics: str, reg: float, work: GramWorkspace | None = None) -> Tensor:
     """Ĵ of K kernels with stacked ``params`` (``template``'s names, a leading K axis) on ``rows`` =
     [x; y] (K, 2n, d), ``raw_d2`` their squared distances (K, 2n, 2n). (K,)
 
@@ -281,6 +282,7 @@ def _stacked_power(template: DeepKernel, params: dict[str, Tensor], rows: Tensor
     φ ends in a Linear layer φ(a) = W h(a) + b, so ‖φ(a) − φ(b)‖² = (h_a − h_b)ᵀ WᵀW (h_a − h_b):
     when φ's output is wider than h (50 against 10 in the Ditto presets) the distances are taken
     in h's space under the metric WᵀW, a smaller matrix product with the same values.
+    ``work`` holds the Gram matrices (see :class:`_RowSumPower`).
     """
     n = rows.shape[1] // 2
     h, last = _stacked_hidden(template, params, rows)
@@ -296,18 +298,11 @@ def _stacked_power(template: DeepKernel, params: dict[str, Tensor], rows: Tensor
         left = right = torch.baddbmm(b[:, None, :], h, w.transpose(1, 2))
     norms = (left * right).sum(2)
     official = semantics == "official"
-    kappa_s = _SignedRowSums.apply(left, right, norms, c_phi, raw_d2 if official else None,
-                                   c_q if official else None, signs)
-    q_s = _SignedRowSums.apply(None, None, None, None, raw_d2, c_q, signs)
-    k_s = (1.0 - eps) * kappa_s + eps * q_s
-    r = k_s[:, :n] - k_s[:, n:]
     kappa_xy = torch.exp(-c_phi[:, None] * ((h[:, :n] - h[:, n:]) @ w.transpose(1, 2)).pow(2).sum(2))
     q_xy = torch.exp(-c_q[:, None] * raw_d2[:, :n, n:].diagonal(dim1=1, dim2=2))
     k_xy = ((1.0 - eps) * kappa_xy + eps) * q_xy if official else (1.0 - eps) * kappa_xy + eps * q_xy
-    total = r.sum(1)
-    mmd_u = (total - (2.0 - 2.0 * k_xy).sum(1)) / (n * (n - 1))
-    var = (4.0 / n ** 3 * r.pow(2).sum(1) - 4.0 / n ** 4 * total.pow(2)).clamp_min(0.0)
-    return mmd_u / torch.sqrt(var + reg)
+    return _RowSumPower.apply(left, right, norms, c_phi, c_q, eps[:, 0], k_xy, raw_d2, signs, official, reg,
+                              work or GramWorkspace())
 
 
 def _stacked_hidden(template: DeepKernel, params: dict[str, Tensor], rows: Tensor) -> tuple[Tensor, int]:
@@ -346,71 +341,108 @@ def _scaled_distances(left: Tensor, right: Tensor, norms: Tensor, scale: Tensor,
     return out.fill_diagonal_(0.0)
 
 
-class _SignedRowSums(torch.autograd.Function):
-    """v = A s per kernel for A_ab = exp(−c_φ·E_ab − c_q·D_ab) (K, N, N) and a fixed vector s (N,),
-    where E_ab = ‖·‖²_a + ‖·‖²_b − 2 l_a·r_b (``norms``, ``left``, ``right``: (K, N), (K, N, p),
-    (K, N, p)) is a squared distance written as an inner product (l = r = f for ‖f_a − f_b‖²;
-    l = hM, r = h for (h_a − h_b)ᵀM(h_a − h_b)), clamped at 0 with an exact zero diagonal as
-    :func:`squared_distances`, and D (K, N, N) precomputed squared distances. Either term is left
-    out by passing None for its inputs.
+class _RowSumPower(torch.autograd.Function):
+    """Ĵ = MMD²_u / sqrt(σ̂²_H1 + reg) per kernel (Liu et al. Eq. 4–5) from the signed row sums
+    Ks, s = [1_n; −1_n], of the [x; y] Gram matrix K = (1 − ε)·A + ε·B (see :func:`_stacked_power`),
+    with A_ab = exp(−c_φ·E_ab [− c_q·D_ab when ``official``]) and B_ab = exp(−c_q·D_ab):
+    E_ab = ‖·‖²_a + ‖·‖²_b − 2 l_a·r_b (``norms``, ``left``, ``right``: (K, N), (K, N, p), (K, N, p))
+    a squared distance written as an inner product (l = r = f for ‖f_a − f_b‖²; l = hM, r = h for
+    (h_a − h_b)ᵀM(h_a − h_b)), clamped at 0 with an exact zero diagonal as
+    :func:`squared_distances`; D (K, N, N) the fixed raw-input distances; ``k_xy`` (K, n) the
+    paired values k(x_i, y_i). Differentiable in left, right, norms, c_φ, c_q, ε and k_xy.
 
-    The gradient never forms ∂v/∂A (the outer product g sᵀ): with A symmetric and v = As,
-    ∂L/∂l_a = 2c_φ g_a (A(s∘r))_a, ∂L/∂r_a = 2c_φ s_a (A(g∘l))_a,
-    ∂L/∂‖·‖²_a = −c_φ(g_a v_a + s_a (Ag)_a), ∂L/∂c_φ = −Σ_ab g_a s_b A_ab E_ab (E expanded as
-    above) and ∂L/∂c_q = −gᵀ(A⊙D)s: one product of A with 2p + 2 columns. Kernels are processed
-    one at a time so that A stays in cache."""
+    Ĵ_k depends on kernel k's matrices only, so the gradient is formed with the forward pass,
+    kernel by kernel, while A and B are in cache (two N×N buffers of ``work``, reused): with
+    r = (Ks)_{:n} − (Ks)_{n:}, T = Σr, m = MMD²_u, V = σ̂²_H1 and σ = sqrt(V + reg),
+    ∂Ĵ/∂r = 1/(σn(n−1)) − m/(2σ³)·(8r/n³ − 8T/n⁴) (0 for the second term where V < 0 is clamped),
+    ∂Ĵ/∂k_xy = 2/(σn(n−1)), g = ∂Ĵ/∂(Ks) = [∂Ĵ/∂r; −∂Ĵ/∂r]. The gradient never forms g sᵀ:
+    with A symmetric, v = As and g_A = (1 − ε)g, ∂Ĵ/∂l_a = 2c_φ g_a (A(s∘r))_a,
+    ∂Ĵ/∂r_a = 2c_φ s_a (A(g∘l))_a, ∂Ĵ/∂‖·‖²_a = −c_φ(g_a v_a + s_a (Ag)_a),
+    ∂Ĵ/∂c_φ = −Σ_ab g_a s_b A_ab E_ab (E expanded as above, gᵀA(s∘‖·‖²) read as (s∘‖·‖²)ᵀ(Ag)),
+    all from one product of A with 2p + 1 columns, and ∂Ĵ/∂c_q = −g_Aᵀ(A⊙D)s [official] − εgᵀ(B⊙D)s.
+    The backward pass scales the stored gradients by the incoming one."""
 
     @staticmethod
-    def forward(ctx, left: Tensor | None, right: Tensor | None, norms: Tensor | None, c_phi: Tensor | None,
-                d2: Tensor | None, c_q: Tensor | None, signs: Tensor) -> Tensor:
-        source = norms if norms is not None else d2
-        count, size = source.shape[0], source.shape[1]
-        out = source.new_empty(count, size)
-        grams = source.new_empty(count, size, size)
+    def forward(ctx, left: Tensor, right: Tensor, norms: Tensor, c_phi: Tensor, c_q: Tensor, eps: Tensor,
+                k_xy: Tensor, d2: Tensor, signs: Tensor, official: bool, reg: float,
+                work: GramWorkspace) -> Tensor:
+        count, size, p = left.shape
+        n = size // 2
+        a = work.buffer("gram_a", (size, size), d2)
+        b = work.buffer("gram_b", (size, size), d2)
+        scratch = work.buffer("scratch", (size, size), d2)
+        grads = [torch.empty_like(t) for t in (left, right, norms, c_phi, c_q, eps, k_xy)]
+        grad_l, grad_r, grad_n, grad_phi, grad_q, grad_eps, grad_kxy = grads
+        values = c_phi.new_empty(count)
         # exp(t) as 2^(t·log2 e), the factor folded into the scales: torch's exp2 runs ~4x faster
         # than its exp on CPU, and agrees with it to float rounding
-        phi_scale = c_phi * _LOG2E if left is not None else None
-        q_scale = -c_q * _LOG2E if d2 is not None else None
+        phi_scale, q_scale = c_phi * _LOG2E, -c_q * _LOG2E
+        pairs = n * (n - 1)
         for k in range(count):
-            a = grams[k]
-            if left is not None:
-                _scaled_distances(left[k], right[k], norms[k], phi_scale[k], out=a, negate=True)
-                if d2 is not None:
-                    a.addcmul_(d2[k], q_scale[k])
-            else:
-                torch.mul(d2[k], q_scale[k], out=a)
-            a.exp2_()
-            torch.mv(a, signs, out=out[k])
-        ctx.save_for_backward(left, right, norms, c_phi, d2, signs, grams, out)
-        return out
+            lk, rk, nk, c, e = left[k], right[k], norms[k], c_phi[k], eps[k]
+            _scaled_distances(lk, rk, nk, phi_scale[k], out=a, negate=True)
+            if official:
+                a.addcmul_(d2[k], q_scale[k])
+            v_a = torch.mv(a.exp2_(), signs)
+            v_b = torch.mv(torch.mul(d2[k], q_scale[k], out=b).exp2_(), signs)
+            ks = (1.0 - e) * v_a + e * v_b
+            r = ks[:n] - ks[n:]
+            total = r.sum()
+            mmd_u = (total - (2.0 - 2.0 * k_xy[k]).sum()) / pairs
+            var = 4.0 / n ** 3 * r.pow(2).sum() - 4.0 / n ** 4 * total.pow(2)
+            sigma = torch.sqrt(var.clamp_min(0.0) + reg)
+            values[k] = mmd_u / sigma
+            d_r = (1.0 / pairs) / sigma - (var >= 0) * mmd_u / (2.0 * sigma ** 3) * (8.0 / n ** 3 * r - 8.0 / n ** 4 * total)
+            g = torch.cat([d_r, -d_r])
+            grad_kxy[k] = (2.0 / pairs) / sigma
+            grad_eps[k] = g @ (v_b - v_a)
+            g_a = (1.0 - e) * g
+            # A symmetric: the rows of [g_A, s∘r, g_A∘l]ᵀ A are the columns of A [g_A, s∘r, g_A∘l]
+            # (this layout of the product is the faster one)
+            prod = torch.cat([g_a[None], (signs[:, None] * rk).T, (g_a[:, None] * lk).T]) @ a
+            a_g, a_sr, a_gl = prod[0], prod[1:p + 1].T, prod[p + 1:].T
+            grad_l[k] = 2.0 * c * g_a[:, None] * a_sr
+            grad_r[k] = 2.0 * c * signs[:, None] * a_gl
+            grad_n[k] = -c * (g_a * v_a + signs * a_g)
+            grad_phi[k] = -(g_a @ (nk * v_a) + (signs * nk) @ a_g - 2.0 * (g_a[:, None] * lk * a_sr).sum())
+            grad_q[k] = -(e * g) @ torch.mv(torch.mul(b, d2[k], out=scratch), signs)
+            if official:
+                grad_q[k] -= g_a @ torch.mv(torch.mul(a, d2[k], out=scratch), signs)
+        ctx.save_for_backward(*grads)
+        return values
 
     @staticmethod
     def backward(ctx, grad: Tensor) -> tuple[Tensor | None, ...]:
-        left, right, norms, c_phi, d2, signs, grams, out = ctx.saved_tensors
-        need_l, need_r, need_n, need_phi, _, need_q, _ = ctx.needs_input_grad
-        grad_l = torch.zeros_like(left) if need_l else None
-        grad_r = torch.zeros_like(right) if need_r else None
-        grad_n = torch.zeros_like(norms) if need_n else None
-        grad_phi = torch.zeros_like(c_phi) if need_phi else None
-        grad_q = grams.new_zeros(grams.shape[0]) if need_q else None
-        for k in range(grams.shape[0]):
-            a, g, v = grams[k], grad[k], out[k]
-            if need_l or need_r or need_n or need_phi:
-                lk, rk, nk, c = left[k], right[k], norms[k], c_phi[k]
-                p = lk.shape[1]
-                prod = a @ torch.cat([g[:, None], signs[:, None] * rk, g[:, None] * lk, (signs * nk)[:, None]], 1)
-                a_g, a_sr, a_gl, a_sn = prod[:, 0], prod[:, 1:p + 1], prod[:, p + 1:2 * p + 1], prod[:, -1]
-                if need_l:
-                    grad_l[k] = 2.0 * c * g[:, None] * a_sr
-                if need_r:
-                    grad_r[k] = 2.0 * c * signs[:, None] * a_gl
-                if need_n:
-                    grad_n[k] = -c * (g * v + signs * a_g)
-                if need_phi:
-                    grad_phi[k] = -(g @ (nk * v) + g @ a_sn - 2.0 * (g[:, None] * lk * a_sr).sum())
-            if need_q:
-                grad_q[k] = -(g @ torch.mv(a * d2[k], signs))
-        return grad_l, grad_r, grad_n, grad_phi, None, grad_q, None
+        scaled = tuple(t * grad.view(-1, *[1] * (t.dim() - 1)) for t in ctx.saved_tensors)
+        return scaled + (None,) * 5
+
+
+class GramWorkspace:
+    """Work buffers of :func:`train_deep_kernels` (the Gram matrices of every kernel and the raw
+    inputs' distances, tens of MB), kept from call to call: allocating them afresh at each of
+    thousands of steps costs more in page faults than the arithmetic on them. A buffer grows to
+    the largest size asked for and is handed out as a view of its first elements."""
+
+    def __init__(self) -> None:
+        self._buffers: dict[str, Tensor] = {}
+
+    def buffer(self, name: str, shape: tuple[int, ...], like: Tensor) -> Tensor:
+        """The buffer ``name`` as an uninitialised tensor of ``shape`` with ``like``'s dtype and device."""
+        size = math.prod(shape)
+        held = self._buffers.get(name)
+        if held is None or held.numel() < size or held.dtype != like.dtype or held.device != like.device:
+            held = self._buffers[name] = like.new_empty(size)
+        return held[:size].view(shape)
+
+
+def _batched_self_distances(a: Tensor, *, out: Tensor) -> Tensor:
+    """Squared distances of the rows of each a[k] (K, N, d) into ``out`` (K, N, N), as
+    :func:`_scaled_distances` (scale 1) for all k in one batched product."""
+    norms = a.pow(2).sum(2, keepdim=True)
+    ones = torch.ones_like(norms)
+    torch.bmm(torch.cat([a * -2.0, norms, ones], 2), torch.cat([a, ones, norms], 2).transpose(1, 2), out=out)
+    out.clamp_min_(0.0).diagonal(dim1=1, dim2=2).zero_()
+    return out
 
 
 # ---------------------------------------------------------------------------------------------

@@ -56,7 +56,7 @@ from torch.nn import functional as F
 from fedlatent.errors import ConfigError
 from fedlatent.losses.mmd import (kernel_bandwidths, mk_mmd_batch, mmd_estimates_with_covariance_batch,
                                   optimize_kernel_weights)
-from fedlatent.losses.mmd_d import DeepKernel, mmd_d_stacked, stack_parameters, train_deep_kernels
+from fedlatent.losses.mmd_d import DeepKernel, GramWorkspace, mmd_d_stacked, stack_parameters, train_deep_kernels
 from fedlatent.methods.parts import ClientRound, LockstepContext, MethodSpec, Part, Personalization, TermContext
 from fedlatent.methods.registry import register_part, register_preset
 from fedlatent.models.base import ModelOutput
@@ -281,6 +281,8 @@ class MmdD(FeatureDrift):
         self.window = _window(opts["kernel_batches"], opts["release_off_by_one"])
         # stacked kernel weights of the clients stepping together, per layer (see stacked_kernels)
         self.stacks: dict[tuple[str, tuple[int, ...]], tuple[list[_Window], DeepKernel, dict[str, Tensor]]] = {}
+        # the kernel training's Gram buffers, allocated once for the run (not at each of its steps)
+        self.workspace = GramWorkspace()
 
     def prefix(self, layer: str) -> str:
         return f"{self.name}.kernel.{layer}."
@@ -347,7 +349,7 @@ class MmdD(FeatureDrift):
             for group in by_size.values():
                 train_deep_kernels([k for k, _, _ in group], torch.stack([x for _, x, _ in group]),
                                    torch.stack([y for _, _, y in group]), steps=self.steps, lr=self.lr,
-                                   semantics=self.semantics)
+                                   semantics=self.semantics, workspace=self.workspace)
         share = (time.perf_counter() - started) / len(windows)
         for window in windows:
             metrics = window.rc.metrics

@@ -11,7 +11,7 @@ from torch import nn
 from torch.func import functional_call
 
 from fedlatent.losses.mmd import batched_self_distances, squared_distances
-from fedlatent.losses.mmd_d import (DeepKernel, GramWorkspace, _RowSumPower, _stacked_power, deep_kernel_matrix, mmd_d,
+from fedlatent.losses.mmd_d import (DeepKernel, GramWorkspace, _block_distances, _RowSumPower, _stacked_power, deep_kernel_matrix, mmd_d,
                                     mmd_d_power, mmd_d_stacked, stack_parameters, train_deep_kernel, train_deep_kernels)
 
 SEMANTICS = ["official", "paper"]
@@ -323,13 +323,32 @@ def test_stacked_power_and_gradient_equal_mmd_d_power(semantics: str, hidden: in
     params = {n: torch.stack([dict(k.named_parameters())[n].detach() for k in kernels]).requires_grad_(True)
               for n in names}
     rows = torch.cat([xs, ys], 1)
-    got = _stacked_power(kernels[0], params, rows, torch.vmap(squared_distances)(rows), semantics, 1e-8)
+    got = _stacked_power(kernels[0], params, rows, _blocks(torch.vmap(squared_distances)(rows)), semantics, 1e-8)
     grads = torch.autograd.grad(got.sum(), list(params.values()), materialize_grads=True)
     for i, kernel in enumerate(kernels):
         want = mmd_d_power(xs[i], ys[i], kernel, semantics=semantics)
         torch.testing.assert_close(got[i], want.detach(), rtol=1e-12, atol=1e-14)
         for name, g, w in zip(names, grads, torch.autograd.grad(want, list(kernel.parameters()))):
             torch.testing.assert_close(g[i], w, rtol=1e-9, atol=1e-12, msg=name)
+
+
+def _blocks(d2: torch.Tensor) -> torch.Tensor:
+    """The blocks xx, xy, yy (K, 3, n, n) of (K, 2n, 2n) matrices."""
+    n = d2.shape[1] // 2
+    return torch.stack([d2[:, :n, :n], d2[:, :n, n:], d2[:, n:, n:]], 1)
+
+
+def test_block_distances_equal_the_full_matrix() -> None:
+    """The xx, xy, yy blocks of the [x; y] distances, exact zero diagonals in xx and yy (also
+    with a repeated row, x_0 = y_0: a zero in xy's diagonal up to rounding)."""
+    gen = torch.Generator().manual_seed(14)
+    xs = torch.randn(2, 5, 3, generator=gen, dtype=torch.float64)
+    ys = torch.randn(2, 5, 3, generator=gen, dtype=torch.float64) + 0.5
+    ys[:, 0] = xs[:, 0]
+    got = _block_distances(xs, ys, out=torch.empty(2, 3, 5, 5, dtype=torch.float64))
+    want = _blocks(torch.vmap(squared_distances)(torch.cat([xs, ys], 1)))
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+    assert torch.all(got[:, ::2].diagonal(dim1=2, dim2=3) == 0)
 
 
 @pytest.mark.parametrize("official,metric", [(False, False), (True, False), (True, True)])
@@ -349,11 +368,12 @@ def test_row_sum_power_gradcheck(official: bool, metric: bool) -> None:
     k_xy = torch.rand(2, n, generator=gen, dtype=torch.float64)
     signs = torch.tensor([1.0] * n + [-1.0] * n, dtype=torch.float64)
     work = GramWorkspace()
+    blocks = _blocks(d2)
 
     def power(h: torch.Tensor, root: torch.Tensor, c_phi: torch.Tensor, c_q: torch.Tensor, eps: torch.Tensor,
               k_xy: torch.Tensor) -> torch.Tensor:
         left = h @ (root.transpose(1, 2) @ root) if metric else h
-        return _RowSumPower.apply(left, h, (left * h).sum(2), c_phi, c_q, eps, k_xy, d2, signs, official, reg, work)
+        return _RowSumPower.apply(left, h, (left * h).sum(2), c_phi, c_q, eps, k_xy, blocks, official, reg, work)
 
     args = tuple(t.requires_grad_(True) for t in (h, root, c_phi, c_q, eps, k_xy))
     assert torch.autograd.gradcheck(power, args)

@@ -240,7 +240,7 @@ def train_deep_kernels(kernels: list[DeepKernel], xs: Tensor, ys: Tensor, *, ste
     rows = torch.cat([xs, ys], 1)
     work = workspace or GramWorkspace()
     # the raw inputs are fixed during the training: their distances are taken once for all steps
-    raw_d2 = _batched_self_distances(rows, out=work.buffer("raw", (len(kernels),) + (rows.shape[1],) * 2, rows))
+    raw_d2 = _block_distances(xs, ys, out=work.buffer("raw", (len(kernels), 3) + (xs.shape[1],) * 2, rows))
     beta1, beta2, eps = 0.9, 0.999, 1e-8
     exp_avg = [torch.zeros_like(p) for p in params]
     exp_avg_sq = [torch.zeros_like(p) for p in params]
@@ -272,7 +272,8 @@ def train_deep_kernels(kernels: list[DeepKernel], xs: Tensor, ys: Tensor, *, ste
 def _stacked_power(template: DeepKernel, params: dict[str, Tensor], rows: Tensor, raw_d2: Tensor,
                    semantics: str, reg: float, work: GramWorkspace | None = None) -> Tensor:
     """Ĵ of K kernels with stacked ``params`` (``template``'s names, a leading K axis) on ``rows`` =
-    [x; y] (K, 2n, d), ``raw_d2`` their squared distances (K, 2n, 2n). (K,)
+    [x; y] (K, 2n, d), ``raw_d2`` their squared distances as the blocks xx, xy, yy of
+    :func:`_block_distances` (K, 3, n, n). (K,)
 
     With s = [1_n; −1_n] and K the [x; y] Gram matrix, the row sums of the paired matrix H are
     r_i = (Ks)_i − (Ks)_{n+i}, Σ_ij H_ij = Σ_i r_i and H_ii = 2 − 2k(x_i, y_i) (k(a, a) = 1), so
@@ -290,7 +291,6 @@ def _stacked_power(template: DeepKernel, params: dict[str, Tensor], rows: Tensor
     c_phi = torch.exp(-2.0 * params["log_sigma_phi"])
     c_q = torch.exp(-2.0 * params["log_sigma_q"])
     eps = torch.sigmoid(params["eps_logit"])[:, None]
-    signs = torch.cat([rows.new_ones(n), -rows.new_ones(n)])
     if w.shape[1] > w.shape[2]:
         left = h @ (w.transpose(1, 2) @ w)
         right = h
@@ -299,9 +299,9 @@ def _stacked_power(template: DeepKernel, params: dict[str, Tensor], rows: Tensor
     norms = (left * right).sum(2)
     official = semantics == "official"
     kappa_xy = torch.exp(-c_phi[:, None] * ((h[:, :n] - h[:, n:]) @ w.transpose(1, 2)).pow(2).sum(2))
-    q_xy = torch.exp(-c_q[:, None] * raw_d2[:, :n, n:].diagonal(dim1=1, dim2=2))
+    q_xy = torch.exp(-c_q[:, None] * raw_d2[:, 1].diagonal(dim1=1, dim2=2))
     k_xy = ((1.0 - eps) * kappa_xy + eps) * q_xy if official else (1.0 - eps) * kappa_xy + eps * q_xy
-    return _RowSumPower.apply(left, right, norms, c_phi, c_q, eps[:, 0], k_xy, raw_d2, signs, official, reg,
+    return _RowSumPower.apply(left, right, norms, c_phi, c_q, eps[:, 0], k_xy, raw_d2, official, reg,
                               work or GramWorkspace())
 
 
@@ -327,36 +327,24 @@ def _stacked_featurize(template: DeepKernel, params: dict[str, Tensor], rows: Te
                          params[f"featurizer.{last}.weight"].transpose(1, 2))
 
 
-def _scaled_distances(left: Tensor, right: Tensor, norms: Tensor, scale: Tensor, *, out: Tensor,
-                      negate: bool = False) -> Tensor:
-    """out = ±scale·(‖·‖²_a + ‖·‖²_b − 2 l_a·r_b) (N, N), scale > 0 (− with ``negate``), from one
-    matrix product of [∓2·scale·l, ±scale·norms, ±scale] and [r, 1, norms] (no broadcast passes),
-    clamped at 0 with an exact zero diagonal as :func:`squared_distances` (l = r = x:
-    scale·‖x_a − x_b‖²)."""
-    signed = -scale if negate else scale
-    ones = torch.ones_like(norms)[:, None]
-    torch.mm(torch.cat([left * (-2.0 * signed), signed * norms[:, None], signed * ones], 1),
-             torch.cat([right, ones, norms[:, None]], 1).T, out=out)
-    (out.clamp_max_ if negate else out.clamp_min_)(0.0)
-    return out.fill_diagonal_(0.0)
-
-
 class _RowSumPower(torch.autograd.Function):
     """Ĵ = MMD²_u / sqrt(σ̂²_H1 + reg) per kernel (Liu et al. Eq. 4–5) from the signed row sums
     Ks, s = [1_n; −1_n], of the [x; y] Gram matrix K = (1 − ε)·A + ε·B (see :func:`_stacked_power`),
     with A_ab = exp(−c_φ·E_ab [− c_q·D_ab when ``official``]) and B_ab = exp(−c_q·D_ab):
-    E_ab = ‖·‖²_a + ‖·‖²_b − 2 l_a·r_b (``norms``, ``left``, ``right``: (K, N), (K, N, p), (K, N, p))
-    a squared distance written as an inner product (l = r = f for ‖f_a − f_b‖²; l = hM, r = h for
-    (h_a − h_b)ᵀM(h_a − h_b)), clamped at 0 with an exact zero diagonal as
-    :func:`squared_distances`; D (K, N, N) the fixed raw-input distances; ``k_xy`` (K, n) the
-    paired values k(x_i, y_i). Differentiable in left, right, norms, c_φ, c_q, ε and k_xy.
+    E_ab = ‖·‖²_a + ‖·‖²_b − 2 l_a·r_b (``norms``, ``left``, ``right``: (K, 2n), (K, 2n, p),
+    (K, 2n, p)) a squared distance written as an inner product (l = r = f for ‖f_a − f_b‖²; l = hM,
+    r = h for (h_a − h_b)ᵀM(h_a − h_b)), clamped at 0 with an exact zero diagonal as
+    :func:`squared_distances`; D the fixed raw-input distances as the blocks xx, xy, yy
+    (K, 3, n, n) of :func:`_block_distances`; ``k_xy`` (K, n) the paired values k(x_i, y_i).
+    Differentiable in left, right, norms, c_φ, c_q, ε and k_xy.
 
-    Ĵ_k depends on kernel k's matrices only, so the gradient is formed with the forward pass,
-    kernel by kernel, while A and B are in cache (two N×N buffers of ``work``, reused): with
-    r = (Ks)_{:n} − (Ks)_{n:}, T = Σr, m = MMD²_u, V = σ̂²_H1 and σ = sqrt(V + reg),
-    ∂Ĵ/∂r = 1/(σn(n−1)) − m/(2σ³)·(8r/n³ − 8T/n⁴) (0 for the second term where V < 0 is clamped),
-    ∂Ĵ/∂k_xy = 2/(σn(n−1)), g = ∂Ĵ/∂(Ks) = [∂Ĵ/∂r; −∂Ĵ/∂r]. The gradient never forms g sᵀ:
-    with A symmetric, v = As and g_A = (1 − ε)g, ∂Ĵ/∂l_a = 2c_φ g_a (A(s∘r))_a,
+    The matrices are symmetric: only their blocks xx, xy and yy are formed (yx = xyᵀ), three
+    quarters of the exponentials. Ĵ_k depends on kernel k's matrices only, so the gradient is
+    formed with the forward pass, kernel by kernel, while A and B are in cache (buffers of
+    ``work``, reused): with r = (Ks)_{:n} − (Ks)_{n:}, T = Σr, m = MMD²_u, V = σ̂²_H1 and
+    σ = sqrt(V + reg), ∂Ĵ/∂r = 1/(σn(n−1)) − m/(2σ³)·(8r/n³ − 8T/n⁴) (0 for the second term where
+    V < 0 is clamped), ∂Ĵ/∂k_xy = 2/(σn(n−1)), g = ∂Ĵ/∂(Ks) = [∂Ĵ/∂r; −∂Ĵ/∂r]. The gradient never
+    forms g sᵀ: with v = As and g_A = (1 − ε)g, ∂Ĵ/∂l_a = 2c_φ g_a (A(s∘r))_a,
     ∂Ĵ/∂r_a = 2c_φ s_a (A(g∘l))_a, ∂Ĵ/∂‖·‖²_a = −c_φ(g_a v_a + s_a (Ag)_a),
     ∂Ĵ/∂c_φ = −Σ_ab g_a s_b A_ab E_ab (E expanded as above, gᵀA(s∘‖·‖²) read as (s∘‖·‖²)ᵀ(Ag)),
     all from one product of A with 2p + 1 columns, and ∂Ĵ/∂c_q = −g_Aᵀ(A⊙D)s [official] − εgᵀ(B⊙D)s.
@@ -364,27 +352,36 @@ class _RowSumPower(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, left: Tensor, right: Tensor, norms: Tensor, c_phi: Tensor, c_q: Tensor, eps: Tensor,
-                k_xy: Tensor, d2: Tensor, signs: Tensor, official: bool, reg: float,
-                work: GramWorkspace) -> Tensor:
+                k_xy: Tensor, d2: Tensor, official: bool, reg: float, work: GramWorkspace) -> Tensor:
         count, size, p = left.shape
         n = size // 2
-        a = work.buffer("gram_a", (size, size), d2)
-        b = work.buffer("gram_b", (size, size), d2)
-        scratch = work.buffer("scratch", (size, size), d2)
+        a = work.buffer("gram_a", (3, n, n), d2)
+        b = work.buffer("gram_b", (3, n, n), d2)
+        scratch = work.buffer("scratch", (3, n, n), d2)
         grads = [torch.empty_like(t) for t in (left, right, norms, c_phi, c_q, eps, k_xy)]
         grad_l, grad_r, grad_n, grad_phi, grad_q, grad_eps, grad_kxy = grads
         values = c_phi.new_empty(count)
-        # exp(t) as 2^(t·log2 e), the factor folded into the scales: torch's exp2 runs ~4x faster
-        # than its exp on CPU, and agrees with it to float rounding
-        phi_scale, q_scale = c_phi * _LOG2E, -c_q * _LOG2E
+        signs = torch.cat([left.new_ones(n), -left.new_ones(n)])
+        # −scale·E's blocks from one batched product each: [2·scale·l, −scale·‖·‖², −scale]·[r, 1, ‖·‖²]ᵀ,
+        # scale = c_φ·log2 e; exp(t) as 2^(t·log2 e) (torch's exp2 runs ~4x faster than its exp
+        # on CPU and agrees with it to float rounding)
+        phi_scale, q_scale = -c_phi * _LOG2E, -c_q * _LOG2E
+        ones = norms[:, :, None].new_ones(())
+        scaled = phi_scale[:, None, None] * torch.cat([left * -2.0, norms[:, :, None], ones.expand_as(norms[:, :, None])], 2)
+        plain = torch.cat([right, ones.expand_as(norms[:, :, None]), norms[:, :, None]], 2)
+        rows_of, cols_of = (slice(None, n), slice(None, n), slice(n, None)), (slice(None, n), slice(n, None), slice(n, None))
+        factors = torch.stack([scaled[:, i] for i in rows_of], 1)
+        others = torch.stack([plain[:, j] for j in cols_of], 1).transpose(2, 3)
         pairs = n * (n - 1)
         for k in range(count):
             lk, rk, nk, c, e = left[k], right[k], norms[k], c_phi[k], eps[k]
-            _scaled_distances(lk, rk, nk, phi_scale[k], out=a, negate=True)
+            torch.bmm(factors[k], others[k], out=a)
+            a.clamp_max_(0.0)
+            a[::2].diagonal(dim1=1, dim2=2).zero_()
             if official:
                 a.addcmul_(d2[k], q_scale[k])
-            v_a = torch.mv(a.exp2_(), signs)
-            v_b = torch.mv(torch.mul(d2[k], q_scale[k], out=b).exp2_(), signs)
+            v_a = _block_row_sums(a.exp2_())
+            v_b = _block_row_sums(torch.mul(d2[k], q_scale[k], out=b).exp2_())
             ks = (1.0 - e) * v_a + e * v_b
             r = ks[:n] - ks[n:]
             total = r.sum()
@@ -397,24 +394,32 @@ class _RowSumPower(torch.autograd.Function):
             grad_kxy[k] = (2.0 / pairs) / sigma
             grad_eps[k] = g @ (v_b - v_a)
             g_a = (1.0 - e) * g
-            # A symmetric: the rows of [g_A, s∘r, g_A∘l]ᵀ A are the columns of A [g_A, s∘r, g_A∘l]
-            # (this layout of the product is the faster one)
-            prod = torch.cat([g_a[None], (signs[:, None] * rk).T, (g_a[:, None] * lk).T]) @ a
+            # the rows of [g_A, s∘r, g_A∘l]ᵀ A (A symmetric: the columns of A [g_A, s∘r, g_A∘l]), by blocks
+            cols = torch.cat([g_a[None], (signs[:, None] * rk).T, (g_a[:, None] * lk).T])
+            prod = torch.cat([torch.addmm(cols[:, :n] @ a[0], cols[:, n:], a[1].T),
+                              torch.addmm(cols[:, :n] @ a[1], cols[:, n:], a[2])], 1)
             a_g, a_sr, a_gl = prod[0], prod[1:p + 1].T, prod[p + 1:].T
             grad_l[k] = 2.0 * c * g_a[:, None] * a_sr
             grad_r[k] = 2.0 * c * signs[:, None] * a_gl
             grad_n[k] = -c * (g_a * v_a + signs * a_g)
             grad_phi[k] = -(g_a @ (nk * v_a) + (signs * nk) @ a_g - 2.0 * (g_a[:, None] * lk * a_sr).sum())
-            grad_q[k] = -(e * g) @ torch.mv(torch.mul(b, d2[k], out=scratch), signs)
+            grad_q[k] = -(e * g) @ _block_row_sums(torch.mul(b, d2[k], out=scratch))
             if official:
-                grad_q[k] -= g_a @ torch.mv(torch.mul(a, d2[k], out=scratch), signs)
+                grad_q[k] -= g_a @ _block_row_sums(torch.mul(a, d2[k], out=scratch))
         ctx.save_for_backward(*grads)
         return values
 
     @staticmethod
     def backward(ctx, grad: Tensor) -> tuple[Tensor | None, ...]:
         scaled = tuple(t * grad.view(-1, *[1] * (t.dim() - 1)) for t in ctx.saved_tensors)
-        return scaled + (None,) * 5
+        return scaled + (None,) * 4
+
+
+def _block_row_sums(blocks: Tensor) -> Tensor:
+    """Ms for the symmetric [[M_xx, M_xy], [M_xyᵀ, M_yy]] given as its blocks (3, n, n) and
+    s = [1_n; −1_n]: [M_xx 1 − M_xy 1; M_xyᵀ 1 − M_yy 1]. (2n,)"""
+    rows = blocks.sum(2)
+    return torch.cat([rows[0] - rows[1], blocks[1].sum(0) - rows[2]])
 
 
 class GramWorkspace:
@@ -435,13 +440,17 @@ class GramWorkspace:
         return held[:size].view(shape)
 
 
-def _batched_self_distances(a: Tensor, *, out: Tensor) -> Tensor:
-    """Squared distances of the rows of each a[k] (K, N, d) into ``out`` (K, N, N), as
-    :func:`_scaled_distances` (scale 1) for all k in one batched product."""
-    norms = a.pow(2).sum(2, keepdim=True)
-    ones = torch.ones_like(norms)
-    torch.bmm(torch.cat([a * -2.0, norms, ones], 2), torch.cat([a, ones, norms], 2).transpose(1, 2), out=out)
-    out.clamp_min_(0.0).diagonal(dim1=1, dim2=2).zero_()
+def _block_distances(xs: Tensor, ys: Tensor, *, out: Tensor) -> Tensor:
+    """The blocks xx, xy, yy of the squared distances of the rows of each [xs[k]; ys[k]]
+    ((K, n, d) each) into ``out`` (K, 3, n, n), as :func:`squared_distances` (clamped at 0, exact
+    zero diagonals in xx and yy) for all blocks in one batched product; yx is xy transposed."""
+    count, n = xs.shape[:2]
+    left, right = torch.stack([xs, xs, ys], 1), torch.stack([xs, ys, ys], 1)
+    ones = left.new_ones(count, 3, n, 1)
+    factors = torch.cat([left * -2.0, left.pow(2).sum(3, keepdim=True), ones], 3)
+    torch.matmul(factors, torch.cat([right, ones, right.pow(2).sum(3, keepdim=True)], 3).transpose(2, 3), out=out)
+    out.clamp_min_(0.0)
+    out[:, ::2].diagonal(dim1=2, dim2=3).zero_()
     return out
 
 

@@ -358,9 +358,6 @@ class _RowSumPower(torch.autograd.Function):
         a = work.buffer("gram_a", (3, n, n), d2)
         b = work.buffer("gram_b", (3, n, n), d2)
         scratch = work.buffer("scratch", (3, n, n), d2)
-        grads = [torch.empty_like(t) for t in (left, right, norms, c_phi, c_q, eps, k_xy)]
-        grad_l, grad_r, grad_n, grad_phi, grad_q, grad_eps, grad_kxy = grads
-        values = c_phi.new_empty(count)
         signs = torch.cat([left.new_ones(n), -left.new_ones(n)])
         # −scale·E's blocks from one batched product each: [2·scale·l, −scale·‖·‖², −scale]·[r, 1, ‖·‖²]ᵀ,
         # scale = c_φ·log2 e; exp(t) as 2^(t·log2 e) (torch's exp2 runs ~4x faster than its exp
@@ -372,42 +369,53 @@ class _RowSumPower(torch.autograd.Function):
         rows_of, cols_of = (slice(None, n), slice(None, n), slice(n, None)), (slice(None, n), slice(n, None), slice(n, None))
         factors = torch.stack([scaled[:, i] for i in rows_of], 1)
         others = torch.stack([plain[:, j] for j in cols_of], 1).transpose(2, 3)
+        sr = (signs[:, None] * right).transpose(1, 2)
+        # per kernel: As, Bs, g = ∂Ĵ/∂(Ks), the product [g, s∘r, g∘l]ᵀA and (B⊙D)s [(A⊙D)s];
+        # the gradients are assembled from them for all kernels at once afterwards
+        v_a, v_b, g, u_b = (left.new_empty(count, size) for _ in range(4))
+        u_a = left.new_empty(count, size) if official else None
+        prods = left.new_empty(count, 2 * p + 1, size)
+        eps_of, pair_terms = eps.tolist(), (2.0 - 2.0 * k_xy).sum(1).tolist()
         pairs = n * (n - 1)
+        values, sigmas = [], []
         for k in range(count):
-            lk, rk, nk, c, e = left[k], right[k], norms[k], c_phi[k], eps[k]
             torch.bmm(factors[k], others[k], out=a)
             a.clamp_max_(0.0)
             a[::2].diagonal(dim1=1, dim2=2).zero_()
             if official:
                 a.addcmul_(d2[k], q_scale[k])
-            v_a = _block_row_sums(a.exp2_())
-            v_b = _block_row_sums(torch.mul(d2[k], q_scale[k], out=b).exp2_())
-            ks = (1.0 - e) * v_a + e * v_b
+            _block_row_sums(a.exp2_(), out=v_a[k])
+            _block_row_sums(torch.mul(d2[k], q_scale[k], out=b).exp2_(), out=v_b[k])
+            ks = torch.add(v_a[k] * (1.0 - eps_of[k]), v_b[k], alpha=eps_of[k])
             r = ks[:n] - ks[n:]
-            total = r.sum()
-            mmd_u = (total - (2.0 - 2.0 * k_xy[k]).sum()) / pairs
-            var = 4.0 / n ** 3 * r.pow(2).sum() - 4.0 / n ** 4 * total.pow(2)
-            sigma = torch.sqrt(var.clamp_min(0.0) + reg)
-            values[k] = mmd_u / sigma
-            d_r = (1.0 / pairs) / sigma - (var >= 0) * mmd_u / (2.0 * sigma ** 3) * (8.0 / n ** 3 * r - 8.0 / n ** 4 * total)
-            g = torch.cat([d_r, -d_r])
-            grad_kxy[k] = (2.0 / pairs) / sigma
-            grad_eps[k] = g @ (v_b - v_a)
-            g_a = (1.0 - e) * g
-            # the rows of [g_A, s∘r, g_A∘l]ᵀ A (A symmetric: the columns of A [g_A, s∘r, g_A∘l]), by blocks
-            cols = torch.cat([g_a[None], (signs[:, None] * rk).T, (g_a[:, None] * lk).T])
-            prod = torch.cat([torch.addmm(cols[:, :n] @ a[0], cols[:, n:], a[1].T),
-                              torch.addmm(cols[:, :n] @ a[1], cols[:, n:], a[2])], 1)
-            a_g, a_sr, a_gl = prod[0], prod[1:p + 1].T, prod[p + 1:].T
-            grad_l[k] = 2.0 * c * g_a[:, None] * a_sr
-            grad_r[k] = 2.0 * c * signs[:, None] * a_gl
-            grad_n[k] = -c * (g_a * v_a + signs * a_g)
-            grad_phi[k] = -(g_a @ (nk * v_a) + (signs * nk) @ a_g - 2.0 * (g_a[:, None] * lk * a_sr).sum())
-            grad_q[k] = -(e * g) @ _block_row_sums(torch.mul(b, d2[k], out=scratch))
+            total, square = r.sum().item(), r.dot(r).item()
+            mmd_u = (total - pair_terms[k]) / pairs
+            var = 4.0 / n ** 3 * square - 4.0 / n ** 4 * total ** 2
+            sigma = math.sqrt(max(var, 0.0) + reg)
+            values.append(mmd_u / sigma)
+            sigmas.append(sigma)
+            slope = mmd_u / (2.0 * sigma ** 3) * 8.0 / n ** 3 if var >= 0 else 0.0
+            torch.add(r * -slope, 1.0 / (pairs * sigma) + slope * total / n, out=g[k, :n])
+            torch.neg(g[k, :n], out=g[k, n:])
+            # [g, s∘r, g∘l]ᵀ A (A symmetric: the columns of A [g, s∘r, g∘l]), by blocks
+            cols = torch.cat([g[k, None], sr[k], (g[k, :, None] * left[k]).T])
+            torch.cat([torch.addmm(cols[:, :n] @ a[0], cols[:, n:], a[1].T),
+                       torch.addmm(cols[:, :n] @ a[1], cols[:, n:], a[2])], 1, out=prods[k])
+            _block_row_sums(torch.mul(b, d2[k], out=scratch), out=u_b[k])
             if official:
-                grad_q[k] -= g_a @ _block_row_sums(torch.mul(a, d2[k], out=scratch))
-        ctx.save_for_backward(*grads)
-        return values
+                _block_row_sums(torch.mul(a, d2[k], out=scratch), out=u_a[k])
+        keep = (1.0 - eps)[:, None]
+        g_a, a_g = g * keep, prods[:, 0] * keep
+        a_sr, a_gl = prods[:, 1:p + 1].transpose(1, 2), prods[:, p + 1:].transpose(1, 2) * keep[:, :, None]
+        c = c_phi[:, None]
+        grad_q = -eps * (g * u_b).sum(1) - ((g_a * u_a).sum(1) if official else 0.0)
+        ctx.save_for_backward(
+            2.0 * c[:, :, None] * g_a[:, :, None] * a_sr, 2.0 * c[:, :, None] * signs[:, None] * a_gl,
+            -c * (g_a * v_a + signs * a_g),
+            -((g_a * norms * v_a).sum(1) + (signs * norms * a_g).sum(1) - 2.0 * (g_a[:, :, None] * left * a_sr).sum((1, 2))),
+            grad_q, (g * (v_b - v_a)).sum(1),
+            (2.0 / pairs / torch.tensor(sigmas, dtype=k_xy.dtype, device=k_xy.device))[:, None].expand_as(k_xy))
+        return torch.tensor(values, dtype=c_phi.dtype, device=c_phi.device)
 
     @staticmethod
     def backward(ctx, grad: Tensor) -> tuple[Tensor | None, ...]:
@@ -415,11 +423,13 @@ class _RowSumPower(torch.autograd.Function):
         return scaled + (None,) * 4
 
 
-def _block_row_sums(blocks: Tensor) -> Tensor:
-    """Ms for the symmetric [[M_xx, M_xy], [M_xyᵀ, M_yy]] given as its blocks (3, n, n) and
-    s = [1_n; −1_n]: [M_xx 1 − M_xy 1; M_xyᵀ 1 − M_yy 1]. (2n,)"""
+def _block_row_sums(blocks: Tensor, *, out: Tensor) -> Tensor:
+    """Ms into ``out`` (2n,) for the symmetric [[M_xx, M_xy], [M_xyᵀ, M_yy]] given as its blocks
+    (3, n, n) and s = [1_n; −1_n]: [M_xx 1 − M_xy 1; M_xyᵀ 1 − M_yy 1]."""
+    n = blocks.shape[1]
     rows = blocks.sum(2)
-    return torch.cat([rows[0] - rows[1], blocks[1].sum(0) - rows[2]])
+    torch.sub(rows[0], rows[1], out=out[:n])
+    return torch.sub(blocks[1].sum(0), rows[2], out=out[n:])
 
 
 class GramWorkspace:

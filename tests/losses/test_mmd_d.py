@@ -407,11 +407,14 @@ def test_workspace_reuse_gives_the_same_training() -> None:
 
 @pytest.mark.parametrize("semantics", SEMANTICS)
 @pytest.mark.parametrize("estimator,sizes", [("unbiased", (6, 6)), ("unbiased_two_sample", (6, 4)), ("biased", (3, 5))])
-def test_mmd_d_stacked_equals_each_kernel_alone(semantics: str, estimator: str, sizes: tuple[int, int]) -> None:
+@pytest.mark.parametrize("hidden,out_dim", [(6, 4), (3, 7)])
+def test_mmd_d_stacked_equals_each_kernel_alone(semantics: str, estimator: str, sizes: tuple[int, int], hidden: int,
+                                                out_dim: int) -> None:
     """Three different kernels in one batched call: each value and each sample's gradient equal
-    the float64 loop reference and mmd_d's, kernel by kernel."""
+    the float64 loop reference and mmd_d's, kernel by kernel; φ's output narrower than its hidden
+    layers (distances of φ's outputs) and wider (distances of the hidden features under WᵀW)."""
     gen = torch.Generator().manual_seed(13)
-    kernels = [DeepKernel(3, 6, 4, gen, dtype=torch.float64, eps=0.1 + 0.2 * i) for i in range(3)]
+    kernels = [DeepKernel(3, hidden, out_dim, gen, dtype=torch.float64, eps=0.1 + 0.2 * i) for i in range(3)]
     xs = torch.randn(3, sizes[0], 3, generator=gen, dtype=torch.float64).requires_grad_(True)
     ys = (torch.randn(3, sizes[1], 3, generator=gen, dtype=torch.float64) + 0.4).requires_grad_(True)
     got = mmd_d_stacked(xs, ys, kernels[0], stack_parameters(kernels), semantics=semantics, estimator=estimator)

@@ -168,7 +168,15 @@ def mmd_d_stacked(xs: Tensor, ys: Tensor, template: DeepKernel, params: dict[str
     elif estimator == "unbiased_two_sample" and min(n, m) < 2:
         raise ValueError(f"the unbiased estimators need batch sizes ≥ 2, got {n} and {m}")
     rows = torch.cat([xs.flatten(2), ys.flatten(2)], 1)
-    d2_phi = batched_self_distances(_stacked_featurize(template, params, rows))
+    h, last = _stacked_hidden(template, params, rows)
+    w = params[f"featurizer.{last}.weight"]
+    if w.shape[1] > w.shape[2] and rows.shape[1] ** 2 * w.shape[2] <= 1 << 16:
+        # φ wider than h: the distances of the hidden features under the metric WᵀW (see
+        # _stacked_power), from their differences (exact zero diagonal) in h's smaller space
+        diff = h[:, :, None] - h[:, None]
+        d2_phi = (diff @ (w.transpose(1, 2) @ w)[:, None] * diff).sum(-1)
+    else:
+        d2_phi = batched_self_distances(torch.baddbmm(params[f"featurizer.{last}.bias"][:, None, :], h, w.transpose(1, 2)))
     d2_raw = batched_self_distances(rows)
     kappa = torch.exp(d2_phi * -torch.exp(-2.0 * params["log_sigma_phi"])[:, None, None])
     q = torch.exp(d2_raw * -torch.exp(-2.0 * params["log_sigma_q"])[:, None, None])
@@ -318,13 +326,6 @@ def _stacked_hidden(template: DeepKernel, params: dict[str, Tensor], rows: Tenso
         else:
             h = layer(h)
     return h, len(layers) - 1
-
-
-def _stacked_featurize(template: DeepKernel, params: dict[str, Tensor], rows: Tensor) -> Tensor:
-    """φ of K kernels at once: (K, N, in_dim) → (K, N, out_dim) (see :func:`_stacked_hidden`)."""
-    h, last = _stacked_hidden(template, params, rows)
-    return torch.baddbmm(params[f"featurizer.{last}.bias"][:, None, :], h,
-                         params[f"featurizer.{last}.weight"].transpose(1, 2))
 
 
 class _RowSumPower(torch.autograd.Function):

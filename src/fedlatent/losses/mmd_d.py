@@ -306,7 +306,8 @@ def _stacked_power(template: DeepKernel, params: dict[str, Tensor], rows: Tensor
         left = right = torch.baddbmm(b[:, None, :], h, w.transpose(1, 2))
     norms = (left * right).sum(2)
     official = semantics == "official"
-    kappa_xy = torch.exp(-c_phi[:, None] * ((h[:, :n] - h[:, n:]) @ w.transpose(1, 2)).pow(2).sum(2))
+    # the paired distances ‖φ(x_i) − φ(y_i)‖² = (l_i − l_{n+i})·(r_i − r_{n+i}) in the same space
+    kappa_xy = torch.exp(-c_phi[:, None] * ((left[:, :n] - left[:, n:]) * (right[:, :n] - right[:, n:])).sum(2))
     q_xy = torch.exp(-c_q[:, None] * raw_d2[:, 1].diagonal(dim1=1, dim2=2))
     k_xy = ((1.0 - eps) * kappa_xy + eps) * q_xy if official else (1.0 - eps) * kappa_xy + eps * q_xy
     return _RowSumPower.apply(left, right, norms, c_phi, c_q, eps[:, 0], k_xy, raw_d2, official, reg,

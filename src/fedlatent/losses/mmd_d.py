@@ -264,11 +264,15 @@ def train_deep_kernels(kernels: list[DeepKernel], xs: Tensor, ys: Tensor, *, ste
             params = [p.detach() for p in leaves]
             step_size = lr / (1 - beta1 ** step)
             root = math.sqrt(1 - beta2 ** step)
-            for p, g, m, v in zip(params, grads, exp_avg, exp_avg_sq):
-                p.mul_(1 - lr * weight_decay)
-                m.lerp_(g, 1 - beta1)
-                v.mul_(beta2).addcmul_(g, g, value=1 - beta2)
-                p.addcdiv_(m, (v.sqrt() / root).add_(eps), value=-step_size)
+            # the per-tensor updates, each as one multi-tensor (_foreach) operation
+            torch._foreach_mul_(params, 1 - lr * weight_decay)
+            torch._foreach_lerp_(exp_avg, grads, 1 - beta1)
+            torch._foreach_mul_(exp_avg_sq, beta2)
+            torch._foreach_addcmul_(exp_avg_sq, grads, grads, value=1 - beta2)
+            denom = torch._foreach_sqrt(exp_avg_sq)
+            torch._foreach_div_(denom, root)
+            torch._foreach_add_(denom, eps)
+            torch._foreach_addcdiv_(params, exp_avg, denom, value=-step_size)
     with torch.no_grad():
         for i, kernel in enumerate(kernels):
             own = dict(kernel.named_parameters())

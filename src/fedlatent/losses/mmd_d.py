@@ -225,14 +225,17 @@ def train_deep_kernels(kernels: list[DeepKernel], xs: Tensor, ys: Tensor, *, ste
                        semantics: str = "official", weight_decay: float = 0.01, reg: float = 1e-8,
                        workspace: GramWorkspace | None = None) -> Tensor:
     """Maximise Ĵ (:func:`mmd_d_power`) for K kernels of one shape at once, kernel k on ``xs[k]``,
-    ``ys[k]`` ((K, N, …) each), with the AdamW step of ``torch.optim.AdamW`` (single-tensor form,
-    torch defaults besides ``lr`` and ``weight_decay``, fresh moments) applied to the stacked
-    parameters. Updates the kernels in place and returns Ĵ before each step, (steps, K).
+    ``ys[k]`` ((K, N, …) each), with the AdamW step of ``torch.optim.AdamW`` (torch defaults
+    besides ``lr`` and ``weight_decay``, fresh moments) applied to the stacked parameters as
+    multi-tensor operations. Updates the kernels in place and returns Ĵ before each step, (steps, K).
 
     Per step: φ of all 2N rows of every kernel in one batched pass, and Ĵ from the Gram matrices'
-    row sums only (:func:`_stacked_power`), whose gradient never forms an N×N matrix besides the
-    Gram matrix itself (:class:`_SignedRowSums`). Equal to autograd through :func:`mmd_d_power`
-    with ``torch.optim.AdamW`` up to float rounding.
+    row sums only (:func:`_stacked_power`), with its gradient formed kernel by kernel beside the
+    Gram matrices and no other N×N matrix (:class:`_RowSumPower`). Equal to autograd through
+    :func:`mmd_d_power` with ``torch.optim.AdamW`` up to float rounding. The raw inputs'
+    distances are taken once per call; they and the Gram matrices live in the buffers of
+    ``workspace`` (a fresh one when None): pass one that lives across calls so that this memory
+    is allocated once, not at every call.
     """
     if steps < 0:
         raise ValueError(f"steps = {steps}: must be ≥ 0")

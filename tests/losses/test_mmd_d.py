@@ -11,8 +11,8 @@ from torch import nn
 from torch.func import functional_call
 
 from fedlatent.losses.mmd import batched_self_distances, squared_distances
-from fedlatent.losses.mmd_d import (DeepKernel, _SignedRowSums, _stacked_power, deep_kernel_matrix, mmd_d, mmd_d_power,
-                                    mmd_d_stacked, stack_parameters, train_deep_kernel, train_deep_kernels)
+from fedlatent.losses.mmd_d import (DeepKernel, GramWorkspace, _block_distances, _RowSumPower, _stacked_power, deep_kernel_matrix, mmd_d,
+                                    mmd_d_power, mmd_d_stacked, stack_parameters, train_deep_kernel, train_deep_kernels)
 
 SEMANTICS = ["official", "paper"]
 
@@ -323,7 +323,7 @@ def test_stacked_power_and_gradient_equal_mmd_d_power(semantics: str, hidden: in
     params = {n: torch.stack([dict(k.named_parameters())[n].detach() for k in kernels]).requires_grad_(True)
               for n in names}
     rows = torch.cat([xs, ys], 1)
-    got = _stacked_power(kernels[0], params, rows, torch.vmap(squared_distances)(rows), semantics, 1e-8)
+    got = _stacked_power(kernels[0], params, rows, _blocks(torch.vmap(squared_distances)(rows)), semantics, 1e-8)
     grads = torch.autograd.grad(got.sum(), list(params.values()), materialize_grads=True)
     for i, kernel in enumerate(kernels):
         want = mmd_d_power(xs[i], ys[i], kernel, semantics=semantics)
@@ -332,43 +332,89 @@ def test_stacked_power_and_gradient_equal_mmd_d_power(semantics: str, hidden: in
             torch.testing.assert_close(g[i], w, rtol=1e-9, atol=1e-12, msg=name)
 
 
-@pytest.mark.parametrize("phi,raw,metric", [(True, False, False), (False, True, False), (True, True, False),
-                                            (True, True, True)])
-def test_signed_row_sums_gradcheck(phi: bool, raw: bool, metric: bool) -> None:
-    """The hand-written gradient of v = exp(−c_φ E − c_q D) s against finite differences, E the
-    squared distances of features f (left = right = f) or of h under a metric M (left = hM)."""
+def _blocks(d2: torch.Tensor) -> torch.Tensor:
+    """The blocks xx, xy, yy (K, 3, n, n) of (K, 2n, 2n) matrices."""
+    n = d2.shape[1] // 2
+    return torch.stack([d2[:, :n, :n], d2[:, :n, n:], d2[:, n:, n:]], 1)
+
+
+def test_block_distances_equal_the_full_matrix() -> None:
+    """The xx, xy, yy blocks of the [x; y] distances, exact zero diagonals in xx and yy (also
+    with a repeated row, x_0 = y_0: a zero in xy's diagonal up to rounding)."""
+    gen = torch.Generator().manual_seed(14)
+    xs = torch.randn(2, 5, 3, generator=gen, dtype=torch.float64)
+    ys = torch.randn(2, 5, 3, generator=gen, dtype=torch.float64) + 0.5
+    ys[:, 0] = xs[:, 0]
+    got = _block_distances(xs, ys, out=torch.empty(2, 3, 5, 5, dtype=torch.float64))
+    want = _blocks(torch.vmap(squared_distances)(torch.cat([xs, ys], 1)))
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+    assert torch.all(got[:, ::2].diagonal(dim1=2, dim2=3) == 0)
+
+
+@pytest.mark.parametrize("official,metric", [(False, False), (True, False), (True, True)])
+def test_row_sum_power_gradcheck(official: bool, metric: bool) -> None:
+    """Ĵ from the signed row sums with its gradient formed in the forward pass: the value equals
+    Ĵ of the dense Gram matrix (1 − ε)·exp(−c_φE [− c_qD]) + ε·exp(−c_qD) in float64 and the
+    gradient matches finite differences, E the squared distances of features f (left = right = f)
+    or of h under a metric M (left = hM); the buffers reused from call to call."""
     gen = torch.Generator().manual_seed(12)
-    h = torch.randn(2, 6, 3, generator=gen, dtype=torch.float64)
+    n, reg = 4, 1e-8
+    h = torch.randn(2, 2 * n, 3, generator=gen, dtype=torch.float64)
     root = torch.randn(2, 3, 3, generator=gen, dtype=torch.float64)
-    d2 = torch.vmap(squared_distances)(torch.randn(2, 6, 4, generator=gen, dtype=torch.float64))
-    c_phi = torch.tensor([0.3, 0.7], dtype=torch.float64, requires_grad=phi)
-    c_q = torch.tensor([0.2, 0.5], dtype=torch.float64, requires_grad=raw)
-    signs = torch.tensor([1.0, 1, 1, -1, -1, -1], dtype=torch.float64)
+    d2 = torch.vmap(squared_distances)(torch.randn(2, 2 * n, 4, generator=gen, dtype=torch.float64))
+    c_phi = torch.tensor([0.3, 0.7], dtype=torch.float64)
+    c_q = torch.tensor([0.2, 0.5], dtype=torch.float64)
+    eps = torch.tensor([0.1, 0.4], dtype=torch.float64)
+    k_xy = torch.rand(2, n, generator=gen, dtype=torch.float64)
+    signs = torch.tensor([1.0] * n + [-1.0] * n, dtype=torch.float64)
+    work = GramWorkspace()
+    blocks = _blocks(d2)
 
-    def row_sums(h: torch.Tensor, root: torch.Tensor, c_phi: torch.Tensor, c_q: torch.Tensor) -> torch.Tensor:
-        if not phi:
-            return _SignedRowSums.apply(None, None, None, None, d2, c_q, signs)
+    def power(h: torch.Tensor, root: torch.Tensor, c_phi: torch.Tensor, c_q: torch.Tensor, eps: torch.Tensor,
+              k_xy: torch.Tensor) -> torch.Tensor:
         left = h @ (root.transpose(1, 2) @ root) if metric else h
-        return _SignedRowSums.apply(left, h, (left * h).sum(2), c_phi, d2 if raw else None, c_q if raw else None,
-                                    signs)
+        return _RowSumPower.apply(left, h, (left * h).sum(2), c_phi, c_q, eps, k_xy, blocks, official, reg, work)
 
-    args = (h.requires_grad_(phi), root.requires_grad_(phi and metric), c_phi, c_q)
-    assert torch.autograd.gradcheck(row_sums, args)
-    dense = torch.zeros_like(d2)
-    if phi:
-        dense = dense - c_phi[:, None, None] * torch.vmap(squared_distances)(h @ root.transpose(1, 2) if metric else h)
-    if raw:
-        dense = dense - c_q[:, None, None] * d2
-    torch.testing.assert_close(row_sums(*args), dense.exp() @ signs)
+    args = tuple(t.requires_grad_(True) for t in (h, root, c_phi, c_q, eps, k_xy))
+    assert torch.autograd.gradcheck(power, args)
+    e = torch.vmap(squared_distances)(h @ root.transpose(1, 2) if metric else h)
+    a = torch.exp(-c_phi[:, None, None] * e - (c_q[:, None, None] * d2 if official else 0.0))
+    gram = (1.0 - eps[:, None, None]) * a + eps[:, None, None] * torch.exp(-c_q[:, None, None] * d2)
+    r = (gram @ signs)[:, :n] - (gram @ signs)[:, n:]
+    mmd_u = (r.sum(1) - (2.0 - 2.0 * k_xy).sum(1)) / (n * (n - 1))
+    var = 4.0 / n ** 3 * r.pow(2).sum(1) - 4.0 / n ** 4 * r.sum(1).pow(2)
+    torch.testing.assert_close(power(*args), mmd_u / torch.sqrt(var + reg), rtol=1e-12, atol=1e-14)
+
+
+def test_workspace_reuse_gives_the_same_training() -> None:
+    """Kernels trained with one workspace across calls of different sample counts (its buffers
+    grown, then handed out as smaller views) end exactly where fresh buffers take them."""
+    gen = torch.Generator().manual_seed(21)
+    data = [(torch.randn(2, m, 3, generator=gen), torch.randn(2, m, 3, generator=gen) + 0.5) for m in (6, 9, 4)]
+    shared = GramWorkspace()
+    kernels = [DeepKernel(3, 4, 5, torch.Generator().manual_seed(i)) for i in range(2)]
+    twins = copy.deepcopy(kernels)
+    for xs, ys in data:
+        got = train_deep_kernels(kernels, xs, ys, steps=2, lr=0.01, workspace=shared)
+        want = train_deep_kernels(twins, xs, ys, steps=2, lr=0.01)
+        assert torch.equal(got, want)
+    for k, t in zip(kernels, twins):
+        assert all(torch.equal(p, q) for p, q in zip(k.parameters(), t.parameters()))
+    big = shared.buffer("gram_a", (3, 3), torch.zeros(1))
+    assert big.data_ptr() == shared.buffer("gram_a", (2, 2), torch.zeros(1)).data_ptr()
+    assert shared.buffer("gram_a", (2, 2), torch.zeros(1, dtype=torch.float64)).dtype == torch.float64
 
 
 @pytest.mark.parametrize("semantics", SEMANTICS)
 @pytest.mark.parametrize("estimator,sizes", [("unbiased", (6, 6)), ("unbiased_two_sample", (6, 4)), ("biased", (3, 5))])
-def test_mmd_d_stacked_equals_each_kernel_alone(semantics: str, estimator: str, sizes: tuple[int, int]) -> None:
+@pytest.mark.parametrize("hidden,out_dim", [(6, 4), (3, 7)])
+def test_mmd_d_stacked_equals_each_kernel_alone(semantics: str, estimator: str, sizes: tuple[int, int], hidden: int,
+                                                out_dim: int) -> None:
     """Three different kernels in one batched call: each value and each sample's gradient equal
-    the float64 loop reference and mmd_d's, kernel by kernel."""
+    the float64 loop reference and mmd_d's, kernel by kernel; φ's output narrower than its hidden
+    layers (distances of φ's outputs) and wider (distances of the hidden features under WᵀW)."""
     gen = torch.Generator().manual_seed(13)
-    kernels = [DeepKernel(3, 6, 4, gen, dtype=torch.float64, eps=0.1 + 0.2 * i) for i in range(3)]
+    kernels = [DeepKernel(3, hidden, out_dim, gen, dtype=torch.float64, eps=0.1 + 0.2 * i) for i in range(3)]
     xs = torch.randn(3, sizes[0], 3, generator=gen, dtype=torch.float64).requires_grad_(True)
     ys = (torch.randn(3, sizes[1], 3, generator=gen, dtype=torch.float64) + 0.4).requires_grad_(True)
     got = mmd_d_stacked(xs, ys, kernels[0], stack_parameters(kernels), semantics=semantics, estimator=estimator)

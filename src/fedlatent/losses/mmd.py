@@ -87,7 +87,8 @@ def batched_self_distances(a: Tensor) -> Tensor:
     from the differences while the (B, N, N, d) stack is small (per-step terms: fewer operators,
     the exact form), else as :func:`squared_distances` for each a[b]."""
     if a.shape[1] ** 2 * a.shape[2] <= 1 << 16:
-        return (a[:, :, None] - a[:, None]).square().sum(-1)
+        diff = a[:, :, None] - a[:, None]
+        return (diff * diff).sum(-1)  # the same values as square(), a backward pass ~2x faster than pow's
     return _cross_distances(a, a, zero_diagonal=True)
 
 

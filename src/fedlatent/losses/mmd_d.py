@@ -31,7 +31,7 @@ from torch import Tensor, nn
 
 from fedlatent.losses.mmd import _LOG2E, batched_self_distances, squared_distances
 
-__all__ = ["DeepKernel", "deep_kernel_matrix", "mmd_d", "mmd_d_power", "mmd_d_stacked", "stack_parameters",
+__all__ = ["DeepKernel", "GramWorkspace", "deep_kernel_matrix", "mmd_d", "mmd_d_power", "mmd_d_stacked", "stack_parameters",
            "train_deep_kernel", "train_deep_kernels"]
 
 _SEMANTICS = ("official", "paper")
@@ -168,7 +168,16 @@ def mmd_d_stacked(xs: Tensor, ys: Tensor, template: DeepKernel, params: dict[str
     elif estimator == "unbiased_two_sample" and min(n, m) < 2:
         raise ValueError(f"the unbiased estimators need batch sizes ≥ 2, got {n} and {m}")
     rows = torch.cat([xs.flatten(2), ys.flatten(2)], 1)
-    d2_phi = batched_self_distances(_stacked_featurize(template, params, rows))
+    h, last = _stacked_hidden(template, params, rows.transpose(1, 2))
+    h = h.transpose(1, 2)
+    w = params[f"featurizer.{last}.weight"]
+    if w.shape[1] > w.shape[2] and rows.shape[1] ** 2 * w.shape[2] <= 1 << 16:
+        # φ wider than h: the distances of the hidden features under the metric WᵀW (see
+        # _stacked_power), from their differences (exact zero diagonal) in h's smaller space
+        diff = h[:, :, None] - h[:, None]
+        d2_phi = (diff @ (w.transpose(1, 2) @ w)[:, None] * diff).sum(-1)
+    else:
+        d2_phi = batched_self_distances(torch.baddbmm(params[f"featurizer.{last}.bias"][:, None, :], h, w.transpose(1, 2)))
     d2_raw = batched_self_distances(rows)
     kappa = torch.exp(d2_phi * -torch.exp(-2.0 * params["log_sigma_phi"])[:, None, None])
     q = torch.exp(d2_raw * -torch.exp(-2.0 * params["log_sigma_q"])[:, None, None])
@@ -213,16 +222,20 @@ def train_deep_kernel(kernel: DeepKernel, x: Tensor, y: Tensor, *, steps: int, l
 
 
 def train_deep_kernels(kernels: list[DeepKernel], xs: Tensor, ys: Tensor, *, steps: int, lr: float = 1e-3,
-                       semantics: str = "official", weight_decay: float = 0.01, reg: float = 1e-8) -> Tensor:
+                       semantics: str = "official", weight_decay: float = 0.01, reg: float = 1e-8,
+                       workspace: GramWorkspace | None = None) -> Tensor:
     """Maximise Ĵ (:func:`mmd_d_power`) for K kernels of one shape at once, kernel k on ``xs[k]``,
-    ``ys[k]`` ((K, N, …) each), with the AdamW step of ``torch.optim.AdamW`` (single-tensor form,
-    torch defaults besides ``lr`` and ``weight_decay``, fresh moments) applied to the stacked
-    parameters. Updates the kernels in place and returns Ĵ before each step, (steps, K).
+    ``ys[k]`` ((K, N, …) each), with the AdamW step of ``torch.optim.AdamW`` (torch defaults
+    besides ``lr`` and ``weight_decay``, fresh moments) applied to the stacked parameters as
+    multi-tensor operations. Updates the kernels in place and returns Ĵ before each step, (steps, K).
 
     Per step: φ of all 2N rows of every kernel in one batched pass, and Ĵ from the Gram matrices'
-    row sums only (:func:`_stacked_power`), whose gradient never forms an N×N matrix besides the
-    Gram matrix itself (:class:`_SignedRowSums`). Equal to autograd through :func:`mmd_d_power`
-    with ``torch.optim.AdamW`` up to float rounding.
+    row sums only (:func:`_stacked_power`), with its gradient formed kernel by kernel beside the
+    Gram matrices and no other N×N matrix (:class:`_RowSumPower`). Equal to autograd through
+    :func:`mmd_d_power` with ``torch.optim.AdamW`` up to float rounding. The raw inputs'
+    distances are taken once per call; they and the Gram matrices live in the buffers of
+    ``workspace`` (a fresh one when None): pass one that lives across calls so that this memory
+    is allocated once, not at every call.
     """
     if steps < 0:
         raise ValueError(f"steps = {steps}: must be ≥ 0")
@@ -237,16 +250,16 @@ def train_deep_kernels(kernels: list[DeepKernel], xs: Tensor, ys: Tensor, *, ste
     stacked = stack_parameters(kernels)
     names, params = list(stacked), [p.detach() for p in stacked.values()]
     rows = torch.cat([xs, ys], 1)
-    raw_d2 = rows.new_empty(rows.shape[0], rows.shape[1], rows.shape[1])
-    for k, r in enumerate(rows):
-        _scaled_distances(r, r, r.pow(2).sum(1), torch.ones((), dtype=r.dtype), out=raw_d2[k])
+    work = workspace or GramWorkspace()
+    # the raw inputs are fixed during the training: their distances are taken once for all steps
+    raw_d2 = _block_distances(xs, ys, out=work.buffer("raw", (len(kernels), 3) + (xs.shape[1],) * 2, rows))
     beta1, beta2, eps = 0.9, 0.999, 1e-8
     exp_avg = [torch.zeros_like(p) for p in params]
     exp_avg_sq = [torch.zeros_like(p) for p in params]
     values = []
     for step in range(1, steps + 1):
         leaves = [p.requires_grad_(True) for p in params]
-        power = _stacked_power(template, dict(zip(names, leaves)), rows, raw_d2, semantics, reg)
+        power = _stacked_power(template, dict(zip(names, leaves)), rows, raw_d2, semantics, reg, work)
         # φ's output bias cancels from every distance: exactly zero gradient (unused when the
         # distances are taken before the last layer), so AdamW applies only its weight decay to it
         grads = torch.autograd.grad(-power.sum(), leaves, materialize_grads=True)
@@ -255,11 +268,15 @@ def train_deep_kernels(kernels: list[DeepKernel], xs: Tensor, ys: Tensor, *, ste
             params = [p.detach() for p in leaves]
             step_size = lr / (1 - beta1 ** step)
             root = math.sqrt(1 - beta2 ** step)
-            for p, g, m, v in zip(params, grads, exp_avg, exp_avg_sq):
-                p.mul_(1 - lr * weight_decay)
-                m.lerp_(g, 1 - beta1)
-                v.mul_(beta2).addcmul_(g, g, value=1 - beta2)
-                p.addcdiv_(m, (v.sqrt() / root).add_(eps), value=-step_size)
+            # the per-tensor updates, each as one multi-tensor (_foreach) operation
+            torch._foreach_mul_(params, 1 - lr * weight_decay)
+            torch._foreach_lerp_(exp_avg, grads, 1 - beta1)
+            torch._foreach_mul_(exp_avg_sq, beta2)
+            torch._foreach_addcmul_(exp_avg_sq, grads, grads, value=1 - beta2)
+            denom = torch._foreach_sqrt(exp_avg_sq)
+            torch._foreach_div_(denom, root)
+            torch._foreach_add_(denom, eps)
+            torch._foreach_addcdiv_(params, exp_avg, denom, value=-step_size)
     with torch.no_grad():
         for i, kernel in enumerate(kernels):
             own = dict(kernel.named_parameters())
@@ -269,9 +286,10 @@ def train_deep_kernels(kernels: list[DeepKernel], xs: Tensor, ys: Tensor, *, ste
 
 
 def _stacked_power(template: DeepKernel, params: dict[str, Tensor], rows: Tensor, raw_d2: Tensor,
-                   semantics: str, reg: float) -> Tensor:
+                   semantics: str, reg: float, work: GramWorkspace | None = None) -> Tensor:
     """Ĵ of K kernels with stacked ``params`` (``template``'s names, a leading K axis) on ``rows`` =
-    [x; y] (K, 2n, d), ``raw_d2`` their squared distances (K, 2n, 2n). (K,)
+    [x; y] (K, 2n, d), ``raw_d2`` their squared distances as the blocks xx, xy, yy of
+    :func:`_block_distances` (K, 3, n, n). (K,)
 
     With s = [1_n; −1_n] and K the [x; y] Gram matrix, the row sums of the paired matrix H are
     r_i = (Ks)_i − (Ks)_{n+i}, Σ_ij H_ij = Σ_i r_i and H_ii = 2 − 2k(x_i, y_i) (k(a, a) = 1), so
@@ -280,137 +298,181 @@ def _stacked_power(template: DeepKernel, params: dict[str, Tensor], rows: Tensor
 
     φ ends in a Linear layer φ(a) = W h(a) + b, so ‖φ(a) − φ(b)‖² = (h_a − h_b)ᵀ WᵀW (h_a − h_b):
     when φ's output is wider than h (50 against 10 in the Ditto presets) the distances are taken
-    in h's space under the metric WᵀW, a smaller matrix product with the same values.
+    in h's space under the metric WᵀW, a smaller matrix product with the same values. The
+    features are computed as columns (K, features, 2n). ``work`` holds the Gram matrices (see :class:`_RowSumPower`).
     """
     n = rows.shape[1] // 2
-    h, last = _stacked_hidden(template, params, rows)
+    h, last = _stacked_hidden(template, params, rows.transpose(1, 2))
     w, b = params[f"featurizer.{last}.weight"], params[f"featurizer.{last}.bias"]
     c_phi = torch.exp(-2.0 * params["log_sigma_phi"])
     c_q = torch.exp(-2.0 * params["log_sigma_q"])
     eps = torch.sigmoid(params["eps_logit"])[:, None]
-    signs = torch.cat([rows.new_ones(n), -rows.new_ones(n)])
     if w.shape[1] > w.shape[2]:
-        left = h @ (w.transpose(1, 2) @ w)
-        right = h
+        columns = (w.transpose(1, 2) @ w) @ h, h  # (hM)ᵀ = Mhᵀ, M = WᵀW symmetric
     else:
-        left = right = torch.baddbmm(b[:, None, :], h, w.transpose(1, 2))
-    norms = (left * right).sum(2)
+        columns = (torch.baddbmm(b[:, :, None], w, h),) * 2
+    norms = (columns[0] * columns[1]).sum(1)
+    left, right = (c.transpose(1, 2) for c in columns)
     official = semantics == "official"
-    kappa_s = _SignedRowSums.apply(left, right, norms, c_phi, raw_d2 if official else None,
-                                   c_q if official else None, signs)
-    q_s = _SignedRowSums.apply(None, None, None, None, raw_d2, c_q, signs)
-    k_s = (1.0 - eps) * kappa_s + eps * q_s
-    r = k_s[:, :n] - k_s[:, n:]
-    kappa_xy = torch.exp(-c_phi[:, None] * ((h[:, :n] - h[:, n:]) @ w.transpose(1, 2)).pow(2).sum(2))
-    q_xy = torch.exp(-c_q[:, None] * raw_d2[:, :n, n:].diagonal(dim1=1, dim2=2))
+    # the paired distances ‖φ(x_i) − φ(y_i)‖² = (l_i − l_{n+i})·(r_i − r_{n+i}) in the same space
+    l_t, r_t = columns
+    kappa_xy = torch.exp(-c_phi[:, None] * ((l_t[:, :, :n] - l_t[:, :, n:]) * (r_t[:, :, :n] - r_t[:, :, n:])).sum(1))
+    q_xy = torch.exp(-c_q[:, None] * raw_d2[:, 1].diagonal(dim1=1, dim2=2))
     k_xy = ((1.0 - eps) * kappa_xy + eps) * q_xy if official else (1.0 - eps) * kappa_xy + eps * q_xy
-    total = r.sum(1)
-    mmd_u = (total - (2.0 - 2.0 * k_xy).sum(1)) / (n * (n - 1))
-    var = (4.0 / n ** 3 * r.pow(2).sum(1) - 4.0 / n ** 4 * total.pow(2)).clamp_min(0.0)
-    return mmd_u / torch.sqrt(var + reg)
+    return _RowSumPower.apply(left, right, norms, c_phi, c_q, eps[:, 0], k_xy, raw_d2, official, reg,
+                              work or GramWorkspace())
 
 
-def _stacked_hidden(template: DeepKernel, params: dict[str, Tensor], rows: Tensor) -> tuple[Tensor, int]:
-    """φ of K kernels at once up to its last Linear layer: (K, N, in_dim) → (K, N, hidden), and
-    that layer's index; ``params`` stacked as in :func:`_stacked_power`, each Linear layer one
-    batched matrix product."""
-    h = rows
+def _stacked_hidden(template: DeepKernel, params: dict[str, Tensor], columns: Tensor) -> tuple[Tensor, int]:
+    """φ of K kernels at once up to its last Linear layer, on the rows as columns:
+    (K, in_dim, N) → (K, hidden, N), and that layer's index; ``params`` stacked as in
+    :func:`_stacked_power`, each Linear layer one batched product W·h + b (for φ's narrow layers
+    several times faster than the row layout's h·Wᵀ)."""
+    h = columns
     layers = list(template.featurizer)
     for i, layer in enumerate(layers[:-1]):
         if isinstance(layer, nn.Linear):
-            h = torch.baddbmm(params[f"featurizer.{i}.bias"][:, None, :], h,
-                              params[f"featurizer.{i}.weight"].transpose(1, 2))
+            h = torch.baddbmm(params[f"featurizer.{i}.bias"][:, :, None], params[f"featurizer.{i}.weight"], h)
         else:
             h = layer(h)
     return h, len(layers) - 1
 
 
-def _stacked_featurize(template: DeepKernel, params: dict[str, Tensor], rows: Tensor) -> Tensor:
-    """φ of K kernels at once: (K, N, in_dim) → (K, N, out_dim) (see :func:`_stacked_hidden`)."""
-    h, last = _stacked_hidden(template, params, rows)
-    return torch.baddbmm(params[f"featurizer.{last}.bias"][:, None, :], h,
-                         params[f"featurizer.{last}.weight"].transpose(1, 2))
+class _RowSumPower(torch.autograd.Function):
+    """Ĵ = MMD²_u / sqrt(σ̂²_H1 + reg) per kernel (Liu et al. Eq. 4–5) from the signed row sums
+    Ks, s = [1_n; −1_n], of the [x; y] Gram matrix K = (1 − ε)·A + ε·B (see :func:`_stacked_power`),
+    with A_ab = exp(−c_φ·E_ab [− c_q·D_ab when ``official``]) and B_ab = exp(−c_q·D_ab):
+    E_ab = ‖·‖²_a + ‖·‖²_b − 2 l_a·r_b (``norms``, ``left``, ``right``: (K, 2n), (K, 2n, p),
+    (K, 2n, p)) a squared distance written as an inner product (l = r = f for ‖f_a − f_b‖²; l = hM,
+    r = h for (h_a − h_b)ᵀM(h_a − h_b)), clamped at 0 with an exact zero diagonal as
+    :func:`squared_distances`; D the fixed raw-input distances as the blocks xx, xy, yy
+    (K, 3, n, n) of :func:`_block_distances`; ``k_xy`` (K, n) the paired values k(x_i, y_i).
+    Differentiable in left, right, norms, c_φ, c_q, ε and k_xy.
 
-
-def _scaled_distances(left: Tensor, right: Tensor, norms: Tensor, scale: Tensor, *, out: Tensor,
-                      negate: bool = False) -> Tensor:
-    """out = ±scale·(‖·‖²_a + ‖·‖²_b − 2 l_a·r_b) (N, N), scale > 0 (− with ``negate``), from one
-    matrix product of [∓2·scale·l, ±scale·norms, ±scale] and [r, 1, norms] (no broadcast passes),
-    clamped at 0 with an exact zero diagonal as :func:`squared_distances` (l = r = x:
-    scale·‖x_a − x_b‖²)."""
-    signed = -scale if negate else scale
-    ones = torch.ones_like(norms)[:, None]
-    torch.mm(torch.cat([left * (-2.0 * signed), signed * norms[:, None], signed * ones], 1),
-             torch.cat([right, ones, norms[:, None]], 1).T, out=out)
-    (out.clamp_max_ if negate else out.clamp_min_)(0.0)
-    return out.fill_diagonal_(0.0)
-
-
-class _SignedRowSums(torch.autograd.Function):
-    """v = A s per kernel for A_ab = exp(−c_φ·E_ab − c_q·D_ab) (K, N, N) and a fixed vector s (N,),
-    where E_ab = ‖·‖²_a + ‖·‖²_b − 2 l_a·r_b (``norms``, ``left``, ``right``: (K, N), (K, N, p),
-    (K, N, p)) is a squared distance written as an inner product (l = r = f for ‖f_a − f_b‖²;
-    l = hM, r = h for (h_a − h_b)ᵀM(h_a − h_b)), clamped at 0 with an exact zero diagonal as
-    :func:`squared_distances`, and D (K, N, N) precomputed squared distances. Either term is left
-    out by passing None for its inputs.
-
-    The gradient never forms ∂v/∂A (the outer product g sᵀ): with A symmetric and v = As,
-    ∂L/∂l_a = 2c_φ g_a (A(s∘r))_a, ∂L/∂r_a = 2c_φ s_a (A(g∘l))_a,
-    ∂L/∂‖·‖²_a = −c_φ(g_a v_a + s_a (Ag)_a), ∂L/∂c_φ = −Σ_ab g_a s_b A_ab E_ab (E expanded as
-    above) and ∂L/∂c_q = −gᵀ(A⊙D)s: one product of A with 2p + 2 columns. Kernels are processed
-    one at a time so that A stays in cache."""
+    The matrices are symmetric: only their blocks xx, xy and yy are formed (yx = xyᵀ), three
+    quarters of the exponentials. Ĵ_k depends on kernel k's matrices only, so the gradient is
+    formed with the forward pass, kernel by kernel, while A and B are in cache (buffers of
+    ``work``, reused): with r = (Ks)_{:n} − (Ks)_{n:}, T = Σr, m = MMD²_u, V = σ̂²_H1 and
+    σ = sqrt(V + reg), ∂Ĵ/∂r = 1/(σn(n−1)) − m/(2σ³)·(8r/n³ − 8T/n⁴) (0 for the second term where
+    V < 0 is clamped), ∂Ĵ/∂k_xy = 2/(σn(n−1)), g = ∂Ĵ/∂(Ks) = [∂Ĵ/∂r; −∂Ĵ/∂r]. The gradient never
+    forms g sᵀ: with v = As and g_A = (1 − ε)g, ∂Ĵ/∂l_a = 2c_φ g_a (A(s∘r))_a,
+    ∂Ĵ/∂r_a = 2c_φ s_a (A(g∘l))_a, ∂Ĵ/∂‖·‖²_a = −c_φ(g_a v_a + s_a (Ag)_a),
+    ∂Ĵ/∂c_φ = −Σ_ab g_a s_b A_ab E_ab (E expanded as above, gᵀA(s∘‖·‖²) read as (s∘‖·‖²)ᵀ(Ag)),
+    all from one product of A with 2p + 1 columns, and ∂Ĵ/∂c_q = −g_Aᵀ(A⊙D)s [official] − εgᵀ(B⊙D)s.
+    The backward pass scales the stored gradients by the incoming one."""
 
     @staticmethod
-    def forward(ctx, left: Tensor | None, right: Tensor | None, norms: Tensor | None, c_phi: Tensor | None,
-                d2: Tensor | None, c_q: Tensor | None, signs: Tensor) -> Tensor:
-        source = norms if norms is not None else d2
-        count, size = source.shape[0], source.shape[1]
-        out = source.new_empty(count, size)
-        grams = source.new_empty(count, size, size)
-        # exp(t) as 2^(t·log2 e), the factor folded into the scales: torch's exp2 runs ~4x faster
-        # than its exp on CPU, and agrees with it to float rounding
-        phi_scale = c_phi * _LOG2E if left is not None else None
-        q_scale = -c_q * _LOG2E if d2 is not None else None
+    def forward(ctx, left: Tensor, right: Tensor, norms: Tensor, c_phi: Tensor, c_q: Tensor, eps: Tensor,
+                k_xy: Tensor, d2: Tensor, official: bool, reg: float, work: GramWorkspace) -> Tensor:
+        count, size, p = left.shape
+        n = size // 2
+        a = work.buffer("gram_a", (3, n, n), d2)
+        b = work.buffer("gram_b", (3, n, n), d2)
+        scratch = work.buffer("scratch", (3, n, n), d2)
+        signs = torch.cat([left.new_ones(n), -left.new_ones(n)])
+        # −scale·E's blocks from one batched product each: [2·scale·l, −scale·‖·‖², −scale]·[r, 1, ‖·‖²]ᵀ,
+        # scale = c_φ·log2 e; exp(t) as 2^(t·log2 e) (torch's exp2 runs ~4x faster than its exp
+        # on CPU and agrees with it to float rounding)
+        phi_scale, q_scale = -c_phi * _LOG2E, -c_q * _LOG2E
+        ones = norms[:, :, None].new_ones(())
+        scaled = phi_scale[:, None, None] * torch.cat([left * -2.0, norms[:, :, None], ones.expand_as(norms[:, :, None])], 2)
+        plain = torch.cat([right, ones.expand_as(norms[:, :, None]), norms[:, :, None]], 2)
+        rows_of, cols_of = (slice(None, n), slice(None, n), slice(n, None)), (slice(None, n), slice(n, None), slice(n, None))
+        factors = torch.stack([scaled[:, i] for i in rows_of], 1)
+        others = torch.stack([plain[:, j] for j in cols_of], 1).transpose(2, 3)
+        sr = (signs[:, None] * right).transpose(1, 2)
+        # per kernel: As, Bs, g = ∂Ĵ/∂(Ks), the product [g, s∘r, g∘l]ᵀA and (B⊙D)s [(A⊙D)s];
+        # the gradients are assembled from them for all kernels at once afterwards
+        v_a, v_b, g, u_b = (left.new_empty(count, size) for _ in range(4))
+        u_a = left.new_empty(count, size) if official else None
+        prods = left.new_empty(count, 2 * p + 1, size)
+        eps_of, pair_terms = eps.tolist(), (2.0 - 2.0 * k_xy).sum(1).tolist()
+        pairs = n * (n - 1)
+        values, sigmas = [], []
         for k in range(count):
-            a = grams[k]
-            if left is not None:
-                _scaled_distances(left[k], right[k], norms[k], phi_scale[k], out=a, negate=True)
-                if d2 is not None:
-                    a.addcmul_(d2[k], q_scale[k])
-            else:
-                torch.mul(d2[k], q_scale[k], out=a)
-            a.exp2_()
-            torch.mv(a, signs, out=out[k])
-        ctx.save_for_backward(left, right, norms, c_phi, d2, signs, grams, out)
-        return out
+            torch.bmm(factors[k], others[k], out=a)
+            a.clamp_max_(0.0)
+            a[::2].diagonal(dim1=1, dim2=2).zero_()
+            if official:
+                a.addcmul_(d2[k], q_scale[k])
+            _block_row_sums(a.exp2_(), out=v_a[k])
+            _block_row_sums(torch.mul(d2[k], q_scale[k], out=b).exp2_(), out=v_b[k])
+            ks = torch.add(v_a[k] * (1.0 - eps_of[k]), v_b[k], alpha=eps_of[k])
+            r = ks[:n] - ks[n:]
+            total, square = r.sum().item(), r.dot(r).item()
+            mmd_u = (total - pair_terms[k]) / pairs
+            var = 4.0 / n ** 3 * square - 4.0 / n ** 4 * total ** 2
+            sigma = math.sqrt(max(var, 0.0) + reg)
+            values.append(mmd_u / sigma)
+            sigmas.append(sigma)
+            slope = mmd_u / (2.0 * sigma ** 3) * 8.0 / n ** 3 if var >= 0 else 0.0
+            torch.add(r * -slope, 1.0 / (pairs * sigma) + slope * total / n, out=g[k, :n])
+            torch.neg(g[k, :n], out=g[k, n:])
+            # [g, s∘r, g∘l]ᵀ A (A symmetric: the columns of A [g, s∘r, g∘l]), by blocks
+            cols = torch.cat([g[k, None], sr[k], (g[k, :, None] * left[k]).T])
+            torch.cat([torch.addmm(cols[:, :n] @ a[0], cols[:, n:], a[1].T),
+                       torch.addmm(cols[:, :n] @ a[1], cols[:, n:], a[2])], 1, out=prods[k])
+            _block_row_sums(torch.mul(b, d2[k], out=scratch), out=u_b[k])
+            if official:
+                _block_row_sums(torch.mul(a, d2[k], out=scratch), out=u_a[k])
+        keep = (1.0 - eps)[:, None]
+        g_a, a_g = g * keep, prods[:, 0] * keep
+        a_sr, a_gl = prods[:, 1:p + 1].transpose(1, 2), prods[:, p + 1:].transpose(1, 2) * keep[:, :, None]
+        c = c_phi[:, None]
+        grad_q = -eps * (g * u_b).sum(1) - ((g_a * u_a).sum(1) if official else 0.0)
+        ctx.save_for_backward(
+            2.0 * c[:, :, None] * g_a[:, :, None] * a_sr, 2.0 * c[:, :, None] * signs[:, None] * a_gl,
+            -c * (g_a * v_a + signs * a_g),
+            -((g_a * norms * v_a).sum(1) + (signs * norms * a_g).sum(1) - 2.0 * (g_a[:, :, None] * left * a_sr).sum((1, 2))),
+            grad_q, (g * (v_b - v_a)).sum(1),
+            (2.0 / pairs / torch.tensor(sigmas, dtype=k_xy.dtype, device=k_xy.device))[:, None].expand_as(k_xy))
+        return torch.tensor(values, dtype=c_phi.dtype, device=c_phi.device)
 
     @staticmethod
     def backward(ctx, grad: Tensor) -> tuple[Tensor | None, ...]:
-        left, right, norms, c_phi, d2, signs, grams, out = ctx.saved_tensors
-        need_l, need_r, need_n, need_phi, _, need_q, _ = ctx.needs_input_grad
-        grad_l = torch.zeros_like(left) if need_l else None
-        grad_r = torch.zeros_like(right) if need_r else None
-        grad_n = torch.zeros_like(norms) if need_n else None
-        grad_phi = torch.zeros_like(c_phi) if need_phi else None
-        grad_q = grams.new_zeros(grams.shape[0]) if need_q else None
-        for k in range(grams.shape[0]):
-            a, g, v = grams[k], grad[k], out[k]
-            if need_l or need_r or need_n or need_phi:
-                lk, rk, nk, c = left[k], right[k], norms[k], c_phi[k]
-                p = lk.shape[1]
-                prod = a @ torch.cat([g[:, None], signs[:, None] * rk, g[:, None] * lk, (signs * nk)[:, None]], 1)
-                a_g, a_sr, a_gl, a_sn = prod[:, 0], prod[:, 1:p + 1], prod[:, p + 1:2 * p + 1], prod[:, -1]
-                if need_l:
-                    grad_l[k] = 2.0 * c * g[:, None] * a_sr
-                if need_r:
-                    grad_r[k] = 2.0 * c * signs[:, None] * a_gl
-                if need_n:
-                    grad_n[k] = -c * (g * v + signs * a_g)
-                if need_phi:
-                    grad_phi[k] = -(g @ (nk * v) + g @ a_sn - 2.0 * (g[:, None] * lk * a_sr).sum())
-            if need_q:
-                grad_q[k] = -(g @ torch.mv(a * d2[k], signs))
-        return grad_l, grad_r, grad_n, grad_phi, None, grad_q, None
+        scaled = tuple(t * grad.view(-1, *[1] * (t.dim() - 1)) for t in ctx.saved_tensors)
+        return scaled + (None,) * 4
+
+
+def _block_row_sums(blocks: Tensor, *, out: Tensor) -> Tensor:
+    """Ms into ``out`` (2n,) for the symmetric [[M_xx, M_xy], [M_xyᵀ, M_yy]] given as its blocks
+    (3, n, n) and s = [1_n; −1_n]: [M_xx 1 − M_xy 1; M_xyᵀ 1 − M_yy 1]."""
+    n = blocks.shape[1]
+    rows = blocks.sum(2)
+    torch.sub(rows[0], rows[1], out=out[:n])
+    return torch.sub(blocks[1].sum(0), rows[2], out=out[n:])
+
+
+class GramWorkspace:
+    """Work buffers of :func:`train_deep_kernels` (the Gram matrices of every kernel and the raw
+    inputs' distances, tens of MB), kept from call to call: allocating them afresh at each of
+    thousands of steps costs more in page faults than the arithmetic on them. A buffer grows to
+    the largest size asked for and is handed out as a view of its first elements."""
+
+    def __init__(self) -> None:
+        self._buffers: dict[str, Tensor] = {}
+
+    def buffer(self, name: str, shape: tuple[int, ...], like: Tensor) -> Tensor:
+        """The buffer ``name`` as an uninitialised tensor of ``shape`` with ``like``'s dtype and device."""
+        size = math.prod(shape)
+        held = self._buffers.get(name)
+        if held is None or held.numel() < size or held.dtype != like.dtype or held.device != like.device:
+            held = self._buffers[name] = like.new_empty(size)
+        return held[:size].view(shape)
+
+
+def _block_distances(xs: Tensor, ys: Tensor, *, out: Tensor) -> Tensor:
+    """The blocks xx, xy, yy of the squared distances of the rows of each [xs[k]; ys[k]]
+    ((K, n, d) each) into ``out`` (K, 3, n, n), as :func:`squared_distances` (clamped at 0, exact
+    zero diagonals in xx and yy) for all blocks in one batched product; yx is xy transposed."""
+    count, n = xs.shape[:2]
+    left, right = torch.stack([xs, xs, ys], 1), torch.stack([xs, ys, ys], 1)
+    ones = left.new_ones(count, 3, n, 1)
+    factors = torch.cat([left * -2.0, left.pow(2).sum(3, keepdim=True), ones], 3)
+    torch.matmul(factors, torch.cat([right, ones, right.pow(2).sum(3, keepdim=True)], 3).transpose(2, 3), out=out)
+    out.clamp_min_(0.0)
+    out[:, ::2].diagonal(dim1=2, dim2=3).zero_()
+    return out
 
 
 # ---------------------------------------------------------------------------------------------

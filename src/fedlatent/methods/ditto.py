@@ -56,7 +56,7 @@ from torch.nn import functional as F
 from fedlatent.errors import ConfigError
 from fedlatent.losses.mmd import (kernel_bandwidths, mk_mmd_batch, mmd_estimates_with_covariance_batch,
                                   optimize_kernel_weights)
-from fedlatent.losses.mmd_d import DeepKernel, mmd_d_stacked, stack_parameters, train_deep_kernels
+from fedlatent.losses.mmd_d import DeepKernel, GramWorkspace, mmd_d_stacked, stack_parameters, train_deep_kernels
 from fedlatent.methods.parts import ClientRound, LockstepContext, MethodSpec, Part, Personalization, TermContext
 from fedlatent.methods.registry import register_part, register_preset
 from fedlatent.models.base import ModelOutput
@@ -175,6 +175,18 @@ class _Window:
         return torch.cat([p for p, _ in batches]), torch.cat([g for _, g in batches])
 
 
+def _observe(part: FeatureDrift, ctx: LockstepContext, every: int,
+             stale: bool) -> tuple[dict[str, tuple[Tensor, Tensor]], list[_Window], list[_Window]]:
+    """The step's (personal, global) features per layer ((C, N, d) each), recorded in each
+    client's window (``rc.scratch[part.name]``); the windows, and those due for a refresh before
+    this step's loss (:func:`refresh_due` with ``every``, ``stale``)."""
+    pairs = part.pairs(ctx.out, ctx.global_out, batch_dims=2)
+    windows = [rc.scratch[part.name] for rc in ctx.rcs]
+    for i, window in enumerate(windows):
+        window.observe({l: (p[i], g[i]) for l, (p, g) in pairs.items()})
+    return pairs, windows, [w for w in windows if refresh_due(w.step, every, stale)]
+
+
 class MkMmd(FeatureDrift):
     """d = MK-MMD² = Σ_j β_j MMD²_j (19 Gaussian kernels), β re-optimised for test power.
 
@@ -219,15 +231,10 @@ class MkMmd(FeatureDrift):
     def lockstep_loss(self, ctx: LockstepContext) -> Tensor:
         """Each client's window records the step's features, β re-solved where due (before this
         step's loss, the windows due together); the terms of all clients from one batched call."""
-        pairs = self.pairs(ctx.out, ctx.global_out, batch_dims=2)
-        rcs, due = ctx.rcs, []
-        for i, rc in enumerate(rcs):
-            window = rc.scratch[self.name]
-            window.observe({l: (p[i], g[i]) for l, (p, g) in pairs.items()})
-            if refresh_due(window.step, self.every, self.stale):
-                due.append(window)
+        pairs, _, due = _observe(self, ctx, self.every, self.stale)
         if due:
             self.refresh(due)
+        rcs = ctx.rcs
         return sum(mk_mmd_batch(p, g, betas=torch.stack([rc.state[self.key(l)] for rc in rcs]), kernel=self.kernel,
                                 normalize=self.normalize, estimator=self.estimator) for l, (p, g) in pairs.items())
 
@@ -281,6 +288,8 @@ class MmdD(FeatureDrift):
         self.window = _window(opts["kernel_batches"], opts["release_off_by_one"])
         # stacked kernel weights of the clients stepping together, per layer (see stacked_kernels)
         self.stacks: dict[tuple[str, tuple[int, ...]], tuple[list[_Window], DeepKernel, dict[str, Tensor]]] = {}
+        # the kernel training's Gram buffers, allocated once for the run (not at each of its steps)
+        self.workspace = GramWorkspace()
 
     def prefix(self, layer: str) -> str:
         return f"{self.name}.kernel.{layer}."
@@ -308,13 +317,7 @@ class MmdD(FeatureDrift):
         """Each client's window records the step's features, the kernels due trained together
         (:func:`~fedlatent.losses.mmd_d.train_deep_kernels`); the terms of all clients from one
         batched call on their stacked kernel weights (:func:`~fedlatent.losses.mmd_d.mmd_d_stacked`)."""
-        pairs = self.pairs(ctx.out, ctx.global_out, batch_dims=2)
-        windows = [rc.scratch[self.name] for rc in ctx.rcs]
-        due = []
-        for i, window in enumerate(windows):
-            window.observe({l: (p[i], g[i]) for l, (p, g) in pairs.items()})
-            if refresh_due(window.step, self.every, self.stale) and self.steps:
-                due.append(window)
+        pairs, windows, due = _observe(self, ctx, self.every if self.steps else 0, self.stale)
         if due:
             self.train_kernels(due, pairs)
         total = 0.0
@@ -347,7 +350,7 @@ class MmdD(FeatureDrift):
             for group in by_size.values():
                 train_deep_kernels([k for k, _, _ in group], torch.stack([x for _, x, _ in group]),
                                    torch.stack([y for _, _, y in group]), steps=self.steps, lr=self.lr,
-                                   semantics=self.semantics)
+                                   semantics=self.semantics, workspace=self.workspace)
         share = (time.perf_counter() - started) / len(windows)
         for window in windows:
             metrics = window.rc.metrics

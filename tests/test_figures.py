@@ -275,6 +275,28 @@ def test_curves_drawn_while_a_line_is_being_written_leave_the_torn_line_out(tmp_
     assert np.array_equal(drawn, _full_draw(metrics, 6, tmp_path / "full.png"))
 
 
+def test_a_run_drawn_on_an_earlier_runs_curves_has_the_pixels_of_a_full_draw(tmp_path, monkeypatch) -> None:
+    """A renderer given the curves of an earlier run with the same rounds and limits blits the
+    new run's lines onto their background (no full draw), with the pixels of a fresh drawing; the
+    earlier run's points are gone."""
+    first = _run_files(tmp_path / "first")
+    earlier = render.Renderer(first)
+    earlier.draw("curves", {"rounds": 6})
+    second = _run_files(tmp_path / "second")
+    metrics = [{**m, "test_accuracy": 1.5 * m["test_accuracy"]} if "test_accuracy" in m else m
+               for m in map(json.loads, (second / "metrics.jsonl").read_text().splitlines())]
+    (second / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in metrics))
+    renderer = render.Renderer(second, earlier.curves)
+    full_draws = _counting_full_draws(earlier.curves, monkeypatch)
+    drawn = _pixels(renderer.draw("curves", {"rounds": 6}))
+    assert renderer.curves is earlier.curves and full_draws == []
+    assert np.array_equal(drawn, _full_draw(metrics, 6, tmp_path / "full.png"))
+    assert not np.array_equal(drawn, _pixels(first / "plots" / "curves.png"))
+    other = render.Renderer(second, earlier.curves)
+    other.draw("curves", {"rounds": 9})  # other planned rounds: curves of their own
+    assert other.curves is not earlier.curves
+
+
 def test_a_sweep_without_figures_runs_its_cells_without_them(tmp_path, capsys) -> None:
     study = tmp_path / "study.toml"
     study.write_text(f'base = "{DIGITS}"\nset = {{"train.rounds" = 1, "data.num_clients" = 3}}\n[grid]\nseed = [0, 1]\n')

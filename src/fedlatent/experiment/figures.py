@@ -8,7 +8,8 @@ and find matplotlib's caches warm), draws the partition heatmap on the other cor
 trains, then keeps the learning curves current: the run asks for them after its first metrics
 line, then at most every :data:`CURVES_SECONDS`, after the last round and once more when it ends
 (:class:`CurvesPacing`), and the process draws only the new points (:class:`fedlatent.analysis.plots.LearningCurves`,
-~1 ms), writing ``curves.png`` (~8 ms) when it shows the last round and every
+~1 ms; a run planning as many rounds as the process' previous one starts on that one's curves,
+whose background serves it when the axes' limits agree), writing ``curves.png`` (~8 ms) when it shows the last round and every
 :data:`REWRITE_SECONDS` before (a killed run keeps recent curves). Requests that queued while the
 process was busy are drawn once (the curves read the whole metrics file anyway), so it never
 falls behind by more than one drawing, and what is left on the run's path after its last round
@@ -262,7 +263,8 @@ def _serve(requests: int, replies: int) -> int:
                 *lines, pending = (pending + chunk).split(b"\n")
                 for message in distinct([json.loads(line) for line in lines if line]):
                     if "run" in message:
-                        renderer, unwritten, written_at = render.Renderer(Path(message["run"])), False, time.monotonic()
+                        renderer = render.Renderer(Path(message["run"]), renderer.curves if renderer else None)
+                        unwritten, written_at = False, time.monotonic()
                     elif "end" in message:
                         if unwritten:
                             renderer.write_curves()

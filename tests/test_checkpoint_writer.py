@@ -30,7 +30,7 @@ def test_background_checkpoints_equal_direct_ones_and_verify(tmp_path: Path) -> 
         for rnd in (1, 2, 3):
             checkpoints.save(**_state(rnd))
     for rnd in (1, 2, 3):
-        checkpoint_store.save_checkpoint(tmp_path / "direct", **_state(rnd))
+        checkpoint_store.write_sealed(tmp_path / "direct", rnd, checkpoint_store.encode_checkpoint(**_state(rnd)))
     bg, direct = checkpoint_store.round_folders(tmp_path / "bg"), checkpoint_store.round_folders(tmp_path / "direct")
     assert [p.name for p in bg] == [p.name for p in direct] == ["round00003", "round00002"]
     for a, b in zip(bg, direct):

@@ -268,9 +268,9 @@ def test_checkpoint_store_keeps_two_sealed_rounds_and_skips_unsealed(tmp_path: P
     state = {"w": torch.arange(6.0).reshape(2, 3)}
 
     def save(rnd: int) -> None:
-        checkpoint_store.save_checkpoint(root, global_state={k: v + rnd for k, v in state.items()}, server_state={},
-                                         client_states=[{"c": torch.ones(2) * rnd}, {}],
-                                         info={"round": rnd, "elapsed_s": 0.0})
+        checkpoint_store.write_sealed(root, rnd, checkpoint_store.encode_checkpoint(
+            global_state={k: v + rnd for k, v in state.items()}, server_state={},
+            client_states=[{"c": torch.ones(2) * rnd}, {}], info={"round": rnd, "elapsed_s": 0.0}))
 
     for rnd in (1, 2, 3):
         save(rnd)

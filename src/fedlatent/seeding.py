@@ -76,5 +76,5 @@ def derive_seeds(*prefix: int, last: Sequence[int]) -> list[int]:
         word = word ^ hash_const
         hash_const = (hash_const * _MULT_B) & _MASK32
         word = (word * hash_const) & _MASK32
-        out.append(np.broadcast_to(word ^ (word >> _XSHIFT), (len(last),)).astype(np.uint64))
+        out.append((word ^ (word >> _XSHIFT)).astype(np.uint64))  # every pool word has mixed in ``last``
     return [int(v) for v in (out[0] | (out[1] << np.uint64(32))) >> np.uint64(1)]

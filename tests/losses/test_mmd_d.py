@@ -323,7 +323,8 @@ def test_stacked_power_and_gradient_equal_mmd_d_power(semantics: str, hidden: in
     params = {n: torch.stack([dict(k.named_parameters())[n].detach() for k in kernels]).requires_grad_(True)
               for n in names}
     rows = torch.cat([xs, ys], 1)
-    got = _stacked_power(kernels[0], params, rows, _blocks(torch.vmap(squared_distances)(rows)), semantics, 1e-8)
+    got = _stacked_power(kernels[0], params, rows, _blocks(torch.vmap(squared_distances)(rows)), semantics, 1e-8,
+                         GramWorkspace())
     grads = torch.autograd.grad(got.sum(), list(params.values()), materialize_grads=True)
     for i, kernel in enumerate(kernels):
         want = mmd_d_power(xs[i], ys[i], kernel, semantics=semantics)

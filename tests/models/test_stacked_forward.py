@@ -107,7 +107,7 @@ def test_the_lockstep_trainer_takes_the_stacked_forward_where_the_model_offers_o
     want = lockstep._stacked(build_cnn((3, 32, 32), 3), ())  # a CNN: vmapped
     assert calls == [{"randomness": "error"}] and callable(want)
     ref = vmap(lockstep._forward(mlp, ("hidden1",)))(params, x)
-    for a, b in zip(got, ref):
+    for a, b in zip((got.logits, got.z, got.features["hidden1"]), ref):
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
     mlp.projector = torch.nn.Dropout(0.5)
     lockstep._stacked(mlp, ())

@@ -24,6 +24,7 @@ the histograms.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
@@ -188,9 +189,10 @@ def histogram_edges(ranges: list[tuple[float, float] | None], bins: int) -> np.n
     return np.linspace(low, high if high > low else low + 1.0, bins + 1)
 
 
-def mean_value_histograms(xs: list[Tensor], bins: int) -> dict[str, list]:
+def mean_value_histograms(xs: Iterable[Tensor], bins: int) -> dict[str, list]:
     """Per set in ``xs`` (e.g. each client's training inputs), the histogram of each sample's mean
-    value over the common range (FedUV supplement, feature-distribution figures)."""
+    value over the common range (FedUV supplement, feature-distribution figures); ``xs`` is read
+    once, so a generator holds one set at a time."""
     means = [sample_means(x) for x in xs]
     edges = histogram_edges([(float(m.min()), float(m.max())) if m.size else None for m in means], bins)
     return {"edges": edges.tolist(), "counts": [np.histogram(m, edges)[0].tolist() for m in means]}

@@ -17,7 +17,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
 import numpy as np
 import torch
@@ -204,7 +204,7 @@ def metrics_upto(path: Path, last_round: int) -> list[str]:
     return kept
 
 
-def restore(s: Any, ckpt: Path, num_clients: int, warn: Callable[[str], None]) -> tuple[int, float]:
+def restore(s: Played, ckpt: Path, num_clients: int, warn: Callable[[str], None]) -> tuple[int, float]:
     """Load the newest intact checkpoint under ``ckpt`` into ``s`` (its server's global and server
     state, its clients' states); return the round it ends and the wall seconds spent before it —
     (0, 0.0) when the run has no checkpoint yet."""
@@ -237,21 +237,41 @@ def run(config: RunConfig, federation: Federation, spec: MethodSpec, out: Path, 
         s.diagnostics.start(start)
     metrics_path = out / "metrics.jsonl"
     write_atomically(metrics_path, "".join(line + "\n" for line in metrics_upto(metrics_path, start)))
-    with Checkpoints(ckpt) as checkpoints:  # files written while the next round trains
-        with metrics_path.open("a") as sink:
-            for rnd in range(start, config.train.rounds):
-                line = run_round(s, rnd)
-                line["time_elapsed_s"] = before + time.perf_counter() - clock
-                sink.write(json.dumps(line) + "\n")
-                sink.flush()
-                checkpoints.save(global_state=s.server.global_state, server_state=s.server.state,
-                                 client_states=s.client_states,
-                                 info={"round": rnd + 1, "elapsed_s": before + time.perf_counter() - clock},
-                                 last=rnd + 1 == config.train.rounds)
-                if progress:
-                    progress(line)
-        final = finish(s)
+    final = play_rounds(s, range(start, config.train.rounds), out, lambda rnd: run_round(s, rnd),
+                        lambda: finish(s), since=clock - before, progress=progress)
     return final, before + time.perf_counter() - clock
+
+
+class Played(Protocol):
+    """What a run's loop checkpoints: the server and every client's state (the embedded
+    backends' :class:`Setup`, Flower's ``ServerRun``)."""
+
+    server: Server
+    client_states: list[Tensors]
+
+
+def play_rounds(s: Played, rounds: range, out: Path, play: Callable[[int], dict[str, Any]],
+                finish: Callable[[], dict[str, Any]], *, since: float,
+                progress: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+    """The round loop of every backend: ``play`` each round (its metrics line), append the line
+    to ``out/metrics.jsonl`` with the seconds elapsed since ``since`` (a ``perf_counter`` value;
+    a resumed run's earlier seconds taken off it), checkpoint the state (paced by
+    :class:`~fedlatent.federated.state.Checkpoints`: files written while the next round trains,
+    the last completed round's on disk however the loop is left) and tell ``progress``; then
+    ``finish`` (the final evaluation), whose result is returned."""
+    with Checkpoints(out / "checkpoints") as checkpoints, (out / "metrics.jsonl").open("a") as sink:
+        for rnd in rounds:
+            line = play(rnd)
+            line["time_elapsed_s"] = time.perf_counter() - since
+            sink.write(json.dumps(line) + "\n")
+            sink.flush()
+            checkpoints.save(global_state=s.server.global_state, server_state=s.server.state,
+                             client_states=s.client_states,
+                             info={"round": rnd + 1, "elapsed_s": time.perf_counter() - since},
+                             last=rnd + 1 == rounds.stop)
+            if progress:
+                progress(line)
+        return finish()
 
 
 def finish(s: Setup) -> dict[str, Any]:

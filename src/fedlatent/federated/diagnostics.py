@@ -221,7 +221,7 @@ class Diagnostics:
         in one pass over each training set (this process holds them all; the client halves that
         Flower's nodes run give the same record: tests/test_diagnostics_halves.py)."""
         trains = [c.train for c in self.federation.clients]
-        pooled = dg.mean_value_histograms([t.x[:] for t in trains], self.cfg.histogram_bins)  # each set read once
+        pooled = dg.mean_value_histograms((t.x[:] for t in trains), self.cfg.histogram_bins)  # one set at a time
         return data_record([label_counts(t, self.federation.num_classes) for t in trains],
                            np.asarray(pooled["edges"]), pooled["counts"])
 

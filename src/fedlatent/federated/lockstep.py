@@ -53,7 +53,7 @@ from fedlatent.federated.client import (PERSONAL, PREVIOUS, LocalSettings, Works
                                        client_upload, finish_parts, keep_models, partial_round, prefixed)
 from fedlatent.methods.parts import (ClientRound, LockstepContext, MethodSpec, Part, Tensors, Upload,
                                      task_loss, trainable_names)
-from fedlatent.models.base import FedModel, ModelOutput
+from fedlatent.models.base import FedModel, ModelOutput, has_dropout
 
 Group = Tensor | slice | None  # a step's clients: all, a run of stack rows, or stack indices
 
@@ -69,10 +69,6 @@ def unsupported(spec: MethodSpec) -> str | None:
             if not part.has_lockstep_form() or part.needs_prev_out:
                 return f"Ditto constraint '{part.name}' has no lockstep form yet"
     return None
-
-
-def _has_dropout(model: FedModel) -> bool:
-    return any(isinstance(m, torch.nn.modules.dropout._DropoutNd) for m in model.modules())
 
 
 class _Stack:
@@ -176,23 +172,20 @@ def _forward(model: FedModel, taps: tuple[str, ...]) -> Callable:
     return one
 
 
-def _stacked(model: FedModel, taps: tuple[str, ...]) -> Callable:
-    """(params, x) ↦ (logits, z, taps...) of stacked clients' (clients, batch, …) input: the model's
+def _stacked(model: FedModel, taps: tuple[str, ...]) -> Callable[[dict[str, Tensor], Tensor], ModelOutput]:
+    """(params, x) ↦ the output of stacked clients' (clients, batch, …) input: the model's
     :meth:`~fedlatent.models.base.FedModel.stacked_forward` where it has one (no vmap or
     functional_call to pay for on each step), else its forward under ``vmap``, with an
     independent dropout mask per client (see the module's docstring)."""
-    if not model.has_stacked_forward:
-        return vmap(_forward(model, taps), randomness="different" if _has_dropout(model) else "error")
-    asked = frozenset(taps)
+    if model.has_stacked_forward:
+        asked = frozenset(taps)
+        return lambda params, x: model.stacked_forward(params, x, asked)
+    vmapped = vmap(_forward(model, taps), randomness="different" if has_dropout(model) else "error")
 
-    def stacked(params: dict[str, Tensor], x: Tensor) -> tuple[Tensor, ...]:
-        out = model.stacked_forward(params, x, asked)
-        return (out.logits, out.z, *(out.features[t] for t in taps))
-    return stacked
-
-
-def _output(values: tuple[Tensor, ...], taps: tuple[str, ...]) -> ModelOutput:
-    return ModelOutput(logits=values[0], z=values[1], features=dict(zip(taps, values[2:])))
+    def output(params: dict[str, Tensor], x: Tensor) -> ModelOutput:
+        values = vmapped(params, x)
+        return ModelOutput(logits=values[0], z=values[1], features=dict(zip(taps, values[2:])))
+    return output
 
 
 def _stream(data: Split, s: LocalSettings, generator: torch.Generator) -> Iterator[tuple[Tensor, Tensor, Tensor]]:
@@ -275,11 +268,10 @@ class _Frozen:
         self.params = {n: torch.stack([st[n] for st in states]).to(device) for n in states[0]}
         module.eval()  # functional_call runs the module's mode
         self.forward = _stacked(module, taps)
-        self.taps = taps
 
     def out(self, group: Group, x: Tensor) -> ModelOutput:
         with torch.no_grad():
-            return _output(self.forward(_pick(self.params, group), x), self.taps)
+            return self.forward(_pick(self.params, group), x)
 
 
 def _rows(t: Tensor | None, group: Group) -> Tensor | None:
@@ -385,7 +377,7 @@ def _train_together(ws: Workspace, starts: list[Tensors], datas: list[Split], sp
             group_global = global_params if same_start else _pick(global_params, group)
 
             def global_loss(params: dict[str, Tensor]) -> Tensor:
-                out = _output(forward(params, x), taps)
+                out = forward(params, x)
                 task = _task_losses(spec.loss, out.logits, y, spec.temperature)
                 record("train_loss", task)
                 return _with_terms(task, spec.parts, LockstepContext(
@@ -458,7 +450,7 @@ def _personal_loss(spec: MethodSpec, forward: Callable, global_out: ModelOutput 
     """The Ditto personal objective of a group but its (λ/2)‖w_L − w̄‖² (``_Stack``'s pull):
     task + Σ μ·constraint, summed over clients."""
     def loss(params: dict[str, Tensor]) -> Tensor:
-        out = _output(forward(params, x), taps)
+        out = forward(params, x)
         task = _task_losses(spec.loss, out.logits, y, spec.temperature)
         record("personal_loss", task)
         return _with_terms(task, spec.personalization.parts, LockstepContext(

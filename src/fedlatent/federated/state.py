@@ -113,13 +113,6 @@ def write_sealed(root: Path, rnd: int, files: dict[str, bytes]) -> Path:
     return folder
 
 
-def save_checkpoint(root: Path, *, global_state: Tensors, server_state: Tensors,
-                    client_states: list[Tensors], info: dict[str, Any]) -> Path:
-    """Write and seal the state after round ``info['round']`` now (see :func:`write_sealed`)."""
-    return write_sealed(root, info["round"], encode_checkpoint(global_state=global_state, server_state=server_state,
-                                                               client_states=client_states, info=info))
-
-
 def now() -> float:
     """The clock :class:`Checkpoints` paces its writes by (its own function: tests replace it)."""
     return time.monotonic()

@@ -268,7 +268,9 @@ def train_deep_kernels(kernels: list[DeepKernel], xs: Tensor, ys: Tensor, *, ste
             params = [p.detach() for p in leaves]
             step_size = lr / (1 - beta1 ** step)
             root = math.sqrt(1 - beta2 ** step)
-            # the per-tensor updates, each as one multi-tensor (_foreach) operation
+            # the per-tensor updates, each as one multi-tensor (_foreach) operation: torch's own
+            # multi-tensor AdamW (torch.optim.adamw.adamw(..., foreach=True)), bitwise equal, without
+            # its per-call bookkeeping (~40 µs a step)
             torch._foreach_mul_(params, 1 - lr * weight_decay)
             torch._foreach_lerp_(exp_avg, grads, 1 - beta1)
             torch._foreach_mul_(exp_avg_sq, beta2)
@@ -286,7 +288,7 @@ def train_deep_kernels(kernels: list[DeepKernel], xs: Tensor, ys: Tensor, *, ste
 
 
 def _stacked_power(template: DeepKernel, params: dict[str, Tensor], rows: Tensor, raw_d2: Tensor,
-                   semantics: str, reg: float, work: GramWorkspace | None = None) -> Tensor:
+                   semantics: str, reg: float, work: GramWorkspace) -> Tensor:
     """Ĵ of K kernels with stacked ``params`` (``template``'s names, a leading K axis) on ``rows`` =
     [x; y] (K, 2n, d), ``raw_d2`` their squared distances as the blocks xx, xy, yy of
     :func:`_block_distances` (K, 3, n, n). (K,)
@@ -320,7 +322,7 @@ def _stacked_power(template: DeepKernel, params: dict[str, Tensor], rows: Tensor
     q_xy = torch.exp(-c_q[:, None] * raw_d2[:, 1].diagonal(dim1=1, dim2=2))
     k_xy = ((1.0 - eps) * kappa_xy + eps) * q_xy if official else (1.0 - eps) * kappa_xy + eps * q_xy
     return _RowSumPower.apply(left, right, norms, c_phi, c_q, eps[:, 0], k_xy, raw_d2, official, reg,
-                              work or GramWorkspace())
+                              work)
 
 
 def _stacked_hidden(template: DeepKernel, params: dict[str, Tensor], columns: Tensor) -> tuple[Tensor, int]:
@@ -374,12 +376,8 @@ class _RowSumPower(torch.autograd.Function):
         # scale = c_φ·log2 e; exp(t) as 2^(t·log2 e) (torch's exp2 runs ~4x faster than its exp
         # on CPU and agrees with it to float rounding)
         phi_scale, q_scale = -c_phi * _LOG2E, -c_q * _LOG2E
-        ones = norms[:, :, None].new_ones(())
-        scaled = phi_scale[:, None, None] * torch.cat([left * -2.0, norms[:, :, None], ones.expand_as(norms[:, :, None])], 2)
-        plain = torch.cat([right, ones.expand_as(norms[:, :, None]), norms[:, :, None]], 2)
-        rows_of, cols_of = (slice(None, n), slice(None, n), slice(n, None)), (slice(None, n), slice(n, None), slice(n, None))
-        factors = torch.stack([scaled[:, i] for i in rows_of], 1)
-        others = torch.stack([plain[:, j] for j in cols_of], 1).transpose(2, 3)
+        factors, others = _block_factors(left, right, norms)
+        factors = phi_scale[:, None, None, None] * factors
         sr = (signs[:, None] * right).transpose(1, 2)
         # per kernel: As, Bs, g = ∂Ĵ/∂(Ks), the product [g, s∘r, g∘l]ᵀA and (B⊙D)s [(A⊙D)s];
         # the gradients are assembled from them for all kernels at once afterwards
@@ -461,16 +459,22 @@ class GramWorkspace:
         return held[:size].view(shape)
 
 
+def _block_factors(left: Tensor, right: Tensor, norms: Tensor) -> tuple[Tensor, Tensor]:
+    """[−2l, ‖·‖², 1] and [r, 1, ‖·‖²]ᵀ for the blocks xx, xy, yy (K, 3, n, p + 2), (K, 3, p + 2, n)."""
+    n = left.shape[1] // 2
+    ones = norms[:, :, None].new_ones(()).expand_as(norms[:, :, None])
+    a = torch.cat([left * -2.0, norms[:, :, None], ones], 2)
+    b = torch.cat([right, ones, norms[:, :, None]], 2)
+    return (torch.stack([a[:, :n], a[:, :n], a[:, n:]], 1),
+            torch.stack([b[:, :n], b[:, n:], b[:, n:]], 1).transpose(2, 3))
+
+
 def _block_distances(xs: Tensor, ys: Tensor, *, out: Tensor) -> Tensor:
     """The blocks xx, xy, yy of the squared distances of the rows of each [xs[k]; ys[k]]
     ((K, n, d) each) into ``out`` (K, 3, n, n), as :func:`squared_distances` (clamped at 0, exact
     zero diagonals in xx and yy) for all blocks in one batched product; yx is xy transposed."""
-    count, n = xs.shape[:2]
-    left, right = torch.stack([xs, xs, ys], 1), torch.stack([xs, ys, ys], 1)
-    ones = left.new_ones(count, 3, n, 1)
-    factors = torch.cat([left * -2.0, left.pow(2).sum(3, keepdim=True), ones], 3)
-    torch.matmul(factors, torch.cat([right, ones, right.pow(2).sum(3, keepdim=True)], 3).transpose(2, 3), out=out)
-    out.clamp_min_(0.0)
+    rows = torch.cat([xs, ys], 1)
+    torch.matmul(*_block_factors(rows, rows, rows.pow(2).sum(2)), out=out).clamp_min_(0.0)
     out[:, ::2].diagonal(dim1=2, dim2=3).zero_()
     return out
 

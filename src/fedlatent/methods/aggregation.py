@@ -41,6 +41,16 @@ def weighted_mean(uploads: list[Upload], keys: list[str] | None = None,
     return out
 
 
+def split_mean(uploads: list[Upload], trainable: set[str], weights: list[float]) -> Tensors:
+    """The uploads' states averaged with the coefficients ``weights`` over the ``trainable``
+    tensors and by sample count over the rest (buffers), keys in the uploads' order (FedNova's and
+    FedDyn's starting point)."""
+    names = list(uploads[0].state)
+    means = {**weighted_mean(uploads, [n for n in names if n not in trainable]),
+             **weighted_mean(uploads, [n for n in names if n in trainable], weights)}
+    return {n: means[n] for n in names}
+
+
 def stack_rows(rows: list[torch.Tensor]) -> tuple[torch.Tensor, list[int]] | None:
     """The floating-point tensor whose rows 0..C−1 are ``rows`` in some order (views of one stack)
     and the row of each, or None."""

@@ -175,16 +175,16 @@ class _Window:
         return torch.cat([p for p, _ in batches]), torch.cat([g for _, g in batches])
 
 
-def _observe(part: FeatureDrift, ctx: LockstepContext, every: int,
-             stale: bool) -> tuple[dict[str, tuple[Tensor, Tensor]], list[_Window], list[_Window]]:
+def _observe(part: MkMmd | MmdD, ctx: LockstepContext) -> tuple[dict[str, tuple[Tensor, Tensor]], list[_Window],
+                                                             list[_Window]]:
     """The step's (personal, global) features per layer ((C, N, d) each), recorded in each
     client's window (``rc.scratch[part.name]``); the windows, and those due for a refresh before
-    this step's loss (:func:`refresh_due` with ``every``, ``stale``)."""
+    this step's loss (:func:`refresh_due` with the part's ``every``, 0: never, and ``stale``)."""
     pairs = part.pairs(ctx.out, ctx.global_out, batch_dims=2)
     windows = [rc.scratch[part.name] for rc in ctx.rcs]
     for i, window in enumerate(windows):
         window.observe({l: (p[i], g[i]) for l, (p, g) in pairs.items()})
-    return pairs, windows, [w for w in windows if refresh_due(w.step, every, stale)]
+    return pairs, windows, [w for w in windows if refresh_due(w.step, part.every, part.stale)]
 
 
 class MkMmd(FeatureDrift):
@@ -231,7 +231,7 @@ class MkMmd(FeatureDrift):
     def lockstep_loss(self, ctx: LockstepContext) -> Tensor:
         """Each client's window records the step's features, β re-solved where due (before this
         step's loss, the windows due together); the terms of all clients from one batched call."""
-        pairs, _, due = _observe(self, ctx, self.every, self.stale)
+        pairs, _, due = _observe(self, ctx)
         if due:
             self.refresh(due)
         rcs = ctx.rcs
@@ -285,6 +285,8 @@ class MmdD(FeatureDrift):
             raise ConfigError(f"{self.name}.hidden / out_dim: must be >= 1")
         self.hidden, self.out_dim, self.lr = opts["hidden"], opts["out_dim"], opts["kernel_lr"]
         self.every, self.stale, self.steps = opts["kernel_every"], opts["stale_first_step"], opts["train_steps"]
+        if not self.steps:  # no kernel training: never a refresh
+            self.every = 0
         self.window = _window(opts["kernel_batches"], opts["release_off_by_one"])
         # stacked kernel weights of the clients stepping together, per layer (see stacked_kernels)
         self.stacks: dict[tuple[str, tuple[int, ...]], tuple[list[_Window], DeepKernel, dict[str, Tensor]]] = {}
@@ -317,7 +319,7 @@ class MmdD(FeatureDrift):
         """Each client's window records the step's features, the kernels due trained together
         (:func:`~fedlatent.losses.mmd_d.train_deep_kernels`); the terms of all clients from one
         batched call on their stacked kernel weights (:func:`~fedlatent.losses.mmd_d.mmd_d_stacked`)."""
-        pairs, windows, due = _observe(self, ctx, self.every if self.steps else 0, self.stale)
+        pairs, windows, due = _observe(self, ctx)
         if due:
             self.train_kernels(due, pairs)
         total = 0.0

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from fedlatent.methods.aggregation import weighted_mean
+from fedlatent.methods.aggregation import split_mean
 from fedlatent.methods.parts import ClientRound, LockstepContext, MethodSpec, Part, Tensors, Upload
 from fedlatent.methods.registry import register_part, register_preset
 
@@ -60,16 +60,13 @@ class FedDyn(Part):
 
     def aggregate(self, global_state: Tensors, uploads: list[Upload], server_state: Tensors,
                   trainable: set[str], num_clients: int) -> Tensors:
-        names = list(uploads[0].state)
-        moved = [n for n in names if n in trainable]
-        out = {**weighted_mean(uploads, [n for n in names if n not in trainable]),
-               **weighted_mean(uploads, moved, [1 / len(uploads)] * len(uploads))}  # the plain mean
-        for name in moved:
+        out = split_mean(uploads, trainable, [1 / len(uploads)] * len(uploads))  # the plain mean
+        for name in (n for n in out if n in trainable):
             h = server_state.get(H + name, torch.zeros_like(global_state[name]))
             h = h + torch.stack([u.extras[self.name][name] for u in uploads]).sum(0) / num_clients
             server_state[H + name] = h
             out[name] = out[name] + h
-        return {n: out[n] for n in names}
+        return out
 
 
 @register_part("feddyn", alpha=0.01)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from fedlatent.methods.aggregation import weighted_mean
+from fedlatent.methods.aggregation import split_mean
 from fedlatent.methods.parts import MethodSpec, Part, Tensors, Upload
 from fedlatent.methods.registry import register_part, register_preset
 
@@ -38,15 +38,12 @@ class FedNova(Part):
         tau_eff = sum(p * a for p, a in zip(shares, factors))
         # a client without a step (a = 0) makes the model non-finite, as (w − w_i)/0 would
         coeffs = [p / a if a else math.inf for p, a in zip(shares, factors)]
-        names = list(uploads[0].state)
-        moved = [n for n in names if n in trainable]
-        rows = {**weighted_mean(uploads, [n for n in names if n not in trainable]),
-                **weighted_mean(uploads, moved, coeffs)}
+        rows = split_mean(uploads, trainable, coeffs)
         pull = sum(coeffs)
-        for name in moved:
+        for name in (n for n in rows if n in trainable):
             w = global_state[name]
             rows[name] = w - tau_eff * (pull * w - rows[name])
-        return {n: rows[n] for n in names}
+        return rows
 
 
 @register_part("fednova")

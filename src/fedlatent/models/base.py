@@ -7,6 +7,7 @@ layers. Models know nothing of federation.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -50,12 +51,17 @@ class FedModel(nn.Module):
 
     def forward(self, x: Tensor, taps: frozenset[str] | tuple[str, ...] = frozenset()) -> ModelOutput:
         h, features = self.encode(x, frozenset(taps))
-        z = self.projector(h)
+        return self._head(self.projector(h), features, self.classifier)
+
+    def _head(self, z: Tensor, features: dict[str, Tensor], classify: Callable[[Tensor], Tensor]) -> ModelOutput:
+        """The output of features ``z`` (one model's, or stacked clients'): normalised when the
+        method asks, classified by ``classify``, softmaxed for the Ditto+MMD release's quirk (its
+        softmax output fed to cross-entropy)."""
         if self.normalize_z:
             z = unit_rows(z)
-        logits = self.classifier(z)
-        if self.softmax_output:  # the Ditto+MMD release's quirk: softmax output fed to cross-entropy
-            logits = torch.softmax(logits, dim=1)
+        logits = classify(z)
+        if self.softmax_output:
+            logits = torch.softmax(logits, dim=-1)
         return ModelOutput(logits=logits, z=z, features=features)
 
     def stacked_encode(self, params: dict[str, Tensor], x: Tensor,
@@ -73,18 +79,19 @@ class FedModel(nn.Module):
         has a :meth:`stacked_encode`, the projector is the identity and nothing draws random
         numbers (dropout: vmap's per-client masks are its own draws)."""
         return (type(self).stacked_encode is not FedModel.stacked_encode and isinstance(self.projector, nn.Identity)
-                and not any(isinstance(m, nn.modules.dropout._DropoutNd) for m in self.modules()))
+                and not has_dropout(self))
 
     def stacked_forward(self, params: dict[str, Tensor], x: Tensor, taps: frozenset[str] = frozenset()) -> ModelOutput:
         """:meth:`forward` of C models at once (see :meth:`stacked_encode`): outputs with a leading
         client axis, (clients, batch, …)."""
         z, features = self.stacked_encode(params, x, taps)
-        if self.normalize_z:
-            z = unit_rows(z)
-        logits = stacked_linear(z, params["classifier.weight"], params.get("classifier.bias"))
-        if self.softmax_output:
-            logits = torch.softmax(logits, dim=-1)
-        return ModelOutput(logits=logits, z=z, features=features)
+        return self._head(z, features, lambda z: stacked_linear(z, params["classifier.weight"],
+                                                                params.get("classifier.bias")))
+
+
+def has_dropout(model: nn.Module) -> bool:
+    """Whether ``model`` holds a dropout layer (which draws random numbers in training mode)."""
+    return any(isinstance(m, nn.modules.dropout._DropoutNd) for m in model.modules())
 
 
 def stacked_linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:

@@ -17,7 +17,6 @@ a :class:`ClientFailure` for the shared failure policy; each is told in one log 
 """
 from __future__ import annotations
 
-import json
 import sys
 import time
 from dataclasses import dataclass, field
@@ -32,7 +31,7 @@ from flwr.serverapp import Grid, ServerApp
 from fedlatent.backends.flower import messages as M
 from fedlatent.backends.flower.diagnostics import FlowerDiagnostics
 from fedlatent.federated.round import ClientTask, calibration_due, close_round, nbytes, plan_round
-from fedlatent.backends.simulation import initial_server, metrics_upto, restore
+from fedlatent.backends.simulation import initial_server, metrics_upto, play_rounds, restore
 from fedlatent.config import RunConfig, to_toml
 from fedlatent.data.federation import pooled_channel_stats
 from fedlatent.data.types import Federation
@@ -41,7 +40,7 @@ from fedlatent.federated.evaluation import evaluate
 from fedlatent.federated.failures import ClientFailure, RunStopped
 from fedlatent.federated.personal import combine_reports
 from fedlatent.federated.server import Server
-from fedlatent.federated.state import Checkpoints, write_atomically
+from fedlatent.federated.state import write_atomically
 from fedlatent.methods.parts import MethodSpec, Tensors, Upload
 from fedlatent.models import FedModel
 from fedlatent.seeding import CALIBRATION, derive_seed
@@ -322,19 +321,8 @@ def serve(grid: Grid, config: RunConfig, federation: Federation, spec: MethodSpe
                                           lambda kind, records: s.broadcast(kind, records), warn,
                                           torch.device(config.train.device))
         s.diagnostics.start(start)
-    with Checkpoints(ckpt) as checkpoints, metrics_path.open("a") as sink:
-        for rnd in range(start, config.train.rounds):
-            line = s.train_round(rnd)
-            line["time_elapsed_s"] = before + time.perf_counter() - clock
-            sink.write(json.dumps(line) + "\n")
-            sink.flush()
-            checkpoints.save(global_state=s.server.global_state, server_state=s.server.state,
-                             client_states=s.client_states,
-                             info={"round": rnd + 1, "elapsed_s": before + time.perf_counter() - clock},
-                             last=rnd + 1 == config.train.rounds)
-            if progress:
-                progress(line)
-        final = s.finish()
+    final = play_rounds(s, range(start, config.train.rounds), out, s.train_round, s.finish,
+                        since=clock - before, progress=progress)
     return final, before + time.perf_counter() - clock
 
 

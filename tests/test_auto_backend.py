@@ -18,6 +18,7 @@ from fedlatent.data.federation import build_federation
 from fedlatent.errors import ConfigError
 from fedlatent.experiment import single
 from fedlatent.methods import resolve
+from fedlatent.models.base import FedModel
 
 DIGITS_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "digits_fedavg.toml"
 SMALL = ["train.rounds=3", "data.num_clients=5", "eval.every=1"]
@@ -71,14 +72,9 @@ def test_auto_keeps_convolutions_on_simulation_on_a_cpu_only(tmp_path) -> None:
     assert _choice(on_cuda)[0] == "vectorized"
 
 
-def test_auto_keeps_rounds_of_few_clients_on_simulation_on_a_cpu() -> None:
-    """Below auto.FEWEST_CLIENTS clients a round (5 for a method without a loss term or personal
-    model, 3 with one: the measured break-even) the clients train in turn; the count is the
-    sampled one; not on CUDA."""
-    cases = [("fedavg", 10, 0.4, "simulation"), ("fedavg", 5, 1.0, "vectorized"), ("fedavgm", 4, 1.0, "simulation"),
-             ("fednova", 3, 1.0, "simulation"), ("scaffold", 4, 1.0, "simulation"), ("scaffold", 5, 1.0, "vectorized"),
-             ("fedprox", 2, 1.0, "simulation"), ("fedprox", 3, 1.0, "vectorized"), ("moon", 10, 0.3, "vectorized"),
-             ("ditto", 2, 1.0, "simulation"), ("ditto", 3, 1.0, "vectorized")]
+def _assert_choices(cases: list[tuple[str, int, float, str]]) -> None:
+    """Each (algorithm, clients, participation) of the digits MLP goes to the expected backend; a
+    round kept on simulation says so with the sampled count, and goes vectorized on CUDA."""
     for algorithm, clients, participation, expected in cases:
         config = fedlatent.load_config(DIGITS_CONFIG, [*SMALL, f'algorithm.name="{algorithm}"',
                                                        f"data.num_clients={clients}",
@@ -90,6 +86,28 @@ def test_auto_keeps_rounds_of_few_clients_on_simulation_on_a_cpu() -> None:
             assert why.startswith(f"{per_round} clients a round train faster in turn"), why
             on_cuda = dataclasses.replace(config, train=dataclasses.replace(config.train, device="cuda"))
             assert _choice(on_cuda)[0] == "vectorized"
+
+
+def test_auto_keeps_rounds_of_one_client_on_simulation_for_a_stacked_model_on_a_cpu() -> None:
+    """The MLP has a stacked forward: lockstep pays off from auto.FEWEST_CLIENTS["stacked"] (2)
+    clients a round (the measured break-even), whatever the method."""
+    assert auto.FEWEST_CLIENTS["stacked"] == 2
+    _assert_choices([("fedavg", 10, 0.1, "simulation"), ("fedavg", 2, 1.0, "vectorized"),
+                     ("fedprox", 1, 1.0, "simulation"), ("scaffold", 2, 1.0, "vectorized"),
+                     ("ditto", 1, 1.0, "simulation"), ("ditto", 2, 1.0, "vectorized"),
+                     ("fedavg", 10, 0.4, "vectorized")])
+
+
+def test_auto_keeps_rounds_of_few_clients_on_simulation_for_a_vmapped_model_on_a_cpu(monkeypatch) -> None:
+    """A model without a stacked forward runs under vmap: below auto.FEWEST_CLIENTS clients a round
+    (5 for a method without a loss term or personal model, 3 with one: the measured break-even)
+    the clients train in turn; the count is the sampled one; not on CUDA."""
+    monkeypatch.setattr(FedModel, "has_stacked_forward", property(lambda self: False))
+    _assert_choices([("fedavg", 10, 0.4, "simulation"), ("fedavg", 5, 1.0, "vectorized"),
+                     ("fedavgm", 4, 1.0, "simulation"), ("fednova", 3, 1.0, "simulation"),
+                     ("scaffold", 4, 1.0, "simulation"), ("scaffold", 5, 1.0, "vectorized"),
+                     ("fedprox", 2, 1.0, "simulation"), ("fedprox", 3, 1.0, "vectorized"),
+                     ("moon", 10, 0.3, "vectorized"), ("ditto", 2, 1.0, "simulation"), ("ditto", 3, 1.0, "vectorized")])
 
 
 def test_explicit_backends_are_kept() -> None:

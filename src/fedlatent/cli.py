@@ -50,6 +50,7 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--reps", type=_positive, help="timed repetitions of every workload (default: per workload)")
     bench.add_argument("--workloads", default="abcd", type=_letters, help="a subset of the letters abcd")
     bench.add_argument("--threads", type=_positive, default=1, help="torch intra-op threads (default 1)")
+    bench.add_argument("--device", default="cpu", help="torch device every run trains on (default cpu; e.g. cuda)")
     sub.add_parser("methods", help="list the method presets and parts with their keys")
     sub.add_parser("config", help="list every configuration key with its default")
     return parser
@@ -126,10 +127,14 @@ def _bench(args: argparse.Namespace) -> None:
     import torch
 
     from fedlatent.experiment.bench import bench
+    from fedlatent.federated import devices
     if args.json and not Path(args.json).resolve().parent.is_dir():  # found now, not after minutes of timing
         raise UserInputError(f"--json {args.json}: its folder does not exist")
+    reason = devices.refusal(args.device)
+    if reason:
+        raise UserInputError(f"--device {args.device}: {reason}")
     torch.set_num_threads(args.threads)
-    print(bench(quick=args.quick, reps=args.reps, only=args.workloads, json_path=args.json,
+    print(bench(quick=args.quick, reps=args.reps, only=args.workloads, json_path=args.json, device=args.device,
                 echo=lambda line: print(line, file=sys.stderr, flush=True)))
 
 

@@ -68,6 +68,7 @@ def plain_round(model: torch.nn.Module, global_state: Tensors, fed: Federation, 
     """One FedAvg round by hand: each client (all, or ``clients``) from the global state with a
     fresh SGD over the simulation backend's batches, then the sample-weighted mean."""
     t = cfg.train
+    device = next(model.parameters()).device
     states, sizes = [], []
     for cid in range(len(fed.clients)) if clients is None else clients:
         data = fed.clients[cid].train
@@ -75,10 +76,10 @@ def plain_round(model: torch.nn.Module, global_state: Tensors, fed: Federation, 
         model.train()
         opt = torch.optim.SGD(model.parameters(), lr=t.lr, momentum=t.momentum, weight_decay=t.weight_decay)
         generator = torch.Generator().manual_seed(derive_seed(cfg.seed, LOCAL_TRAINING, rnd, cid))
-        loss_sum = torch.zeros(())
+        loss_sum = torch.zeros((), device=device)
         for _ in range(t.local_epochs):
             for idx in batches(len(data), t.batch_size, t.drop_last, generator):
-                loss = F.cross_entropy(model(data.x[idx]).logits, data.y[idx])
+                loss = F.cross_entropy(model(data.x[idx].to(device)).logits, data.y[idx].to(device))
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
                 opt.step()
@@ -97,9 +98,11 @@ def plain_round(model: torch.nn.Module, global_state: Tensors, fed: Federation, 
 
 def bare_run(config: RunConfig, fed: Federation) -> Callable[[], None]:
     """The floor: ``config.train.rounds`` FedAvg rounds of :func:`plain_round` over the clients the
-    simulation backend samples, test accuracy whenever the run evaluates."""
-    initial = simulation.make_model(config, fed, resolve(config.algorithm, config.terms)).state_dict()
-    model = build_model(config.model, fed.input_shape, fed.num_classes, fed.name)
+    simulation backend samples, test accuracy whenever the run evaluates, on ``config.train.device``
+    (batches moved there one at a time, as the backends move them)."""
+    device = torch.device(config.train.device)
+    initial = simulation.make_model(config, fed, resolve(config.algorithm, config.terms)).to(device).state_dict()
+    model = build_model(config.model, fed.input_shape, fed.num_classes, fed.name).to(device)
     rounds, every = config.train.rounds, config.eval.every
 
     def run() -> None:
@@ -111,7 +114,7 @@ def bare_run(config: RunConfig, fed: Federation) -> Callable[[], None]:
                 model.load_state_dict(state)
                 model.eval()
                 with torch.no_grad():
-                    (model(fed.test.x).logits.argmax(1) == fed.test.y).float().mean().item()
+                    (model(fed.test.x.to(device)).logits.argmax(1) == fed.test.y.to(device)).float().mean().item()
     return run
 
 
@@ -135,11 +138,12 @@ def cifar_shaped_npz(path: Path, clients: int, samples: int, classes: int = 10, 
     return path
 
 
-def workloads(quick: bool, scratch: Path, echo: Callable[[str], None] = print) -> list[Workload]:
+def workloads(quick: bool, scratch: Path, echo: Callable[[str], None] = print, device: str = "cpu") -> list[Workload]:
     """(a)-(c) always, (d) when its configuration and data are in the current folder (else a line
-    to ``echo`` says why not)."""
+    to ``echo`` says why not); every run trains on ``device``."""
+    on = f'train.device="{device}"'
     digits = ['data.dataset="digits"', 'data.partition="iid"', 'model.arch="mlp"', "model.hidden=[128]",
-              "train.batch_size=32", "train.lr=0.05", "train.momentum=0.9", "eval.every=1"]
+              "train.batch_size=32", "train.lr=0.05", "train.momentum=0.9", "eval.every=1", on]
     n, samples = (4, 100) if quick else (10, 200)
     npz = cifar_shaped_npz(scratch / "cifar_shaped.npz", n, samples, alpha=0.1, test=20)
     loads = [
@@ -150,13 +154,13 @@ def workloads(quick: bool, scratch: Path, echo: Callable[[str], None] = print) -
                                     f"train.rounds={5 if quick else 20}"]), 2 if quick else 5),
         Workload("c", f"small CNN, {n} clients x ~{samples} 3x32x32 random, Dirichlet 0.1, {1 if quick else 2} round(s)",
                  load_config(None, ['data.dataset="arrays"', f'data.path="{npz}"', 'data.partition="given"',
-                                    'model.arch="cnn"', "train.batch_size=32", "train.lr=0.01",
+                                    'model.arch="cnn"', "train.batch_size=32", "train.lr=0.01", on,
                                     f"train.rounds={1 if quick else 2}"]), 1 if quick else 3),
     ]
     if not DITTO_RELEASE.is_file():
         echo(f"(d) skipped: {DITTO_RELEASE} not found (run from the repository root)")
         return loads
-    ditto = load_config(DITTO_RELEASE, ["train.rounds=1", "train.local_epochs=1"] if quick else ["train.rounds=2"])
+    ditto = load_config(DITTO_RELEASE, [on, *(["train.rounds=1", "train.local_epochs=1"] if quick else ["train.rounds=2"])])
     if not Path(ditto.data.path).is_file():
         echo(f"(d) skipped: its data file {ditto.data.path} is absent")
         return loads
@@ -231,18 +235,18 @@ def rows(load: Workload, times: dict[str, Any]) -> list[list[Any]]:
 
 
 def bench(*, quick: bool = False, reps: int | None = None, only: str = "abcd", json_path: str | None = None,
-          echo: Callable[[str], None] = print, flower: bool | None = None) -> str:
-    """Measure the workloads named in ``only`` and return the table (raw timings to ``json_path``);
-    ``flower`` (default: when installed and not ``quick``) adds Flower's simulation engine on
-    :data:`FLOWER_WORKLOADS`."""
+          echo: Callable[[str], None] = print, flower: bool | None = None, device: str = "cpu") -> str:
+    """Measure the workloads named in ``only`` on ``device`` and return the table (raw timings to
+    ``json_path``); ``flower`` (default: when installed and not ``quick``) adds Flower's simulation
+    engine on :data:`FLOWER_WORKLOADS`."""
     if flower is None:
         flower = flower_installed() and not quick
         if quick and flower_installed():
             echo("flower: left out of --quick (its start-up alone is ~20 s a run)")
     with tempfile.TemporaryDirectory(prefix="fedlatent-bench-") as tmp:
         scratch = Path(tmp)
-        chosen = [w for w in workloads(quick, scratch, echo) if w.name in only]
-        results: dict[str, Any] = {"machine": timing.machine(), "quick": quick, "workloads": {}}
+        chosen = [w for w in workloads(quick, scratch, echo, device) if w.name in only]
+        results: dict[str, Any] = {"machine": timing.machine(device), "quick": quick, "workloads": {}}
         table_rows: list[list[Any]] = []
         for load in chosen:
             echo(f"({load.name}) {load.label}")

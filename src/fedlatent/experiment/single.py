@@ -26,7 +26,7 @@ from fedlatent.data.types import Federation
 from fedlatent.errors import ConfigError, UserInputError
 from fedlatent.experiment.figures import CurvesPacing, FigureWorker, NoFigures, start_process
 from fedlatent.experiment.trace import TermTrace
-from fedlatent.federated import compiled
+from fedlatent.federated import compiled, devices
 from fedlatent.federated.failures import RunStopped
 from fedlatent.federated.round import sample_clients
 from fedlatent.federated.state import write_atomically
@@ -89,6 +89,10 @@ def prepare(config: RunConfig) -> tuple[Federation, MethodSpec]:
     if config.backend == "flower":
         if importlib.util.find_spec("flwr") is None:
             raise ConfigError("backend = 'flower': Flower is not installed; pip install 'fedlatent[flower]'")
+    if config.backend != "flower":  # Flower's nodes may train on devices this process does not see
+        reason = devices.refusal(config.train.device)
+        if reason:
+            raise ConfigError(f"train.device = {config.train.device!r}: {reason}")
     if config.train.compile:
         reason = compiled.refusal(config.train.device, config.backend)
         if reason:

@@ -23,13 +23,16 @@ Side = Callable[[], "Timings | None"]
 BASELINE = "__baseline__"
 
 
-def machine() -> dict[str, Any]:
-    """What the figures were taken on (for the JSON beside them)."""
+def machine(device: str = "cpu") -> dict[str, Any]:
+    """What the figures were taken on (for the JSON beside them); ``device``: the torch device the
+    runs trained on, named with its model when it is a CUDA device."""
     from fedlatent.experiment.single import fedlatent_version
+    named = torch.device(device)
     return {"torch": torch.__version__, "fedlatent": fedlatent_version(), "python": platform.python_version(),
             "cpu_count": os.cpu_count(), "threads": torch.get_num_threads(),
             "processor": platform.processor() or platform.machine(),
-            "load_average": os.getloadavg() if hasattr(os, "getloadavg") else None}
+            "load_average": os.getloadavg() if hasattr(os, "getloadavg") else None,
+            "device": device if named.type != "cuda" else f"{device} ({torch.cuda.get_device_name(named)})"}
 
 
 class Clock:

@@ -119,6 +119,9 @@ CASES: list[tuple[str, Case]] = [
     ("unknown-dataset", lambda t: ([str(DIGITS), *_sets("data.dataset=mnist")], "data.dataset")),
     ("unknown-nonfinite-policy", lambda t: ([str(DIGITS), *_sets("train.on_nonfinite=retry")], "train.on_nonfinite")),
     ("unknown-error-policy", lambda t: ([str(DIGITS), *_sets("train.on_client_error=retry")], "train.on_client_error")),
+    ("device-not-a-device", lambda t: ([str(DIGITS), *_sets("train.device=gpu0")], "train.device")),
+    ("device-unsupported-type", lambda t: ([str(DIGITS), *_sets("train.device=xla")], "train.device")),
+    ("device-cuda-index-absent", lambda t: ([str(DIGITS), *_sets('train.device="cuda:99"')], "train.device")),
     # the configuration file and --set syntax
     ("malformed-toml", lambda t: ([str(_toml(t, "[train\nrounds = 3\n"))], "bad.toml")),
     ("missing-config", lambda t: ([str(t / "nope.toml")], "nope.toml")),

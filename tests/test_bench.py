@@ -3,6 +3,7 @@ what they claim, the CIFAR-shaped Dirichlet arrays, and the command's table and 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -15,6 +16,8 @@ from fedlatent.data.federation import build_federation
 from fedlatent.experiment import bench, timing
 from fedlatent.methods import resolve
 from fedlatent.models import build_model
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_the_floor_is_the_simulation_backends_fedavg_round() -> None:
@@ -69,6 +72,21 @@ def test_a_json_path_in_a_missing_folder_is_refused_before_timing(tmp_path, caps
     assert main(["bench", "--quick", "--json", str(tmp_path / "missing" / "bench.json")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--json" in err and "missing" in err
+
+
+def test_an_unusable_device_is_refused_before_timing(capsys) -> None:
+    assert main(["bench", "--quick", "--device", "gpu0"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--device gpu0" in err and "not a torch device" in err
+
+
+def test_every_workload_trains_on_the_device_asked_for(tmp_path, monkeypatch) -> None:
+    monkeypatch.chdir(ROOT)  # configs/ and the shared Synthetic file: (d) too, where the data file is present
+    lines: list[str] = []
+    loads = bench.workloads(True, tmp_path, lines.append, device="cuda:3")
+    assert [w.name for w in loads] == ["a", "b", "c", "d"][:len(loads)] and len(loads) >= 3
+    assert {w.config.train.device for w in loads} == {"cuda:3"}
+    assert bench.workloads(True, tmp_path, lines.append)[0].config.train.device == "cpu"
 
 
 @pytest.mark.slow

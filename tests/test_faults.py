@@ -221,6 +221,35 @@ def test_vectorized_drops_a_nonfinite_client_after_the_fact(tmp_path: Path, monk
                for r in _metrics(out))
 
 
+def test_an_embedded_round_checks_each_reply_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The replies checked_all found finite are not screened again (one finiteness check of the
+    replies, one of the new global model a round); replies from another process are."""
+    from fedlatent import load_config
+    from fedlatent.data.federation import build_federation
+    from fedlatent.federated import failures, round as round_
+    from fedlatent.methods import resolve
+
+    checked: list[int] = []
+    real = failures.all_finite
+
+    def counting(dicts):
+        dicts = list(dicts)
+        checked.append(len(dicts))
+        return real(dicts)
+
+    for module in (failures, round_):
+        monkeypatch.setattr(module, "all_finite", counting)
+    config = load_config(DIGITS, ["data.num_clients=4", 'backend="simulation"'])
+    s = simulation.setup(config, build_federation(config.data, config.data_seed), resolve(config.algorithm, config.terms))
+    simulation.run_round(s, 0)
+    assert checked == [8, 1]  # four replies and four client states at once, then the global model
+    checked.clear()
+    tasks = round_.plan_round(s.server, config, 1, s.train_sizes)
+    outcomes, _ = simulation.train_clients(s, tasks)
+    round_.close_round(s.server, config, 1, tasks, outcomes)  # as a server that received them
+    assert checked == [8, 4, 1]  # the clients' own check, the server's screen, the global model
+
+
 def test_vectorized_exception_concerns_every_client_trained_together(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
     def raising(*args):

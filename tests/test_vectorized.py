@@ -68,6 +68,51 @@ def test_fedavg_unequal_clients_matches_simulation() -> None:
     _assert_same_run(config)
 
 
+@pytest.mark.parametrize("name,shares", [("fedavg", True), ("fedprox", True), ("feduv", False), ("moon", False)])
+def test_batches_of_different_sizes_share_a_step_unless_a_loss_reads_the_batch(name: str, shares: bool,
+                                                                                monkeypatch) -> None:
+    """One step per batch of the longest client where the loss is each row's own (FedProx's term
+    reads the weights alone); one per batch size where a term reads the batch (FedUV, MOON)."""
+    from fedlatent.federated import lockstep
+    from fedlatent.federated.client import batch_count
+
+    groups: list[int] = []
+    step = lockstep._Stack.step
+
+    def counted(self, group, *args):
+        groups.append(group)
+        return step(self, group, *args)
+
+    monkeypatch.setattr(lockstep._Stack, "step", counted)
+    config = _digits(name)
+    config.train.rounds = 1
+    fed = build_federation(config.data, config.data_seed)
+    _rounds(config, lockstep_update)
+    chosen = simulation.sample_clients(config.seed, 0, len(fed.clients), config.train.participation)
+    counts = [batch_count(len(fed.clients[c].train), 16, False) for c in chosen]
+    assert len(set(counts)) > 1  # clients leave early: later steps hold fewer of them
+    if shares:
+        assert len(groups) == max(counts)
+    else:
+        assert len(groups) > max(counts)
+
+
+@pytest.mark.parametrize("kind", ["ce", "mse"])
+def test_padded_rows_weigh_nothing_in_the_task_loss(kind: str) -> None:
+    """Each client's loss over its real rows, as the mean a sequential client takes (float64)."""
+    from fedlatent.federated.lockstep import _row_weights, _task_losses
+    from fedlatent.methods.parts import task_loss
+
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn(3, 5, 4, generator=gen, dtype=torch.float64)
+    y = torch.randint(0, 4, (3, 5), generator=gen)
+    sizes = [5, 2, 4]
+    got = _task_losses(kind, logits, y, 1.0, _row_weights(sizes, 5, torch.device("cpu")).double())
+    want = torch.stack([task_loss(kind, logits[c, :n], y[c, :n]) for c, n in enumerate(sizes)])
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+    assert _row_weights([5, 5], 5, torch.device("cpu")) is None
+
+
 @pytest.mark.parametrize("name", ["fedadam", "fednova", "freeze", "spherefed"])
 def test_server_side_parts_fixed_heads_and_mse_match_simulation(name: str) -> None:
     _assert_same_run(_digits(name))
@@ -403,12 +448,19 @@ def test_pooled_batches_are_each_client_s_own_draws(drop_last: bool, compact: bo
         expected = {c: next(own[c]) for c in active}
         for size in {draws.size(b) for b in taken.values()}:
             members = [c for c in active if draws.size(taken[c]) == size]
-            x, y = draws.stacked(taken, members)
+            x, y = draws.stacked(taken, members, size)
             assert x.shape[:2] == y.shape == (len(members), size)
             for row, c in enumerate(members):
                 assert torch.equal(taken[c], expected[c])
                 assert torch.equal(x[row], datas[c].x[expected[c]]) and torch.equal(y[row], datas[c].y[expected[c]])
             steps += 1
+        # every client at once, the shorter batches padded with copies of their last sample
+        widest = max(draws.size(b) for b in taken.values())
+        x, y = draws.stacked(taken, active, widest)
+        assert x.shape[:2] == y.shape == (len(active), widest)
+        for row, c in enumerate(active):
+            padded = torch.cat([expected[c], expected[c][-1:].repeat(widest - len(expected[c]))])
+            assert torch.equal(x[row], datas[c].x[padded]) and torch.equal(y[row], datas[c].y[padded])
         left = [k - (c in taken) for c, k in enumerate(left)]
         active = [c for c in active if left[c]]
     assert (steps > longest or drop_last) and all(next(it, None) is None for it in own)  # short batches split steps

@@ -150,7 +150,7 @@ def run_round(s: Setup, rnd: int) -> dict[str, Any]:
     started = time.perf_counter()
     tasks = plan_round(s.server, cfg, rnd, s.train_sizes)
     outcomes, states = train_clients(s, tasks)
-    result = close_round(s.server, cfg, rnd, tasks, outcomes)
+    result = close_round(s.server, cfg, rnd, tasks, outcomes, replies_checked=True)
     for upload in result.uploads:
         s.client_states[upload.client_id] = states[upload.client_id]
     if calibration_due(s.spec, rnd):

@@ -129,19 +129,22 @@ def error_detail(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
-def screen(rnd: int, outcomes: list[Upload | ClientFailure],
-           cfg: TrainConfig) -> tuple[list[Upload], list[ClientFailure]]:
+def screen(rnd: int, outcomes: list[Upload | ClientFailure], cfg: TrainConfig,
+           replies_checked: bool = False) -> tuple[list[Upload], list[ClientFailure]]:
     """Apply the failure policy to round ``rnd``'s (0-based) outcomes, in client order.
 
     ``outcomes`` holds an :class:`Upload` per client that returned and a :class:`ClientFailure`
     per client that raised or found its own new state non-finite (``round.checked``: the server
-    never sees client states). Returns the uploads to aggregate and the clients dropped; raises
-    :class:`RunStopped` when the policy says stop or too few clients remain."""
+    never sees client states). ``replies_checked``: the uploads are the ones ``round.checked_all``
+    found finite in this process (the embedded backends), so they are not checked again; replies
+    that crossed a process boundary are. Returns the uploads to aggregate and the clients
+    dropped; raises :class:`RunStopped` when the policy says stop or too few clients remain."""
     kept: list[Upload] = []
     dropped: list[ClientFailure] = []
     uploads = [o for o in outcomes if isinstance(o, Upload)]
-    finite = all_finite(t for u in uploads for t in upload_tensors(u))
-    clean = finite and losses_finite(uploads)  # the common case: nothing to look for upload by upload
+    finite = replies_checked or all_finite(t for u in uploads for t in upload_tensors(u))
+    # the common case: nothing to look for upload by upload
+    clean = replies_checked or (finite and losses_finite(uploads))
     for outcome in outcomes:
         if isinstance(outcome, Upload):
             quantity = None if clean else nonfinite_quantity(outcome, tensors_finite=finite)

@@ -53,7 +53,7 @@ from fedlatent.federated.client import (PERSONAL, PREVIOUS, LocalSettings, Works
                                        client_upload, finish_parts, keep_models, partial_round, prefixed)
 from fedlatent.methods.parts import (ClientRound, LockstepContext, MethodSpec, Part, Tensors, Upload,
                                      task_loss, trainable_names)
-from fedlatent.models.base import FedModel, ModelOutput, has_dropout
+from fedlatent.models.base import FedModel, ModelOutput, has_dropout, mixes_batch_rows
 
 Group = Tensor | slice | None  # a step's clients: all, a run of stack rows, or stack indices
 
@@ -230,16 +230,45 @@ class _Batches:
         return len(batch) if isinstance(batch, Tensor) else len(batch[0])
 
     def stacked(self, taken: dict[int, Tensor | tuple[Tensor, Tensor, Tensor]],
-                members: list[int]) -> tuple[Tensor, Tensor]:
-        """The (clients, batch, …) inputs and (clients, batch) labels of ``members``' batches (one size)."""
+                members: list[int], size: int) -> tuple[Tensor, Tensor]:
+        """The (clients, size, …) inputs and (clients, size) labels of ``members``' batches, a
+        shorter batch padded with copies of its last sample (:func:`_padded`)."""
         if not isinstance(taken[members[0]], Tensor):
-            return (torch.stack([taken[c][1] for c in members]), torch.stack([taken[c][2] for c in members]))
-        size = len(taken[members[0]])
+            return (torch.stack([_padded(taken[c][1], size) for c in members]),
+                    torch.stack([_padded(taken[c][2], size) for c in members]))
         flat = torch.cat([taken[c] for c in members]) if len(members) > 1 else taken[members[0]]
+        if len(flat) < len(members) * size:  # some batches shorter: each row's last index repeated
+            lengths = torch.tensor([len(taken[c]) for c in members])
+            starts = lengths.cumsum(0) - lengths
+            flat = flat[(starts[:, None] + torch.minimum(torch.arange(size), lengths[:, None] - 1)).flatten()]
         if any(self.offsets[c] for c in members):
             flat = flat + torch.tensor([self.offsets[c] for c in members]).repeat_interleave(size)
         x, y = self.pool.x[flat].to(self.device), self.pool.y[flat].to(self.device)
         return x.unflatten(0, (len(members), size)), y.unflatten(0, (len(members), size))
+
+
+def _padded(rows: Tensor, size: int) -> Tensor:
+    """``rows`` with copies of its last row appended up to ``size`` rows (the padding of a shorter
+    batch: real data, so that the forward stays finite; weighted zero in the loss)."""
+    return rows if len(rows) == size else torch.cat([rows, rows[-1:].expand(size - len(rows), *rows.shape[1:])])
+
+
+def _step_groups(active: list[int], sizes: dict[int, int], pad: bool) -> list[list[int]]:
+    """The groups of ``active`` clients that take this step together: all of them when shorter
+    batches may be padded (``pad``), else one group per batch size."""
+    if pad:
+        return [active]
+    by_size: dict[int, list[int]] = defaultdict(list)
+    for c in active:
+        by_size[sizes[c]].append(c)
+    return list(by_size.values())
+
+
+def _row_weights(sizes: list[int], size: int, device: torch.device) -> Tensor | None:
+    """(clients, size) 1 for a real row and 0 for padding, or None when no batch is padded."""
+    if min(sizes) == size:
+        return None
+    return (torch.arange(size) < torch.tensor(sizes)[:, None]).to(device, torch.get_default_dtype())
 
 
 class _Shared:
@@ -312,9 +341,12 @@ def _train_together(ws: Workspace, starts: list[Tensors], datas: list[Split], sp
     """Train client c of ``rcs`` from ``starts[c]`` (one object for all when they start from the
     global state) on ``datas[c]``, all at once.
 
-    The stack holds the clients by training-set size: clients of one size draw batches of the same
-    sizes, so a step's group of one batch size is mostly a run of adjacent rows (trained on views
-    of the stack, not on copies written back)."""
+    Where no row's loss reads another row of its batch (no BatchNorm, no term that reads the
+    batch), every client takes each step together, a batch shorter than the others (a client's
+    last, or a smaller client's) padded and weighted zero in the task loss. Otherwise a step
+    groups the clients by batch size; the stack holds them by training-set size, so that clients
+    of one size draw batches of the same sizes and a group is mostly a run of adjacent rows
+    (trained on views of the stack, not on copies written back)."""
     started = time.perf_counter()
     sizes = [len(d) for d in datas]
     order = sorted(range(len(rcs)), key=sizes.__getitem__)
@@ -360,15 +392,19 @@ def _train_together(ws: Workspace, starts: list[Tensors], datas: list[Split], sp
     steps = [0] * count
     total = [s.epochs * batch_count(n, s.batch_size, s.drop_last) for n in sizes]  # each client's steps
     active = [c for c in range(count) if total[c]]
+    # batches of different sizes share a step, padded, where no row's loss reads another row
+    pad = not mixes_batch_rows(model) and not any(p.has_term() and p.term_reads_batch
+                                                  for p in spec.parts + personal_parts)
     while active:
         taken = draws.take(active)
-        by_size: dict[int, list[int]] = defaultdict(list)
+        batch_sizes = {c: draws.size(taken[c]) for c in active}
         for c in active:
             steps[c] += 1
-            by_size[draws.size(taken[c])].append(c)
-        for members in by_size.values():
+        for members in _step_groups(active, batch_sizes, pad):
             group = _group(members, count, device)
-            x, y = draws.stacked(taken, members)
+            size = max(batch_sizes[c] for c in members)
+            weights = _row_weights([batch_sizes[c] for c in members], size, device)
+            x, y = draws.stacked(taken, members, size)
             record = _recorder(sums, seen, members)
             group_rcs = [rcs[c] for c in members]
             global_out = frozen.out(group, x) if frozen is not None else None
@@ -378,7 +414,7 @@ def _train_together(ws: Workspace, starts: list[Tensors], datas: list[Split], sp
 
             def global_loss(params: dict[str, Tensor]) -> Tensor:
                 out = forward(params, x)
-                task = _task_losses(spec.loss, out.logits, y, spec.temperature)
+                task = _task_losses(spec.loss, out.logits, y, spec.temperature, weights)
                 record("train_loss", task)
                 return _with_terms(task, spec.parts, LockstepContext(
                     out, y, params, group_global, global_out, s.num_classes, group_rcs, prev_out, group_present),
@@ -387,8 +423,8 @@ def _train_together(ws: Workspace, starts: list[Tensors], datas: list[Split], sp
             first, again = steps[members[0]] == 1, any(steps[c] < total[c] for c in members)
             global_stack.step(group, global_loss, s, first, again)
             if ditto:
-                personal_stack.step(group, _personal_loss(spec, forward, global_out, taps, x, y, s, group_global,
-                                                          group_rcs, record), s, first, again)
+                personal_stack.step(group, _personal_loss(spec, forward, global_out, taps, x, y, weights, s,
+                                                          group_global, group_rcs, record), s, first, again)
         active = [c for c in active if steps[c] < total[c]]
     seconds = time.perf_counter() - started
     uploads = []
@@ -407,12 +443,15 @@ def _train_together(ws: Workspace, starts: list[Tensors], datas: list[Split], sp
     return [uploads[i] for i in sorted(range(count), key=order.__getitem__)]  # the caller's order
 
 
-def _task_losses(kind: str, logits: Tensor, y: Tensor, temperature: float) -> Tensor:
+def _task_losses(kind: str, logits: Tensor, y: Tensor, temperature: float, weights: Tensor | None = None) -> Tensor:
     """Per-client :func:`~fedlatent.methods.parts.task_loss` of (clients, batch, classes) logits:
     the same means, from one flat call outside vmap (cross-entropy's batching rule is a slow
-    decomposition)."""
+    decomposition); ``weights`` (clients, batch): each client's mean over its real rows only."""
     flat = task_loss(kind, logits.flatten(0, 1), y.flatten(), reduction="none", temperature=temperature)
-    return flat.reshape(logits.shape[0], -1).mean(1)
+    if weights is None:
+        return flat.reshape(logits.shape[0], -1).mean(1)
+    per_row = flat.reshape(*logits.shape[:2], -1).mean(2)  # MSE: per sample and class
+    return (per_row * weights).sum(1) / weights.sum(1)
 
 
 def _recorder(sums: dict[str, Tensor], seen: dict[str, Tensor],
@@ -445,13 +484,13 @@ def _with_terms(task: Tensor, parts: list[Part], ctx: LockstepContext,
 
 
 def _personal_loss(spec: MethodSpec, forward: Callable, global_out: ModelOutput | None, taps: tuple[str, ...],
-                   x: Tensor, y: Tensor, s: LocalSettings, global_params: dict[str, Tensor],
+                   x: Tensor, y: Tensor, weights: Tensor | None, s: LocalSettings, global_params: dict[str, Tensor],
                    rcs: list[ClientRound], record: Callable) -> Callable[[dict[str, Tensor]], Tensor]:
     """The Ditto personal objective of a group but its (λ/2)‖w_L − w̄‖² (``_Stack``'s pull):
-    task + Σ μ·constraint, summed over clients."""
+    task + Σ μ·constraint, summed over clients (``weights``: padded rows, see :func:`_task_losses`)."""
     def loss(params: dict[str, Tensor]) -> Tensor:
         out = forward(params, x)
-        task = _task_losses(spec.loss, out.logits, y, spec.temperature)
+        task = _task_losses(spec.loss, out.logits, y, spec.temperature, weights)
         record("personal_loss", task)
         return _with_terms(task, spec.personalization.parts, LockstepContext(
             out, y, params, global_params, global_out, s.num_classes, rcs), record)

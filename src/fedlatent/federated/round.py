@@ -133,10 +133,12 @@ def _client_of(outcome: Upload | ClientFailure) -> int:
 
 
 def close_round(server: Server, config: RunConfig, rnd: int, tasks: list[ClientTask],
-                outcomes: list[Upload | ClientFailure]) -> RoundResult:
+                outcomes: list[Upload | ClientFailure], replies_checked: bool = False) -> RoundResult:
     """Apply the failure policy to the replies (sorted by client id), aggregate what is kept and
-    take the server step; raise :class:`RunStopped` when the new global model is not finite."""
-    uploads, dropped = screen(rnd, sorted(outcomes, key=_client_of), config.train)
+    take the server step; raise :class:`RunStopped` when the new global model is not finite.
+    ``replies_checked``: the outcomes come from :func:`checked_all` in this process (see
+    :func:`~fedlatent.federated.failures.screen`)."""
+    uploads, dropped = screen(rnd, sorted(outcomes, key=_client_of), config.train, replies_checked)
     if uploads:  # none left (every client dropped, train.min_clients = 0): the global model stays
         server.aggregate(uploads)
     bad = first_nonfinite(server.global_state)

@@ -26,6 +26,7 @@ LAM, H = "feddyn.lambda.", "feddyn.h."
 
 class FedDyn(Part):
     name = "feddyn"
+    term_reads_batch = False  # ⟨θ, λ − θ_srv⟩: the weights alone
     needs_global_params = True
     owns_aggregation = True
 

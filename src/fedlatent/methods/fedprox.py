@@ -16,6 +16,7 @@ from fedlatent.methods.registry import register_part, register_preset
 
 class Prox(Part):
     name = "prox"
+    term_reads_batch = False  # ‖w − w_global‖²: the weights alone
     needs_global_params = True
 
     def __init__(self, mu: float) -> None:

@@ -110,7 +110,9 @@ class Part:
     ``needs_global_params`` keeps a snapshot of the round's global weights (FedProx, SCAFFOLD).
     ``output_only`` declares that :meth:`loss` reads nothing but ``ctx.out``, ``ctx.y``,
     ``ctx.global_out`` and ``ctx.num_classes`` and has no side effects, so that the vectorized
-    backend can evaluate it for many clients at once with ``torch.vmap``.
+    backend can evaluate it for many clients at once with ``torch.vmap``. ``term_reads_batch``
+    False declares that the term reads the weights alone, never the batch (FedProx, FedDyn), so
+    that the vectorized backend may pad a client's shorter batch to share a step with the others.
     """
 
     name: str = "part"
@@ -121,6 +123,7 @@ class Part:
     needs_global_params: bool = False
     owns_aggregation: bool = False
     output_only: bool = False
+    term_reads_batch: bool = True
 
     def configure(self, spec: "MethodSpec") -> None:
         """Adjust the method's head, task loss or calibration (SphereFed's part does); called once

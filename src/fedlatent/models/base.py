@@ -94,6 +94,12 @@ def has_dropout(model: nn.Module) -> bool:
     return any(isinstance(m, nn.modules.dropout._DropoutNd) for m in model.modules())
 
 
+def mixes_batch_rows(model: nn.Module) -> bool:
+    """Whether ``model`` in training mode computes a row's output from other rows of its batch
+    (BatchNorm's batch statistics), so that padding a batch would change the real rows' outputs."""
+    return any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules())
+
+
 def stacked_linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
     """``F.linear`` of C clients at once: x (C, B, in), weight (C, out, in), bias (C, out) or None."""
     w = weight.transpose(1, 2)

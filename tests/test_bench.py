@@ -130,6 +130,6 @@ def test_flowers_simulation_engine_is_a_column_of_workload_a_when_installed(tmp_
 @pytest.mark.skipif(not bench.flower_installed(), reason="the flower extra is not installed")
 def test_quick_leaves_flower_out_with_a_line(monkeypatch) -> None:
     lines: list[str] = []
-    monkeypatch.setattr(bench, "workloads", lambda quick, scratch, echo: [])
+    monkeypatch.setattr(bench, "workloads", lambda quick, scratch, echo, device: [])
     bench.bench(quick=True, echo=lines.append)
     assert lines == ["flower: left out of --quick (its start-up alone is ~20 s a run)"]

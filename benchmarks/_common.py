@@ -16,16 +16,21 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
+from fedlatent.backends import simulation
 from fedlatent.config import RunConfig, load_config
 from fedlatent.data.federation import build_federation
 from fedlatent.data.types import Federation
 from fedlatent.experiment.bench import cifar_shaped_npz
 from fedlatent.experiment.timing import (BASELINE, Clock, bracketed, dump, machine, median, quartiles,
                                          table, timed)
+from fedlatent.federated.lockstep import lockstep_update
 
-__all__ = ["BASELINE", "Clock", "Workload", "base_parser", "bracketed", "cifar_shaped_npz", "dump",
+__all__ = ["BASELINE", "TRAINERS", "Clock", "Workload", "base_parser", "bracketed", "cifar_shaped_npz", "dump",
            "federation_for", "machine", "median", "op_census", "quartiles", "set_threads", "table",
            "timed", "workloads"]
+
+# Each embedded backend's trainer (simulation.setup's trainer hook), by backend name
+TRAINERS = {"simulation": simulation.train_in_turn, "vectorized": lockstep_update}
 
 # A run long enough that run_round never reaches its last round (which always evaluates), and
 # eval.every large: no evaluation inside the timed rounds.

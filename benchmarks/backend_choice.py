@@ -30,12 +30,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _common as C  # noqa: E402
 from fedlatent.backends import auto, simulation, vectorized  # noqa: E402
-from fedlatent.federated.lockstep import lockstep_update  # noqa: E402
 from fedlatent.methods import PRESETS, resolve  # noqa: E402
 
 DEFAULT_REPS = {True: {"mlp10": 3, "mlp100": 2, "cnn": 1}, False: {"mlp10": 20, "mlp100": 8, "cnn": 4}}
 QUICK_METHODS = "fedavg,moon,ditto_mkmmd"
-BACKENDS = {"simulation": simulation.train_in_turn, "vectorized": lockstep_update}
 
 
 class BackendRun:
@@ -44,7 +42,7 @@ class BackendRun:
     def __init__(self, workload: C.Workload, extra: list[str], method: str, federation, backend: str) -> None:
         self.config = workload.config([*extra, f"algorithm.name={method}"])
         self.spec = resolve(self.config.algorithm, self.config.terms)
-        self.setup = simulation.setup(self.config, federation, self.spec, trainer=BACKENDS[backend])
+        self.setup = simulation.setup(self.config, federation, self.spec, trainer=C.TRAINERS[backend])
         self.round = 0
 
     def __call__(self) -> dict[str, float]:

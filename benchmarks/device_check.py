@@ -28,10 +28,8 @@ import _common as C  # noqa: E402
 from fedlatent.backends import simulation, vectorized  # noqa: E402
 from fedlatent.config import load_config  # noqa: E402
 from fedlatent.experiment.single import run  # noqa: E402
-from fedlatent.federated.lockstep import lockstep_update  # noqa: E402
 from fedlatent.methods import PRESETS, resolve  # noqa: E402
 
-TRAINERS = {"simulation": simulation.train_in_turn, "vectorized": lockstep_update}
 DIGITS = ['data.dataset="digits"', 'data.partition="iid"', "data.num_clients=4", 'model.arch="mlp"',
           "model.hidden=[128]", "train.batch_size=32", "train.lr=0.05", "train.momentum=0.9"]
 
@@ -40,7 +38,7 @@ def final_state(method: str, backend: str, device: str) -> dict[str, torch.Tenso
     """The global model after two rounds of ``method`` on ``backend`` and ``device``."""
     config = load_config(None, [*DIGITS, f"algorithm.name={method}", f'train.device="{device}"', *C.NO_EVAL])
     setup = simulation.setup(config, C.federation_for(config), resolve(config.algorithm, config.terms),
-                             trainer=TRAINERS[backend])
+                             trainer=C.TRAINERS[backend])
     for rnd in range(2):
         simulation.run_round(setup, rnd)
     return {k: v.detach().cpu() for k, v in setup.server.global_state.items()}
@@ -66,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     rows, failures = [], 0
     for method in methods:
         probe = load_config(None, [*DIGITS, f"algorithm.name={method}"])
-        for backend in TRAINERS:
+        for backend in C.TRAINERS:
             if backend == "vectorized" and vectorized.refusal(probe, resolve(probe.algorithm, probe.terms)):
                 continue
             try:

@@ -33,11 +33,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _common as C  # noqa: E402
 from fedlatent.backends import auto, simulation  # noqa: E402
 from fedlatent.config import RunConfig, load_config  # noqa: E402
-from fedlatent.federated.lockstep import lockstep_update  # noqa: E402
 from fedlatent.methods import resolve  # noqa: E402
 from fedlatent.models import build_model  # noqa: E402
 
-TRAINERS = {"simulation": simulation.train_in_turn, "vectorized": lockstep_update}
 CENTRAL_HOST, CENTRAL_DEVICE = "centralised, host batches", "centralised, data on device"
 
 
@@ -56,7 +54,7 @@ def config_for(npz: Path, device: str, batch_size: int, method: str) -> RunConfi
 def backend_rates(config: RunConfig, federation, backend: str, rounds: int) -> list[float]:
     """Samples/s of each timed round of ``backend`` (after one warm-up round)."""
     device = torch.device(config.train.device)
-    setup = simulation.setup(config, federation, resolve(config.algorithm, config.terms), trainer=TRAINERS[backend])
+    setup = simulation.setup(config, federation, resolve(config.algorithm, config.terms), trainer=C.TRAINERS[backend])
     samples = sum(len(c.train) for c in federation.clients) * config.train.local_epochs
     rates = []
     for rnd in range(rounds + 1):
@@ -122,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
             CENTRAL_DEVICE: lambda: central_rates(config, federation, True, args.rounds)}
         for method in methods:
             cfg = config_for(npz, args.device, args.batch_size, method)
-            for backend in TRAINERS:
+            for backend in C.TRAINERS:
                 sides[f"{method}, {backend}"] = lambda cfg=cfg, backend=backend: backend_rates(cfg, federation, backend,
                                                                                              args.rounds)
         rates = {}

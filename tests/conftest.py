@@ -1,5 +1,5 @@
 """Shared test settings: no Flower telemetry nor runtime dependency installation (``uv sync``), one torch
-thread (fast and deterministic on few cores)."""
+thread (fast and deterministic on few cores), a decoded-image cache of the session's own."""
 from __future__ import annotations
 
 import os
@@ -7,6 +7,10 @@ import os
 os.environ["FLWR_TELEMETRY_ENABLED"] = "0"
 os.environ["FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION"] = "1"
 os.environ.setdefault("MPLBACKEND", "Agg")
+# the decoded-image cache of this test session, never the user's (tests of the cache set their own)
+import atexit, shutil, tempfile  # noqa: E401,E402
+os.environ["FEDLATENT_CACHE_DIR"] = tempfile.mkdtemp(prefix="fedlatent-test-cache-")
+atexit.register(shutil.rmtree, os.environ["FEDLATENT_CACHE_DIR"], True)
 
 from pathlib import Path  # noqa: E402
 

@@ -82,7 +82,7 @@ Case = Callable[[Path], tuple[list[str], str]]
 CASES: list[tuple[str, Case]] = [
     # ranges
     ("rounds-0", lambda t: ([str(DIGITS), *_sets("train.rounds=0")], "train.rounds")),
-    ("clients-0", lambda t: ([str(DIGITS), *_sets("data.num_clients=0")], "data.num_clients")),
+    ("clients-negative", lambda t: ([str(DIGITS), *_sets("data.num_clients=-1")], "data.num_clients")),
     ("batch-0", lambda t: ([str(DIGITS), *_sets("train.batch_size=0")], "train.batch_size")),
     ("lr-negative", lambda t: ([str(DIGITS), *_sets("train.lr=-0.1")], "train.lr")),
     ("lr-0", lambda t: ([str(DIGITS), *_sets("train.lr=0")], "train.lr")),

@@ -28,8 +28,9 @@ def test_defaults_load_and_match_the_documented_contract() -> None:
     assert config == RunConfig()
     # the names ARCHITECTURE.md promises, with their defaults
     assert (config.seed, config.backend) == (0, "auto")
-    assert (config.data.dataset, config.data.partition, config.data.alpha, config.data.num_clients,
+    assert (config.data.dataset, config.data.partition, config.data.alpha, config.data.clients(),
             config.data.root) == ("digits", "iid", 0.5, 10, "data")
+    assert config.data.num_clients == 0  # unset: the data's own count (one per domain), else 10
     assert config.model.arch == "mlp"
     t = config.train
     assert (t.rounds, t.local_epochs, t.batch_size, t.lr, t.momentum, t.weight_decay, t.participation) == \
@@ -233,7 +234,7 @@ BAD = [
     (["data.alpha=-0.5"], "data.alpha"),
     (["train.participation=0"], "train.participation"),      # participation 0 or > 1
     (["train.participation=1.5"], "train.participation"),
-    (["data.num_clients=0"], "data.num_clients"),            # num_clients < 1
+    (["data.num_clients=-1"], "data.num_clients"),           # num_clients < 0 (0 = the data's own)
     (["data.num_clients=-3"], "data.num_clients"),
     (["data.dataset=\"mnist\""], "data.dataset"),            # unknown data set
     (["data.partition=\"random\""], "data.partition"),

@@ -244,10 +244,10 @@ def test_an_unknown_config_is_one_line_naming_the_label_unless_quick_replaces_it
     raw, _ = _spec(tmp_path, {"config": "feduv/nope.toml"}, True)
     with pytest.raises(ConfigError, match=r"variants\.setting\.s: config 'feduv/nope\.toml' not found"):
         with_configs(raw)
-    assert with_configs(raw, quick=True)["variants"]["setting"]["s"] == {"config": "feduv/nope.toml"}
+    assert with_configs(raw, tier="quick")["variants"]["setting"]["s"] == {"config": "feduv/nope.toml"}
     kept, _ = _spec(tmp_path, {"config": "feduv/nope.toml"}, False)
     with pytest.raises(ConfigError, match="not found"):  # the quick version keeps this axis: its configs are read
-        with_configs(kept, quick=True)
+        with_configs(kept, tier="quick")
     wrong, _ = _spec(tmp_path, {"config": 3}, False)
     with pytest.raises(ConfigError, match=r"config = 3: expected a path under configs/"):
         with_configs(wrong)

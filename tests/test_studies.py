@@ -142,7 +142,7 @@ def test_selected_accuracy_uses_the_best_validation_round() -> None:
 @pytest.mark.parametrize("name", reproduce.spec_names())
 def test_every_spec_validates_full_and_quick(name: str) -> None:
     full = reproduce.load_spec(name)
-    quick = reproduce.load_spec(name, quick=True)
+    quick = reproduce.load_spec(name, tier="quick")
     assert full.cells and quick.cells and full.published
     assert all(c.config.data.dataset in ("digits", "synthetic") for c in quick.cells)
     assert not any(c.unavailable for c in quick.cells)
@@ -165,7 +165,7 @@ def test_reproduce_list_covers_the_four_papers(capsys: pytest.CaptureFixture) ->
 
 @pytest.mark.slow
 def test_quick_spec_runs_end_to_end(tmp_path: Path) -> None:
-    text = reproduce.reproduce("spherefed_table3", tmp_path / "q", quick=True)
+    text = reproduce.reproduce("spherefed_table3", tmp_path / "q", tier="quick")
     assert "| digits | fix_ou+norm | mse | 71.85 |" in text  # axes: setting, part, loss
     assert len(list((tmp_path / "q").glob("*/summary.json"))) == 20
 

@@ -1,4 +1,4 @@
-"""The command line: ``fedlatent run | sweep | report | reproduce | bench | partition | methods | config``.
+"""The command line: ``fedlatent run | sweep | report | reproduce | bench | partition | cache | methods | config``.
 
 Exit codes: 0 success, 2 invalid input (one line on stderr, no traceback), 1 anything else (a
 run stopped by the failure policy: one line naming the round, the client and the quantity).
@@ -41,9 +41,14 @@ def _parser() -> argparse.ArgumentParser:
     repro = sub.add_parser("reproduce", help="run a paper table's spec and put the published numbers beside ours")
     repro.add_argument("name", nargs="?", help="spec name (see --list)")
     repro.add_argument("--list", action="store_true", help="list the specs and which rows can run")
-    repro.add_argument("--quick", action="store_true", help="the reduced version on offline data (minutes on a CPU)")
+    repro.add_argument("--quick", action="store_true", help="the reduced version on offline data (minutes on a "
+                       "CPU); the same as --tier quick")
+    repro.add_argument("--tier", choices=("full", "quick", "cpu"), default="full",
+                       help="full: the paper's setting; quick: offline data, minutes; cpu: the paper's real data "
+                       "(under --data-root) at a budget two CPU cores finish in about 30 minutes")
+    repro.add_argument("--data-root", help="data.root of every run (e.g. the extracted cifar10-jpeg folder)")
     repro.add_argument("--jobs", type=_positive, default=1, help="runs at once, in worker processes")
-    repro.add_argument("--out", help="sweep directory (default runs/reproduce/<name>[-quick])")
+    repro.add_argument("--out", help="sweep directory (default runs/reproduce/<name>[-<tier>])")
     bench = sub.add_parser("bench", help="time whole runs on each backend against a bare PyTorch loop")
     bench.add_argument("--quick", action="store_true", help="fewer rounds and repetitions (about a minute)")
     bench.add_argument("--json", metavar="PATH", help="also write the raw timings as JSON")
@@ -51,6 +56,8 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--workloads", default="abcd", type=_letters, help="a subset of the letters abcd")
     bench.add_argument("--threads", type=_positive, default=1, help="torch intra-op threads (default 1)")
     bench.add_argument("--device", default="cpu", help="torch device every run trains on (default cpu; e.g. cuda)")
+    cache = sub.add_parser("cache", help="list (or --clear) the decoded-image cache")
+    cache.add_argument("--clear", action="store_true", help="delete every entry")
     sub.add_parser("methods", help="list the method presets and parts with their keys")
     sub.add_parser("config", help="list every configuration key with its default")
     return parser
@@ -119,8 +126,11 @@ def _reproduce(args: argparse.Namespace) -> None:
     if args.list or not args.name:
         print(reproduce.listing())
         return
-    out = Path(args.out) if args.out else Path("runs") / "reproduce" / (args.name + ("-quick" if args.quick else ""))
-    print(reproduce.reproduce(args.name, out, quick=args.quick, jobs=args.jobs))
+    tier = "quick" if args.quick else args.tier
+    if args.quick and args.tier not in ("full", "quick"):
+        raise UserInputError(f"reproduce: --quick and --tier {args.tier} name two tiers; give one")
+    out = Path(args.out) if args.out else Path("runs") / "reproduce" / (args.name + ("" if tier == "full" else f"-{tier}"))
+    print(reproduce.reproduce(args.name, out, tier=tier, jobs=args.jobs, data_root=args.data_root))
 
 
 def _bench(args: argparse.Namespace) -> None:
@@ -138,7 +148,23 @@ def _bench(args: argparse.Namespace) -> None:
                 echo=lambda line: print(line, file=sys.stderr, flush=True)))
 
 
-STUDY_COMMANDS = {"sweep": _sweep, "report": _report, "reproduce": _reproduce, "bench": _bench}
+def _cache(args: argparse.Namespace) -> None:
+    from fedlatent.data import cache
+    root = cache.cache_root()
+    if root is None:
+        print("the decoded-image cache is off (FEDLATENT_CACHE_DIR=off)")
+        return
+    if args.clear:
+        print(f"deleted {cache.clear()} decoded data set(s) from {root / 'decoded'}")
+        return
+    found = cache.entries()
+    for path, size in found:
+        print(f"{size / 2**20:9.1f} MiB  {path.name}")
+    print(f"{len(found)} decoded data set(s) in {root / 'decoded'} (FEDLATENT_CACHE_DIR moves it; "
+          f"fedlatent cache --clear deletes them)")
+
+
+STUDY_COMMANDS = {"sweep": _sweep, "report": _report, "reproduce": _reproduce, "bench": _bench, "cache": _cache}
 
 
 def main(argv: list[str] | None = None) -> int:

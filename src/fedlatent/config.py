@@ -39,13 +39,21 @@ class DataConfig:
                           "below; 'given' = the data set's own clients)")
     alpha: float = _key(0.5, "Dirichlet concentration (label skew; smaller = more skewed)",
                         low=0.0, low_open=True)
-    num_clients: int = _key(10, "number of clients", low=1)
+    num_clients: int = _key(0, "number of clients; 0 = the data's own (one per domain for partition = "
+                            "'domains', a data set's own clients), else 10", low=0)
     classes_per_client: int = _key(2, "classes per client for partition = 'shards'", low=1)
     min_size: int = _key(10, "Dirichlet: smallest client size accepted (the seeds' retry rule)", low=0)
     balance: bool = _key(True, "Dirichlet: stop giving a class to clients holding >= N/n samples")
     max_retries: int = _key(1000, "Dirichlet: passes tried before giving up", low=1)
     test_fraction: float = _key(0.2, "held-out global test fraction for data sets without a test "
                                 "split (digits: stratified, fixed)", low=0.0, high=0.9, low_open=True)
+    train_per_class: int = _key(0, "at most this many training images per class (per class and domain "
+                                "where the data set has domains): a subset fixed by the data seed, "
+                                "drawn before partitioning (0 = all)", low=0)
+    test_per_class: int = _key(0, "test images per class (per class and domain): the official test split "
+                               "cut to at most this many, or, for a data set without one, this many held "
+                               "out instead of test_fraction (FedUV's PACS protocol: 40); 0 = all / "
+                               "test_fraction", low=0)
     val_fraction: float = _key(0.0, "per-client validation split of each client's training data "
                                "(FedUV protocol: 0.1)", low=0.0, high=0.9)
     local_test_fraction: float = _key(0.0, "per-client test split of each client's data, for "
@@ -61,7 +69,9 @@ class DataConfig:
                                "Fed-ISIC2019 one — scale, rotate, brightness/contrast, flips, shear, random "
                                "crop to data.image_size, coarse dropout)", choices=("none", "flamby_isic"))
     normalize: bool = _key(True, "standardise inputs with the training set's channel mean/std")
-    image_size: int = _key(32, "side length images are resized to (domains, ham10000)", low=8)
+    image_size: int = _key(0, "side length images are resized to; 0 = the data set's own: as stored for "
+                           "image_folder and CIFAR trees (all images one size), 32 for domains, ham10000, "
+                           "rxrx1 and fed_isic2019", low=0)
     synthetic_alpha: float = _key(0.0, "Synthetic(α, β): model heterogeneity α", low=0.0)
     synthetic_beta: float = _key(0.0, "Synthetic(α, β): feature heterogeneity β", low=0.0)
     synthetic_model: str = _key("two_layer", "Synthetic label map: 'one_layer' (FedProx) or "
@@ -71,6 +81,14 @@ class DataConfig:
     seed: int = _key(-1, "seed of the data (generation and partition); -1 = the run seed",
                      low=-1, high=2**32 - 1)
     options: dict = _key({}, "keys a data set or partition declares for itself (written flat in [data])")
+
+    def clients(self, default: int = 10) -> int:
+        """``num_clients``, or ``default`` when it is 0 (a pool split into clients the data does not name)."""
+        return self.num_clients or default
+
+    def side(self, default: int = 32) -> int:
+        """``image_size``, or ``default`` when it is 0 (the data set's own size)."""
+        return self.image_size or default
 
 
 
@@ -308,6 +326,8 @@ def _check_consistency(config: RunConfig) -> None:
     d = config.data
     if d.val_fraction + d.local_test_fraction >= 0.95:
         raise ConfigError("data.val_fraction + data.local_test_fraction must leave training data (< 0.95)")
+    if 0 < d.image_size < 8:
+        raise ConfigError(f"data.image_size = {d.image_size}: must be 0 (the data set's own size) or >= 8")
     if d.merge_test and d.local_test_fraction == 0:
         raise ConfigError("data.merge_test = true needs data.local_test_fraction > 0 (the clients' test "
                           "splits are then the only test data)")

@@ -64,15 +64,38 @@ def _from_given(cfg: DataConfig, source: GivenClients) -> Federation:
     return Federation(clients, test, source.num_classes, shape, name=cfg.dataset, augment=augment)
 
 
-def _holdout(pool: Pool, fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+def _strata(pool: Pool) -> np.ndarray:
+    """Each sample's class, or (domain, class) pair when the pool has domains."""
+    return pool.y if pool.groups is None else pool.groups * pool.num_classes + pool.y
+
+
+def _per_stratum(strata: np.ndarray, take, seed: int, stream: int) -> np.ndarray:
+    """Sorted indices of a seeded subset holding ``take(n)`` of each stratum's ``n`` samples."""
+    rng = np.random.default_rng([seed, stream])
+    chosen = [rng.permutation(np.where(strata == s)[0])[: take(int((strata == s).sum()))] for s in np.unique(strata)]
+    return np.sort(np.concatenate(chosen)) if chosen else np.zeros(0, np.int64)
+
+
+def _holdout(pool: Pool, fraction: float, per_class: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     """Indices of (train, test) when a data set has no official test split: a stratified hold-out
-    (per domain and class when the pool has domains)."""
-    strata = pool.y if pool.groups is None else pool.groups * pool.num_classes + pool.y
-    rng = np.random.default_rng([seed, 1])
-    test = [idx for s in np.unique(strata)
-            for idx in [rng.permutation(np.where(strata == s)[0])[: int(round(fraction * (strata == s).sum()))]]]
-    test_idx = np.sort(np.concatenate(test)) if test else np.zeros(0, np.int64)
+    (per domain and class when the pool has domains) of ``per_class`` samples, or else of
+    ``fraction`` of each stratum."""
+    take = (lambda n: min(per_class, n)) if per_class else (lambda n: int(round(fraction * n)))
+    test_idx = _per_stratum(_strata(pool), take, seed, 1)
     return np.setdiff1d(np.arange(len(pool.y)), test_idx), test_idx
+
+
+def _cut(pool: Pool, train_idx: np.ndarray, test: tuple[np.ndarray, np.ndarray] | None, cfg: DataConfig,
+         seed: int) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray] | None]:
+    """``data.train_per_class`` and, for an official test split, ``data.test_per_class``: seeded
+    per-class subsets (fixed by the data seed, drawn before partitioning)."""
+    if cfg.train_per_class:
+        keep = _per_stratum(_strata(pool)[train_idx], lambda n: min(cfg.train_per_class, n), seed, 2)
+        train_idx = train_idx[keep]
+    if test is not None and cfg.test_per_class and pool.test_x is not None:
+        keep = _per_stratum(test[1], lambda n: min(cfg.test_per_class, n), seed, 3)
+        test = (test[0][keep], test[1][keep])
+    return train_idx, test
 
 
 def merged(pool: Pool) -> Pool:
@@ -95,10 +118,14 @@ def _from_pool(cfg: DataConfig, pool: Pool, seed: int) -> Federation:
     if cfg.merge_test:
         train_idx, test_x, test_y = np.arange(len(y)), None, None
     elif pool.test_x is None:
-        train_idx, held_out = _holdout(pool, cfg.test_fraction, seed)
+        train_idx, held_out = _holdout(pool, cfg.test_fraction, cfg.test_per_class, seed)
         test_x, test_y = x[held_out], y[held_out]
     else:
         train_idx, test_x, test_y = np.arange(len(y)), pool.test_x, pool.test_y
+    train_idx, official = _cut(pool, train_idx, None if test_x is None or held_out is not None
+                               else (test_x, test_y), cfg, seed)
+    if official is not None:
+        test_x, test_y = official
     partition = PARTITIONS.get(cfg.partition)
     parts = partition.build(cfg, y[train_idx], None if groups is None else groups[train_idx], seed)
     if x.dtype == np.uint8:  # images: uint8 until the batch, statistics computed in chunks

@@ -2,20 +2,23 @@
 
 Each spec records the paper's setting as configuration keys and its published numbers; rows
 that need a piece fedlatent lacks are marked unavailable with the reason. ``--quick`` runs the
-spec's reduced version on offline data; the output puts the paper's number, fedlatent's mean ±
-std over seeds and, for personalised tables, the majority-class baseline side by side.
+spec's reduced version on offline data; ``--tier cpu`` its real-data tier (the paper's data set under
+``--data-root``, at a budget two CPU cores finish, stated beside the table); the output puts the
+paper's number, fedlatent's mean ± std over seeds and, for personalised tables, the majority-class
+baseline side by side.
 
 Variant labels ``{config = "feduv/cifar100_a0.01.toml"}`` take a shipped configuration's sections
 (``fedlatent.experiment.study.with_configs``), so a table's settings are written once, in the configs.
 """
 from __future__ import annotations
 
+import dataclasses
 from collections import defaultdict
 from pathlib import Path
 
 from fedlatent.analysis.tables import format_mean_std, markdown_table
 from fedlatent.errors import UserInputError
-from fedlatent.experiment.study import Study, load_study
+from fedlatent.experiment.study import TIERS, Study, load_study
 from fedlatent.experiment.sweep import run_sweep
 
 SPECS = Path(__file__).resolve().parent / "specs"
@@ -32,9 +35,21 @@ def spec_path(name: str) -> Path:
     return path
 
 
-def load_spec(name: str, *, quick: bool = False) -> Study:
-    """A spec's study (its ``config = ...`` labels expanded), full or quick."""
-    return load_study(spec_path(name), quick=quick)
+def load_spec(name: str, *, tier: str = "full", data_root: str | None = None) -> Study:
+    """A spec's study (its ``config = ...`` labels expanded), full or a reduced tier; ``data_root``
+    replaces every cell's ``data.root``."""
+    study = load_study(spec_path(name), tier=tier)
+    if data_root is not None:
+        for cell in study.cells:
+            cell.config = dataclasses.replace(cell.config, data=dataclasses.replace(cell.config.data, root=data_root))
+    return study
+
+
+def tiers(name: str) -> list[str]:
+    """The reduced tiers a spec carries."""
+    import tomllib
+    raw = tomllib.loads(spec_path(name).read_text(encoding="utf-8"))
+    return [t for t in TIERS if t in raw]
 
 
 def listing() -> str:
@@ -44,8 +59,9 @@ def listing() -> str:
         study = load_spec(name)
         blocked = [c for c in study.cells if c.unavailable]
         reasons = sorted({c.unavailable for c in blocked})
+        reduced = "; ".join(f"--tier {t} available" for t in tiers(name))
         lines.append(f"{name:20s} {study.title}  [{len(study.cells) - len(blocked)}/{len(study.cells)} runs "
-                     f"runnable; --quick available]")
+                     f"runnable; {reduced}]")
         lines += [f"{'':20s}   not runnable yet: {r}" for r in reasons]
     return "\n".join(lines)
 
@@ -84,16 +100,19 @@ def comparison(study: Study, rows: list[dict]) -> str:
     return markdown_table(header, body)
 
 
-def reproduce(name: str, out: Path, *, quick: bool = False, jobs: int = 1) -> str:
+def reproduce(name: str, out: Path, *, tier: str = "full", jobs: int = 1, data_root: str | None = None) -> str:
     """Run a spec (its available cells) into ``out`` and write ``out/comparison.md``; return its text."""
-    study = load_spec(name, quick=quick)
+    study = load_spec(name, tier=tier, data_root=data_root)
     rows = run_sweep(study, out, jobs=jobs)
     caption = ("fedlatent: mean ± sample std (ddof = 1) over seeds, last round"
                + (", model selected by validation accuracy" if study.select == "val" else "")
                + "; paper: as published (± its std where given).")
-    text = f"## {study.title}{' (quick)' if quick else ''}\n\n{study.paper}\n\n"
-    if quick and study.note:
-        text += f"Quick version: {study.note}\n\n"
+    text = f"## {study.title}{'' if tier == 'full' else f' ({tier} tier)'}\n\n{study.paper}\n\n"
+    if study.budget:
+        text += (f"**Budget: {study.budget}.** This is not the paper's budget: the numbers show whether the "
+                 f"paper's direction holds at this budget, not its published values.\n\n")
+    if tier != "full" and study.note:
+        text += f"{tier.capitalize()} version: {study.note}\n\n"
     text += caption + "\n\n" + comparison(study, rows) + "\n"
     out.mkdir(parents=True, exist_ok=True)
     (out / "comparison.md").write_text(text)

@@ -30,7 +30,9 @@ the matching ``[[overrides]]``. ``[[unavailable]]`` tables (``where = {axis = la
 (``where``, ``value``, optional ``std``) hold a paper's numbers. ``[quick]`` (``base``, ``set``,
 ``grid``, ``variants`` replace or add to the full ones; ``only = {axis = [labels]}`` keeps some
 cells; ``compare = {axis = {quick label = paper label}}``) is the reduced version that
-``fedlatent reproduce --quick`` runs. A ``where`` value may be a list of labels. Cells whose
+``fedlatent reproduce --quick`` runs; ``[cpu]``, with the same keys and a ``budget`` line, is the
+real-data tier (``fedlatent reproduce --tier cpu``): the paper's data at a budget two CPU cores
+finish, with the budget stated beside every table it produces. A ``where`` value may be a list of labels. Cells whose
 labels differ only in ``seed`` form a group whose mean ± std the tables show.
 
 A variant label may name a shipped configuration, ``{config = "feduv/cifar100_a0.01.toml"}``
@@ -52,9 +54,10 @@ from fedlatent.config import RunConfig, from_dict
 from fedlatent.errors import ConfigError
 from fedlatent.methods import resolve
 
+TIERS = ("quick", "cpu")  # the reduced versions a study may carry, each a table of TIER_KEYS
 STUDY_KEYS = {"title", "description", "paper", "base", "set", "grid", "variants", "select", "metric",
-              "unavailable", "published", "quick", "name", "overrides"}
-QUICK_KEYS = {"base", "set", "grid", "variants", "compare", "note", "only"}
+              "unavailable", "published", "name", "overrides", *TIERS}
+TIER_KEYS = {"base", "set", "grid", "variants", "compare", "note", "only", "budget"}
 SELECT = ("last", "val")
 METRICS = ("accuracy", "balanced_accuracy", "personalized_accuracy")
 # The shipped configurations: package data (``fedlatent/configs``, in a checkout a link to the
@@ -99,6 +102,8 @@ class Study:
     compare: dict[str, str] = field(default_factory=dict)
     note: str = ""
     paper: str = ""
+    tier: str = "full"
+    budget: str = ""
 
     def published_for(self, group: tuple[tuple[str, str], ...]) -> dict[str, Any] | None:
         """The published entry whose ``where`` labels all match this group's labels, read through
@@ -121,10 +126,11 @@ def _read_toml(path: Path, what: str) -> dict:
         raise ConfigError(f"{path}: not valid TOML ({err})") from None
 
 
-def load_study(path: str | Path, *, quick: bool = False) -> Study:
-    """Read a study file (see the module docstring) and expand it into validated cells."""
+def load_study(path: str | Path, *, tier: str = "full") -> Study:
+    """Read a study file (see the module docstring) and expand it into validated cells, in its full
+    version or one of its reduced ``TIERS``."""
     path = Path(path)
-    return parse_study(_read_toml(path, "study file"), path.parent, quick=quick, where=str(path))
+    return parse_study(_read_toml(path, "study file"), path.parent, tier=tier, where=str(path))
 
 
 def _config_sections(name: Any, where: str) -> dict:
@@ -137,12 +143,13 @@ def _config_sections(name: Any, where: str) -> dict:
     return _read_toml(path, "config")
 
 
-def with_configs(raw: dict, *, quick: bool = False, where: str = "study") -> dict:
+def with_configs(raw: dict, *, tier: str = "full", where: str = "study") -> dict:
     """``raw`` with each ``config = ...`` variant label replaced by that config's sections followed by
-    the label's other keys. Axes the ``[quick]`` version replaces are left alone in quick mode (their
-    configs name data that the quick version does not read)."""
+    the label's other keys. Axes a reduced tier replaces are left alone in that tier (their
+    configs name data that the reduced version does not read)."""
     raw = copy.deepcopy(raw)
-    quick_variants = raw.get("quick", {}).get("variants", {}) if quick and isinstance(raw.get("quick"), dict) else {}
+    reduced = raw.get(tier) if tier in TIERS else None
+    quick_variants = reduced.get("variants", {}) if isinstance(reduced, dict) else {}
     variants = raw.get("variants", {})
     if not isinstance(variants, dict):
         return raw  # refused by parse_study with its own message
@@ -223,18 +230,21 @@ def _short(axes: list[Axis]) -> dict[str, str]:
     return {a.name: (s if last.count(s) == 1 else _safe(a.name)) for a, s in zip(axes, last)}
 
 
-def parse_study(raw: dict, folder: Path, *, quick: bool = False, where: str = "study") -> Study:
-    """Expand a parsed study document (its ``config = ...`` labels first); every cell's configuration
-    is validated (method included)."""
-    raw = with_configs(raw, quick=quick, where=where)
+def parse_study(raw: dict, folder: Path, *, tier: str = "full", where: str = "study") -> Study:
+    """Expand a parsed study document (its ``config = ...`` labels first) in its full version or the
+    reduced version ``tier``; every cell's configuration is validated (method included)."""
+    if tier != "full" and tier not in TIERS:
+        raise ConfigError(f"{where}: tier {tier!r}: allowed values are full, {', '.join(TIERS)}")
+    raw = with_configs(raw, tier=tier, where=where)
     unknown = sorted(set(raw) - STUDY_KEYS)
     if unknown:
         raise ConfigError(f"{where}: unknown key {unknown[0]}; known keys: {', '.join(sorted(STUDY_KEYS))}")
-    q = raw.get("quick", {}) if quick else {}
+    quick = tier != "full"
+    q = raw.get(tier, {}) if quick else {}
     if quick and not q:
-        raise ConfigError(f"{where}: no [quick] version")
-    if not isinstance(q, dict) or set(q) - QUICK_KEYS:
-        raise ConfigError(f"{where}: [quick] takes only {', '.join(sorted(QUICK_KEYS))}")
+        raise ConfigError(f"{where}: no [{tier}] version")
+    if not isinstance(q, dict) or set(q) - TIER_KEYS:
+        raise ConfigError(f"{where}: [{tier}] takes only {', '.join(sorted(TIER_KEYS))}")
     base = _base(q.get("base", raw.get("base")), folder, where)
     variants = {**raw.get("variants", {}), **q.get("variants", {})}
     grid = {**raw.get("grid", {}), **q.get("grid", {})}
@@ -277,7 +287,7 @@ def parse_study(raw: dict, folder: Path, *, quick: bool = False, where: str = "s
         cells.append(Cell(labels, config, name, reason))
     return Study(raw.get("title", raw.get("name", "")), axes, cells, select, metric,
                  _published(raw.get("published", []), where), q.get("compare", {}), q.get("note", ""),
-                 raw.get("paper", ""))
+                 raw.get("paper", ""), tier, q.get("budget", ""))
 
 
 def _matches(where: dict[str, Any], labels: dict[str, str]) -> bool:

@@ -30,6 +30,7 @@ from PIL import Image
 
 from fedlatent.config import DataConfig
 from fedlatent.data.datasets._clinical import read_rows
+from fedlatent.data.cache import decoded
 from fedlatent.data.registry import register_dataset
 from fedlatent.data.sources import GivenClients, check_root
 from fedlatent.errors import DataError
@@ -127,7 +128,9 @@ def _fed_isic2019(cfg: DataConfig, seed: int) -> GivenClients:
     """FLamby's Fed-ISIC2019 (6 centers, 8 classes, fixed train/test per center) under data.root."""
     root = Path(cfg.root).expanduser()
     check_root(root)
-    margin = cfg.augment_policy == "flamby_isic"
-    return GivenClients(read_fed_isic2019(root, cfg.image_size, margin), num_classes=len(CLASSES),
+    margin, side = cfg.augment_policy == "flamby_isic", cfg.side()
+    clients = decoded("fed_isic2019", "the images and split file in", root, {"image_size": side, "margin": margin},
+                      lambda: read_fed_isic2019(root, side, margin))
+    return GivenClients(clients, num_classes=len(CLASSES),
                         stats=(IMAGENET_MEAN, IMAGENET_STD) if cfg.normalize else None,
-                        train_crop=cfg.image_size if margin else None)
+                        train_crop=side if margin else None)

@@ -1,6 +1,8 @@
 """Image data sets in their published on-disk formats under ``data.root``: labelled pools with an
-official test split (CIFAR-10/100, STL-10, Tiny-ImageNet) or with natural domains (image folders
-per domain, HAM10000), the latter resized to ``data.image_size``."""
+official test split (CIFAR-10/100 as python files or image-folder trees, any image-folder tree,
+STL-10, Tiny-ImageNet) or with natural domains (image folders per domain, HAM10000), the latter
+resized to ``data.image_size``. Every reader's result goes through the decoded-image cache
+(:mod:`fedlatent.data.cache`): a tree is decoded once, later runs memory-map the arrays."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -8,6 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from fedlatent.config import DataConfig
+from fedlatent.data.cache import decoded as cached
 from fedlatent.data.registry import register_dataset
 from fedlatent.data.sources import Pool, check_root
 from fedlatent.data.types import ImageSet
@@ -40,37 +43,66 @@ def _grouped(images: ImageSet) -> Pool:
                 num_classes=_classes(images), groups=images.domain, group_names=list(images.domain_names))
 
 
-@register_dataset("cifar10", reads=("root",))
+def _cifar(cfg: DataConfig, what: str) -> Pool:
+    """CIFAR-10/100 from whichever layout ``data.root`` holds, said in one line."""
+    r = _readers()
+    kind, folder = r.cifar_source(_root(cfg), what)
+    if kind == "pickles":
+        read = r.read_cifar10 if what == "cifar10" else r.read_cifar100
+        return _with_test(*cached(what, "the official python files in", folder, {}, lambda: read(folder)))
+    names = r.CIFAR10_CLASSES if what == "cifar10" else r.CIFAR100_CLASSES
+    size = cfg.image_size or None
+    return _with_test(*cached(what, "the image-folder tree", folder, {"image_size": size, "layout": "tree"},
+                              lambda: r.read_image_folder(folder, size, class_names=names, what=what)))
+
+
+@register_dataset("cifar10", reads=("root", "image_size"))
 def _cifar10(cfg: DataConfig, seed: int) -> Pool:
-    """CIFAR-10 python pickles (root/cifar-10-batches-py/)."""
-    return _with_test(*_readers().read_cifar10(_root(cfg)))
+    """CIFAR-10: the python pickles (root/cifar-10-batches-py/) or an image-folder tree (root/train/<class>/)."""
+    return _cifar(cfg, "cifar10")
 
 
-@register_dataset("cifar100", reads=("root",))
+@register_dataset("cifar100", reads=("root", "image_size"))
 def _cifar100(cfg: DataConfig, seed: int) -> Pool:
-    """CIFAR-100 python pickles (root/cifar-100-python/)."""
-    return _with_test(*_readers().read_cifar100(_root(cfg)))
+    """CIFAR-100: the python pickles (root/cifar-100-python/) or an image-folder tree (root/train/<class>/)."""
+    return _cifar(cfg, "cifar100")
+
+
+@register_dataset("image_folder", reads=("root", "image_size", "test_fraction"))
+def _image_folder(cfg: DataConfig, seed: int) -> Pool:
+    """Any image-folder tree root/train/<class>/ (+ root/test/<class>/; without it a held-out
+    test_fraction); classes = the sorted folder names of train/."""
+    root, size = _root(cfg), cfg.image_size or None
+    return _with_test(*cached("image_folder", "the image-folder tree", root, {"image_size": size},
+                              lambda: _readers().read_image_folder(root, size)))
 
 
 @register_dataset("stl10", reads=("root",))
 def _stl10(cfg: DataConfig, seed: int) -> Pool:
     """STL-10 binaries (root/stl10_binary/)."""
-    return _with_test(*_readers().read_stl10(_root(cfg)))
+    root = _root(cfg)
+    return _with_test(*cached("stl10", "the binaries under", root, {}, lambda: _readers().read_stl10(root)))
 
 
 @register_dataset("tinyimagenet", reads=("root",))
 def _tinyimagenet(cfg: DataConfig, seed: int) -> Pool:
     """Tiny-ImageNet folders (root/tiny-imagenet-200/, val_annotations.txt as the test split)."""
-    return _with_test(*_readers().read_tinyimagenet(_root(cfg)))
+    root = _root(cfg)
+    return _with_test(*cached("tinyimagenet", "the folders under", root, {},
+                              lambda: _readers().read_tinyimagenet(root)))
 
 
 @register_dataset("domains", reads=("root", "image_size", "test_fraction"), groups=True)
 def _domains(cfg: DataConfig, seed: int) -> Pool:
     """Image folders root/<domain>/<class>/ (PACS, Office-Home layout), one domain per group."""
-    return _grouped(_readers().read_domains(_root(cfg), cfg.image_size))
+    root, size = _root(cfg), cfg.side()
+    return _grouped(cached("domains", "the domain folders in", root, {"image_size": size},
+                           lambda: _readers().read_domains(root, size)))
 
 
 @register_dataset("ham10000", reads=("root", "image_size", "test_fraction"), groups=True)
 def _ham10000(cfg: DataConfig, seed: int) -> Pool:
     """HAM10000 (metadata CSV + images); the domain is the 'dataset' column."""
-    return _grouped(_readers().read_ham10000(_root(cfg), cfg.image_size))
+    root, size = _root(cfg), cfg.side()
+    return _grouped(cached("ham10000", "the metadata and images in", root, {"image_size": size},
+                           lambda: _readers().read_ham10000(root, size)))

@@ -26,6 +26,7 @@ from fedlatent.config import DataConfig
 from fedlatent.data.compact import uint8_channel_stats
 from fedlatent.data.datasets._clinical import read_rows
 from fedlatent.data.readers._common import read_image
+from fedlatent.data.cache import decoded
 from fedlatent.data.registry import register_dataset
 from fedlatent.data.sources import GivenClients, check_root
 from fedlatent.errors import DataError
@@ -99,6 +100,7 @@ def _rxrx1(cfg: DataConfig, seed: int) -> GivenClients:
     """RxRx1 (4 cell types as clients, the 50 most frequent siRNAs, channels 1–3) under data.root."""
     root = Path(cfg.root).expanduser()
     check_root(root)
-    clients = read_rxrx1(root, cfg.image_size)
+    side = cfg.side()
+    clients = decoded("rxrx1", "the metadata and images in", root, {"image_size": side}, lambda: read_rxrx1(root, side))
     stats = uint8_channel_stats([c["train"][0] for c in clients]) if cfg.normalize else None
     return GivenClients(clients, num_classes=NUM_CLASSES, stats=stats)

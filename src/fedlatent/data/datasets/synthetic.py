@@ -12,7 +12,7 @@ from fedlatent.data.synthetic import synthetic_federation
 def _synthetic(cfg: DataConfig, seed: int) -> GivenClients:
     """Synthetic(α, β), generated per client; each client's samples split 64/16/20 train/val/test."""
     clients = []
-    for x, y in synthetic_federation(cfg.num_clients, cfg.synthetic_alpha, cfg.synthetic_beta,
+    for x, y in synthetic_federation(cfg.clients(), cfg.synthetic_alpha, cfg.synthetic_beta,
                                      cfg.samples_per_client, seed=seed, model=cfg.synthetic_model):
         n_train, n_val = int(0.64 * len(y)), int(0.16 * len(y))  # 3200/800/1000 of 5000
         clients.append({"train": (x[:n_train], y[:n_train]),

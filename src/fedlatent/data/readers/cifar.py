@@ -7,6 +7,11 @@ The official format is pickle, which can run code on load: the batches are read 
 unpickler that builds only plain containers and numpy arrays and refuses every other class.
 
 >>> train, test = read_cifar10("~/data")  # ~/data/cifar-10-batches-py/ or the folder itself
+
+The same data sets may come as an image-folder tree (``train/<class>/``, ``test/<class>/``, e.g. a
+JPEG copy of CIFAR-10): :func:`cifar_source` tells which layout ``data.root`` holds, and the tree's
+folder names are matched to :data:`CIFAR10_CLASSES` / :data:`CIFAR100_CLASSES` (the official label
+order, which is alphabetical for both).
 """
 from __future__ import annotations
 
@@ -20,6 +25,17 @@ import numpy as np
 from fedlatent.data.readers._common import dataset_folder
 from fedlatent.data.types import ImageSet
 from fedlatent.errors import DataError
+
+
+CIFAR10_CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
+CIFAR100_CLASSES = tuple("""
+apple aquarium_fish baby bear beaver bed bee beetle bicycle bottle bowl boy bridge bus butterfly camel can
+castle caterpillar cattle chair chimpanzee clock cloud cockroach couch crab crocodile cup dinosaur dolphin
+elephant flatfish forest fox girl hamster house kangaroo keyboard lamp lawn_mower leopard lion lizard lobster
+man maple_tree motorcycle mountain mouse mushroom oak_tree orange orchid otter palm_tree pear pickup_truck
+pine_tree plain plate poppy porcupine possum rabbit raccoon ray road rocket rose sea seal shark shrew skunk
+skyscraper snail snake spider squirrel streetcar sunflower sweet_pepper table tank telephone television tiger
+tractor train trout tulip turtle wardrobe whale willow_tree wolf woman worm""".split())
 
 
 @dataclass(frozen=True)
@@ -40,6 +56,20 @@ _CIFAR10 = _Layout("cifar10", "cifar-10-batches-py", tuple(f"data_batch_{i}" for
                    "the official python pickles data_batch_1..5, test_batch, batches.meta")
 _CIFAR100 = _Layout("cifar100", "cifar-100-python", ("train",), "test", "meta",
                     b"fine_labels", b"fine_label_names", 100, "the official python pickles train, test, meta")
+
+
+def cifar_source(root: Path | str, what: str) -> tuple[str, Path]:
+    """Which layout ``root`` holds for ``what`` (cifar10 | cifar100): ``("pickles", folder)`` for the
+    official python files (under ``root`` or in it), ``("tree", root)`` for an image-folder tree."""
+    layout = _CIFAR10 if what == "cifar10" else _CIFAR100
+    root = Path(root).expanduser()
+    for folder in (root / layout.folder, root):
+        if (folder / layout.train[0]).exists():
+            return "pickles", folder
+    if (root / "train").is_dir():
+        return "tree", root
+    raise DataError(f"{what}: expected the official python files ({layout.folder}/ with {layout.description}) "
+                    f"or an image-folder tree (train/<class>/, test/<class>/) under {root}; see data.root")
 
 
 def read_cifar10(root: Path | str) -> tuple[ImageSet, ImageSet]:

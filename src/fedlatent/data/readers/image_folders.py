@@ -1,14 +1,21 @@
-"""Multi-domain image folders, the PACS and Office-Home layout: ``root/<domain>/<class>/<images>``.
+"""Image folders: the split layout ``root/{train,test}/<class>/<images>`` (image-folder CIFAR and
+any labelled image tree) and the multi-domain layout ``root/<domain>/<class>/<images>`` (PACS,
+Office-Home).
 
-Domains and classes are sorted by name; the class set is the union over domains, so a class may be
-absent from some domain. Images are converted to RGB and resized (bilinear) to a common square size.
+In the split layout the class order is either given (a data set's official class names, e.g.
+CIFAR-10's, matched to the folder names) or the sorted folder names of ``train/``. A tree may hold
+any number of images per class, and a data set's tree may hold a subset of its classes. Images are
+converted to RGB; with a size they are resized (bilinear) to it, without one they must all share
+one size.
 
+>>> train, test = read_image_folder("~/data/cifar10-jpeg")  # train/<class>/*.jpg, test/<class>/*.jpg
 >>> pacs = read_domains("~/data/PACS", image_size=224)
 >>> pacs.domain_names  # ['art_painting', 'cartoon', 'photo', 'sketch']
 """
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Sequence
 
 import numpy as np
 
@@ -17,6 +24,60 @@ from fedlatent.data.types import ImageSet
 from fedlatent.errors import DataError
 
 _LAYOUT = "root/<domain>/<class>/<image files>, e.g. PACS or Office-Home"
+_SPLIT_LAYOUT = "root/train/<class>/<image files> and optionally root/test/<class>/<image files>"
+
+
+def is_image_folder(root: Path | str) -> bool:
+    """Whether ``root`` holds the split layout (a ``train/`` folder)."""
+    return (Path(root).expanduser() / "train").is_dir()
+
+
+def read_image_folder(root: Path | str, image_size: int | None = None, *,
+                      class_names: Sequence[str] | None = None,
+                      what: str = "image_folder") -> tuple[ImageSet, ImageSet | None]:
+    """(train, test) from ``root/train/<class>/`` and ``root/test/<class>/`` (test: None when absent).
+
+    ``class_names`` fixes the label order (a folder name outside it is an error); without it the
+    classes are the sorted folder names of ``train/``. ``image_size`` (None: as stored) resizes."""
+    root = Path(root).expanduser()
+    train_dir = root / "train"
+    if not train_dir.is_dir():
+        raise DataError(f"{what}: expected the folder {train_dir} ({_SPLIT_LAYOUT}); see data.root")
+    train_classes = [p.name for p in _subfolders(train_dir)]
+    if not train_classes:
+        raise DataError(f"{what}: {train_dir} holds no class folders ({_SPLIT_LAYOUT})")
+    names = list(class_names) if class_names is not None else train_classes
+    index = {name: i for i, name in enumerate(names)}
+    for name in train_classes:
+        if name not in index:
+            raise DataError(f"{what}: {train_dir / name}: '{name}' is not a class of {what} "
+                            f"(its classes: {', '.join(names[:12])}{', …' if len(names) > 12 else ''})")
+    train = _split(train_dir, index, names, image_size, what)
+    test_dir = root / "test"
+    if not test_dir.is_dir():
+        return train, None
+    for folder in _subfolders(test_dir):
+        if folder.name not in train_classes:
+            raise DataError(f"{what}: {folder}: class '{folder.name}' has no folder in {train_dir}")
+    size = image_size if image_size is not None else int(train.x.shape[-1])
+    test = _split(test_dir, index, names, size, what, resize=image_size is not None)
+    return train, test
+
+
+def _split(folder: Path, index: dict[str, int], names: list[str], size: int | None, what: str,
+           resize: bool = True) -> ImageSet:
+    """Every image of ``folder/<class>/`` labelled by ``index``. With ``resize`` False, ``size`` is the
+    size every image must already have."""
+    paths: list[Path] = []
+    labels: list[int] = []
+    for class_folder in _subfolders(folder):
+        found = _images(class_folder)
+        paths += found
+        labels += [index[class_folder.name]] * len(found)
+    if not paths:
+        raise DataError(f"{what}: {folder} holds no images in its class folders")
+    x = read_images(paths, size, what, resize=resize)
+    return ImageSet(x, np.array(labels, dtype=np.int64), list(names))
 
 
 def read_domains(root: Path | str, image_size: int) -> ImageSet:
@@ -33,7 +94,7 @@ def read_domains(root: Path | str, image_size: int) -> ImageSet:
     for d, folder in enumerate(domains):
         start = len(paths)
         for class_folder in _subfolders(folder):
-            found = sorted(p for p in class_folder.iterdir() if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
+            found = _images(class_folder)
             paths += found
             y += [label[class_folder.name]] * len(found)
         if len(paths) == start:
@@ -42,6 +103,11 @@ def read_domains(root: Path | str, image_size: int) -> ImageSet:
     x = read_images(paths, image_size, "domains")
     return ImageSet(x, np.array(y, dtype=np.int64), classes, np.array(domain, dtype=np.int64),
                     [d.name for d in domains])
+
+
+def _images(folder: Path) -> list[Path]:
+    """The image files of one class folder, sorted by name."""
+    return sorted(p for p in folder.iterdir() if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
 
 
 def _subfolders(folder: Path) -> list[Path]:

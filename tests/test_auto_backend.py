@@ -17,6 +17,7 @@ from fedlatent.config import to_toml
 from fedlatent.data.federation import build_federation
 from fedlatent.errors import ConfigError
 from fedlatent.experiment import single
+from fedlatent.federated.round import clients_per_round
 from fedlatent.methods import resolve
 from fedlatent.models.base import FedModel
 
@@ -82,7 +83,7 @@ def _assert_choices(cases: list[tuple[str, int, float, str]]) -> None:
         backend, why = _choice(config)
         assert backend == expected, (algorithm, clients, participation, why)
         if expected == "simulation":
-            per_round = max(1, round(clients * participation))
+            per_round = clients_per_round(clients, participation)
             assert why.startswith(f"{per_round} clients a round train faster in turn"), why
             on_cuda = dataclasses.replace(config, train=dataclasses.replace(config.train, device="cuda"))
             assert _choice(on_cuda)[0] == "vectorized"

@@ -47,6 +47,10 @@ def _parser() -> argparse.ArgumentParser:
                        help="full: the paper's setting; quick: offline data, minutes; cpu: the paper's real data "
                        "(under --data-root) at a budget two CPU cores finish in about 30 minutes")
     repro.add_argument("--data-root", help="data.root of every run (e.g. the extracted cifar10-jpeg folder)")
+    repro.add_argument("--only", action="append", default=[], metavar="AXIS=LABEL[,LABEL]",
+                       help="run only the cells with these labels (repeatable), e.g. --only method=fedavg,feduv")
+    repro.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                       help="override one key in every run (repeatable), e.g. --set train.device='\"cuda\"'")
     repro.add_argument("--jobs", type=_positive, default=1, help="runs at once, in worker processes")
     repro.add_argument("--out", help="sweep directory (default runs/reproduce/<name>[-<tier>])")
     bench = sub.add_parser("bench", help="time whole runs on each backend against a bare PyTorch loop")
@@ -130,7 +134,8 @@ def _reproduce(args: argparse.Namespace) -> None:
     if args.quick and args.tier not in ("full", "quick"):
         raise UserInputError(f"reproduce: --quick and --tier {args.tier} name two tiers; give one")
     out = Path(args.out) if args.out else Path("runs") / "reproduce" / (args.name + ("" if tier == "full" else f"-{tier}"))
-    print(reproduce.reproduce(args.name, out, tier=tier, jobs=args.jobs, data_root=args.data_root))
+    print(reproduce.reproduce(args.name, out, tier=tier, jobs=args.jobs, data_root=args.data_root,
+                              only=reproduce.parse_only(args.only), overrides=args.overrides))
 
 
 def _bench(args: argparse.Namespace) -> None:

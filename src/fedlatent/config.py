@@ -122,8 +122,9 @@ class TrainConfig:
     lr: float = _key(0.05, "local learning rate", low=0.0, low_open=True)
     momentum: float = _key(0.0, "local SGD momentum", low=0.0, high=0.999)
     weight_decay: float = _key(0.0, "local weight decay", low=0.0)
-    participation: float = _key(1.0, "fraction of clients sampled each round", low=0.0, high=1.0,
-                                low_open=True)
+    participation: float = _key(1.0, "fraction ρ of the N clients sampled each round: floor(ρ·N) of them, "
+                                "at least 1 (the seed papers' int(N·ρ): 10 clients at 0.15 → 1, at 0.35 → 3); "
+                                "for m clients a round, set m/N", low=0.0, high=1.0, low_open=True)
     drop_last: bool = _key(False, "drop each epoch's last incomplete batch")
     lr_schedule: str = _key("constant", "learning rate over rounds", choices=("constant", "cosine", "multistep"))
     lr_min: float = _key(0.0, "cosine schedule: final learning rate", low=0.0)

@@ -12,11 +12,13 @@ Variant labels ``{config = "feduv/cifar100_a0.01.toml"}`` take a shipped configu
 """
 from __future__ import annotations
 
-import dataclasses
+import json
 from collections import defaultdict
+from collections.abc import Sequence
 from pathlib import Path
 
 from fedlatent.analysis.tables import format_mean_std, markdown_table
+from fedlatent.config import apply_overrides, from_dict, to_dict
 from fedlatent.errors import UserInputError
 from fedlatent.experiment.study import TIERS, Study, load_study
 from fedlatent.experiment.sweep import run_sweep
@@ -35,14 +37,37 @@ def spec_path(name: str) -> Path:
     return path
 
 
-def load_spec(name: str, *, tier: str = "full", data_root: str | None = None) -> Study:
-    """A spec's study (its ``config = ...`` labels expanded), full or a reduced tier; ``data_root``
-    replaces every cell's ``data.root``."""
+def load_spec(name: str, *, tier: str = "full", data_root: str | None = None,
+              only: dict[str, list[str]] | None = None, overrides: Sequence[str] = ()) -> Study:
+    """A spec's study (its ``config = ...`` labels expanded), full or a reduced tier. ``data_root``
+    replaces every cell's ``data.root``, ``only`` (axis → labels) keeps the matching cells and
+    ``overrides`` (``--set`` texts, e.g. ``train.device="cuda"``) apply to every cell last."""
     study = load_study(spec_path(name), tier=tier)
-    if data_root is not None:
+    for axis, labels in (only or {}).items():
+        known = next((a.labels for a in study.axes if a.name == axis), None)
+        if known is None:
+            raise UserInputError(f"reproduce {name}: --only {axis}=...: no such axis (axes: "
+                                 f"{', '.join(a.name for a in study.axes)})")
+        unknown = [label for label in labels if label not in known]
+        if unknown:
+            raise UserInputError(f"reproduce {name}: --only {axis}={unknown[0]}: no such label (labels: {', '.join(known)})")
+        study.cells = [c for c in study.cells if c.labels[axis] in labels]
+    extra = [*([f"data.root={json.dumps(data_root)}"] if data_root is not None else []), *overrides]
+    if extra:
         for cell in study.cells:
-            cell.config = dataclasses.replace(cell.config, data=dataclasses.replace(cell.config.data, root=data_root))
+            cell.config = from_dict(apply_overrides(to_dict(cell.config), extra))
     return study
+
+
+def parse_only(texts: Sequence[str]) -> dict[str, list[str]]:
+    """``["method=fedavg,feduv", "seed=0"]`` → ``{"method": ["fedavg", "feduv"], "seed": ["0"]}``."""
+    only: dict[str, list[str]] = {}
+    for text in texts:
+        axis, sep, labels = text.partition("=")
+        if not sep or not axis or not labels:
+            raise UserInputError(f"--only {text!r}: expected AXIS=LABEL[,LABEL...], e.g. method=fedavg,feduv")
+        only.setdefault(axis, []).extend(label for label in labels.split(",") if label)
+    return only
 
 
 def tiers(name: str) -> list[str]:
@@ -100,9 +125,11 @@ def comparison(study: Study, rows: list[dict]) -> str:
     return markdown_table(header, body)
 
 
-def reproduce(name: str, out: Path, *, tier: str = "full", jobs: int = 1, data_root: str | None = None) -> str:
-    """Run a spec (its available cells) into ``out`` and write ``out/comparison.md``; return its text."""
-    study = load_spec(name, tier=tier, data_root=data_root)
+def reproduce(name: str, out: Path, *, tier: str = "full", jobs: int = 1, data_root: str | None = None,
+              only: dict[str, list[str]] | None = None, overrides: Sequence[str] = ()) -> str:
+    """Run a spec (its available cells; see :func:`load_spec` for the options) into ``out`` and write
+    ``out/comparison.md``; return its text."""
+    study = load_spec(name, tier=tier, data_root=data_root, only=only, overrides=overrides)
     rows = run_sweep(study, out, jobs=jobs)
     caption = ("fedlatent: mean ± sample std (ddof = 1) over seeds, last round"
                + (", model selected by validation accuracy" if study.select == "val" else "")

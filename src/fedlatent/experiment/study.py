@@ -32,7 +32,8 @@ the matching ``[[overrides]]``. ``[[unavailable]]`` tables (``where = {axis = la
 cells; ``compare = {axis = {quick label = paper label}}``) is the reduced version that
 ``fedlatent reproduce --quick`` runs; ``[cpu]``, with the same keys and a ``budget`` line, is the
 real-data tier (``fedlatent reproduce --tier cpu``): the paper's data at a budget two CPU cores
-finish, with the budget stated beside every table it produces. A ``where`` value may be a list of labels. Cells whose
+finish, with the budget stated beside every table it produces. A tier's ``[[TIER.overrides]]`` apply
+after the full version's. A ``where`` value may be a list of labels. Cells whose
 labels differ only in ``seed`` form a group whose mean ± std the tables show.
 
 A variant label may name a shipped configuration, ``{config = "feduv/cifar100_a0.01.toml"}``
@@ -57,7 +58,7 @@ from fedlatent.methods import resolve
 TIERS = ("quick", "cpu")  # the reduced versions a study may carry, each a table of TIER_KEYS
 STUDY_KEYS = {"title", "description", "paper", "base", "set", "grid", "variants", "select", "metric",
               "unavailable", "published", "name", "overrides", *TIERS}
-TIER_KEYS = {"base", "set", "grid", "variants", "compare", "note", "only", "budget"}
+TIER_KEYS = {"base", "set", "grid", "variants", "compare", "note", "only", "budget", "overrides"}
 SELECT = ("last", "val")
 METRICS = ("accuracy", "balanced_accuracy", "personalized_accuracy")
 # The shipped configurations: package data (``fedlatent/configs``, in a checkout a link to the
@@ -144,22 +145,25 @@ def _config_sections(name: Any, where: str) -> dict:
 
 
 def with_configs(raw: dict, *, tier: str = "full", where: str = "study") -> dict:
-    """``raw`` with each ``config = ...`` variant label replaced by that config's sections followed by
-    the label's other keys. Axes a reduced tier replaces are left alone in that tier (their
-    configs name data that the reduced version does not read)."""
+    """``raw`` with each ``config = ...`` variant label (of the full version and of the reduced
+    ``tier``) replaced by that config's sections followed by the label's other keys. Axes a reduced
+    tier replaces are left alone in that tier (their configs name data that the reduced version
+    does not read)."""
     raw = copy.deepcopy(raw)
     reduced = raw.get(tier) if tier in TIERS else None
-    quick_variants = reduced.get("variants", {}) if isinstance(reduced, dict) else {}
+    tier_variants = reduced.get("variants", {}) if isinstance(reduced, dict) else {}
     variants = raw.get("variants", {})
-    if not isinstance(variants, dict):
+    if not isinstance(variants, dict) or not isinstance(tier_variants, dict):
         return raw  # refused by parse_study with its own message
-    for axis, table in variants.items():
-        if axis in quick_variants or not isinstance(table, dict):
+    tables = [(f"variants.{axis}", table) for axis, table in variants.items() if axis not in tier_variants]
+    tables += [(f"{tier}.variants.{axis}", table) for axis, table in tier_variants.items()]
+    for name, table in tables:
+        if not isinstance(table, dict):
             continue
         for label, settings in table.items():
             if isinstance(settings, dict) and "config" in settings:
                 rest = {k: v for k, v in settings.items() if k != "config"}
-                table[label] = {**_config_sections(settings["config"], f"{where}: variants.{axis}.{label}"), **rest}
+                table[label] = {**_config_sections(settings["config"], f"{where}: {name}.{label}"), **rest}
     return raw
 
 
@@ -269,7 +273,7 @@ def parse_study(raw: dict, folder: Path, *, tier: str = "full", where: str = "st
                 set_key(doc, key, value, f"{where}: {a.name} = {a.labels[i]}")
         for key, value in common.items():
             set_key(doc, key, value, f"{where}: set")
-        for o in raw.get("overrides", []):
+        for o in [*raw.get("overrides", []), *q.get("overrides", [])]:
             if _matches(o.get("where", {}), labels):
                 for key, value in o.get("set", {}).items():
                     set_key(doc, key, value, f"{where}: overrides")

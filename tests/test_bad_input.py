@@ -11,6 +11,7 @@ from typing import Callable
 
 import numpy as np
 import pytest
+from PIL import Image
 
 from fedlatent.cli import main
 
@@ -73,6 +74,38 @@ def _cifar_with_code(tmp: Path) -> Path:
             return (os.system, (f"touch {marker}",))
 
     (folder / "data_batch_1").write_bytes(pickle.dumps({b"data": Exploit(), b"labels": [0]}, protocol=2))
+    return tmp
+
+
+def _image(path: Path, size: tuple[int, int] = (8, 8)) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.new("RGB", size, (40, 80, 120)).save(path)
+    return path
+
+
+def _tree(tmp: Path, *extra: str) -> Path:
+    """An image-folder tree of 8×8 PNGs: train/{airplane,cat}/0.png and the ``extra`` files."""
+    for rel in ("train/airplane/0.png", "train/cat/0.png", *extra):
+        _image(tmp / rel)
+    return tmp
+
+
+def _image_folder(root: Path, dataset: str = "image_folder") -> list[str]:
+    return _sets(f"data.dataset={dataset}", f"data.root={root}")
+
+
+def _broken_image(tmp: Path) -> Path:
+    """A file with an image suffix that is no image."""
+    path = _tree(tmp) / "train" / "cat" / "1.png"
+    path.write_bytes(b"not a PNG")
+    return path
+
+
+def _domain_tree(tmp: Path) -> Path:
+    for domain in ("art", "photo", "sketch"):
+        for name in ("dog", "house"):
+            _image(tmp / domain / name / "0.png")
+            _image(tmp / domain / name / "1.png")
     return tmp
 
 
@@ -167,6 +200,25 @@ CASES: list[tuple[str, Case]] = [
     ("cifar-folder-missing", lambda t: ([str(DIGITS), *_sets("data.dataset=cifar10", f"data.root={t}")],
                                        "cifar-10-batches-py")),
     ("stl10-folder-missing", lambda t: ([str(DIGITS), *_sets("data.dataset=stl10", f"data.root={t}")], "stl10_binary")),
+    ("tree-without-train", lambda t: ([str(DIGITS), *_image_folder(_image(t / "test" / "cat" / "0.png").parents[2])],
+                                      str(t / "train"))),
+    ("tree-test-class-not-in-train", lambda t: ([str(DIGITS), *_image_folder(_tree(t, "test/zebra/0.png"))],
+                                                str(t / "test" / "zebra"))),
+    ("tree-unreadable-image", lambda t: ([str(DIGITS), *_image_folder(_broken_image(t).parents[2])],
+                                         str(t / "train" / "cat" / "1.png"))),
+    ("tree-sizes-differ", lambda t: ([str(DIGITS), *_image_folder(_tree(t, "train/cat/1.png")),
+                                      *_sets("data.image_size=0")],
+                                     str(_image(t / "train" / "cat" / "1.png", (8, 9))))),
+    ("tree-test-size-differs", lambda t: ([str(DIGITS), *_image_folder(_tree(t, "test/cat/0.png"))],
+                                          str(_image(t / "test" / "cat" / "0.png", (16, 16))))),
+    ("tree-not-square", lambda t: ([str(DIGITS), *_image_folder(_tree(t))],
+                                   str(_image(t / "train" / "airplane" / "0.png", (8, 12))))),
+    ("cifar10-tree-unknown-class", lambda t: ([str(DIGITS), *_image_folder(_tree(t, "train/zebra/0.png"), "cifar10")],
+                                              str(t / "train" / "zebra"))),
+    ("domains-num-clients-differs", lambda t: ([str(DIGITS), *_sets("data.dataset=domains", "data.partition=domains",
+                                                                    f"data.root={_domain_tree(t)}",
+                                                                    "data.num_clients=2")],
+                                               "data.num_clients = 2")),
     ("cifar-pickle-with-code", lambda t: ([str(DIGITS), *_sets("data.dataset=cifar10",
                                                                f"data.root={_cifar_with_code(t)}")], "data_batch_1")),
     # the output folder

@@ -243,3 +243,77 @@ def test_sweep_runs_a_study_whose_labels_name_shipped_configs(tmp_path: Path, ca
     path.write_text('[variants.method]\nx = {config = "ditto/nope.toml"}\n')
     assert main(["sweep", str(path)]) == 2
     assert "variants.method.x: config 'ditto/nope.toml' not found" in capsys.readouterr().err
+
+
+CPU_TIER = [n for n in reproduce.spec_names() if "cpu" in reproduce.tiers(n)]
+
+
+def test_every_spec_with_cifar10_rows_has_a_real_data_tier() -> None:
+    with_cifar10 = [n for n in reproduce.spec_names()
+                    if any(c.config.data.dataset == "cifar10" for c in reproduce.load_spec(n).cells)]
+    assert with_cifar10 and set(with_cifar10) <= set(CPU_TIER)
+    assert "feduv_table1" in CPU_TIER  # the PACS column
+
+
+@pytest.mark.parametrize("name", CPU_TIER)
+def test_every_cpu_tier_reads_real_images_states_its_budget_and_has_three_seeds(name: str) -> None:
+    study = reproduce.load_spec(name, tier="cpu")
+    assert study.budget and "paper" in study.budget  # the budget, and the paper's beside it
+    assert all(c.config.data.dataset in ("cifar10", "domains") for c in study.cells)
+    assert all(c.config.data.root.startswith("data/") for c in study.cells)
+    assert not any(c.unavailable for c in study.cells)
+    seeds = {c.group: set() for c in study.cells}
+    for c in study.cells:
+        seeds[c.group].add(c.labels["seed"])
+    assert all(len(s) == 3 for s in seeds.values())
+    assert any(study.published_for(c.group) for c in study.cells)
+    moved = reproduce.load_spec(name, tier="cpu", data_root="/elsewhere")
+    assert {c.config.data.root for c in moved.cells} == {"/elsewhere"}
+
+
+def _cifar10_tree(root: Path, per_class: int, test_per_class: int) -> Path:
+    """A tiny CIFAR-10 image-folder tree of random 32×32 PNGs."""
+    import numpy as np
+    from PIL import Image
+
+    from fedlatent.data.readers import CIFAR10_CLASSES
+    rng = np.random.default_rng(0)
+    for split, count in (("train", per_class), ("test", test_per_class)):
+        for name in CIFAR10_CLASSES:
+            (root / split / name).mkdir(parents=True)
+            for i in range(count):
+                pixels = rng.integers(0, 256, (32, 32, 3), dtype=np.uint8)
+                Image.fromarray(pixels).save(root / split / name / f"{i:04d}.png")
+    return root
+
+
+def test_reproduce_cpu_tier_runs_the_chosen_cells_on_a_tree_and_states_the_budget(
+        tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    root = _cifar10_tree(tmp_path / "cifar10-jpeg", 10, 2)
+    out = tmp_path / "cpu"
+    code = main(["reproduce", "spherefed_table2", "--tier", "cpu", "--data-root", str(root),
+                 "--only", "method=fedavg,fedavg+ours", "--only", "seed=0", "--set", "train.rounds=1",
+                 "--set", "train.local_epochs=1", "--set", "data.train_per_class=8", "--set", "data.min_size=2",
+                 "--out", str(out)])
+    assert code == 0, capsys.readouterr().err
+    runs = sorted(p.parent.name for p in out.glob("*/summary.json"))
+    assert runs == ["setting-cifar10-a0.1_method-fedavg+ours_seed-0", "setting-cifar10-a0.1_method-fedavg_seed-0"]
+    config = (out / runs[0] / "config.toml").read_text()
+    assert "rounds = 1" in config and "train_per_class = 8" in config and str(root) in config
+    text = (out / "comparison.md").read_text()
+    assert "(cpu tier)" in text and "**Budget: real CIFAR-10" in text and "not the paper's budget" in text
+    assert "| cifar10-a0.1 | fedavg | 63.90 |" in text  # compared with CIFAR-100's α = 0.1 column, as stated
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--only", "method"], "expected AXIS=LABEL"),
+    (["--only", "nope=fedavg"], "no such axis"),
+    (["--only", "method=nope"], "no such label"),
+    (["--quick", "--tier", "cpu"], "two tiers"),
+])
+def test_reproduce_refuses_bad_selections_in_one_line(args: list[str], needle: str, tmp_path: Path,
+                                                       capsys: pytest.CaptureFixture) -> None:
+    assert main(["reproduce", "spherefed_table2", *args, "--out", str(tmp_path / "x")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and needle in err[0]
+    assert not (tmp_path / "x").exists()

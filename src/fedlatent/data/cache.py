@@ -22,9 +22,11 @@ import os
 import shutil
 import sys
 import tempfile
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import fields
 from pathlib import Path
-from typing import Any, Callable, TypeVar
+from typing import Any, Callable, Iterator, TypeVar
 
 import numpy as np
 
@@ -32,6 +34,7 @@ from fedlatent.data.types import ImageSet
 
 T = TypeVar("T")
 _FORMAT = 1  # bump when the stored layout changes: old entries are then simply not found
+_held: ContextVar[list[str] | None] = ContextVar("fedlatent_cache_lines", default=None)
 
 
 def cache_root() -> Path | None:
@@ -92,7 +95,26 @@ def decoded(what: str, source: str, folder: Path, params: dict[str, Any], read: 
 
 
 def _say(line: str) -> None:
+    held = _held.get()
+    if held is not None:
+        held.append(line)
+        return
     print(f"fedlatent: {line}", file=sys.stderr, flush=True)
+
+
+@contextmanager
+def lines_held() -> Iterator[None]:
+    """Hold the cache's lines until the block (or decorated function) ends, and drop them when it
+    raises: an error found after the data are read (a partition that cannot be made) stays the
+    one line on stderr."""
+    held: list[str] = []
+    token = _held.set(held)
+    try:
+        yield
+    finally:
+        _held.reset(token)
+    for line in held:  # reached only when the block did not raise
+        _say(line)
 
 
 def _store(value: Any, target: Path) -> None:

@@ -14,6 +14,7 @@ import torch
 from fedlatent.config import DataConfig
 from fedlatent.data import partition as P
 from fedlatent.data.augment import Augmentation
+from fedlatent.data.cache import lines_held
 from fedlatent.data.compact import Images, uint8_channel_stats
 from fedlatent.data.registry import DATASETS, PARTITIONS, check
 from fedlatent.data.sources import GivenClients, Pool
@@ -21,6 +22,7 @@ from fedlatent.data.types import ClientData, Federation, Split
 from fedlatent.errors import DataError
 
 
+@lines_held()  # the decoded-image cache's line once the federation is made (an error stays one line)
 def build_federation(cfg: DataConfig, seed: int) -> Federation:
     """The federation a run trains on; every random choice flows from ``seed`` (the data seed).
     Names and keys are checked before anything is loaded."""

@@ -90,7 +90,11 @@ def decoded(what: str, source: str, folder: Path, params: dict[str, Any], read: 
         return value
     value = read()
     _store(value, target)
-    _say(f"{what}: {source} {folder}: decoded once; later runs read the cache {target}")
+    if (target / "tree.json").is_file():
+        _say(f"{what}: {source} {folder}: decoded once; later runs read the cache {target}")
+    else:  # a read-only or full disk: said, not fatal
+        _say(f"{what}: {source} {folder}: decoded, but the cache {target.parent} could not be written "
+             f"(later runs decode it again)")
     return value
 
 

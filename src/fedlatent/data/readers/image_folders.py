@@ -106,8 +106,10 @@ def read_domains(root: Path | str, image_size: int) -> ImageSet:
 
 
 def _images(folder: Path) -> list[Path]:
-    """The image files of one class folder, sorted by name."""
-    return sorted(p for p in folder.iterdir() if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
+    """The visible image files of one class folder, sorted by name (hidden ones, e.g. macOS's
+    ``._name.jpg``, are skipped, as the decoded-image cache's fingerprint skips them)."""
+    return sorted(p for p in folder.iterdir()
+                  if p.is_file() and not p.name.startswith(".") and p.suffix.lower() in IMAGE_SUFFIXES)
 
 
 def _subfolders(folder: Path) -> list[Path]:

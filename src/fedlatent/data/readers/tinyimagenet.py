@@ -42,7 +42,7 @@ def _train_files(folder: Path, wnids: list[str]) -> tuple[list[Path], list[int]]
         images = folder / "train" / wnid / "images"
         if not images.is_dir():
             raise DataError(f"tinyimagenet: expected the folder {images} ({_LAYOUT}); see data.root")
-        found = sorted(p for p in images.iterdir() if p.suffix.lower() in (".jpeg", ".jpg"))
+        found = sorted(p for p in images.iterdir() if not p.name.startswith(".") and p.suffix.lower() in (".jpeg", ".jpg"))
         paths += found
         labels += [label] * len(found)
     return paths, labels

@@ -8,6 +8,8 @@ the server returns the pooled mean and std (:func:`pooled_channel_stats`), the s
 """
 from __future__ import annotations
 
+from typing import Callable
+
 import numpy as np
 import torch
 
@@ -71,7 +73,7 @@ def _strata(pool: Pool) -> np.ndarray:
     return pool.y if pool.groups is None else pool.groups * pool.num_classes + pool.y
 
 
-def _per_stratum(strata: np.ndarray, take, seed: int, stream: int) -> np.ndarray:
+def _per_stratum(strata: np.ndarray, take: Callable[[int], int], seed: int, stream: int) -> np.ndarray:
     """Sorted indices of a seeded subset holding ``take(n)`` of each stratum's ``n`` samples."""
     rng = np.random.default_rng([seed, stream])
     chosen = [rng.permutation(np.where(strata == s)[0])[: take(int((strata == s).sum()))] for s in np.unique(strata)]
@@ -85,19 +87,6 @@ def _holdout(pool: Pool, fraction: float, per_class: int, seed: int) -> tuple[np
     take = (lambda n: min(per_class, n)) if per_class else (lambda n: int(round(fraction * n)))
     test_idx = _per_stratum(_strata(pool), take, seed, 1)
     return np.setdiff1d(np.arange(len(pool.y)), test_idx), test_idx
-
-
-def _cut(pool: Pool, train_idx: np.ndarray, test: tuple[np.ndarray, np.ndarray] | None, cfg: DataConfig,
-         seed: int) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray] | None]:
-    """``data.train_per_class`` and, for an official test split, ``data.test_per_class``: seeded
-    per-class subsets (fixed by the data seed, drawn before partitioning)."""
-    if cfg.train_per_class:
-        keep = _per_stratum(_strata(pool)[train_idx], lambda n: min(cfg.train_per_class, n), seed, 2)
-        train_idx = train_idx[keep]
-    if test is not None and cfg.test_per_class and pool.test_x is not None:
-        keep = _per_stratum(test[1], lambda n: min(cfg.test_per_class, n), seed, 3)
-        test = (test[0][keep], test[1][keep])
-    return train_idx, test
 
 
 def merged(pool: Pool) -> Pool:
@@ -124,10 +113,11 @@ def _from_pool(cfg: DataConfig, pool: Pool, seed: int) -> Federation:
         test_x, test_y = x[held_out], y[held_out]
     else:
         train_idx, test_x, test_y = np.arange(len(y)), pool.test_x, pool.test_y
-    train_idx, official = _cut(pool, train_idx, None if test_x is None or held_out is not None
-                               else (test_x, test_y), cfg, seed)
-    if official is not None:
-        test_x, test_y = official
+    if cfg.train_per_class:  # seeded per-class subsets, fixed by the data seed, drawn before partitioning
+        train_idx = train_idx[_per_stratum(_strata(pool)[train_idx], lambda n: min(cfg.train_per_class, n), seed, 2)]
+    if cfg.test_per_class and pool.test_x is not None:  # an official test split (else: the hold-out's size)
+        keep = _per_stratum(test_y, lambda n: min(cfg.test_per_class, n), seed, 3)
+        test_x, test_y = test_x[keep], test_y[keep]
     partition = PARTITIONS.get(cfg.partition)
     parts = partition.build(cfg, y[train_idx], None if groups is None else groups[train_idx], seed)
     if x.dtype == np.uint8:  # images: uint8 until the batch, statistics computed in chunks

@@ -10,12 +10,22 @@ import torch
 import fedlatent
 from fedlatent import load_config
 from fedlatent.data.federation import build_federation, counts_table
+from fedlatent.experiment.reproduce import load_spec
 from tests.data.clinical_files import write_isic, write_rxrx1
 from tests.models.test_weights import _published
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 PRESET = {"fedavg": "fedavg", "ditto": "ditto", "cosine_alone": "ditto_cosine", "ditto_cosine": "ditto_cosine",
           "mkmmd_alone": "ditto_mkmmd", "ditto_mkmmd": "ditto_mkmmd", "mmdd_alone": "ditto_mmdd", "ditto_mmdd": "ditto_mmdd"}
+# Ditto + MMD paper, Table 3 (ditto-mmd.txt:259-279): (λ, μ) per clinical task and method; λ = 0 alone
+TABLE3 = {
+    "fed_isic2019": {"ditto": (1.0, None), "cosine_alone": (0.0, 1.0), "mmdd_alone": (0.0, 1.0),
+                     "mkmmd_alone": (0.0, 1.0), "ditto_cosine": (0.1, 0.1), "ditto_mmdd": (1.0, 1.0),
+                     "ditto_mkmmd": (1.0, 0.1)},
+    "rxrx1": {"ditto": (0.01, None), "cosine_alone": (0.0, 1.0), "mmdd_alone": (0.0, 0.01),
+              "mkmmd_alone": (0.0, 0.01), "ditto_cosine": (0.01, 0.01), "ditto_mmdd": (0.01, 0.01),
+              "ditto_mkmmd": (0.01, 0.1)},
+}
 METHODS = ["fedavg", "ditto", "cosine_alone", "ditto_cosine", "mkmmd_alone", "ditto_mkmmd", "mmdd_alone", "ditto_mmdd"]
 
 
@@ -26,7 +36,8 @@ def test_presets_load_with_the_papers_settings(task: str, method: str) -> None:
     t = config.train
     assert (config.data.dataset, config.data.partition, t.optimizer, t.optimizer_state) == (task, "given", "adamw", "kept")
     if task == "fed_isic2019":
-        assert (t.rounds, t.local_steps, t.batch_size, t.lr, config.model.arch) == (15, 100, 64, 1e-3, "efficientnet_b0")
+        lr = 1e-4 if method == "fedavg" else 1e-3  # Table 3: FedAvg 1e-4, every other method 1e-3
+        assert (t.rounds, t.local_steps, t.batch_size, t.lr, config.model.arch) == (15, 100, 64, lr, "efficientnet_b0")
         assert (config.data.image_size, config.data.augment_policy) == (200, "flamby_isic")
     else:
         assert (t.rounds, t.local_epochs, t.local_steps, t.batch_size, t.lr, config.model.arch) == (
@@ -40,9 +51,37 @@ def test_presets_load_with_the_papers_settings(task: str, method: str) -> None:
         assert (algorithm["beta_every"], algorithm["beta_batches"]) == every
     if "mmdd" in method:
         assert (algorithm["kernel_every"], algorithm["kernel_batches"], algorithm["train_steps"]) == (1, 1, 25)
-    kind = next((k for k in ("cosine", "mkmmd", "mmdd") if k in method), None)
-    if kind:  # μ of the paper's Table 3 per task and constraint
-        assert algorithm["mu"] == {"fed_isic2019": 1.0, "rxrx1": {"cosine": 0.1}.get(kind, 0.01)}[task]
+    assert t.weight_decay == 0.01  # AdamW "with default parameters" (appendix C)
+    if method in TABLE3[task]:  # (λ, μ) of the paper's Table 3 per task and method
+        lam, mu = TABLE3[task][method]
+        assert (algorithm.get("lam"), algorithm.get("mu")) == (lam, mu)
+
+
+# each clinical cell of the Ditto + MMD specs ↔ the per-method config it must agree with
+SPEC_METHODS = {
+    "ditto_table1": {"fedavg": "fedavg", "cosine": "cosine_alone", "mmdd": "mmdd_alone",
+                     "mkmmd_every1": "mkmmd_alone", "mkmmd_every20": "mkmmd_alone"},
+    "ditto_table2": {"fedavg": "fedavg", "ditto": "ditto", "ditto+cosine": "ditto_cosine", "ditto+mmdd": "ditto_mmdd",
+                     "ditto+mkmmd_every1": "ditto_mkmmd", "ditto+mkmmd_every20": "ditto_mkmmd"},
+}
+
+
+@pytest.mark.parametrize("spec", sorted(SPEC_METHODS))
+def test_spec_clinical_cells_carry_table_3_as_the_configs(spec: str) -> None:
+    """The specs' Fed-ISIC2019 and RxRx1 cells run each method at its own Table 3 column (lr, λ, μ),
+    the values of the per-method configs (not the fedavg file's or CIFAR-10's)."""
+    tasks = {"isic2019": "fed_isic2019", "rxrx1": "rxrx1"}
+    checked = 0
+    for cell in load_spec(spec).cells:
+        task = tasks.get(cell.labels["setting"])
+        if task is None:
+            continue
+        config = load_config(CONFIGS / task / f"{SPEC_METHODS[spec][cell.labels['method']]}.toml")
+        got, want = cell.config.algorithm, config.algorithm
+        assert (cell.config.train.lr, got.get("lam"), got.get("mu")) == (config.train.lr, want.get("lam"), want.get("mu")), cell.name
+        checked += 1
+    assert checked == 2 * len(SPEC_METHODS[spec]) * 3  # two tasks × methods × 3 seeds
+
 
 def _run(task: str, method: str, root: Path, out: Path, *extra: str) -> tuple[dict, object]:
     overrides = [f"data.root={root}", "data.image_size=16", "train.rounds=1", "train.batch_size=4", *extra]

@@ -184,7 +184,7 @@ def test_to_toml_round_trip_of_a_nondefault_config(tmp_path: Path) -> None:
     assert config.data.root == 'C:\\data\\fl "set"'
     assert config.terms == [{"name": "prox", "mu": 0.5}]
     assert config.server.tau == 1e-9
-    assert config.model.options == {"norm": "group", "first_stride": 1}  # a model's own keys, written flat in [model]
+    assert config.model.options == {"norm": "group", "first_stride": 1, "stem": "cifar"}  # a model's own keys, written flat in [model]
     text = to_toml(config)
     back = load_config(_write(tmp_path, text, "resolved.toml"))
     assert back == config

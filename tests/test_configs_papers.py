@@ -39,7 +39,10 @@ FEDUV_CIFAR100 = {  # FedUV (CVPR 2024) Sec. 4.1 and supplement Tables 2-3
     "data.val_fraction": 0.1,            # 90/10 train/validation, original test set as test
     "data.augment": True,                # crop + flip on every data set
     "model.arch": "resnet18", "model.projector": 512,  # ResNet-18 + 512 projector
+    "model.stem": "imagenet_nopool",     # "removing the initial max-pooling layer" of the ImageNet ResNet
     "train.lr": 0.01, "train.momentum": 0.9, "train.weight_decay": 1e-5,  # SGD
+    "train.lr_schedule": "constant",     # the paper states lr 0.01 and no schedule (the release: cosine)
+    "train.batch_size": 128,             # not stated: the release's default
     "train.local_epochs": 10, "train.rounds": 60, "train.participation": 1.0,  # E = 10, R = 60 on CIFAR-100
     "algorithm.name": "feduv", "algorithm.mu": 0.5, "algorithm.lam": 25.0,  # μ 0.5, λ = C/4 = 100/4
 }
@@ -194,7 +197,8 @@ def test_appendix_specs_set_the_papers_switches() -> None:
     CE head; Table 10: Tammes with 10⁴ steps; Table 3's temperatures; Figure 3's fixed kernels."""
     kinds = {k: resolve(c.config.algorithm, c.config.terms) for k, c in _cells("spherefed_table4", "calibration").items()}
     assert {k: s.calibration.kind for k, s in kinds.items()} == {"none": "none", "ccvr": "ccvr", "ffc": "ffc",
-                                                                  "sanity": "centralized"}
+                                                                  "sanity": "centralized", "sanity_mse": "centralized"}
+    assert (kinds["sanity"].calibration.loss, kinds["sanity_mse"].calibration.loss) == ("ce", "mse")  # the paper tries both
     assert all(s.head.fixed and s.loss == "mse" for s in kinds.values())
     table8 = reproduce.load_spec("spherefed_table8")
     assert all(c.config.data.merge_test and c.config.data.local_test_fraction == 0.15 for c in table8.cells)
@@ -211,6 +215,43 @@ def test_appendix_specs_set_the_papers_switches() -> None:
     assert temps == {1.0, 0.5, 0.2, 0.1, 0.05}
     fixed = {c.labels["kernels"]: c.config.algorithm.get("fixed_kernels", 0) for c in reproduce.load_spec("ditto_figure3").cells}
     assert fixed == {"fixed1": 1, "fixed5": 5, "fixed10": 10, "fixed18": 18, "mkmmd": 0, "mmdd": 0}
+
+
+SPHEREFED_SPECS = ["spherefed_table1", "spherefed_table2", "spherefed_table3", "spherefed_table3_tau", "spherefed_table4",
+                   "spherefed_table5", "spherefed_table6", "spherefed_table7", "spherefed_table8", "spherefed_table9",
+                   "spherefed_table10"]
+
+
+@pytest.mark.parametrize("spec", SPHEREFED_SPECS)
+def test_spherefed_mobilenetv2_cells_have_the_projection_relu(spec: str) -> None:
+    """App. Table 14: SphereFed's MobileNetV2 has a ReLU after each block's projection."""
+    cells = [c for c in reproduce.load_spec(spec).cells if c.config.model.arch == "mobilenetv2"]
+    assert all(c.config.model.options.get("projection_relu") is True for c in cells), spec
+
+
+FEDUV_SPECS = ["feduv_table1", "feduv_table2", "feduv_table3", "feduv_table4", "feduv_table6", "feduv_supp_table2",
+               "feduv_supp_table4", "feduv_supp_table5"]
+
+
+@pytest.mark.parametrize("spec", FEDUV_SPECS)
+def test_feduv_cells_carry_the_papers_network_schedule_and_fedprox(spec: str) -> None:
+    """Sec. 4.1: ResNets without the max-pool of the ImageNet stem, a constant lr 0.01; batch 128 (the
+    release's; not stated); FedProx μ 0.001 (supplement Tables 2-3, over the main text's 0.01) outside
+    the supplement's own μ sweep."""
+    for cell in reproduce.load_spec(spec).cells:
+        config = cell.config
+        if config.model.arch in ("resnet18", "resnet50"):
+            assert config.model.options["stem"] == "imagenet_nopool", cell.name
+        assert (config.train.batch_size, config.train.lr_schedule, config.train.lr) == (128, "constant", 0.01), cell.name
+        if config.algorithm["name"] == "fedprox" and spec != "feduv_supp_table2":
+            assert config.algorithm["mu"] == 0.001, cell.name
+
+
+def test_feddecorr_moon_rows_use_the_releases_projection_head() -> None:
+    """FedDecorr Table 1's MOON rows: the release's --use_proj_head, Linear(1280, 640)-ReLU-Linear(640, 256)."""
+    moon = [c for c in reproduce.load_spec("feddecorr_table1").cells if c.config.algorithm["name"] == "moon"]
+    assert moon and all((c.config.model.projector, c.config.model.options["projector_form"]) == (256, "feddecorr_moon")
+                        for c in moon)
 
 
 def test_tinyimagenet_spherefed_configs_stride_their_first_block() -> None:

@@ -54,3 +54,20 @@ def test_calibration_keys() -> None:
         resolve({"name": "fedavg", "calibration": "central"})
     with pytest.raises(ConfigError, match="algorithm.calibration_lr"):
         resolve({"name": "fedavg", "calibration": "centralized", "calibration_lr": -1.0})
+
+
+def test_mse_retraining_lowers_the_mse_and_is_a_key() -> None:
+    """SphereFed Table 4's sanity check tries CE and MSE: ``calibration_loss = "mse"`` retrains the
+    head on (1/C)‖Wz + b − onehot(y)‖², and lowers that loss on the features it is given."""
+    generator = torch.Generator().manual_seed(0)
+    z, y = torch.randn(64, 8, generator=generator), torch.randint(0, 4, (64,), generator=generator)
+    weight, bias = torch.zeros(4, 8), torch.zeros(4)
+    w, b = retrain_classifier(weight, bias, z, y, epochs=20, lr=0.1, batch_size=16, generator=generator, loss="mse")
+    target = F.one_hot(y, 4).float()
+    assert F.mse_loss(F.linear(z, w, b), target) < F.mse_loss(F.linear(z, weight, bias), target)
+    assert resolve({"name": "fedavg", "calibration": "centralized"}).calibration.loss == "ce"
+    assert resolve({"name": "fedavg", "calibration": "centralized", "calibration_loss": "mse"}).calibration.loss == "mse"
+    with pytest.raises(ConfigError, match="algorithm.calibration_loss"):
+        resolve({"name": "fedavg", "calibration": "centralized", "calibration_loss": "l1"})
+    with pytest.raises(ValueError, match="loss must be"):
+        retrain_classifier(weight, bias, z, y, epochs=1, lr=0.1, batch_size=16, generator=generator, loss="l1")

@@ -125,6 +125,49 @@ def test_resnet18_taps_only_when_asked_and_projector_sets_z_dim() -> None:
     assert ResNet.min_input_size() == 1
 
 
+def test_resnet_imagenet_nopool_stem_is_feduvs_16x_network() -> None:
+    """FedUV Sec. 4.1: the ImageNet ResNet "removing the initial max-pooling layer": a 7×7 stride-2
+    stem and no max-pool, so layer4 sits at 2×2 for a 32×32 input (16×; the CIFAR stem: 4×4, 8×); the
+    stem's conv is the only parameter that changes (64·3·(7² − 3²) more weights), for both depths."""
+    for depth, dim in ((18, 512), (50, 2048)):
+        cifar = resnet.build((3, 32, 32), 10, depth=depth)
+        paper = resnet.build((3, 32, 32), 10, depth=depth, stem="imagenet_nopool")
+        conv = paper.stem[0]
+        assert (conv.kernel_size, conv.stride, conv.padding) == ((7, 7), (2, 2), (3, 3))
+        assert not any(isinstance(m, nn.MaxPool2d) for m in paper.modules())
+        out = paper.eval()(_input((3, 32, 32), n=2), taps=("stem", "layer4"))
+        assert out.features["stem"].shape[-1] == 16 and out.features["layer4"].shape[1:] == (dim, 2, 2)
+        count = lambda m: sum(p.numel() for p in m.parameters())  # noqa: E731
+        assert count(paper) - count(cifar) == 64 * 3 * (49 - 9)
+    config = load_config(None, ['model.arch="resnet50"', 'model.stem="imagenet_nopool"', 'data.dataset="synthetic"'])
+    assert config.model.options["stem"] == "imagenet_nopool"
+    assert load_config(None, ['model.arch="resnet18"', 'data.dataset="synthetic"']).model.options["stem"] == "cifar"
+    with pytest.raises(ConfigError, match="model.stem"):
+        load_config(None, ['model.arch="resnet18"', 'model.stem="imagenet"'])
+    with pytest.raises(ConfigError, match="model.stem"):
+        resnet.build((3, 32, 32), 10, stem="7x7")
+
+
+def test_mobilenet_feddecorr_moon_projector_is_the_releases_head() -> None:
+    """The FedDecorr release's MOON head (approach/moon.py): Linear(1280, 640) → ReLU → Linear(640, 256),
+    no BatchNorm, z = its 256-d output; the default projector stays FC-BN-ReLU ×2."""
+    model = mobilenet.build((3, 8, 8), 10, projector_width=256, projector_form="feddecorr_moon")
+    layers = list(model.projector)
+    assert [type(m) for m in layers] == [nn.Linear, nn.ReLU, nn.Linear]
+    assert (layers[0].in_features, layers[0].out_features, layers[2].out_features) == (1280, 640, 256)
+    assert model.z_dim == 256 and not any(isinstance(m, nn.BatchNorm1d) for m in model.projector.modules())
+    assert model(_input((3, 8, 8), n=2)).z.shape == (2, 256)
+    default = mobilenet.build((3, 8, 8), 10, projector_width=256)
+    assert any(isinstance(m, nn.BatchNorm1d) for m in default.projector.modules())
+    config = load_config(None, ['model.arch="mobilenetv2"', "model.projector=256", 'model.projector_form="feddecorr_moon"',
+                                'data.dataset="synthetic"'])
+    assert config.model.options["projector_form"] == "feddecorr_moon"
+    with pytest.raises(ConfigError, match="model.projector_form"):
+        mobilenet.build((3, 8, 8), 10, projector_width=256, projector_form="moon")
+    with pytest.raises(ConfigError, match="projector_layers"):
+        mobilenet.build((3, 8, 8), 10, projector_width=256, projector_layers=3, projector_form="feddecorr_moon")
+
+
 def test_resnet50_single_tiny_forward() -> None:
     model = resnet.build_resnet50((3, 8, 8), 5).eval()
     with torch.no_grad():

@@ -183,8 +183,11 @@ def retrain_classifier(
     generator: torch.Generator,
     momentum: float = 0.0,
     weight_decay: float = 0.0,
+    loss: str = "ce",
 ) -> tuple[Tensor, Tensor | None]:
-    """Retrain a linear classifier on (virtual) features with cross-entropy and mini-batch SGD.
+    """Retrain a linear classifier on (virtual) features with cross-entropy (CCVR, Luo et al. 2021) or
+    SphereFed's MSE (1/C)‖Wz + b − onehot(y)‖² averaged over the batch (``loss = "mse"``: one of the two
+    losses SphereFed's Table 4 sanity check tries), and mini-batch SGD.
 
     The inputs are not modified: the function trains copies and returns them detached.
 
@@ -194,6 +197,7 @@ def retrain_classifier(
         features: ``(M, l)``; labels: ``(M,)`` integer.
         epochs: passes over the features, each in an order drawn from ``generator``.
         lr, batch_size, momentum, weight_decay: plain SGD settings.
+        loss: ``"ce"`` or ``"mse"``.
         generator: the source of the shuffling.
 
     Returns:
@@ -203,6 +207,8 @@ def retrain_classifier(
         raise ValueError("features must be (M, l) with l = weight.shape[1] and labels (M,)")
     if batch_size < 1:
         raise ValueError(f"batch_size must be positive, got {batch_size}")
+    if loss not in ("ce", "mse"):
+        raise ValueError(f"loss must be 'ce' or 'mse', got {loss!r}")
     w = weight.detach().clone().requires_grad_(True)
     b = None if bias is None else bias.detach().clone().requires_grad_(True)
     params = [w] if b is None else [w, b]
@@ -215,8 +221,15 @@ def retrain_classifier(
             order = torch.randperm(n, generator=generator, device=generator.device).to(w.device)
             for start in range(0, n, batch_size):
                 index = order[start : start + batch_size]
-                loss = F.cross_entropy(F.linear(x[index], w, b), y[index])
+                value = _head_loss(loss, F.linear(x[index], w, b), y[index])
                 optimiser.zero_grad(set_to_none=True)
-                loss.backward()
+                value.backward()
                 optimiser.step()
     return w.detach(), None if b is None else b.detach()
+
+
+def _head_loss(kind: str, logits: Tensor, labels: Tensor) -> Tensor:
+    """Cross-entropy, or the mean over the batch of (1/C)‖logits − onehot(y)‖² (SphereFed Eq. 5's MSE)."""
+    if kind == "mse":
+        return F.mse_loss(logits, F.one_hot(labels, logits.shape[1]).to(logits.dtype))
+    return F.cross_entropy(logits, labels)

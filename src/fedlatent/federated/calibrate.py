@@ -1,7 +1,9 @@
 """After-training classifier calibration run federatedly: each client computes statistics of its
 own features under the global encoder (:func:`client_statistics`, the client half), the server
-combines them in client-id order and solves (FFC) or retrains (CCVR) the head
-(:func:`apply_statistics`, the server half). No server code reads a client's data."""
+combines them in client-id order and solves (FFC) or retrains (CCVR, the centralised sanity check)
+the head (:func:`apply_statistics`, the server half). The server reads no client's data, only what
+the client half sends: sums (FFC) or per-class moments (CCVR), except for the centralised sanity
+check, an oracle by design, to which every client sends its features and labels."""
 from __future__ import annotations
 
 import torch
@@ -57,8 +59,9 @@ def apply_statistics(global_state: Tensors, stats: list[Tensors], cal: Calibrati
     (``stats`` in client-id order, so the sums do not depend on reply order). FFC:
     W* = (Σ V_k + λI)⁻¹ Σ U_k, bias set to 0; CCVR: per-class Gaussians pooled, virtual features
     sampled from ``generator``, the head retrained on them; centralised (SphereFed Sec. 5.3,
-    Fig. 4's sanity check): the head retrained with cross-entropy and SGD (``cal.epochs``,
-    ``cal.lr``, batch 64) on the pooled real features, the upper bound FFC and CCVR are measured against."""
+    Table 4's sanity check): the head retrained with SGD (``cal.epochs``, ``cal.lr``, batch 64) on the
+    pooled real features, the upper bound FFC and CCVR are measured against. Both retrain with
+    ``cal.loss``: cross-entropy, or MSE (the paper's sanity check reports the better of the two)."""
     out = dict(global_state)
     if cal.kind == "ffc":
         out[weight_key] = ffc_solve([(s["V"], s["U"]) for s in stats], ridge=cal.ridge).to(global_state[weight_key].dtype)
@@ -75,7 +78,7 @@ def apply_statistics(global_state: Tensors, stats: list[Tensors], cal: Calibrati
         return out
     out[weight_key], bias = retrain_classifier(
         global_state[weight_key], global_state[bias_key] if bias_key else None, x, y,
-        epochs=cal.epochs, lr=cal.lr, batch_size=64, generator=generator)
+        epochs=cal.epochs, lr=cal.lr, batch_size=64, generator=generator, loss=cal.loss)
     if bias_key:
         out[bias_key] = bias
     return out

@@ -253,6 +253,7 @@ class Calibration:
     virtual_per_class: int = 100
     epochs: int = 5
     lr: float = 0.01
+    loss: str = "ce"  # ccvr / centralized: the head's retraining loss, ce | mse
 
 
 @dataclass

@@ -24,6 +24,7 @@ COMMON_KEYS: dict[str, Any] = {
     "calibration": "",          # "" | none | ffc | ccvr | centralized
     "calibration_epochs": 0,    # ccvr / centralized: SGD epochs of the head (0 = 5)
     "calibration_lr": 0.0,      # ccvr / centralized: its learning rate (0 = 0.01)
+    "calibration_loss": "",     # ccvr / centralized: "" (ce) | ce | mse (SphereFed Table 4's sanity check tries both)
     "calibration_ridge": 0.0,
     "calibration_every": 0,
     "calibration_personal": False,
@@ -32,7 +33,8 @@ COMMON_KEYS: dict[str, Any] = {
 }
 CHOICES = {"loss": ("", "ce", "mse"), "head": ("", "learned", "fixed"),
            "head_init": ("", *HEAD_INITS), "normalize_z": ("", "true", "false"),
-           "calibration": ("", "none", "ffc", "ccvr", "centralized"), "finetune_scope": ("", "all", "head")}
+           "calibration": ("", "none", "ffc", "ccvr", "centralized"), "calibration_loss": ("", "ce", "mse"),
+           "finetune_scope": ("", "all", "head")}
 
 
 @dataclass
@@ -146,6 +148,7 @@ def _apply_common(spec: MethodSpec, opts: dict[str, Any]) -> None:
         spec.calibration.personal = opts["calibration_personal"] or spec.calibration.personal
         spec.calibration.epochs = opts["calibration_epochs"] or spec.calibration.epochs
         spec.calibration.lr = opts["calibration_lr"] or spec.calibration.lr
+        spec.calibration.loss = opts["calibration_loss"] or spec.calibration.loss
     if opts["finetune_epochs"]:
         if spec.personalization.kind == "finetune":
             spec.personalization.epochs = opts["finetune_epochs"]

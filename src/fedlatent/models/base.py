@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor, nn
 
+from fedlatent.errors import ConfigError
 from fedlatent.models.sphere import unit_rows
 
 
@@ -104,6 +105,30 @@ def stacked_linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
     """``F.linear`` of C clients at once: x (C, B, in), weight (C, out, in), bias (C, out) or None."""
     w = weight.transpose(1, 2)
     return torch.bmm(x, w) if bias is None else torch.baddbmm(bias.unsqueeze(1), x, w)
+
+
+PROJECTOR_FORMS = ("fc_bn_relu", "feddecorr_moon")
+
+
+def projector(form: str, in_dim: int, width: int, layers: int = 2) -> nn.Sequential:
+    """The projector before the classifier, by ``form``: ``"fc_bn_relu"``, :func:`mlp_projector`
+    (FedUV Sec. 4.1, MOON's paper); ``"feddecorr_moon"``, :func:`halving_projector` (the FedDecorr
+    release's MOON head)."""
+    if form == "fc_bn_relu":
+        return mlp_projector(in_dim, width, layers)
+    if form == "feddecorr_moon":
+        if layers != 2:
+            raise ConfigError(f"model.projector_form = 'feddecorr_moon' has 2 layers, not projector_layers = {layers}")
+        return halving_projector(in_dim, width)
+    raise ConfigError(f"model.projector_form = {form!r}: allowed values are {', '.join(PROJECTOR_FORMS)}")
+
+
+def halving_projector(in_dim: int, width: int) -> nn.Sequential:
+    """Linear(d, d/2) → ReLU → Linear(d/2, ``width``), no BatchNorm and no ReLU on the output: the MOON
+    projection head of the FedDecorr release (approach/moon.py, ``ContrastiveModelWrapper`` with
+    ``--use_proj_head``: ``l1 = Linear(d, d // 2)``, ``l2 = Linear(d // 2, proj_dim = 256)``), which
+    produced FedDecorr Tables 1-2's MOON rows; 1280 → 640 → 256 on MobileNetV2."""
+    return nn.Sequential(nn.Linear(in_dim, in_dim // 2), nn.ReLU(inplace=True), nn.Linear(in_dim // 2, width))
 
 
 def mlp_projector(in_dim: int, width: int, layers: int = 2) -> nn.Sequential:

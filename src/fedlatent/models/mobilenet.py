@@ -18,6 +18,9 @@ the residual sum, as SphereFed's architecture table lists every block (Dong et a
 "Conv(…, k=1), NormLayer, ReLU" for the projection); it adds no parameter. ``first_stride = 2``
 strides stage2's first block (Table 14's TIN_S on TinyImageNet; that block then has no shortcut),
 so that a 64×64 input reaches every later stage at the sides of a 32×32 input with stride 1.
+``projector_form = "feddecorr_moon"`` builds the projector as the FedDecorr release's MOON head,
+Linear(1280, 640) → ReLU → Linear(640, ``projector_width``) without BatchNorm, instead of the
+default FC-BN-ReLU ×2 (:func:`fedlatent.models.base.projector`).
 
 Example:
     >>> model = build((3, 32, 32), num_classes=100)
@@ -33,7 +36,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from fedlatent.models.base import FedModel, mlp_projector
+from fedlatent.models.base import PROJECTOR_FORMS, FedModel, projector
 from fedlatent.models.cnn import (
     FIRST_STRIDE,
     check_first_stride,
@@ -109,11 +112,11 @@ class MobileNetV2(FedModel):
 
     def __init__(self, num_classes: int, in_channels: int = 3, projector_width: int = 0,
                  projector_layers: int = 2, norm: str = "batch", projection_relu: bool = False,
-                 first_stride: int = 1) -> None:
+                 first_stride: int = 1, projector_form: str = "fc_bn_relu") -> None:
         check_projector(projector_width, projector_layers)
         check_first_stride(first_stride)
-        projector = mlp_projector(LAST_CHANNELS, projector_width, projector_layers) if projector_width else None
-        super().__init__(LAST_CHANNELS, num_classes, projector=projector, z_dim=projector_width or None)
+        head = projector(projector_form, LAST_CHANNELS, projector_width, projector_layers) if projector_width else None
+        super().__init__(LAST_CHANNELS, num_classes, projector=head, z_dim=projector_width or None)
         self.stem = nn.Sequential(*_conv_bn(in_channels, STEM_CHANNELS, 3, norm=norm), nn.ReLU())
         stages: list[nn.Sequential] = []
         cin = STEM_CHANNELS
@@ -156,25 +159,35 @@ def build(input_shape: Sequence[int], num_classes: int, *, data_name: str | None
     """Build a :class:`MobileNetV2` for ``input_shape`` = (C, H, W).
 
     Options: ``projector_width`` (0 = none, default), ``projector_layers`` (default 2), ``norm``,
-    ``projection_relu`` (default False), ``first_stride`` (1 | 2, default 1).
-    ``data_name`` only names the data in error messages.
+    ``projection_relu`` (default False), ``first_stride`` (1 | 2, default 1), ``projector_form``
+    ("fc_bn_relu" | "feddecorr_moon", default "fc_bn_relu"). ``data_name`` only names the data in
+    error messages.
     """
     opts = parse_options(options, {"projector_width": 0, "projector_layers": 2, "norm": "batch",
-                                   "projection_relu": False, "first_stride": 1}, arch="mobilenetv2")
+                                   "projection_relu": False, "first_stride": 1, "projector_form": "fc_bn_relu"},
+                         arch="mobilenetv2")
     channels, _, _ = check_input_shape(input_shape, arch="mobilenetv2", min_size=MobileNetV2.min_input_size(),
                                        data_name=data_name)
     return MobileNetV2(num_classes, in_channels=channels, projector_width=opts["projector_width"],
                        projector_layers=opts["projector_layers"], norm=opts["norm"],
-                       projection_relu=opts["projection_relu"], first_stride=opts["first_stride"])
+                       projection_relu=opts["projection_relu"], first_stride=opts["first_stride"],
+                       projector_form=opts["projector_form"])
 
 
 PROJECTION_RELU = Key(False, "a ReLU after each block's linear projection (SphereFed's Table 14 lists one)")
 
 
+PROJECTOR_FORM = Key("fc_bn_relu", "the projector (model.projector > 0): 'fc_bn_relu' (FC-BN-ReLU ×2, FedUV's) or "
+                     "'feddecorr_moon' (Linear(1280, 640)-ReLU-Linear(640, projector), the FedDecorr release's "
+                     "MOON head)", PROJECTOR_FORMS)
+
+
 @register_model("mobilenetv2", reads=("projector",),
-                keys={"norm": NORM, "projection_relu": PROJECTION_RELU, "first_stride": FIRST_STRIDE})
+                keys={"norm": NORM, "projection_relu": PROJECTION_RELU, "first_stride": FIRST_STRIDE,
+                      "projector_form": PROJECTOR_FORM})
 def _mobilenetv2(input_shape: Sequence[int], num_classes: int, *, data_name: str, projector: int,
-                 norm: str, projection_relu: bool, first_stride: int) -> MobileNetV2:
-    """CIFAR MobileNetV2 (1280-d; FedDecorr, MOON, SphereFed; model.projector as resnet18)."""
+                 norm: str, projection_relu: bool, first_stride: int, projector_form: str) -> MobileNetV2:
+    """CIFAR MobileNetV2 (1280-d; FedDecorr, MOON, SphereFed; model.projector as resnet18, its form
+    model.projector_form)."""
     return build(input_shape, num_classes, data_name=data_name, projector_width=projector, norm=norm,
-                 projection_relu=projection_relu, first_stride=first_stride)
+                 projection_relu=projection_relu, first_stride=first_stride, projector_form=projector_form)

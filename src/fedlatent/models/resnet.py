@@ -8,6 +8,12 @@ conv), global average pooling. A shortcut is a 1×1 conv + BN whenever the strid
 changes. FedUV puts a 2-layer FC-BN-ReLU projector (``projector_width`` 256/512/2048) before the
 classifier; ``projector_width = 0`` (the default) means none, and z is then the pooled features.
 ``norm = "group"`` puts GroupNorm where BatchNorm is (SphereFed's ResNet-18; see :mod:`.norm`).
+``stem = "imagenet_nopool"`` replaces the 3×3 stride-1 stem with torchvision's ImageNet stem (7×7
+stride-2 conv, padding 3, + norm + ReLU) *without* its 3×3 stride-2 max-pool: FedUV's ResNet-18 and
+ResNet-50 (Son et al. 2024, Sec. 4.1 'Models': "removing the initial max-pooling layer"), which
+downsample 16× (layer4 at 2×2 for a 32×32 input) where the CIFAR form downsamples 8×. The FedUV
+release keeps that stem for ResNet-50 and builds its ResNet-18 as the 3×3 stem with a stride-2
+layer1 (``stem = "cifar"``, ``first_stride = 2``: also 16×, a different network).
 ``first_stride = 2`` strides layer1's first block (its shortcut then becomes a 1×1 conv + norm):
 SphereFed's TIN_S on TinyImageNet (Dong et al. 2022, Tables 13-15), so that 64×64 inputs reach
 layer4 at the 4×4 of a 32×32 input with stride 1.
@@ -39,11 +45,15 @@ from fedlatent.models.cnn import (
 )
 from fedlatent.models.norm import NORM, norm2d
 from fedlatent.models.registry import register_model
+from fedlatent.registry import Key
 
-__all__ = ["BasicBlock", "Bottleneck", "ResNet", "build", "build_resnet18", "build_resnet50"]
+__all__ = ["STEM", "BasicBlock", "Bottleneck", "ResNet", "build", "build_resnet18", "build_resnet50", "make_stem"]
 
 _PLANES = (64, 128, 256, 512)
 _STRIDES = (1, 2, 2, 2)
+STEMS = ("cifar", "imagenet_nopool")
+STEM = Key("cifar", "the stem: 'cifar' (3×3 stride-1 conv, no max-pool: SphereFed, FedDecorr) or "
+           "'imagenet_nopool' (torchvision's 7×7 stride-2 conv without its max-pool: FedUV Sec. 4.1)", STEMS)
 
 
 def staged_encode(model: nn.Module, x: Tensor, taps: frozenset[str], *, stem: Callable[[Tensor], Tensor] | None = None,
@@ -114,6 +124,16 @@ class Bottleneck(nn.Module):
         return F.relu(out + self.shortcut(x))
 
 
+def make_stem(kind: str, in_channels: int, norm: str) -> nn.Sequential:
+    """The stem conv + norm + ReLU: 3×3 stride 1 (``"cifar"``) or 7×7 stride 2, padding 3, no max-pool
+    (``"imagenet_nopool"``: He et al.'s ImageNet stem minus the pool, FedUV Sec. 4.1)."""
+    if kind not in STEMS:
+        raise ConfigError(f"model.stem = {kind!r}: allowed values are {', '.join(STEMS)}")
+    kernel, stride, padding = (3, 1, 1) if kind == "cifar" else (7, 2, 3)
+    return nn.Sequential(nn.Conv2d(in_channels, 64, kernel, stride=stride, padding=padding, bias=False),
+                         norm2d(norm, 64), nn.ReLU())
+
+
 _DEPTHS: dict[int, tuple[type[BasicBlock] | type[Bottleneck], tuple[int, int, int, int]]] = {
     18: (BasicBlock, (2, 2, 2, 2)),
     50: (Bottleneck, (3, 4, 6, 3)),
@@ -129,13 +149,14 @@ class ResNet(FedModel):
     - ``"layer4"``: N×512e×H/8×W/8; ``"layer3"``: N×256e×H/4×W/4; ``"layer2"``: N×128e×H/2×W/2;
       ``"layer1"``: N×64e×H×W (the stem keeps the input size); ``"stem"``: N×64×H×W
       (sides round up: a stride-2 stage gives ceil(n/2)); with ``first_stride = 2`` every side
-      from layer1 on is halved once more.
+      from layer1 on is halved once more, with ``stem = "imagenet_nopool"`` every side from the stem on.
     """
 
     tap_names = ("pool", "layer4", "layer3", "layer2", "layer1", "stem")
 
     def __init__(self, depth: int, num_classes: int, in_channels: int = 3, projector_width: int = 0,
-                 projector_layers: int = 2, norm: str = "batch", first_stride: int = 1) -> None:
+                 projector_layers: int = 2, norm: str = "batch", first_stride: int = 1,
+                 stem: str = "cifar") -> None:
         if depth not in _DEPTHS:
             raise ConfigError(f"model.depth = {depth!r} is not one of {', '.join(map(str, _DEPTHS))}")
         check_projector(projector_width, projector_layers)
@@ -145,8 +166,7 @@ class ResNet(FedModel):
         projector = mlp_projector(encoder_dim, projector_width, projector_layers) if projector_width else None
         super().__init__(encoder_dim, num_classes, projector=projector, z_dim=projector_width or None)
         self.depth = depth
-        self.stem = nn.Sequential(nn.Conv2d(in_channels, 64, 3, stride=1, padding=1, bias=False),
-                                  norm2d(norm, 64), nn.ReLU())
+        self.stem = make_stem(stem, in_channels, norm)
         stages: list[nn.Sequential] = []
         cin = 64
         for planes, stride, count in zip(_PLANES, (first_stride, *_STRIDES[1:]), counts):
@@ -159,7 +179,8 @@ class ResNet(FedModel):
 
     @classmethod
     def min_input_size(cls) -> int:
-        """Smallest input side: every conv is padded (3×3, pad 1), so any side ≥ 1 works."""
+        """Smallest input side: every conv is padded (3×3, pad 1; the ImageNet stem's 7×7, pad 3), so
+        any side ≥ 1 works."""
         path: list[ConvSpec] = [(3, 1, 1)]
         for stride in _STRIDES:
             path += [(1, 1, 0), (3, stride, 1), (3, 1, 1), (1, 1, 0)]  # covers both block kinds
@@ -175,15 +196,16 @@ def build(input_shape: Sequence[int], num_classes: int, *, data_name: str | None
 
     Options: ``depth`` (18 | 50, default 18), ``projector_width`` (0 = none, default; FedUV uses
     256/512/2048), ``projector_layers`` (default 2), ``norm`` ("batch" | "group"), ``first_stride``
-    (1 | 2, default 1). ``data_name`` only names the data in errors.
+    (1 | 2, default 1), ``stem`` ("cifar" | "imagenet_nopool", default "cifar"). ``data_name`` only
+    names the data in errors.
     """
     opts = parse_options(options, {"depth": 18, "projector_width": 0, "projector_layers": 2, "norm": "batch",
-                                   "first_stride": 1}, arch=f"resnet{options.get('depth', 18)}")
+                                   "first_stride": 1, "stem": "cifar"}, arch=f"resnet{options.get('depth', 18)}")
     channels, _, _ = check_input_shape(input_shape, arch=f"resnet{opts['depth']}",
                                        min_size=ResNet.min_input_size(), data_name=data_name)
     return ResNet(opts["depth"], num_classes, in_channels=channels,
                   projector_width=opts["projector_width"], projector_layers=opts["projector_layers"],
-                  norm=opts["norm"], first_stride=opts["first_stride"])
+                  norm=opts["norm"], first_stride=opts["first_stride"], stem=opts["stem"])
 
 
 def build_resnet18(input_shape: Sequence[int], num_classes: int, *, data_name: str | None = None,
@@ -203,19 +225,20 @@ def build_resnet50(input_shape: Sequence[int], num_classes: int, *, data_name: s
 def _no_depth(options: dict[str, Any], arch: str) -> None:
     if "depth" in options:
         raise ConfigError(f"model.depth is not an option of model.arch = '{arch}' "
-                          "(options: projector_width, projector_layers, norm, first_stride)")
+                          "(options: projector_width, projector_layers, norm, first_stride, stem)")
 
 
-@register_model("resnet18", reads=("projector",), keys={"norm": NORM, "first_stride": FIRST_STRIDE})
+@register_model("resnet18", reads=("projector",), keys={"norm": NORM, "first_stride": FIRST_STRIDE, "stem": STEM})
 def _resnet18(input_shape: Sequence[int], num_classes: int, *, data_name: str, projector: int,
-              norm: str, first_stride: int) -> ResNet:
-    """CIFAR ResNet-18 (512-d; model.projector: FC-BN-ReLU ×2 before the classifier)."""
+              norm: str, first_stride: int, stem: str) -> ResNet:
+    """CIFAR ResNet-18 (512-d; model.projector: FC-BN-ReLU ×2 before the classifier; model.stem)."""
     return build_resnet18(input_shape, num_classes, data_name=data_name, projector_width=projector, norm=norm,
-                          first_stride=first_stride)
+                          first_stride=first_stride, stem=stem)
 
 
-@register_model("resnet50", reads=("projector",), keys={"norm": NORM})
+@register_model("resnet50", reads=("projector",), keys={"norm": NORM, "stem": STEM})
 def _resnet50(input_shape: Sequence[int], num_classes: int, *, data_name: str, projector: int,
-              norm: str) -> ResNet:
-    """CIFAR ResNet-50 (2048-d; model.projector as resnet18)."""
-    return build_resnet50(input_shape, num_classes, data_name=data_name, projector_width=projector, norm=norm)
+              norm: str, stem: str) -> ResNet:
+    """CIFAR ResNet-50 (2048-d; model.projector and model.stem as resnet18)."""
+    return build_resnet50(input_shape, num_classes, data_name=data_name, projector_width=projector, norm=norm,
+                          stem=stem)

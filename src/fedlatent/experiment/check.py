@@ -1,0 +1,128 @@
+"""``fedlatent check CONFIG|SPEC``: validate a run configuration or a study (a ``reproduce`` spec by
+name, or a study file) without training, reading data or creating any folder, and print its
+resolved settings.
+
+A configuration prints every key after defaults, one ``key = value`` line each: the sections'
+fields and the model's and data set's own keys (:func:`fedlatent.config.to_dict`), then the method's
+keys after the preset's and the parts' defaults (``algorithm.*``, ``terms[i].*``:
+:func:`fedlatent.methods.resolved_keys`). A study prints the keys common to every cell as such lines,
+then one table row per cell with a column for each key whose value differs between cells. Any invalid
+input raises :class:`fedlatent.errors.UserInputError` (the CLI: one line, exit 2).
+"""
+from __future__ import annotations
+
+import json
+import tomllib
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from fedlatent.analysis.tables import markdown_table
+from fedlatent.config import SECTIONS, RunConfig, apply_overrides, from_dict, load_config, to_dict
+from fedlatent.errors import ConfigError, UserInputError
+from fedlatent.experiment import reproduce
+from fedlatent.experiment.study import Study, load_study
+from fedlatent.methods import resolve, resolved_keys
+
+__all__ = ["check", "flat_settings", "load_target", "show"]
+
+
+def show(value: Any) -> str:
+    """A value as TOML writes it, strings unquoted: ``true``, ``0.001``, ``1e-05``, ``[64, 128]``."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return value
+    if isinstance(value, (int, float)):
+        return repr(value)
+    return json.dumps(value, ensure_ascii=False)
+
+
+def flat_settings(config: RunConfig) -> dict[str, Any]:
+    """Every resolved key of ``config`` as dotted key → value: each section's fields and own keys,
+    then the method's keys after defaults (``algorithm.mu``, ``terms[0].beta``)."""
+    flat: dict[str, Any] = {}
+    for name, value in to_dict(config).items():
+        if name in ("algorithm", "terms"):
+            continue
+        if isinstance(value, dict):
+            flat.update({f"{name}.{k}": v for k, v in value.items()})
+        else:
+            flat[name] = value
+    keys = resolved_keys(config.algorithm, config.terms)
+    flat.update({f"algorithm.{k}": v for k, v in keys.items() if k != "terms"})
+    for i, term in enumerate(keys["terms"]):
+        flat.update({f"terms[{i}].{k}": v for k, v in term.items()})
+    return flat
+
+
+def _is_config(path: Path) -> bool:
+    """Whether the TOML file is a run configuration (only config sections at its top level) rather
+    than a study file."""
+    try:
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as err:
+        raise ConfigError(f"{path}: not valid TOML ({err})") from None
+    except OSError as err:
+        raise UserInputError(f"check: {path}: cannot read it ({err.strerror or err})") from None
+    return set(raw) <= set(SECTIONS)
+
+
+def load_target(target: str, *, tier: str = "full", overrides: Sequence[str] = ()) -> RunConfig | Study:
+    """``target`` as a configuration (a TOML file of config sections), a study file, or a spec name
+    (``fedlatent reproduce --list``), validated; ``overrides`` (``--set`` texts) apply to the
+    configuration or to every cell, last."""
+    path = Path(target)
+    if path.is_file() and _is_config(path):
+        if tier != "full":
+            raise UserInputError(f"check {target}: --tier {tier} applies to a spec or study, not to a configuration")
+        config = load_config(path, overrides)
+        resolve(config.algorithm, config.terms)
+        return config
+    if path.is_file():
+        study = load_study(path, tier=tier)
+    elif target in reproduce.spec_names():
+        return reproduce.load_spec(target, tier=tier, overrides=overrides)
+    else:
+        raise UserInputError(f"check: {target!r} is neither a file nor a spec name (specs: "
+                             f"{', '.join(reproduce.spec_names())})")
+    for cell in study.cells:
+        try:
+            cell.config = from_dict(apply_overrides(to_dict(cell.config), overrides))
+        except ConfigError as err:
+            raise ConfigError(f"{target}: cell {cell.name}: {err}") from None
+    return study
+
+
+def _lines(settings: dict[str, Any]) -> list[str]:
+    width = max((len(k) for k in settings), default=0)
+    return [f"{k:<{width}} = {show(v)}" for k, v in settings.items()]
+
+
+def config_text(config: RunConfig, target: str) -> str:
+    """Every resolved key of a configuration, one line each."""
+    return "\n".join([f"{target}: a valid configuration; every key after defaults:", *_lines(flat_settings(config))])
+
+
+def study_text(study: Study, target: str) -> str:
+    """The keys common to every cell, then a table of the cells and the keys that differ."""
+    flats = [flat_settings(c.config) for c in study.cells]
+    keys = list(dict.fromkeys(k for flat in flats for k in flat))
+    differ = [k for k in keys if len({show(f[k]) if k in f else None for f in flats}) > 1]
+    common = {k: flats[0][k] for k in keys if k not in differ} if flats else {}
+    blocked = any(c.unavailable for c in study.cells)
+    header = ["cell", *differ, *(["not runnable yet"] if blocked else [])]
+    rows = [[c.name, *(show(f[k]) if k in f else "-" for k in differ), *([c.unavailable or ""] if blocked else [])]
+            for c, f in zip(study.cells, flats)]
+    tier = "" if study.tier == "full" else f" ({study.tier} tier)"
+    return "\n".join([f"{target}{tier}: {study.title or 'study'}: {len(study.cells)} valid cells; axes "
+                      f"{' × '.join(a.name for a in study.axes) or '-'}",
+                      f"keys common to every cell ({len(common)}):", *("  " + line for line in _lines(common)),
+                      f"keys that differ between cells ({len(differ)}), one row per cell:",
+                      markdown_table(header, rows)])
+
+
+def check(target: str, *, tier: str = "full", overrides: Sequence[str] = ()) -> str:
+    """Validate ``target`` (see :func:`load_target`) and return its resolved settings as text."""
+    loaded = load_target(target, tier=tier, overrides=overrides)
+    return config_text(loaded, target) if isinstance(loaded, RunConfig) else study_text(loaded, target)

@@ -473,3 +473,23 @@ def test_the_pooled_census_is_the_float64_statistics_of_the_files_together():
     np.testing.assert_allclose(got["mean"].numpy().ravel(), together.mean(axis=(0, 2, 3)), rtol=1e-6)
     np.testing.assert_allclose(got["std"].numpy().ravel(), together.std(axis=(0, 2, 3)), rtol=1e-6)
     assert server_app.Census({0: 1}, [7], [0], [0]).normalization() is None
+
+
+def test_the_engine_silences_rays_future_notice_and_nothing_else():
+    """Ray's FutureWarning at ray.init (its text as Ray 2.55 words it) does not reach the user; other
+    warnings do, and Flower's logger is back at its level afterwards."""
+    import logging
+    import warnings
+
+    from fedlatent.backends.flower.engine import quiet_engine
+    flwr_logger = logging.getLogger("flwr")
+    before = flwr_logger.level
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        with quiet_engine():
+            assert flwr_logger.level == logging.ERROR
+            warnings.warn("Tip: In future versions of Ray, Ray will no longer override accelerator visible devices "
+                          "env var if num_gpus=0 or num_gpus=None (default).", FutureWarning, stacklevel=1)
+            warnings.warn("something else", FutureWarning, stacklevel=1)
+    assert [str(w.message) for w in seen] == ["something else"]
+    assert flwr_logger.level == before

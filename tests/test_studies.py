@@ -149,6 +149,16 @@ def test_every_spec_validates_full_and_quick(name: str) -> None:
     assert any(quick.published_for(c.group) for c in quick.cells)
 
 
+@pytest.mark.parametrize("name, tier, data", [("feddecorr_table1", "quick", "digits"), ("ditto_table1", "quick", "Synthetic"),
+                                             ("feddecorr_table1", "cpu", "real CIFAR-10 (subset)"),
+                                             ("feduv_table1", "cpu", "real pacs-96")])
+def test_a_reduced_tier_names_its_data_in_the_header_row(name: str, tier: str, data: str) -> None:
+    header = reproduce.comparison(reproduce.load_spec(name, tier=tier), []).splitlines()[0].split(" | ")
+    assert header[header.index("paper (%)") + 1].endswith(f" on {data} (%)")
+    full = reproduce.comparison(reproduce.load_spec(name), []).splitlines()[0]
+    assert " on " not in full                                      # the paper's data: nothing to say
+
+
 def test_reproduce_list_covers_the_four_papers(capsys: pytest.CaptureFixture) -> None:
     assert main(["reproduce", "--list"]) == 0
     text = capsys.readouterr().out
@@ -303,6 +313,7 @@ def test_reproduce_cpu_tier_runs_the_chosen_cells_on_a_tree_and_states_the_budge
     text = (out / "comparison.md").read_text()
     assert "(cpu tier)" in text and "**Budget: real CIFAR-10" in text and "not the paper's budget" in text
     assert "| cifar10-a0.1 | fedavg | 63.90 |" in text  # compared with CIFAR-100's α = 0.1 column, as stated
+    assert "| fedlatent accuracy on real CIFAR-10 (subset) (%) |" in text
 
 
 @pytest.mark.parametrize("args, needle", [

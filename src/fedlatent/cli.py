@@ -1,4 +1,4 @@
-"""The command line: ``fedlatent run | sweep | report | reproduce | bench | partition | cache | methods | config``.
+"""The command line: ``fedlatent run | check | sweep | report | reproduce | bench | partition | cache | methods | config``.
 
 Exit codes: 0 success, 2 invalid input (one line on stderr, no traceback), 1 anything else (a
 run stopped by the failure policy: one line naming the round, the client and the quantity).
@@ -25,10 +25,19 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--no-progress", action="store_true", help="no progress bar")
     run.add_argument("--no-figures", action="store_true",
                      help="draw no figures (plots/): the run's other files are the same")
+    check = sub.add_parser("check", help="validate a configuration or a spec without training (no data read, no "
+                           "folder made) and print its resolved settings")
+    check.add_argument("target", help="a TOML configuration, a study file, or a spec name (fedlatent reproduce --list)")
+    check.add_argument("--tier", choices=("full", "quick", "cpu"), default="full",
+                       help="a spec's or study's version to check (default: full)")
+    check.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                       help="override one key (in every cell of a spec), repeatable")
     part = sub.add_parser("partition", help="print the partition table of a configuration")
     part.add_argument("config")
     part.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
     part.add_argument("--plot", metavar="PNG", help="save a client × class heatmap to this file")
+    part.add_argument("--full", action="store_true",
+                      help="every client's row (without it: a summary beyond 20 clients)")
     sweep = sub.add_parser("sweep", help="run every cell of a study file (resumable) and tabulate")
     sweep.add_argument("study", help="TOML study file: a base config and a grid")
     sweep.add_argument("--jobs", type=_positive, default=1, help="runs at once, in worker processes")
@@ -96,15 +105,20 @@ def _run(args: argparse.Namespace) -> None:
               file=sys.stderr)
 
 
+def _check(args: argparse.Namespace) -> None:
+    from fedlatent.experiment.check import check
+    print(check(args.target, tier=args.tier, overrides=args.overrides))
+
+
 def _partition(args: argparse.Namespace) -> None:
     from fedlatent.analysis.plots import partition_heatmap
-    from fedlatent.analysis.tables import partition_table
+    from fedlatent.analysis.tables import partition_overview, partition_table
     from fedlatent.config import load_config
     from fedlatent.data.federation import build_federation, counts_table
     config = load_config(args.config, args.overrides)
     federation = build_federation(config.data, config.data_seed)
     counts = counts_table(federation)
-    print(partition_table(counts))
+    print(partition_table(counts) if args.full else partition_overview(counts, full="add --full"))
     if args.plot:
         print(f"saved {partition_heatmap(counts, Path(args.plot))}")
 
@@ -169,7 +183,8 @@ def _cache(args: argparse.Namespace) -> None:
           f"fedlatent cache --clear deletes them)")
 
 
-STUDY_COMMANDS = {"sweep": _sweep, "report": _report, "reproduce": _reproduce, "bench": _bench, "cache": _cache}
+STUDY_COMMANDS = {"sweep": _sweep, "report": _report, "reproduce": _reproduce, "bench": _bench, "cache": _cache,
+                  "check": _check}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -383,20 +383,22 @@ def apply_overrides(raw: dict, overrides: Iterable[str]) -> dict:
 
 def load_config(path: str | Path | None = None, overrides: Iterable[str] = ()) -> RunConfig:
     """Read a TOML run configuration (or the defaults when ``path`` is None) and apply overrides."""
-    raw: dict = {}
-    if path is not None:
-        p = Path(path)
-        if p.is_dir():
-            raise ConfigError(f"config file {p} is a folder, not a TOML file")
-        if not p.is_file():
-            raise ConfigError(f"config file {p} not found")
-        try:
-            raw = tomllib.loads(p.read_text(encoding="utf-8"))
-        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as err:
-            raise ConfigError(f"{p}: not valid TOML ({err})") from None
-        except OSError as err:
-            raise ConfigError(f"config file {p}: cannot read it ({err.strerror or err})") from None
+    raw = {} if path is None else read_toml(Path(path))
     return from_dict(apply_overrides(raw, overrides))
+
+
+def read_toml(path: Path, what: str = "config file") -> dict:
+    """A TOML file's table; a folder, a missing or unreadable file and invalid TOML are one line."""
+    if path.is_dir():
+        raise ConfigError(f"{what} {path} is a folder, not a TOML file")
+    if not path.is_file():
+        raise ConfigError(f"{what} {path} not found")
+    try:
+        return tomllib.loads(path.read_text(encoding="utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as err:
+        raise ConfigError(f"{path}: not valid TOML ({err})") from None
+    except OSError as err:
+        raise ConfigError(f"{what} {path}: cannot read it ({err.strerror or err})") from None
 
 
 def to_dict(config: RunConfig) -> dict:
@@ -456,5 +458,5 @@ def describe() -> str:
 
 
 __all__ = ["RunConfig", "DataConfig", "ModelConfig", "TrainConfig", "ServerConfig", "EvalConfig",
-           "DiagnosticsConfig", "FlowerConfig", "load_config", "from_dict", "to_dict", "to_toml", "apply_overrides", "describe",
+           "DiagnosticsConfig", "FlowerConfig", "load_config", "read_toml", "from_dict", "to_dict", "to_toml", "apply_overrides", "describe",
            "add_check", "ConfigError"]

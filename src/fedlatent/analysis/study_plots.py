@@ -1,14 +1,16 @@
-"""Figures over many runs: a curve per method with a min–max band over seeds, and the per-client
-accuracy distribution of personalised runs. Inputs are plain lists (the experiment layer reads the
+"""Figures over many runs: a panel per setting with a curve per method and a min–max band over
+seeds, and the per-client accuracy distribution of personalised runs. Inputs are plain lists (the experiment layer reads the
 run directories)."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+from matplotlib.lines import Line2D
 from matplotlib.ticker import MaxNLocator
 
-from fedlatent.analysis.plots import new_figure, save
+from fedlatent.analysis.plots import fixed_margins, new_figure, save
 
 Series = tuple[list[int], list[float]]  # rounds, values of one run
 
@@ -20,52 +22,154 @@ def _aligned(runs: list[Series]) -> tuple[np.ndarray, np.ndarray]:
     return np.array(common), values
 
 
-def band_plot(groups: dict[str, list[Series]], ylabel: str, title: str, path: Path, *,
-              logy: bool = False) -> Path:
-    """Mean over seeds per group as a line, min–max over seeds as a shaded band."""
-    fig = new_figure(7.5, 4.2)
-    ax = fig.add_subplot()
-    for label, runs in groups.items():
+Panels = dict[str, dict[str, list[Series]]]  # setting → method → its runs (one per seed)
+LINE_STYLES = ["-", "--", ":", "-.", (0, (5, 1, 1, 1)), (0, (1, 3))]  # one per added term ("+term")
+PANEL_INCHES = (3.8, 2.9)
+MIN_WIDTH = 6.5  # inches: room for a figure's two-line title above a single panel
+MAX_COLUMNS = 4
+
+
+def split_term(label: str) -> tuple[str, str]:
+    """``"fedavg+decorr"`` → ``("fedavg", "+decorr")``: the method and what is added to it."""
+    method, plus, term = label.partition("+")
+    return method, plus + term
+
+
+def method_styles(labels: list[str]) -> dict[str, tuple[tuple[float, ...], Any]]:
+    """A colour and a line style per label, the same in every panel. Up to ten methods (the part
+    before ``+``): each a hue of tab20, dark as such and light with a term added, so that every
+    label has a colour of its own and a method's variants read as one family; each added term
+    (``+decorr``) a line style. More methods: one colour per label (tab20, or evenly spaced
+    turbo beyond 20)."""
+    from matplotlib import colormaps
+    parts = [split_term(label) for label in labels]
+    methods = list(dict.fromkeys(m for m, _ in parts))
+    terms = list(dict.fromkeys(["", *(t for _, t in parts)]))
+    tab20 = colormaps["tab20"].colors
+    if len(methods) <= 10:
+        colours = [tab20[2 * methods.index(m) + (1 if t else 0)] for m, t in parts]
+    elif len(labels) <= 20:
+        colours = list(tab20[:len(labels)])
+    else:
+        colours = [colormaps["turbo"](x) for x in np.linspace(0.05, 0.95, len(labels))]
+    return {label: (tuple(colour), LINE_STYLES[terms.index(t) % len(LINE_STYLES)])
+            for label, colour, (_, t) in zip(labels, colours, parts)}
+
+
+def band_figure(panels: Panels, ylabel: str, title: str, *, logy: bool = False):
+    """One panel per setting (the axes that are not the method), in each the mean over seeds of
+    every method as a line and the min–max over seeds as a band; one legend for all panels, right
+    of them, so that it covers no curve however many cells there are."""
+    labels = list(dict.fromkeys(m for methods in panels.values() for m in methods))
+    styles = method_styles(labels)
+    columns = min(MAX_COLUMNS, len(panels))
+    rows = -(-len(panels) // columns)
+    legend_inches = 0.6 + 0.075 * max(len(label) for label in labels) * (1 + (len(labels) > 24))
+    fig = new_figure(max(MIN_WIDTH, columns * PANEL_INCHES[0] + legend_inches + 0.3),
+                     rows * (PANEL_INCHES[1] + 0.8) + 0.7)
+    axes = fig.subplots(rows, columns, squeeze=False, sharex=True)
+    seeds: set[int] = set()
+    for ax, (setting, methods) in zip(axes.flat, panels.items()):
+        seeds |= _draw_panel(ax, methods, styles, setting, logy)
+    for ax in axes.flat[len(panels):]:
+        ax.set_visible(False)
+    for ax in axes[-1]:
+        ax.set_xlabel("communication round")
+    for ax in axes[:, 0]:
+        ax.set_ylabel(ylabel, fontsize=8)
+    n = "/".join(str(k) for k in sorted(seeds))
+    handles = [Line2D([], [], color=styles[label][0], linestyle=styles[label][1], linewidth=1.8) for label in labels]
+    fig.legend(handles, labels, loc="center left", bbox_to_anchor=(1 - (legend_inches - 0.1) / fig.get_figwidth(), 0.5),
+               fontsize=8, frameon=False, ncols=1 + (len(labels) > 24), title="method")
+    _headed(fig, f"{title}\n(line: mean over seeds, n = {n}; band: min–max over seeds)",
+            left=0.7, right=legend_inches, bottom=0.5, wspace=0.3)
+    fig.subplots_adjust(hspace=0.8 / PANEL_INCHES[1])
+    return fig
+
+
+def _headed(fig, title: str, **margins: float) -> None:
+    """A two-line title in the top inch of ``fig`` and the panels below it (margins in inches), so
+    that the title meets no panel's title at any figure height."""
+    fig.suptitle(title, fontsize=10, y=1 - 0.08 / fig.get_figheight(), va="top")
+    fixed_margins(fig, top=0.95, **margins)
+
+
+def _draw_panel(ax, methods: dict[str, list[Series]], styles, setting: str, logy: bool) -> set[int]:
+    """One setting's curves; returns the numbers of seeds its curves are over."""
+    seeds = set()
+    for label, runs in methods.items():
         runs = [r for r in runs if r[0]]
         if not runs:
             continue
         rounds, values = _aligned(runs)
-        line, = ax.plot(rounds, values.mean(0), marker="." if len(rounds) < 30 else None,
-                        label=f"{label} (n={len(runs)})")
+        colour, style = styles[label]
+        ax.plot(rounds, values.mean(0), color=colour, linestyle=style, linewidth=1.6, label=label,
+                marker="." if len(rounds) < 30 else None, markersize=4)
         if len(runs) > 1:
-            ax.fill_between(rounds, values.min(0), values.max(0), color=line.get_color(), alpha=0.2, linewidth=0)
-    ax.set_xlabel("communication round")
+            ax.fill_between(rounds, values.min(0), values.max(0), color=colour, alpha=0.15, linewidth=0)
+        seeds.add(len(runs))
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.set_ylabel(ylabel)
     if logy:
         ax.set_yscale("log")
-    ax.set_title(f"{title}\n(line: mean over seeds; band: min–max over seeds; n = seeds)", fontsize=10)
+    ax.set_title(setting, fontsize=9)
+    ax.tick_params(labelsize=8)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, loc="best")
-    fig.subplots_adjust(left=0.11, right=0.97, bottom=0.13, top=0.85)
-    return save(fig, path)
+    return seeds
 
 
-def per_client_plot(groups: dict[str, tuple[list[float], list[float]]], path: Path) -> Path:
-    """Box plot of each client's personalised test accuracy (pooled over seeds) per group, with
-    each group's mean majority-class rate as a red bar."""
-    labels = list(groups)
-    fig = new_figure(max(5.0, 1.1 * len(labels) + 2.5), 4.4)
-    ax = fig.add_subplot()
-    ax.boxplot([groups[l][0] for l in labels], showmeans=True)
+def band_plot(panels: Panels, ylabel: str, title: str, path: Path, *, logy: bool = False) -> Path:
+    """:func:`band_figure` saved as a PNG at ``path``."""
+    return save(band_figure(panels, ylabel, title, logy=logy), path)
+
+
+ClientPanels = dict[str, dict[str, tuple[list[float], list[float]]]]  # setting → method → (accuracies, baselines)
+FIGURE_INCHES = 16.0  # the widest a figure of panels side by side grows before it wraps
+
+
+def per_client_figure(panels: ClientPanels):
+    """One panel per setting: per method a box of its clients' personalised test accuracy (pooled
+    over seeds) in the method's colour (:func:`method_styles`), the clients as dots and the mean
+    majority-class rate as a red bar; the method names under each panel."""
+    labels = list(dict.fromkeys(m for methods in panels.values() for m in methods))
+    styles = method_styles(labels)
+    widest = max(len(methods) for methods in panels.values())
+    panel_width = max(3.0, 0.5 * widest + 1.0)
+    columns = max(1, min(len(panels), int(FIGURE_INCHES // panel_width)))
+    rows = -(-len(panels) // columns)
+    bottom = 0.3 + 0.045 * max(len(label) for label in labels)  # the rotated method names
+    fig = new_figure(max(MIN_WIDTH, columns * panel_width + 0.5), rows * (PANEL_INCHES[1] + bottom + 0.3) + 0.7)
+    axes = fig.subplots(rows, columns, squeeze=False, sharey=True)
+    for ax, (setting, methods) in zip(axes.flat, panels.items()):
+        _client_panel(ax, methods, styles, setting)
+    for ax in axes.flat[len(panels):]:
+        ax.set_visible(False)
+    for ax in axes[:, 0]:
+        ax.set_ylabel("personalised test accuracy\nper client (0–1)", fontsize=8)
+    _headed(fig, "Per-client accuracy (dots: clients of every seed; box: quartiles; triangle: mean;\n"
+            "red bar: mean majority-class rate)", left=0.8, right=0.2, bottom=bottom, wspace=0.1)
+    fig.subplots_adjust(hspace=(bottom + 0.35) / PANEL_INCHES[1])
+    return fig
+
+
+def _client_panel(ax, methods: dict[str, tuple[list[float], list[float]]], styles, setting: str) -> None:
+    """One setting's boxes, one per method."""
+    labels = list(methods)
+    boxes = ax.boxplot([methods[m][0] for m in labels], showmeans=True, patch_artist=True, widths=0.6,
+                       medianprops={"color": "k"})
+    for box, label in zip(boxes["boxes"], labels):
+        box.set_facecolor((*styles[label][0][:3], 0.35))
     for i, label in enumerate(labels, start=1):
-        accs, base = groups[label]
-        ax.scatter(np.full(len(accs), i) + np.linspace(-0.12, 0.12, len(accs)), accs, s=9, color="k", alpha=0.5,
-                   zorder=3)
+        accs, base = methods[label]
+        ax.scatter(np.full(len(accs), i) + np.linspace(-0.12, 0.12, len(accs)), accs, s=6, color="k",
+                   alpha=min(0.5, 50 / max(len(accs), 1)), zorder=3)
         if base:
-            ax.hlines(float(np.mean(base)), i - 0.3, i + 0.3, color="tab:red", linewidth=2,
-                      label="majority-class baseline (mean)" if i == 1 else None)
-    ax.set_xticks(range(1, len(labels) + 1), labels, rotation=20, ha="right", fontsize=8)
-    ax.set_ylabel("personalised test accuracy per client (0–1)")
-    ax.set_xlabel("method")
-    ax.set_title("Per-client accuracy (dots: clients of every seed; box: quartiles; triangle: mean)", fontsize=10)
+            ax.hlines(float(np.mean(base)), i - 0.3, i + 0.3, color="tab:red", linewidth=2)
+    ax.set_xticks(range(1, len(labels) + 1), labels, rotation=45, ha="right", fontsize=7)
+    ax.set_title(setting, fontsize=9)
+    ax.tick_params(axis="y", labelsize=8)
     ax.grid(axis="y", alpha=0.3)
-    if any(b for _, b in groups.values()):
-        ax.legend(fontsize=8, loc="lower right")
-    fig.subplots_adjust(left=0.12, right=0.97, bottom=0.28, top=0.9)
-    return save(fig, path)
+
+
+def per_client_plot(panels: ClientPanels, path: Path) -> Path:
+    """:func:`per_client_figure` saved as a PNG at ``path``."""
+    return save(per_client_figure(panels), path)

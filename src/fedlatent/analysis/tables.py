@@ -14,6 +14,12 @@ def format_table(header: list[str], rows: list[list[Any]]) -> str:
     return "\n".join([line(header), line(["-" * w for w in widths])] + [line(r) for r in cells])
 
 
+# up to this many clients the terminal shows every client's row; beyond, a summary (the full
+# table stays in the run directory's partition.txt / partition.json)
+FULL_TABLE_CLIENTS = 20
+WORST_SHOWN = 5  # the clients a per-client summary names
+
+
 def partition_table(counts: np.ndarray) -> str:
     """Samples per client × class with row and column totals."""
     header = ["client"] + [str(c) for c in range(counts.shape[1])] + ["total"]
@@ -22,8 +28,62 @@ def partition_table(counts: np.ndarray) -> str:
     return format_table(header, rows)
 
 
+def partition_summary(counts: np.ndarray) -> str:
+    """The partition in a few lines for any number of clients: samples and classes per client
+    (min / median / max) and the skew, the mean over clients of the largest class's share of the
+    client's samples (1/classes: every client balanced; 1: every client holds one class)."""
+    samples = counts.sum(1)
+    classes = (counts > 0).sum(1)
+    held = samples > 0
+    share = counts[held].max(1) / samples[held] if held.any() else np.zeros(0)
+    rows = [["samples per client", *_spread(samples)], ["classes per client", *_spread(classes)]]
+    skew = (f"skew: largest class share per client, mean {share.mean():.2f} "
+            f"(balanced {1 / counts.shape[1]:.2f}, one class each 1.00)" if share.size else "skew: -")
+    empty = int((~held).sum())
+    return "\n".join([f"{len(counts)} clients, {counts.shape[1]} classes, {int(samples.sum())} training samples",
+                      format_table(["", "min", "median", "max"], rows), skew]
+                     + ([f"{empty} client(s) hold no training sample"] if empty else []))
+
+
+def _spread(values: np.ndarray) -> list[Any]:
+    """Min, median and max of per-client counts (a median halfway between two counts as ``x.5``)."""
+    return [int(values.min()), f"{float(np.median(values)):g}", int(values.max())]
+
+
+def partition_overview(counts: np.ndarray, full: str = "partition.txt and partition.json") -> str:
+    """What the terminal shows of a partition: every client's row up to :data:`FULL_TABLE_CLIENTS`
+    clients, else :func:`partition_summary` and where the full table is (``full``)."""
+    if len(counts) <= FULL_TABLE_CLIENTS:
+        return partition_table(counts)
+    return f"{partition_summary(counts)}\nfull table (client × class): {full}"
+
+
+def per_client_table(rows: list[dict[str, Any]]) -> str:
+    """A personalised run's per-client results: every client up to :data:`FULL_TABLE_CLIENTS`
+    clients; beyond, the distribution over clients (mean, std, quartiles, deciles) and the
+    :data:`WORST_SHOWN` clients of lowest accuracy, so that 1,000 clients stay a screenful."""
+    keys = [k for k in ("accuracy", "balanced_accuracy", "majority_baseline", "val_accuracy")
+            if all(k in r for r in rows)]
+    def clients(shown: list[dict[str, Any]]) -> str:
+        return format_table(["client", *keys], [[r["client"], *(float(r[k]) for k in keys)] for r in shown])
+    if len(rows) <= FULL_TABLE_CLIENTS:
+        return clients(rows)
+    values = np.array([[float(r[k]) for k in keys] for r in rows])
+    # over the clients themselves (ddof = 0, as personalized_accuracy_std); nan (no such value) left out
+    stats = [["mean", *np.nanmean(values, 0)], ["std", *np.nanstd(values, 0)], ["min", *np.nanmin(values, 0)]]
+    stats += [[name, *np.nanquantile(values, q, axis=0)] for name, q in
+              (("p10", 0.1), ("p25", 0.25), ("median", 0.5), ("p75", 0.75), ("p90", 0.9))]
+    stats.append(["max", *np.nanmax(values, 0)])
+    worst = sorted(rows, key=lambda r: r["accuracy"])[:WORST_SHOWN]
+    return "\n".join([f"over {len(rows)} clients:",
+                      format_table(["", *keys], [[s[0], *map(float, s[1:])] for s in stats]),
+                      f"the {len(worst)} clients of lowest accuracy:",
+                      clients(worst)])
+
+
 def summary_table(summary: dict[str, Any]) -> str:
-    """The final result of one run as a two-column table."""
+    """The final result of one run as a two-column table; a personalised run's per-client results
+    below it (:func:`per_client_table`)."""
     final = summary.get("final", {})
     keys = ["accuracy", "balanced_accuracy", "loss", "uncalibrated_accuracy", "personalized_accuracy",
             "personalized_accuracy_std", "personalized_accuracy_worst", "personalized_balanced_accuracy",
@@ -32,7 +92,11 @@ def summary_table(summary: dict[str, Any]) -> str:
     rows += [["headline", summary.get("headline", "accuracy")],  # the metric the data set is compared by
              ["rounds_completed", summary.get("rounds_completed")],
              ["wall_seconds", float(summary.get("wall_seconds", 0.0))]]
-    return format_table(["metric", "value"], rows)
+    table = format_table(["metric", "value"], rows)
+    per_client = final.get("per_client")
+    if not per_client:
+        return table
+    return f"{table}\n\nper client (its personalised model on its test split):\n{per_client_table(per_client)}"
 
 
 def mean_std(values: list[float]) -> tuple[float, float]:

@@ -12,13 +12,12 @@ input raises :class:`fedlatent.errors.UserInputError` (the CLI: one line, exit 2
 from __future__ import annotations
 
 import json
-import tomllib
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from fedlatent.analysis.tables import markdown_table
-from fedlatent.config import SECTIONS, RunConfig, apply_overrides, from_dict, load_config, to_dict
+from fedlatent.config import SECTIONS, RunConfig, apply_overrides, from_dict, load_config, read_toml, to_dict
 from fedlatent.errors import ConfigError, UserInputError
 from fedlatent.experiment import reproduce
 from fedlatent.experiment.study import Study, load_study
@@ -59,13 +58,7 @@ def flat_settings(config: RunConfig) -> dict[str, Any]:
 def _is_config(path: Path) -> bool:
     """Whether the TOML file is a run configuration (only config sections at its top level) rather
     than a study file."""
-    try:
-        raw = tomllib.loads(path.read_text(encoding="utf-8"))
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as err:
-        raise ConfigError(f"{path}: not valid TOML ({err})") from None
-    except OSError as err:
-        raise UserInputError(f"check: {path}: cannot read it ({err.strerror or err})") from None
-    return set(raw) <= set(SECTIONS)
+    return set(read_toml(path, "check:")) <= set(SECTIONS)
 
 
 def load_target(target: str, *, tier: str = "full", overrides: Sequence[str] = ()) -> RunConfig | Study:

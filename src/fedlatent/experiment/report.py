@@ -2,7 +2,8 @@
 
 Runs that differ only in seed form a group (a sweep's cells, from its ``sweep.json``; for loose
 run directories, the same method, data set and partition in ``summary.json``). Tables give mean ±
-std over seeds per group; plots show each group's mean over seeds with a min–max band.
+std over seeds per group; plots show each group's mean over seeds with a min–max band, a panel per
+setting (the axes other than the method) and a colour per method.
 """
 from __future__ import annotations
 
@@ -24,9 +25,23 @@ class RunDir:
     path: Path
     labels: dict[str, str]  # the group's labels and "seed"
 
-    @property
-    def group(self) -> str:
-        return ", ".join(f"{k.split('.')[-1]}={v}" for k, v in self.labels.items() if k != "seed") or "run"
+    def setting(self, method_axis: str | None) -> str:
+        """The run's labels on the axes that are neither the method nor the seed (a figure's panel)."""
+        return ", ".join(f"{k.split('.')[-1]}={v}" for k, v in self.labels.items()
+                         if k not in (method_axis, "seed"))
+
+    def method(self, method_axis: str | None) -> str:
+        """The run's label on the method axis (a curve's colour and line style)."""
+        return self.labels.get(method_axis, "run") if method_axis else "run"
+
+
+METHOD_AXES = ("method", "algorithm.name", "algorithm", "terms")  # the first present names the method
+
+
+def method_axis(axes: list[str]) -> str | None:
+    """The axis a figure draws as curves: the first of :data:`METHOD_AXES` the runs have, else their
+    first axis other than the seed; the other axes make the panels."""
+    return next((a for a in METHOD_AXES if a in axes), next((a for a in axes if a != "seed"), None))
 
 
 def _loose_labels(path: Path) -> dict[str, str]:
@@ -71,11 +86,12 @@ def _series(metrics: list[dict[str, Any]], key: str) -> tuple[list[int], list[fl
     return [p[0] for p in points], [p[1] for p in points]
 
 
-def collect_plots(runs: list[RunDir], out: Path) -> list[Path]:
+def collect_plots(runs: list[RunDir], axes: list[str], out: Path) -> list[Path]:
     """Every figure of the report; a new kind of figure over run directories is one more call here."""
-    groups: dict[str, list[list[dict[str, Any]]]] = defaultdict(list)
+    by_method = method_axis(axes)
+    panels: dict[str, dict[str, list[list[dict[str, Any]]]]] = defaultdict(lambda: defaultdict(list))
     for r in runs:
-        groups[r.group].append(read_metrics(r.path))
+        panels[r.setting(by_method)][r.method(by_method)].append(read_metrics(r.path))
     plots = []
     for key, ylabel, title, name, logy in [
             ("test_accuracy", "test accuracy of the global model (0–1)", "Global test accuracy per round",
@@ -83,15 +99,16 @@ def collect_plots(runs: list[RunDir], out: Path) -> list[Path]:
             ("train_loss", "mean local training loss (nats, log scale)", "Training loss per round", "loss.png", True),
             ("time_train_s", "local training time per round (s, all clients)", "Local training wall time per round",
              "time_train.png", False)]:
-        series = {g: [_series(m, key) for m in ms] for g, ms in groups.items()}
-        if any(s[0] for runs_ in series.values() for s in runs_):
+        series = {setting: {method: [_series(m, key) for m in ms] for method, ms in methods.items()}
+                  for setting, methods in panels.items()}
+        if any(s[0] for methods in series.values() for runs_ in methods.values() for s in runs_):
             plots.append(band_plot(series, ylabel, title, out / name, logy=logy))
-    per_client: dict[str, tuple[list[float], list[float]]] = {}
+    per_client: dict[str, dict[str, tuple[list[float], list[float]]]] = defaultdict(dict)
     for r in runs:
         summary = json.loads((r.path / "summary.json").read_text()) if (r.path / "summary.json").exists() else {}
         rows = summary.get("final", {}).get("per_client", [])
         if rows:
-            accs, base = per_client.setdefault(r.group, ([], []))
+            accs, base = per_client[r.setting(by_method)].setdefault(r.method(by_method), ([], []))
             accs += [c["accuracy"] for c in rows]
             base += [c["majority_baseline"] for c in rows if "majority_baseline" in c]
     if per_client:
@@ -108,4 +125,4 @@ def report(dirs: list[Path], out: Path) -> list[Path]:
     rows = [run_row(str(r.path), r.labels, "finished" if (r.path / "summary.json").exists() else "unfinished", r.path)
             for r in runs]
     tables = write_tables(rows, axes, out, title="fedlatent report", stem="report", formats=("md", "csv", "tex"))
-    return tables + collect_plots(runs, out)
+    return tables + collect_plots(runs, axes, out)

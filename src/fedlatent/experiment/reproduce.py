@@ -99,6 +99,25 @@ def _value(row: dict, metric: str) -> float | None:
     return row.get(metric)
 
 
+# data sets by the names papers give them; one not here is named by its folder (data.root)
+DATA_NAMES = {"digits": "digits", "synthetic": "Synthetic", "cifar10": "CIFAR-10", "cifar100": "CIFAR-100",
+              "stl10": "STL-10", "tinyimagenet": "Tiny ImageNet", "fed_isic2019": "Fed-ISIC2019", "rxrx1": "RxRx1",
+              "ham10000": "HAM10000"}
+
+
+def data_label(study: Study) -> str:
+    """The data a reduced tier's cells ran on, for the column of our numbers: ``digits``, ``real
+    CIFAR-10 (subset)``; empty for the full tier, which runs on the paper's data. So that a reader
+    of the table alone does not take a quick tier's numbers for the paper's data set's."""
+    if study.tier == "full":
+        return ""
+    data = [c.config.data for c in study.cells]
+    names = ", ".join(dict.fromkeys(DATA_NAMES.get(d.dataset, Path(d.root).name or d.dataset) for d in data))
+    real = "real " if study.tier == "cpu" else ""
+    subset = " (subset)" if any(d.train_per_class for d in data) else ""
+    return f"{real}{names}{subset}"
+
+
 def comparison(study: Study, rows: list[dict]) -> str:
     """Paper vs fedlatent per cell (percent), with the majority baseline for personalised metrics."""
     metric = "selected_accuracy" if study.select == "val" else study.metric
@@ -109,7 +128,9 @@ def comparison(study: Study, rows: list[dict]) -> str:
         groups[tuple((k, r[k]) for k in keys)].append(r)
     balanced = " (balanced where the data set's headline)" if any(r.get("headline") == "balanced_accuracy"
                                                                   for r in rows) else ""
-    header = keys + ["paper (%)", f"fedlatent {metric}{balanced} (%)"] + (["majority baseline (%)"] if personal else []) + ["seeds", "status"]
+    data = data_label(study)
+    ours = f"fedlatent {metric}{balanced}" + (f" on {data}" if data else "") + " (%)"
+    header = keys + ["paper (%)", ours] + (["majority baseline (%)"] if personal else []) + ["seeds", "status"]
     body = []
     for group, members in groups.items():
         entry = study.published_for(group)

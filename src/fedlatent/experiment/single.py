@@ -17,7 +17,7 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
-from fedlatent.analysis.tables import partition_table
+from fedlatent.analysis.tables import partition_overview, partition_table
 from fedlatent.backends import auto, simulation, vectorized
 from fedlatent.config import RunConfig, to_toml
 from fedlatent.data.federation import build_federation, counts_table
@@ -158,11 +158,12 @@ def check_out(out: Path, *, resume: bool, create_parents: bool = False) -> None:
 
 
 def write_partition(federation: Federation, out: Path) -> str:
+    """Write the full client × class table (``partition.txt``, ``partition.json``) and return what
+    the terminal shows of it (the table for few clients, a summary for many)."""
     counts = counts_table(federation)
-    table = partition_table(counts)
-    (out / "partition.txt").write_text(table + "\n")
+    (out / "partition.txt").write_text(partition_table(counts) + "\n")
     (out / "partition.json").write_text(json.dumps({"counts": counts.tolist()}))
-    return table
+    return partition_overview(counts, full=f"{out / 'partition.txt'}, {out / 'partition.json'}")
 
 
 def run(config: RunConfig, out: str | Path | None = None, *, resume: bool = False, progress: bool = False,

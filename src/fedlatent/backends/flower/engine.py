@@ -10,6 +10,9 @@ grid. Either way the run directory is the embedded backend's.
 from __future__ import annotations
 
 import logging
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable
 
@@ -38,6 +41,27 @@ def num_supernodes(config: RunConfig, federation: Federation) -> int:
     return min(config.flower.supernodes, n) if config.flower.supernodes else n
 
 
+# Ray's notice, at ray.init, that a default will change in a future Ray (whether it hides the GPUs
+# from actors given none): it asks nothing of a fedlatent user, whose client_gpus set what a client sees
+RAY_FUTURE_NOTICE = r"Tip: In future versions of Ray"
+
+
+@contextmanager
+def quiet_engine() -> Iterator[None]:
+    """Silence what the simulation engine prints that tells a user nothing: Flower's per-message
+    lines and run_simulation's deprecation notice (they would drown fedlatent's own; failures reach
+    fedlatent's log lines and metrics) and Ray's :data:`RAY_FUTURE_NOTICE`; other warnings pass."""
+    flwr_logger = logging.getLogger("flwr")
+    level = flwr_logger.level
+    flwr_logger.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=RAY_FUTURE_NOTICE, category=FutureWarning)
+            yield
+    finally:
+        flwr_logger.setLevel(level)
+
+
 def run(config: RunConfig, federation: Federation, spec: MethodSpec, out: Path, *, resume: bool = False,
         progress: Callable[[dict[str, Any]], None] | None = None,
         grid: Grid | None = None) -> tuple[dict[str, Any], float]:
@@ -52,15 +76,9 @@ def run(config: RunConfig, federation: Federation, spec: MethodSpec, out: Path, 
     def main(grid: Grid, context: Context) -> None:
         result["value"] = serve(grid, config, federation, spec, out, resume=resume, progress=progress)
 
-    flwr_logger = logging.getLogger("flwr")
-    level = flwr_logger.level
-    flwr_logger.setLevel(logging.ERROR)  # Flower's per-message lines and run_simulation's deprecation notice
-    # would drown fedlatent's own; failures reach fedlatent's log lines and metrics
-    try:
+    with quiet_engine():
         run_simulation(server_app, client_app.app, num_supernodes=num_supernodes(config, federation),
                        backend_config=backend_config(config))
-    finally:
-        flwr_logger.setLevel(level)
     if "value" not in result:
         raise RuntimeError("Flower's simulation engine ended before the run finished (see its log above)")
     return result["value"]

@@ -1,0 +1,95 @@
+"""``fedlatent check CONFIG|SPEC``: validates without training, reading data or creating a folder; prints
+every resolved key of a configuration, or a spec's common keys and one row per cell with the keys that
+differ; any error is one line and exit code 2."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from fedlatent.cli import main
+from fedlatent.config import load_config
+from fedlatent.experiment import reproduce
+from fedlatent.experiment.check import flat_settings, show
+
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+
+
+@pytest.fixture
+def empty_cwd(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """An empty working directory, so that a folder the command made would show."""
+    folder = tmp_path / "cwd"
+    folder.mkdir()
+    monkeypatch.chdir(folder)
+    monkeypatch.setenv("FEDLATENT_CACHE_DIR", str(tmp_path / "cache"))
+    return folder
+
+
+def _settings(out: str) -> dict[str, str]:
+    return {k.strip(): v.strip() for k, _, v in (line.partition(" = ") for line in out.splitlines()[1:])}
+
+
+def test_a_config_prints_every_resolved_key_and_makes_nothing(empty_cwd: Path, capsys: pytest.CaptureFixture) -> None:
+    path = CONFIGS / "feduv" / "cifar100_a0.01.toml"
+    assert main(["check", str(path)]) == 0
+    settings = _settings(capsys.readouterr().out)
+    expected = flat_settings(load_config(path))
+    assert settings == {k: show(v) for k, v in expected.items()}  # every key, values as resolved
+    assert (settings["model.stem"], settings["train.batch_size"], settings["algorithm.lam"]) == ("imagenet_nopool", "128", "25.0")
+    assert settings["algorithm.hinge"] == "hinge"  # a preset default the file does not write
+    assert list(empty_cwd.iterdir()) == [] and not (empty_cwd.parent / "cache").exists()
+
+
+def test_set_applies_before_validation(empty_cwd: Path, capsys: pytest.CaptureFixture) -> None:
+    path = CONFIGS / "rxrx1" / "ditto.toml"
+    assert main(["check", str(path), "--set", "train.lr=0.5"]) == 0
+    assert _settings(capsys.readouterr().out)["train.lr"] == "0.5"
+
+
+def test_a_spec_by_name_prints_common_keys_and_a_row_per_cell(empty_cwd: Path, capsys: pytest.CaptureFixture) -> None:
+    assert main(["check", "ditto_table2"]) == 0
+    out = capsys.readouterr().out
+    study = reproduce.load_spec("ditto_table2")
+    head, _, table = out.partition("one row per cell:\n")
+    assert f"{len(study.cells)} valid cells" in head
+    assert "  model.softmax_output" in head and "= false" in head  # common to every cell: in the header
+    lines = table.strip().splitlines()
+    columns = [c.strip() for c in lines[0].strip("|").split("|")]
+    assert columns[0] == "cell" and {"train.lr", "algorithm.lam", "algorithm.mu", "data.dataset"} <= set(columns)
+    assert "model.softmax_output" not in columns  # the same everywhere: not a column
+    rows = {r.split("|")[1].strip(): [c.strip() for c in r.strip("|").split("|")] for r in lines[2:]}
+    assert len(rows) == len(study.cells)
+    row = rows["setting-isic2019_method-ditto+mmdd_seed-2021"]  # Table 3: lr 1e-3, λ 1.0, μ 1.0
+    assert [row[columns.index(k)] for k in ("train.lr", "algorithm.lam", "algorithm.mu")] == ["0.001", "1.0", "1.0"]
+    assert list(empty_cwd.iterdir()) == []
+
+
+def test_a_study_file_and_a_tier(empty_cwd: Path, capsys: pytest.CaptureFixture) -> None:
+    assert main(["check", str(CONFIGS / "studies" / "digits_fedavg_feddecorr.toml")]) == 0
+    assert "valid cells" in capsys.readouterr().out
+    assert main(["check", "spherefed_table3", "--tier", "quick"]) == 0
+    assert "(quick tier)" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("args, says", [
+    (["BAD_KEY"], "unknown key train.lr2"),
+    (["feduv_table1", "--set", "model.nope=1"], "model.nope"),
+    (["no_such_spec"], "neither a file nor a spec name"),
+    (["CONFIG", "--tier", "quick"], "--tier quick applies to a spec"),
+])
+def test_errors_are_one_line_exit_2_and_make_nothing(args: list[str], says: str, empty_cwd: Path,
+                                                     capsys: pytest.CaptureFixture) -> None:
+    bad = empty_cwd.parent / "bad.toml"
+    bad.write_text("[train]\nlr2 = 1\n")
+    args = [{"BAD_KEY": str(bad), "CONFIG": str(CONFIGS / "ditto" / "release_ditto.toml")}.get(a, a) for a in args]
+    assert main(["check", *args]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("fedlatent: error:") and says in err[0], err
+    assert list(empty_cwd.iterdir()) == []
+
+
+def test_every_spec_checks(capsys: pytest.CaptureFixture) -> None:
+    """The issue's acceptance: ``fedlatent check`` on each spec prints its cells' settings and exits 0."""
+    for name in reproduce.spec_names():
+        assert main(["check", name]) == 0, name
+        assert "valid cells" in capsys.readouterr().out

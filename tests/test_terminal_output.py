@@ -1,0 +1,92 @@
+"""What the terminal shows stays short for any number of clients: the partition and a personalised
+run's per-client results as a summary beyond 20 clients, every client's row up to 20."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from fedlatent.analysis.tables import (FULL_TABLE_CLIENTS, partition_overview, partition_summary, per_client_table,
+                                       summary_table)
+from fedlatent.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+DITTO_SYNTHETIC = ROOT / "configs" / "ditto" / "paper_synthetic00_ditto.toml"
+THOUSAND = ["--set", "data.num_clients=1000", "--set", "data.samples_per_client=20"]
+
+
+def _client_rows(printed: str) -> list[list[str]]:
+    """The rows of a table that start with a client id."""
+    return [line.split() for line in printed.splitlines() if line.split() and line.split()[0].isdigit()]
+
+
+def test_partition_of_1000_clients_prints_a_short_summary(capsys) -> None:
+    assert main(["partition", str(DITTO_SYNTHETIC), *THOUSAND]) == 0
+    printed = capsys.readouterr().out
+    assert len(printed.splitlines()) <= 12, printed
+    assert printed.startswith("1000 clients, 10 classes")
+    assert "skew" in printed and "--full" in printed        # the skew, and how to see every row
+    assert main(["partition", str(DITTO_SYNTHETIC), *THOUSAND, "--full"]) == 0
+    assert len(_client_rows(capsys.readouterr().out)) == 1000
+
+
+def test_up_to_20_clients_the_full_table(digits_config: Path, capsys) -> None:
+    assert main(["partition", str(digits_config), "--set", f"data.num_clients={FULL_TABLE_CLIENTS}"]) == 0
+    printed = capsys.readouterr().out
+    assert printed.split()[0] == "client"
+    assert [int(r[0]) for r in _client_rows(printed)] == list(range(FULL_TABLE_CLIENTS))
+
+
+def test_partition_summary_values() -> None:
+    counts = np.array([[4, 0, 0], [2, 2, 0], [1, 1, 1], [0, 0, 0]] * 6)       # 24 clients, 6 of them empty
+    lines = partition_summary(counts).splitlines()
+    assert lines[0] == "24 clients, 3 classes, 66 training samples"
+    rows = {" ".join(line.split()[:3]): line.split()[3:] for line in lines if line.startswith(("samples", "classes"))}
+    assert rows["samples per client"] == ["0", "3.5", "4"]
+    assert rows["classes per client"] == ["0", "1.5", "3"]
+    # the largest class's share, over the clients holding samples: (1 + 1/2 + 1/3) / 3
+    assert "mean 0.61" in lines[-2] and lines[-1] == "6 client(s) hold no training sample"
+    assert partition_overview(counts[:FULL_TABLE_CLIENTS]).splitlines()[0].split()[0] == "client"
+    assert partition_overview(counts, full="here").endswith("full table (client × class): here")
+
+
+def _per_client(n: int) -> list[dict[str, float]]:
+    rng = np.random.default_rng(0)
+    return [{"client": c, "accuracy": float(a), "balanced_accuracy": float(a) / 2, "majority_baseline": 0.5}
+            for c, a in enumerate(rng.uniform(0.1, 1.0, n))]
+
+
+def test_per_client_results_of_1000_clients_are_statistics_and_the_worst() -> None:
+    rows = _per_client(1000)
+    printed = per_client_table(rows)
+    assert len(printed.splitlines()) <= 25, printed
+    stats = {line.split()[0]: float(line.split()[1]) for line in printed.splitlines()
+             if line.split()[:1] and line.split()[0] in ("mean", "std", "min", "median", "max")}
+    accs = np.array([r["accuracy"] for r in rows])
+    assert stats == pytest.approx({"mean": accs.mean(), "std": accs.std(), "min": accs.min(),
+                                   "median": np.median(accs), "max": accs.max()}, abs=5e-5)
+    worst = [int(r[0]) for r in _client_rows(printed.split("lowest accuracy")[1])]
+    assert worst == [int(c) for c in np.argsort(accs)[:5]]
+
+
+def test_per_client_results_up_to_20_clients_are_every_client() -> None:
+    printed = per_client_table(_per_client(FULL_TABLE_CLIENTS))
+    assert [int(r[0]) for r in _client_rows(printed)] == list(range(FULL_TABLE_CLIENTS))
+    summary = {"final": {"personalized_accuracy": 0.5, "per_client": _per_client(3)}}
+    assert summary_table(summary).endswith(per_client_table(_per_client(3)))
+    assert "per client" not in summary_table({"final": {"accuracy": 0.5}})
+
+
+def test_a_1000_client_run_prints_fewer_than_40_lines_before_its_result(tmp_path: Path, capsys) -> None:
+    out = tmp_path / "run"
+    assert main(["run", str(DITTO_SYNTHETIC), *THOUSAND, "--set", "train.rounds=1", "--set", "train.local_epochs=1",
+                 "--no-progress", "--no-figures", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    before, result = printed.split("ditto on synthetic")
+    assert len(before.splitlines()) < 40, before                # the partition, before the first round
+    assert len(result.splitlines()) < 50, result                # the result table and the per-client summary
+    assert f"{out / 'partition.txt'}" in before
+    assert len(json.loads((out / "partition.json").read_text())["counts"]) == 1000
+    assert len((out / "partition.txt").read_text().splitlines()) == 1000 + 3   # header, rule, total

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -149,6 +150,18 @@ CASES: list[tuple[str, Case]] = [
                                                      "diagnostics.trace_terms")),
     ("backend-cannot-run-settings", lambda t: ([str(DIGITS), *_sets("backend=vectorized", "train.optimizer=adam")],
                                                "backend")),
+    # keys the model cannot satisfy: found on its shape before the run starts, not in a client's round
+    ("constraint-depth-beyond-the-model", lambda t: ([str(DIGITS), *_sets("algorithm.name=ditto_cosine",
+                                                                         "algorithm.depth=9")], "cosine.depth = 9")),
+    ("constraint-depth-beyond-the-model-drop-policy",
+     lambda t: ([str(DIGITS), *_sets("algorithm.name=ditto_cosine", "algorithm.depth=9",
+                                     "train.on_client_error=drop")], "cosine.depth = 9")),
+    ("constraint-layer-not-in-the-model", lambda t: ([str(DIGITS), *_sets("algorithm.name=ditto_mkmmd",
+                                                                         'algorithm.layers=["hidden7"]')], "hidden7")),
+    ("decov-groups-beyond-z", lambda t: ([str(DIGITS), *_sets("algorithm.name=structured_decov",
+                                                             "algorithm.groups=200")], "algorithm.groups")),
+    ("orthogonal-head-wider-than-z", lambda t: ([str(DIGITS), *_sets("algorithm.head_init=orthogonal",
+                                                                    "model.hidden=[4]")], "algorithm.head_init")),
     ("unknown-dataset", lambda t: ([str(DIGITS), *_sets("data.dataset=mnist")], "data.dataset")),
     ("unknown-nonfinite-policy", lambda t: ([str(DIGITS), *_sets("train.on_nonfinite=retry")], "train.on_nonfinite")),
     ("unknown-error-policy", lambda t: ([str(DIGITS), *_sets("train.on_client_error=retry")], "train.on_client_error")),
@@ -332,3 +345,31 @@ def test_folders_under_runs_are_created_but_elsewhere_a_missing_parent_is_refuse
     assert main(["run", str(DIGITS), "--no-progress", *_sets("train.rounds=1"), "--out", "results/a/b"]) == 2
     assert "its parent folder results/a does not exist" in capsys.readouterr().err
     assert not (tmp_path / "results").exists()
+
+
+@pytest.mark.parametrize("overrides,message", [
+    (["algorithm.name=ditto_cosine", "algorithm.depth=9"], "cosine.depth = 9: this model has 1 constrainable"),
+    (["algorithm.name=ditto_mmdd", 'algorithm.layers=["z", "hidden7"]'], "mmd_d.layers: 'hidden7' is not a feature"),
+    (["algorithm.name=structured_decov", "algorithm.groups=200"], "algorithm.groups = 200 exceeds the 128"),
+    (["algorithm.head_init=orthogonal", "model.hidden=[4]"], "algorithm.head_init = 'orthogonal': 10 classes"),
+])
+def test_keys_the_model_cannot_satisfy_are_refused_by_prepare(overrides: list[str], message: str) -> None:
+    """Found on the model's shape by ``prepare``, before ``run`` makes the run's folder; no longer in
+    a client's first round, where the failure policy took the error for the client's and "drop"
+    ended the run as a success with every client dropped."""
+    from fedlatent import load_config
+    from fedlatent.errors import ConfigError
+    from fedlatent.experiment import single
+
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        single.prepare(load_config(DIGITS, overrides))
+
+
+def test_a_depth_the_model_has_passes_prepare_with_its_layers_resolved() -> None:
+    from fedlatent import load_config
+    from fedlatent.experiment import single
+
+    _, spec = single.prepare(load_config(DIGITS, ["algorithm.name=ditto_cosine", "algorithm.depth=2",
+                                                  "model.hidden=[32, 16]"]))
+    (part,) = spec.all_parts()
+    assert part.layers == ("z", "hidden1")

@@ -19,6 +19,7 @@ from safetensors.torch import load_file
 
 from fedlatent.backends import simulation
 from fedlatent.cli import main
+from fedlatent.errors import ConfigError
 from fedlatent.experiment import single
 from fedlatent.federated import state as checkpoint_store
 from fedlatent.federated.lockstep import lockstep_update
@@ -68,7 +69,8 @@ def reference(tmp_path_factory) -> Path:
 
 
 def _inject(monkeypatch: pytest.MonkeyPatch, client: int, rnd: int, fault: str) -> list:
-    """Make client ``client``'s local update in round ``rnd`` (1-based) raise or upload NaN weights;
+    """Make client ``client``'s local update in round ``rnd`` (1-based) raise (``"raise"``, or
+    ``"config"``: a ConfigError) or upload NaN weights;
     returns the list the uploads of every call are collected in."""
     real = simulation.local_update
     seen: list = []
@@ -79,6 +81,8 @@ def _inject(monkeypatch: pytest.MonkeyPatch, client: int, rnd: int, fault: str) 
         if rc.client_id == client and sum(u.client_id == client for u in seen) == rnd:
             if fault == "raise":
                 raise RuntimeError("injected failure\nsecond line")
+            if fault == "config":
+                raise ConfigError("algorithm.x = 1: refused by the client")
             first = sorted(upload.state)[0]
             upload.state[first] = upload.state[first].clone().fill_(float("nan"))
         return upload
@@ -266,6 +270,26 @@ def test_vectorized_exception_concerns_every_client_trained_together(
     assert "round 1: 0 client(s) left after dropping 4" in line
 
 
+@pytest.mark.parametrize("policy", ["stop", "drop"])
+def test_a_config_error_in_a_client_is_the_user_s_whatever_the_policy(
+        policy: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    """Not a client failure to drop (the run once ended 'completed' with every client dropped):
+    exit 2 with the error's one line."""
+    _inject(monkeypatch, client=1, rnd=2, fault="config")
+    assert _run(tmp_path / "run", "--set", f"train.on_client_error={policy}") == 2
+    assert capsys.readouterr().err.strip() == "fedlatent: error: algorithm.x = 1: refused by the client"
+
+
+def test_a_config_error_of_clients_trained_together_is_the_user_s(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    def raising(*args):
+        raise ConfigError("algorithm.x = 1: refused by the clients")
+
+    _vectorized(monkeypatch, raising)
+    assert _run(tmp_path / "run", "--set", "backend=vectorized", "--set", "train.on_client_error=drop") == 2
+    assert capsys.readouterr().err.strip() == "fedlatent: error: algorithm.x = 1: refused by the clients"
+
+
 def test_truncated_newest_checkpoint_resumes_from_the_previous_one(reference: Path, tmp_path: Path, capsys,
                                                                    checkpoint_every_round) -> None:
     """The issue's third command: a damaged newest global.safetensors."""
@@ -281,15 +305,38 @@ def test_truncated_newest_checkpoint_resumes_from_the_previous_one(reference: Pa
     assert all(checkpoint_store.verify(p) is None for p in checkpoint_store.round_folders(out / "checkpoints"))
 
 
-def test_no_intact_checkpoint_is_one_line(tmp_path: Path, capsys, checkpoint_every_round) -> None:
+def test_a_short_run_s_only_checkpoint_truncated_resumes_from_the_initial_state(
+        reference: Path, tmp_path: Path, capsys, frozen_clock) -> None:
+    """The engine issue's case: a run shorter than CHECKPOINT_SECONDS keeps one checkpoint; with it
+    truncated, --resume starts again from the initial state (fixed by the seed) and ends exactly as
+    the uninterrupted run, saying so in one line after the damaged checkpoint's."""
+    out = tmp_path / "run"
+    assert _run(out) == 0
+    (only,) = checkpoint_store.round_folders(out / "checkpoints")
+    damaged = only / "global.safetensors"
+    damaged.write_bytes(damaged.read_bytes()[:100])
+    capsys.readouterr()
+    assert _run(out, "--resume") == 0
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 2 and "global.safetensors does not match its checksum" in lines[0]
+    assert lines[1] == (f"fedlatent: warning: --resume: no intact checkpoint under {out / 'checkpoints'}; "
+                        "starting again from the initial state (round 0)")
+    _same_run(out, reference)
+    assert [p.name for p in checkpoint_store.round_folders(out / "checkpoints")] == ["round00003"]
+    assert checkpoint_store.verify(out / "checkpoints" / "round00003") is None
+
+
+def test_no_intact_checkpoint_at_all_starts_again(reference: Path, tmp_path: Path, capsys,
+                                                 checkpoint_every_round) -> None:
     out = tmp_path / "run"
     assert _run(out) == 0
     for folder in checkpoint_store.round_folders(out / "checkpoints"):
         (folder / "clients.safetensors").write_bytes(b"")
     capsys.readouterr()
-    assert _run(out, "--resume") == 2
+    assert _run(out, "--resume") == 0
     lines = capsys.readouterr().err.strip().splitlines()
-    assert len(lines) == 3 and "no intact checkpoint" in lines[-1]   # two warnings, then the error
+    assert len(lines) == 3 and "starting again from the initial state" in lines[-1]   # two warnings, then the restart
+    _same_run(out, reference)
 
 
 def test_checkpoint_store_keeps_two_sealed_rounds_and_skips_unsealed(tmp_path: Path) -> None:
@@ -349,6 +396,7 @@ def write_atomically(path, text):  # dies with the manifest's temporary file hal
 state.write_file, state.write_atomically = write_file, write_atomically
 state.CHECKPOINT_SECONDS = 0.0  # every round written: the kills are counted in checkpoint files
 from fedlatent.cli import main
+from fedlatent.errors import ConfigError
 sys.exit(main(sys.argv[3:]))
 """
 
@@ -428,6 +476,9 @@ def test_screen_applies_each_policy_and_the_minimum() -> None:
         screen(4, outcomes, TrainConfig(on_client_error="drop"))
     with pytest.raises(RunStopped, match=r"^round 5, client 1: ValueError: x \(train.on_client_error = 'stop'\)$"):
         screen(4, outcomes, TrainConfig(on_nonfinite="drop"))
+    # a ConfigError a Flower ClientApp caught comes back as kind "config": the user's error, whatever the policy
+    with pytest.raises(ConfigError, match=r"^cosine.depth = 9: too deep$"):
+        screen(4, [upload(0), ClientFailure(1, "config", "cosine.depth = 9: too deep")], drop_all)
 
 
 def test_first_nonfinite_names_the_first_bad_tensor_and_is_not_fooled_by_an_overflowing_norm() -> None:

@@ -112,13 +112,14 @@ def test_parity_on_the_simulation_engine(method, tmp_path, monkeypatch):
     assert [x["clients"] for x in lines] == [[0, 1, 2, 3]] * 3
 
 
-def failing_client(monkeypatch: pytest.MonkeyPatch, client: int) -> None:
-    """Make ``client``'s local update raise on the nodes (the in-process grid's ClientApp)."""
+def failing_client(monkeypatch: pytest.MonkeyPatch, client: int, error: Exception | None = None) -> None:
+    """Make ``client``'s local update raise ``error`` (by default a RuntimeError, "disk full") on the
+    nodes (the in-process grid's ClientApp)."""
     real = client_app.client_update
 
     def update(ws, spec, task, *args, **kwargs):
         if task.client_id == client:
-            raise RuntimeError("disk full")
+            raise error or RuntimeError("disk full")
         return real(ws, spec, task, *args, **kwargs)
 
     monkeypatch.setattr(client_app, "client_update", update)
@@ -139,6 +140,14 @@ def test_a_raising_client_stops_the_run_by_default(tmp_path, monkeypatch):
     failing_client(monkeypatch, 1)
     with pytest.raises(RunStopped, match=r"round 1, client 1: RuntimeError: disk full"):
         run_experiment(config("flower"), tmp_path / "run", echo=None, grid=InProcessGrid(2))
+
+
+def test_a_config_error_on_a_node_is_the_user_s_whatever_the_policy(tmp_path, monkeypatch):
+    """A ConfigError crosses the message boundary as such (kind "config"), not as a client to drop."""
+    failing_client(monkeypatch, 2, ConfigError("algorithm.x = 1: refused on the node"))
+    with pytest.raises(ConfigError, match=r"^algorithm.x = 1: refused on the node$"):
+        run_experiment(config("flower", ['train.on_client_error="drop"']), tmp_path / "run", echo=None,
+                       grid=InProcessGrid(2))
 
 
 def test_a_silent_node_is_left_out_after_the_timeout(tmp_path):

@@ -10,6 +10,7 @@ from fedlatent.losses import decov, structured_decov
 from fedlatent.methods import resolve
 from fedlatent.methods.parts import TermContext
 from fedlatent.models.base import ModelOutput
+from fedlatent.models.mlp import MLP
 
 
 def _ctx(z: torch.Tensor) -> TermContext:
@@ -36,7 +37,8 @@ def test_bad_keys_are_rejected() -> None:
         resolve({"name": "structured_decov", "groups": 2.5})
     (part,) = resolve({"name": "structured_decov", "groups": 9}).all_parts()
     with pytest.raises(ConfigError, match="groups = 9 exceeds the 8 dimensions"):
-        part.loss(_ctx(torch.randn(4, 8)))
+        part.check_model(MLP(4, [8], 3))  # the run checks it on the model before it starts
+    part.check_model(MLP(4, [9], 3))
 
 
 def test_a_decov_run_records_the_term(tmp_path) -> None:

@@ -24,7 +24,7 @@ import torch
 
 from fedlatent.config import RunConfig
 from fedlatent.data.types import Federation, Split
-from fedlatent.errors import UserInputError
+from fedlatent.errors import ConfigError
 from fedlatent.federated import calibrate
 from fedlatent.federated.client import LocalSettings, Workspace, local_update, state_to_cpu, workspace_for
 from fedlatent.federated.diagnostics import Diagnostics
@@ -47,11 +47,14 @@ def train_in_turn(ws: Workspace, global_state: Tensors, datas: list[Split], spec
                   generators: list[torch.Generator]) -> list[Upload | ClientFailure]:
     """This backend's trainer: the selected clients' local updates one after another (what
     ``round.client_update`` does for one client); a client that raises becomes a
-    :class:`ClientFailure` (the failure policy decides what follows)."""
+    :class:`ClientFailure` (the failure policy decides what follows), except for a ConfigError:
+    the user's to correct (exit 2), whatever the policy."""
     outcomes: list[Upload | ClientFailure] = []
     for data, rc, generator in zip(datas, rcs, generators):
         try:
             outcomes.append(local_update(ws, global_state, data, spec, rc, settings, generator))
+        except ConfigError:
+            raise
         except Exception as exc:  # any error of one client's update is that client's failure
             outcomes.append(ClientFailure(rc.client_id, "error", error_detail(exc), exc))
     return outcomes
@@ -126,7 +129,8 @@ def calibrated(s: Setup, state: Tensors) -> tuple[Tensors, int]:
 
 def train_clients(s: Setup, tasks: list[ClientTask]) -> tuple[list[Upload | ClientFailure], dict[int, Tensors]]:
     """The client half of every task, on this backend's trainer: the outcomes (each client's own
-    non-finite check applied) and the selected clients' new states by id, the store untouched."""
+    non-finite check applied) and the selected clients' new states by id, the store untouched. A
+    ConfigError passes through: a key the clients cannot satisfy is the user's error, not theirs."""
     cfg, fed = s.config, s.federation
     selected = [t.client_id for t in tasks]
     local = settings(s, tasks[0].lr, cfg.train.local_epochs)
@@ -136,6 +140,8 @@ def train_clients(s: Setup, tasks: list[ClientTask]) -> tuple[list[Upload | Clie
     try:
         outcomes = s.trainer(s.workspace, tasks[0].global_state, [fed.clients[cid].train for cid in selected],
                              s.spec, rcs, local, generators)
+    except ConfigError:
+        raise
     except Exception as exc:  # a trainer of clients together (lockstep) fails for all of them
         outcomes = [ClientFailure(cid, "error", f"{error_detail(exc)} (clients {selected} trained together)", exc)
                     for cid in selected]
@@ -207,12 +213,15 @@ def metrics_upto(path: Path, last_round: int) -> list[str]:
 def restore(s: Played, ckpt: Path, num_clients: int, warn: Callable[[str], None]) -> tuple[int, float]:
     """Load the newest intact checkpoint under ``ckpt`` into ``s`` (its server's global and server
     state, its clients' states); return the round it ends and the wall seconds spent before it —
-    (0, 0.0) when the run has no checkpoint yet."""
+    (0, 0.0) when the run has no checkpoint yet, or none intact (``warn`` is told in one line):
+    ``s`` then keeps the initial state, which the seed fixes, so the run starts again and ends
+    as the uninterrupted run. (A run shorter than CHECKPOINT_SECONDS keeps one checkpoint only.)"""
     if not has_checkpoint(ckpt):
         return 0, 0.0
     loaded = load_checkpoint(ckpt, num_clients, warn)
     if loaded is None:
-        raise UserInputError(f"--resume: no intact checkpoint under {ckpt}")
+        warn(f"--resume: no intact checkpoint under {ckpt}; starting again from the initial state (round 0)")
+        return 0, 0.0
     s.server.global_state, s.server.state, s.client_states, info = loaded
     return info["round"], info["elapsed_s"]
 
@@ -222,8 +231,8 @@ def run(config: RunConfig, federation: Federation, spec: MethodSpec, out: Path, 
         trainer: Trainer = train_in_turn, warn: Callable[[str], None] = _warn) -> tuple[dict[str, Any], float]:
     """Train for ``config.train.rounds`` rounds, writing metrics and checkpoints under ``out``;
     return the final evaluation (global, calibrated and personalised) and the run's wall seconds
-    (including the part before a resume). A resume starts from the newest intact checkpoint
-    (``warn`` is told of each damaged one skipped); the failure policy may raise
+    (including the part before a resume). A resume starts from the newest intact checkpoint, else
+    from the initial state (``warn`` is told of each damaged one skipped); the failure policy may raise
     :class:`~fedlatent.federated.failures.RunStopped`, the last good round's checkpoint kept. The
     checkpoints are paced by :class:`~fedlatent.federated.state.Checkpoints`; the last completed
     round's is on disk when this returns or raises."""

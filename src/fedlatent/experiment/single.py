@@ -17,6 +17,8 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from fedlatent.analysis.tables import partition_overview, partition_table
 from fedlatent.backends import auto, simulation, vectorized
 from fedlatent.config import RunConfig, to_toml
@@ -30,8 +32,9 @@ from fedlatent.federated import compiled, devices
 from fedlatent.federated.failures import RunStopped
 from fedlatent.federated.round import sample_clients
 from fedlatent.federated.state import write_atomically
-from fedlatent.methods import resolve, resolved_keys
+from fedlatent.methods import check_model, resolve, resolved_keys
 from fedlatent.methods.parts import MethodSpec
+from fedlatent.models import build_model
 
 
 
@@ -98,6 +101,7 @@ def prepare(config: RunConfig) -> tuple[Federation, MethodSpec]:
         if reason:
             raise ConfigError(f"train.compile = true: {reason}")
     federation = build_federation(config.data, config.data_seed)
+    check_model_fit(config, federation, spec)
     if config.backend == "vectorized":
         vectorized.check(config, spec)
     sampled = len(sample_clients(config.seed, 0, len(federation.clients), config.train.participation))
@@ -105,6 +109,16 @@ def prepare(config: RunConfig) -> tuple[Federation, MethodSpec]:
         raise ConfigError(f"train.min_clients = {config.train.min_clients}: more than the {sampled} clients "
                           f"sampled per round")
     return federation, spec
+
+
+def check_model_fit(config: RunConfig, federation: Federation, spec: MethodSpec) -> None:
+    """Refuse the method's keys the model cannot satisfy (:func:`fedlatent.methods.check_model`:
+    a constraint's depth, a layer it names) before the run's folder exists, not in a client's
+    round. The model is built on the meta device: its shape alone, no memory, no weights file read."""
+    with torch.device("meta"):
+        model = build_model(dataclasses.replace(config.model, weights=""), federation.input_shape,
+                            federation.num_classes, federation.name)
+    check_model(spec, model)
 
 
 def resolve_backend(config: RunConfig, federation: Federation, spec: MethodSpec, echo=None) -> RunConfig:

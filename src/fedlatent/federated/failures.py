@@ -5,7 +5,9 @@ term, or the weights it uploads are not finite (``train.on_nonfinite``). Policy 
 the run at once with :class:`RunStopped`, whose message is one line naming the round, the client
 and the quantity; ``"drop"`` leaves the client out of the round's aggregate (the backend records
 it in ``metrics.jsonl``). A round left with fewer than ``train.min_clients`` clients stops the run;
-with ``min_clients = 0`` a round that drops every client leaves the global model as it was.
+with ``min_clients = 0`` a round that drops every client leaves the global model as it was. A
+ConfigError a client raises is no failure of the client but the user's error, whatever the
+policy: it ends the run as invalid input (exit 2).
 
 These are plain functions of uploads and outcomes, so a backend that trains clients elsewhere (a
 Flower ClientApp) applies the same policy to what comes back.
@@ -19,7 +21,7 @@ from typing import Iterable
 import torch
 
 from fedlatent.config import TrainConfig
-from fedlatent.errors import RunStopped
+from fedlatent.errors import ConfigError, RunStopped
 from fedlatent.methods.parts import Tensors, Upload
 
 LOSS_KEYS = ("train_loss", "personal_loss")  # besides every "term_*" metric
@@ -30,7 +32,8 @@ __all__ = ["ClientFailure", "RunStopped", "all_finite", "error_detail", "first_n
 
 @dataclass(frozen=True)
 class ClientFailure:
-    """One client left out of a round: ``kind`` is "nonfinite" or "error"; ``detail`` says what;
+    """One client left out of a round: ``kind`` is "nonfinite", "error" or "config" (a ConfigError
+    raised where no exception can reach the server: a Flower ClientApp); ``detail`` says what;
     ``error`` is the exception raised, kept as the cause of a stop (its traceback, for Python users)."""
 
     client: int
@@ -138,7 +141,8 @@ def screen(rnd: int, outcomes: list[Upload | ClientFailure], cfg: TrainConfig,
     never sees client states). ``replies_checked``: the uploads are the ones ``round.checked_all``
     found finite in this process (the embedded backends), so they are not checked again; replies
     that crossed a process boundary are. Returns the uploads to aggregate and the clients
-    dropped; raises :class:`RunStopped` when the policy says stop or too few clients remain."""
+    dropped; raises :class:`RunStopped` when the policy says stop or too few clients remain, and
+    the ConfigError of a client's "config" failure."""
     kept: list[Upload] = []
     dropped: list[ClientFailure] = []
     uploads = [o for o in outcomes if isinstance(o, Upload)]
@@ -152,6 +156,8 @@ def screen(rnd: int, outcomes: list[Upload | ClientFailure], cfg: TrainConfig,
                 kept.append(outcome)
                 continue
             outcome = ClientFailure(outcome.client_id, "nonfinite", f"non-finite {quantity}")
+        if outcome.kind == "config":
+            raise ConfigError(outcome.detail) from outcome.error
         policy = cfg.on_nonfinite if outcome.kind == "nonfinite" else cfg.on_client_error
         key = "train.on_nonfinite" if outcome.kind == "nonfinite" else "train.on_client_error"
         if policy == "stop":

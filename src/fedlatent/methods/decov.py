@@ -15,6 +15,7 @@ from fedlatent.errors import ConfigError
 from fedlatent.losses.decov import decov, structured_decov
 from fedlatent.methods.parts import MethodSpec, Part, TermContext
 from fedlatent.methods.registry import register_part, register_preset
+from fedlatent.models.base import FedModel
 
 
 class DeCov(Part):
@@ -37,10 +38,11 @@ class StructuredDeCov(Part):
             raise ConfigError(f"algorithm.groups = {groups!r}: expected an integer ≥ 1")
         self.weight, self.groups = beta, groups
 
+    def check_model(self, model: FedModel) -> None:
+        if self.groups > model.z_dim:
+            raise ConfigError(f"algorithm.groups = {self.groups} exceeds the {model.z_dim} dimensions of z")
+
     def loss(self, ctx: TermContext) -> Tensor:
-        d = ctx.out.z.shape[1]
-        if self.groups > d:
-            raise ConfigError(f"algorithm.groups = {self.groups} exceeds the {d} dimensions of z")
         return structured_decov(ctx.out.z, self.groups)
 
 

@@ -17,9 +17,9 @@ as parts and the presets that combine them with Ditto:
 
 Layers (``depth``): depth 1 constrains z, the classifier's input (for the 60 → 20 → 10 MLP of the
 Synthetic experiments, the 20-d hidden output); depth d adds the d − 1 deepest named features of
-``model.tap_names`` (read when the client starts a round). ``layers`` names the features
-explicitly instead (``"z"`` or tap names), overriding ``depth``. With several layers the
-per-layer distances are summed.
+``model.tap_names`` (checked before the run starts, read again when a client starts a round).
+``layers`` names the features explicitly instead (``"z"`` or tap names), overriding ``depth``.
+With several layers the per-layer distances are summed.
 
 Per-client state (checkpointed with the client's other tensors): β under ``mk_mmd.beta.<layer>``,
 the deep kernel's weights under ``mmd_d.kernel.<layer>.``. The accumulated feature batches and the
@@ -59,7 +59,7 @@ from fedlatent.losses.mmd import (kernel_bandwidths, mk_mmd_batch, mmd_estimates
 from fedlatent.losses.mmd_d import DeepKernel, GramWorkspace, mmd_d_stacked, stack_parameters, train_deep_kernels
 from fedlatent.methods.parts import ClientRound, LockstepContext, MethodSpec, Part, Personalization, TermContext
 from fedlatent.methods.registry import register_part, register_preset
-from fedlatent.models.base import ModelOutput
+from fedlatent.models.base import FedModel, ModelOutput
 from fedlatent.seeding import KERNEL_INIT, derive_seed
 
 # keys shared by the part and its preset (the preset adds ``lam``); defaults follow the paper
@@ -123,8 +123,10 @@ class FeatureDrift(Part):
         self.layers: tuple[str, ...] = self.explicit or ("z",)
         self.taps = frozenset(self.layers) - {"z"}
 
-    def begin(self, rc: ClientRound) -> None:
-        names = tuple(getattr(rc.model, "tap_names", ()))
+    def check_model(self, model: FedModel) -> None:
+        """The constrained layers from the model's features (``layers``, else ``depth``); a name or
+        a depth the model does not have is a ConfigError."""
+        names = tuple(getattr(model, "tap_names", ()))
         if self.explicit:
             unknown = [l for l in self.explicit if l != "z" and l not in names]
             if unknown:
@@ -136,6 +138,9 @@ class FeatureDrift(Part):
         else:
             self.layers = ("z",) + names[:self.depth - 1]
         self.taps = frozenset(self.layers) - {"z"}
+
+    def begin(self, rc: ClientRound) -> None:
+        self.check_model(rc.model)  # a client that built its own parts (Flower's) resolves them here
 
     def pairs(self, out: ModelOutput, global_out: ModelOutput, batch_dims: int = 1) -> dict[str, tuple[Tensor, Tensor]]:
         """(personal, frozen global) features of the batch, per constrained layer."""

@@ -16,12 +16,24 @@ from fedlatent.models.base import FedModel
 def orthonormal_rows(num_classes: int, dim: int, generator: torch.Generator) -> torch.Tensor:
     """C×l matrix with orthonormal rows: Q of the QR decomposition of an l×C Gaussian, transposed
     (SphereFed, Dong et al. 2022, Sec. 3.1). Needs C ≤ l."""
-    if num_classes > dim:
-        raise ConfigError(f"algorithm.head_init = 'orthogonal': {num_classes} classes need a representation "
-                          f"of at least {num_classes} dimensions, the model's z has {dim}")
+    _check_orthogonal(num_classes, dim)
     q, r = torch.linalg.qr(torch.randn(dim, num_classes, generator=generator, dtype=torch.float64))
     q = q * torch.sign(torch.diagonal(r))  # a unique Q for the Gaussian draw
     return q.T.contiguous().float()
+
+
+def _check_orthogonal(num_classes: int, dim: int) -> None:
+    """Orthonormal rows exist only for C ≤ l."""
+    if num_classes > dim:
+        raise ConfigError(f"algorithm.head_init = 'orthogonal': {num_classes} classes need a representation "
+                          f"of at least {num_classes} dimensions, the model's z has {dim}")
+
+
+def check_head(policy: HeadPolicy, model: FedModel) -> None:
+    """Refuse a head policy ``model`` cannot take (orthonormal rows wider than its z), from the
+    model's shape alone: what :func:`apply_head` would raise, without drawing the rows."""
+    if policy.init == "orthogonal":
+        _check_orthogonal(model.classifier.out_features, model.classifier.in_features)
 
 
 def tammes_rows(num_classes: int, dim: int, generator: torch.Generator, steps: int = 10_000) -> torch.Tensor:

@@ -129,6 +129,13 @@ class Part:
         """Adjust the method's head, task loss or calibration (SphereFed's part does); called once
         when the method is resolved."""
 
+    def check_model(self, model: FedModel) -> None:
+        """Refuse a key ``model`` cannot satisfy (a ConfigError naming it: a constraint's depth
+        beyond the model's features, a width beyond z's) and resolve what the keys derive from the
+        model (the features a depth names). The run calls it on the model's shape before any run
+        folder exists (:func:`fedlatent.methods.registry.check_model`), so that such a key is the
+        user's error, never a client's failure in round 1."""
+
     # client side -------------------------------------------------------------------------------
     def begin(self, rc: ClientRound) -> None:
         """Before local training (read state/payload, keep round-scoped data in

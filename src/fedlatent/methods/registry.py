@@ -10,7 +10,9 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from fedlatent.errors import ConfigError
+from fedlatent.methods.head import check_head
 from fedlatent.methods.parts import HEAD_INITS, Calibration, HeadPolicy, MethodSpec, Part, Personalization
+from fedlatent.models.base import FedModel
 from fedlatent.registry import same_kind
 
 # keys every preset accepts (None = the preset's own choice)
@@ -161,6 +163,15 @@ def _apply_common(spec: MethodSpec, opts: dict[str, Any]) -> None:
             raise ConfigError(f"algorithm.finetune_scope = {opts['finetune_scope']!r}: '{spec.name}' does not "
                               "fine-tune; set algorithm.finetune_epochs > 0")
         spec.personalization.scope = opts["finetune_scope"]
+
+
+def check_model(spec: MethodSpec, model: FedModel) -> None:
+    """Refuse the method's keys that ``model`` cannot satisfy — a part's (a constraint's depth or
+    layers, Structured-DeCov's groups) or the head's (orthonormal rows wider than z) — with one
+    ConfigError naming the key. ``model`` may be built on the meta device: only its shape is read."""
+    check_head(spec.head, model)
+    for part in spec.all_parts():
+        part.check_model(model)
 
 
 def catalogue() -> str:

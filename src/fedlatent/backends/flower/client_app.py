@@ -39,6 +39,7 @@ from fedlatent.config import RunConfig, from_dict
 from fedlatent.data.compact import Images
 from fedlatent.data.federation import build_federation, channel_census
 from fedlatent.data.types import ClientData, Federation, Split
+from fedlatent.errors import ConfigError
 from fedlatent.federated.calibrate import client_statistics
 from fedlatent.federated.client import Workspace, state_to_cpu, workspace_for
 from fedlatent.federated.diagnostics import (label_counts, mean_value_counts, mean_value_range, split_statistics,
@@ -189,7 +190,9 @@ def train(msg: Message, context: Context) -> Message:
             upload, new_state = client_update(job.workspace, job.spec, task, job.clients[task.client_id].train,
                                               state, settings, cfg.seed)
             outcome = checked(upload, new_state)
-        except Exception as exc:  # any error of the client's update is that client's failure
+        except ConfigError as exc:  # the user's error: the server ends the run with it (exit 2)
+            outcome = ClientFailure(task.client_id, "config", str(exc))
+        except Exception as exc:  # any other error of the client's update is that client's failure
             outcome = ClientFailure(task.client_id, "error", error_detail(exc))
         if isinstance(outcome, ClientFailure):
             outcomes.append((outcome, None))

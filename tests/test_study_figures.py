@@ -93,6 +93,17 @@ def test_64_cells_in_8_panels_stay_on_the_canvas_with_the_legend_right_of_them()
     assert all(fig.bbox.contains(*_bbox(fig, ax).p0) and fig.bbox.contains(*_bbox(fig, ax).p1) for ax in panels)
 
 
+@pytest.mark.parametrize("count, grid", [(4, (2, 2)), (5, (2, 3)), (8, (3, 3))])
+def test_panels_wrap_in_rows_as_even_as_they_come_each_column_with_its_round_axis(count: int, grid: tuple) -> None:
+    """At most three panels side by side (a laptop's browser shows the figure at a readable size);
+    the lowest panel of every column, above an empty slot too, names its x-axis."""
+    fig = band_figure(_panels([f"s{i}" for i in range(count)], ["fedavg"]), "accuracy", "Accuracy")
+    panels = [ax for ax in fig.axes if ax.get_visible()]
+    assert panels[0].get_subplotspec().get_gridspec().get_geometry() == grid
+    labelled = [ax for ax in panels if ax.get_xlabel() and ax.xaxis.get_tick_params()["labelbottom"]]
+    assert len(labelled) == grid[1]
+
+
 def test_report_on_a_16_cell_2_setting_study_facets_by_the_setting(tmp_path: Path, monkeypatch) -> None:
     from fedlatent.analysis import study_plots
     drawn = []

@@ -1,6 +1,6 @@
 """Figures over many runs: a panel per setting with a curve per method and a min–max band over
-seeds, and the per-client accuracy distribution of personalised runs. Inputs are plain lists (the experiment layer reads the
-run directories)."""
+seeds, the per-client accuracy distribution of personalised runs, and a reproduced table's numbers
+beside the paper's. Inputs are plain lists (the experiment layer reads the run directories)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -10,6 +10,7 @@ import numpy as np
 from matplotlib.lines import Line2D
 from matplotlib.ticker import MaxNLocator
 
+from fedlatent.analysis.compare import Compared
 from fedlatent.analysis.plots import fixed_margins, new_figure, save
 
 Series = tuple[list[int], list[float]]  # rounds, values of one run
@@ -26,7 +27,7 @@ Panels = dict[str, dict[str, list[Series]]]  # setting → method → its runs (
 LINE_STYLES = ["-", "--", ":", "-.", (0, (5, 1, 1, 1)), (0, (1, 3))]  # one per added term ("+term")
 PANEL_INCHES = (3.8, 2.9)
 MIN_WIDTH = 6.5  # inches: room for a figure's two-line title above a single panel
-MAX_COLUMNS = 4
+MAX_COLUMNS = 3  # panels side by side: ~13 in, which a laptop's browser shows at 85 % (report.html)
 
 
 def split_term(label: str) -> tuple[str, str]:
@@ -62,8 +63,8 @@ def band_figure(panels: Panels, ylabel: str, title: str, *, logy: bool = False):
     of them, so that it covers no curve however many cells there are."""
     labels = list(dict.fromkeys(m for methods in panels.values() for m in methods))
     styles = method_styles(labels)
-    columns = min(MAX_COLUMNS, len(panels))
-    rows = -(-len(panels) // columns)
+    rows = -(-len(panels) // MAX_COLUMNS)
+    columns = -(-len(panels) // rows)  # rows as even as they come: 4 panels as 2 × 2, not 3 + 1
     legend_inches = 0.6 + 0.075 * max(len(label) for label in labels) * (1 + (len(labels) > 24))
     fig = new_figure(max(MIN_WIDTH, columns * PANEL_INCHES[0] + legend_inches + 0.3),
                      rows * (PANEL_INCHES[1] + 0.8) + 0.7)
@@ -73,7 +74,8 @@ def band_figure(panels: Panels, ylabel: str, title: str, *, logy: bool = False):
         seeds |= _draw_panel(ax, methods, styles, setting, logy)
     for ax in axes.flat[len(panels):]:
         ax.set_visible(False)
-    for ax in axes[-1]:
+    for ax in axes.flat[max(0, len(panels) - columns):len(panels)]:  # the lowest panel of each column
+        ax.tick_params(axis="x", labelbottom=True)
         ax.set_xlabel("communication round")
     for ax in axes[:, 0]:
         ax.set_ylabel(ylabel, fontsize=8)
@@ -123,7 +125,7 @@ def band_plot(panels: Panels, ylabel: str, title: str, path: Path, *, logy: bool
 
 
 ClientPanels = dict[str, dict[str, tuple[list[float], list[float]]]]  # setting → method → (accuracies, baselines)
-FIGURE_INCHES = 16.0  # the widest a figure of panels side by side grows before it wraps
+FIGURE_INCHES = 13.0  # the widest a figure of panels side by side grows before it wraps (as MAX_COLUMNS)
 
 
 def per_client_figure(panels: ClientPanels):
@@ -173,3 +175,59 @@ def _client_panel(ax, methods: dict[str, tuple[list[float], list[float]]], style
 def per_client_plot(panels: ClientPanels, path: Path) -> Path:
     """:func:`per_client_figure` saved as a PNG at ``path``."""
     return save(per_client_figure(panels), path)
+
+
+ROW_INCHES = 0.34  # per row of a reproduced table: its two bars and their labels at 8 pt
+PAPER_COLOUR, OURS_COLOUR, MAJORITY_COLOUR = "0.62", "tab:blue", "tab:red"
+
+
+def comparison_figure(rows: list[Compared], title: str, xlabel: str, ours_label: str, paper_label: str = "paper"):
+    """A reproduced table as a horizontal bar chart: per row the paper's number (grey) and ours
+    (blue), each with its ± std as an error bar, and for personalised tables the majority-class
+    rate as a red mark on our bar; a line between settings (the rows' first label). Rows read top
+    to bottom in the table's order, labelled by all their labels but the seed."""
+    names = [", ".join(row.labels.values()) for row in rows]
+    left = 0.4 + 0.062 * max(len(name) for name in names)
+    fig = new_figure(max(9.0, left + 6.0), ROW_INCHES * len(rows) + 1.9)
+    ax = fig.subplots()
+    y = np.arange(len(rows), dtype=float)
+    paper = [i for i, row in enumerate(rows) if row.paper is not None]
+    ours = [i for i, row in enumerate(rows) if row.ours]
+    ax.barh(y[paper] - 0.2, [rows[i].paper for i in paper], 0.38, xerr=[rows[i].paper_std or 0 for i in paper],
+            color=PAPER_COLOUR, error_kw={"elinewidth": 1, "capsize": 2}, label=f"{paper_label}, as published (± its std)")
+    ax.barh(y[ours] + 0.2, [rows[i].mean for i in ours], 0.38, xerr=[_std(rows[i].ours) for i in ours],
+            color=OURS_COLOUR, error_kw={"elinewidth": 1, "capsize": 2}, label=f"{ours_label} (mean ± std over seeds)")
+    majority = [i for i in ours if rows[i].majority]
+    if majority:
+        ax.plot([float(np.mean(rows[i].majority)) for i in majority], y[majority] + 0.2, linestyle="", marker="|",
+                markersize=11, markeredgewidth=2.2, color=MAJORITY_COLOUR, label="majority-class rate (mean over seeds)")
+    for i, row in enumerate(rows):
+        if not row.ours:
+            ax.text(1, i + 0.2, f"no result ({row.status})" if row.status else "no result", va="center", fontsize=7,
+                    color="0.35")
+        if i and next(iter(row.labels.values())) != next(iter(rows[i - 1].labels.values())):
+            ax.axhline(i - 0.5, color="0.75", linewidth=0.8)
+    ax.set_yticks(y, names, fontsize=8)
+    ax.set_ylim(len(rows) - 0.5, -0.5)
+    ax.set_xlim(0, 100)
+    ax.set_xlabel(xlabel, fontsize=9)
+    ax.tick_params(axis="x", labelsize=8)
+    ax.grid(axis="x", alpha=0.3)
+    handles, labels = ax.get_legend_handles_labels()  # the bars first, the majority mark last
+    order = sorted(range(len(handles)), key=lambda i: isinstance(handles[i], Line2D))
+    fig.legend([handles[i] for i in order], [labels[i] for i in order], loc="upper center", bbox_to_anchor=(0.5, 1 - 0.62 / fig.get_figheight()), ncols=3, fontsize=8,
+               frameon=False)
+    _headed(fig, title, left=left, right=0.3, bottom=0.55)
+    fig.subplots_adjust(top=1 - 1.0 / fig.get_figheight())
+    return fig
+
+
+def _std(values: list[float]) -> float:
+    """The sample std (ddof = 1) of ``values``; 0 for fewer than two, which draws no error bar."""
+    return float(np.std(values, ddof=1)) if len(values) > 1 else 0.0
+
+
+def comparison_plot(rows: list[Compared], title: str, xlabel: str, ours_label: str, paper_label: str,
+                    path: Path) -> Path:
+    """:func:`comparison_figure` saved as a PNG at ``path``."""
+    return save(comparison_figure(rows, title, xlabel, ours_label, paper_label), path)

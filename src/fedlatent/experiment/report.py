@@ -1,9 +1,11 @@
-"""``fedlatent report``: tables (markdown, CSV, LaTeX) and plots over run and sweep directories.
+"""``fedlatent report``: tables (markdown, CSV, LaTeX), plots and one page (``report.html``) over
+run and sweep directories.
 
 Runs that differ only in seed form a group (a sweep's cells, from its ``sweep.json``; for loose
 run directories, the same method, data set and partition in ``summary.json``). Tables give mean ±
 std over seeds per group; plots show each group's mean over seeds with a min–max band, a panel per
-setting (the axes other than the method) and a colour per method.
+setting (the axes other than the method) and a colour per method. A folder ``fedlatent reproduce``
+wrote is also compared with the paper, row by row (:mod:`fedlatent.experiment.page`).
 """
 from __future__ import annotations
 
@@ -17,7 +19,9 @@ from typing import Any
 from fedlatent.analysis.diagnostic_plots import plot_diagnostics
 from fedlatent.analysis.study_plots import band_plot, per_client_plot
 from fedlatent.errors import UserInputError
-from fedlatent.experiment.store import read_metrics, run_row, write_tables
+from fedlatent.experiment import reproduce
+from fedlatent.experiment.page import Reproduced, run_facts, write_page
+from fedlatent.experiment.store import cell_table, read_metrics, run_row, table_caption, write_tables
 
 
 @dataclass
@@ -119,10 +123,30 @@ def collect_plots(runs: list[RunDir], axes: list[str], out: Path) -> list[Path]:
     return plots
 
 
+def reproduced(dirs: list[Path], out: Path) -> list[Reproduced]:
+    """The folders among ``dirs`` that ``fedlatent reproduce`` wrote, each with its rows as its
+    runs stand and its comparison figure drawn into ``out`` (``comparison.png``, then
+    ``comparison_2.png``, ...)."""
+    found = []
+    for d in dirs:
+        study = reproduce.recorded_study(d)
+        if study is not None:
+            rows = reproduce.folder_rows(study, d)
+            name = "comparison.png" if not found else f"comparison_{len(found) + 1}.png"
+            found.append(Reproduced(study, rows, reproduce.comparison_plot(study, rows, out / name)))
+    return found
+
+
 def report(dirs: list[Path], out: Path) -> list[Path]:
-    """Write ``report.md``/``.tex``/``_cells.csv`` (per group), ``report.csv`` (per run) and the plots."""
+    """Write ``report.md``/``.tex``/``_cells.csv`` (per group), ``report.csv`` (per run), the plots
+    (with a comparison figure per reproduced table) and ``report.html``, which holds them all."""
     runs, axes = collect_runs(dirs)
     rows = [run_row(str(r.path), r.labels, "finished" if (r.path / "summary.json").exists() else "unfinished", r.path)
             for r in runs]
     tables = write_tables(rows, axes, out, title="fedlatent report", stem="report", formats=("md", "csv", "tex"))
-    return tables + collect_plots(runs, axes, out)
+    compared = reproduced(dirs, out)
+    plots = collect_plots(runs, axes, out)
+    titles = [json.loads((d / "sweep.json").read_text()).get("title", "") for d in dirs if (d / "sweep.json").is_file()]
+    facts = run_facts([t for t in titles if t], dirs, [r.path for r in runs])
+    page = write_page(out / "report.html", facts, compared, cell_table(rows, axes), table_caption(rows), plots)
+    return tables + [c.figure for c in compared] + plots + [page]

@@ -17,9 +17,11 @@ from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
 
+from fedlatent.analysis.compare import Compared, Verdict, baseline_label, verdict
 from fedlatent.analysis.tables import format_mean_std, markdown_table
 from fedlatent.config import apply_overrides, from_dict, to_dict
 from fedlatent.errors import UserInputError
+from fedlatent.experiment.store import run_row
 from fedlatent.experiment.study import TIERS, Study, load_study
 from fedlatent.experiment.sweep import run_sweep
 
@@ -118,39 +120,144 @@ def data_label(study: Study) -> str:
     return f"{real}{names}{subset}"
 
 
-def comparison(study: Study, rows: list[dict]) -> str:
-    """Paper vs fedlatent per cell (percent), with the majority baseline for personalised metrics."""
-    metric = "selected_accuracy" if study.select == "val" else study.metric
+def _metric(study: Study) -> str:
+    """The row key our numbers are read from: the spec's metric, or the validation-selected accuracy."""
+    return "selected_accuracy" if study.select == "val" else study.metric
+
+
+def compared_rows(study: Study, rows: list[dict]) -> list[Compared]:
+    """The run rows grouped per table row (all labels but the seed), in percent, each beside the
+    paper's number and, for personalised metrics, the majority-class rate."""
+    metric = _metric(study)
     personal = study.metric == "personalized_accuracy"
     keys = [a.name for a in study.axes if a.name != "seed"]
     groups: dict[tuple, list[dict]] = defaultdict(list)
     for r in rows:
         groups[tuple((k, r[k]) for k in keys)].append(r)
-    balanced = " (balanced where the data set's headline)" if any(r.get("headline") == "balanced_accuracy"
-                                                                  for r in rows) else ""
-    data = data_label(study)
-    ours = f"fedlatent {metric}{balanced}" + (f" on {data}" if data else "") + " (%)"
-    header = keys + ["paper (%)", ours] + (["majority baseline (%)"] if personal else []) + ["seeds", "status"]
-    body = []
+    compared = []
     for group, members in groups.items():
-        entry = study.published_for(group)
-        paper = "-" if entry is None else f"{entry['value']:.2f}" + (f" ± {entry['std']:.2f}" if entry.get("std") is not None else "")
+        entry = study.published_for(group) or {}
         done = [r for r in members if _value(r, metric) is not None]
         values = [_value(r, metric) for r in done if _value(r, metric) == _value(r, metric)]
         status = members[0].get("error", "") if members[0]["status"] == "unavailable" else \
             ", ".join(sorted({r["status"] for r in members}))
-        body.append([*(v for _, v in group), paper, format_mean_std(values, 100, 2)]
-                    + ([format_mean_std([r["majority_baseline_accuracy"] for r in done
-                                         if "majority_baseline_accuracy" in r], 100, 2)] if personal else [])
-                    + [str(len(values)), status])
-    return markdown_table(header, body)
+        majority = [100 * r["majority_baseline_accuracy"] for r in done if "majority_baseline_accuracy" in r]
+        compared.append(Compared(dict(group), entry.get("value"), entry.get("std"), [100 * v for v in values],
+                                 majority if personal else [], status))
+    return compared
+
+
+def ours_header(study: Study, rows: list[dict]) -> str:
+    """The column header of our numbers: the metric, and the data a reduced tier ran on."""
+    balanced = " (balanced where the data set's headline)" if any(r.get("headline") == "balanced_accuracy"
+                                                                  for r in rows) else ""
+    data = data_label(study)
+    return f"fedlatent {_metric(study)}{balanced}" + (f" on {data}" if data else "") + " (%)"
+
+
+def comparison_table(study: Study, rows: list[dict]) -> tuple[list[str], list[list[str]]]:
+    """Paper vs fedlatent per table row (percent), with the majority baseline for personalised
+    metrics: the header and the rows, for markdown and the report page alike."""
+    personal = study.metric == "personalized_accuracy"
+    keys = [a.name for a in study.axes if a.name != "seed"]
+    header = keys + ["paper (%)", ours_header(study, rows)] + (["majority baseline (%)"] if personal else []) \
+        + ["seeds", "status"]
+    body = []
+    for row in compared_rows(study, rows):
+        paper = "-" if row.paper is None else f"{row.paper:.2f}" + (f" ± {row.paper_std:.2f}"
+                                                                     if row.paper_std is not None else "")
+        body.append([*row.labels.values(), paper, format_mean_std(row.ours, 1, 2)]
+                    + ([format_mean_std(row.majority, 1, 2)] if personal else []) + [str(len(row.ours)), row.status])
+    return header, body
+
+
+def comparison(study: Study, rows: list[dict]) -> str:
+    """:func:`comparison_table` as markdown."""
+    return markdown_table(*comparison_table(study, rows))
+
+
+def compared_axis(study: Study) -> str | None:
+    """The axis along which a row is compared with its baseline row: ``method`` where the spec has
+    it, else the first axis of two labels or more that is neither the setting nor the seed."""
+    axes = [a.name for a in study.axes if a.name not in ("setting", "seed") and len(a.labels) > 1]
+    return "method" if "method" in axes else next(iter(axes), None)
+
+
+def verdicts(study: Study, compared: list[Compared]) -> list[Verdict]:
+    """Each row's verdict (:func:`fedlatent.analysis.compare.verdict`) against its baseline row: the
+    row with the same labels but the baseline's on :func:`compared_axis`. Values are compared on
+    the full tier only, which runs on the paper's data."""
+    axis = compared_axis(study)
+    labels = next((a.labels for a in study.axes if a.name == axis), [])
+    by_labels = {tuple(row.labels.items()): row for row in compared}
+    found = []
+    for row in compared:
+        base = baseline_label(row.labels[axis], labels) if axis else None
+        baseline = by_labels.get(tuple({**row.labels, axis: base}.items())) if base else None
+        found.append(verdict(row, baseline, same_data=study.tier == "full"))
+    return found
+
+
+def figure_title(study: Study) -> str:
+    """The comparison figure's title: the table, the tier and, for a reduced tier, the data ours ran on."""
+    tier = "" if study.tier == "full" else f" ({study.tier} tier)"
+    data = data_label(study)
+    return f"{study.title}{tier}\npaper as published vs fedlatent" + (f" on {data}" if data else "")
+
+
+def comparison_plot(study: Study, rows: list[dict], path: Path) -> Path:
+    """:func:`fedlatent.analysis.study_plots.comparison_figure` of the table, saved at ``path``."""
+    from fedlatent.analysis.study_plots import comparison_plot as draw  # matplotlib only when drawing
+    metric = "personalised accuracy (mean over clients)" if study.metric == "personalized_accuracy" else _metric(study)
+    data = data_label(study)
+    return draw(compared_rows(study, rows), figure_title(study), f"{metric.replace('_', ' ')} (%)",
+                "fedlatent" + (f" on {data}" if data else ""), "paper" + (" (on its own data)" if data else ""), path)
+
+
+RECORD = "reproduce.json"  # in the sweep folder: which spec and options reproduce ran, for report
+
+
+def write_record(out: Path, name: str, tier: str, data_root: str | None, only: dict[str, list[str]] | None,
+                 overrides: Sequence[str]) -> Path:
+    """``out/reproduce.json``: the spec and the options of the run, so that ``fedlatent report`` on
+    the folder loads the same study (:func:`recorded_study`) and compares it with the paper."""
+    out.mkdir(parents=True, exist_ok=True)
+    record = {"spec": name, "tier": tier, "data_root": data_root, "only": only or {}, "overrides": list(overrides)}
+    (out / RECORD).write_text(json.dumps(record, indent=1) + "\n")
+    return out / RECORD
+
+
+def recorded_study(folder: Path) -> Study | None:
+    """The study ``fedlatent reproduce`` ran into ``folder`` (None for a folder it did not write);
+    a spec that no longer loads as recorded (renamed, edited) raises :class:`UserInputError`."""
+    path = folder / RECORD
+    if not path.is_file():
+        return None
+    record = json.loads(path.read_text())
+    try:
+        return load_spec(record["spec"], tier=record["tier"], data_root=record["data_root"], only=record["only"],
+                         overrides=record["overrides"])
+    except UserInputError as err:
+        raise UserInputError(f"{path}: spec {record['spec']} no longer loads as recorded: {err}") from None
+
+
+def folder_rows(study: Study, folder: Path) -> list[dict]:
+    """The study's rows as the runs in ``folder`` stand now (what :func:`run_sweep` returns, with
+    ``finished`` or ``not run`` for the runs' status), without running anything."""
+    rows = []
+    for cell in study.cells:
+        status = "unavailable" if cell.unavailable else \
+            "finished" if (folder / cell.name / "summary.json").is_file() else "not run"
+        rows.append(run_row(cell.name, cell.labels, status, folder / cell.name, study.select, cell.unavailable))
+    return rows
 
 
 def reproduce(name: str, out: Path, *, tier: str = "full", jobs: int = 1, data_root: str | None = None,
               only: dict[str, list[str]] | None = None, overrides: Sequence[str] = ()) -> str:
     """Run a spec (its available cells; see :func:`load_spec` for the options) into ``out`` and write
-    ``out/comparison.md``; return its text."""
+    ``out/comparison.md`` and its figure ``out/comparison.png``; return the text."""
     study = load_spec(name, tier=tier, data_root=data_root, only=only, overrides=overrides)
+    write_record(out, name, tier, data_root, only, overrides)
     rows = run_sweep(study, out, jobs=jobs)
     caption = ("fedlatent: mean ± sample std (ddof = 1) over seeds, last round"
                + (", model selected by validation accuracy" if study.select == "val" else "")
@@ -162,6 +269,6 @@ def reproduce(name: str, out: Path, *, tier: str = "full", jobs: int = 1, data_r
     if tier != "full" and study.note:
         text += f"{tier.capitalize()} version: {study.note}\n\n"
     text += caption + "\n\n" + comparison(study, rows) + "\n"
-    out.mkdir(parents=True, exist_ok=True)
     (out / "comparison.md").write_text(text)
+    comparison_plot(study, rows, out / "comparison.png")
     return text

@@ -120,16 +120,22 @@ def cell_table(rows: list[dict[str, Any]], axes: list[str], select: str = "last"
     return header, body
 
 
+def table_caption(rows: list[dict[str, Any]], select: str = "last") -> str:
+    """What the per-cell table's numbers are (:func:`cell_table`), without a final full stop."""
+    caption = STD_CAPTION + ("; selected accuracy: test accuracy at the round of best validation "
+                             "accuracy" if select == "val" else "")
+    if any(r.get("headline") == "balanced_accuracy" for r in rows):
+        caption += "; headline metric: balanced accuracy (mean recall over the classes, FLamby's metric)"
+    return caption
+
+
 def write_tables(rows: list[dict[str, Any]], axes: list[str], out: Path, *, title: str = "",
                  select: str = "last", stem: str = "results", formats: tuple[str, ...] = ("md",)) -> list[Path]:
     """``<stem>.csv`` (one row per run) and the per-cell table as markdown (and csv/tex when asked)."""
     out.mkdir(parents=True, exist_ok=True)
     paths = [write_csv(rows, out / f"{stem}.csv")]
     header, body = cell_table(rows, axes, select)
-    caption = STD_CAPTION + ("; selected accuracy: test accuracy at the round of best validation "
-                             "accuracy" if select == "val" else "")
-    if any(r.get("headline") == "balanced_accuracy" for r in rows):
-        caption += "; headline metric: balanced accuracy (mean recall over the classes, FLamby's metric)"
+    caption = table_caption(rows, select)
     if "md" in formats:
         text = (f"## {title}\n\n" if title else "") + f"{caption}.\n\n" + markdown_table(header, body) + "\n"
         (out / f"{stem}.md").write_text(text)

@@ -9,16 +9,20 @@
 #    setting (all 50,000 images, 10 clients, 100 rounds × 10 local epochs, the small CNN at the
 #    paper's widths: configs/feduv/stl10_a0.01.toml on CIFAR-10), the clients trained in lockstep;
 # 3. with the time left, the same rows at α = 1.0.
+# The two rows of a step train at once (JOBS, default 2: two processes share the device; the small
+# CNN leaves most of a large GPU idle). Each row is 50 million sample passes; one call may not
+# finish a step: the runs keep their checkpoints and the same command continues them.
 # Every step runs under `timeout` within BUDGET seconds (default 840, i.e. 14 minutes); a step
 # that runs out leaves its runs' checkpoints, and the same command continues them (a sweep resumes).
 # The comparisons (paper beside fedlatent) are in OUT/<step>/comparison.md when a step finishes.
-# Environment: BUDGET, DEVICE (default cuda), SMOKE=1 (a few images and one round, to check the
+# Environment: BUDGET, DEVICE (default cuda), JOBS, SMOKE=1 (a few images and one round, to check the
 # script on a CPU).
 set -euo pipefail
 archive=${1:-../shared/data/cifar10-jpeg.tar.gz}
 out=${2:-runs/full_scale}
 budget=${BUDGET:-840}
 device=${DEVICE:-cuda}
+jobs=${JOBS:-2}
 fedlatent=${FEDLATENT:-fedlatent}
 start=$(date +%s)
 mkdir -p "$out"
@@ -34,7 +38,7 @@ step() {  # step NAME SETTING: FedAvg and FedUV of feduv_supp_table2 at SETTING,
   if [ "$t" -le 30 ]; then echo "$name: no time left"; return 0; fi
   echo "$name: $t s left"
   timeout --signal=INT "$t" "$fedlatent" reproduce feduv_supp_table2 --data-root "$out/cifar10-jpeg" \
-    --only "setting=$setting" --only method=fedavg,feduv-mu0.5-lamC4 "${extra[@]}" --out "$out/$name" \
+    --only "setting=$setting" --only method=fedavg,feduv-mu0.5-lamC4 "${extra[@]}" --jobs "$jobs" --out "$out/$name" \
     || echo "$name: stopped after $(( $(date +%s) - start )) s (run the script again to continue)"
 }
 step feduv_a0.01 cifar10-a0.01

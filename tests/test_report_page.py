@@ -179,7 +179,7 @@ def _reproduced_folder(root: Path, name: str, tier: str, only: dict[str, list[st
                                                                "train_loss": 1.0 / r}) + "\n" for r in (1, 2)))
         (run / "summary.json").write_text(json.dumps({
             "status": "completed", "backend": "simulation", "fedlatent_version": "9.9.9",
-            "final": {"accuracy": accuracy}}))
+            "machine": "Test CPU, 64 cores", "final": {"accuracy": accuracy}}))
     return root
 
 
@@ -194,7 +194,7 @@ def test_report_html_is_self_contained_and_opens_with_what_was_run(tmp_path: Pat
     assert len(re.findall(r'<img src="data:image/png;base64,', text)) == len(pngs)  # every figure, embedded
     assert not re.search(r"<script|<link|src=\"(?!data:)|url\(", text)             # nothing fetched
     what = text.split("<h2>What was run</h2>", 1)[1].split("<h2>", 1)[0]
-    for needle in ["FedDecorr Table 1", "9.9.9", "cpu, 1 thread", "simulation", "cores",
+    for needle in ["FedDecorr Table 1", "9.9.9", "cpu, 1 thread", "simulation", "Test CPU, 64 cores",
                    "100 rounds × 10 local epochs", "<dt>clients</dt><dd>10</dd>", "cifar10 (Dirichlet α = 0.05)"]:
         assert needle in what, needle
     compared = text.split("Compared with the paper", 1)[1].split("<h2>", 1)[0]

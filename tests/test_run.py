@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import tomllib
 from pathlib import Path
 
@@ -81,6 +82,7 @@ def test_summary_and_run_directory(full_run) -> None:
     assert on_disk["seed"] == 0
     assert on_disk["wall_seconds"] > 0
     assert on_disk["fedlatent_version"] == fedlatent.__version__
+    assert on_disk["machine"].endswith(f", {os.cpu_count()} cores")  # what the run trained on
     # config.toml is the fully resolved configuration and loads back to the same config
     # ... with backend = "auto" resolved to the backend the run trained on (the MLP: vectorized)
     assert on_disk["backend"] == "vectorized" and load_config(DIGITS_CONFIG).backend == "auto"

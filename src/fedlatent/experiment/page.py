@@ -11,7 +11,6 @@ from __future__ import annotations
 import base64
 import html
 import json
-import os
 import subprocess
 from collections import Counter
 from collections.abc import Iterable
@@ -25,6 +24,7 @@ from fedlatent.config import RunConfig, load_config
 from fedlatent.errors import UserInputError
 from fedlatent.experiment import reproduce
 from fedlatent.experiment.study import Study
+from fedlatent.experiment.timing import cpu_model
 
 STYLE = """
 body { font: 15px/1.45 system-ui, -apple-system, "Segoe UI", sans-serif; color: #222; margin: 0 auto;
@@ -104,18 +104,6 @@ def commit() -> str | None:
     return lines[-1] if len(lines) == 2 and lines[0] == "src/fedlatent/" else None
 
 
-def cpu_model() -> str:
-    """This machine's CPU model (``/proc/cpuinfo``, else :mod:`platform`) and its core count."""
-    import platform
-    model = ""
-    try:
-        model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                      if line.startswith("model name")), "")
-    except OSError:
-        pass
-    return f"{model or platform.processor() or platform.machine()}, {os.cpu_count()} cores"
-
-
 def _budget(config: RunConfig) -> str:
     train = config.train
     local = f"{train.local_steps} local steps" if train.local_steps else \
@@ -158,7 +146,9 @@ def run_facts(titles: list[str], dirs: list[Path], paths: list[Path]) -> list[tu
                             for c in configs)
         facts += [("runs' device", devices)]
     facts += [("backend", _distinct(s.get("backend", "?") for s in summaries))] if summaries else []
-    facts += [("report's machine", f"{cpu_model()} (the runs record no machine of theirs)")]
+    machines = [s["machine"] for s in summaries if "machine" in s]
+    facts += [("machine", _distinct(machines)) if machines else
+              ("report's machine", f"{cpu_model()} (the runs record no machine of theirs)")]
     if configs:
         facts += [("budget", _distinct(_budget(c) for c in configs)), ("clients", _distinct(_clients(c) for c in configs)),
                   ("data", _distinct(_data(c) for c in configs))]

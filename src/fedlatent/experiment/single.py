@@ -27,6 +27,7 @@ from fedlatent.data.registry import DATASETS
 from fedlatent.data.types import Federation
 from fedlatent.errors import ConfigError, UserInputError
 from fedlatent.experiment.figures import CurvesPacing, FigureWorker, NoFigures, start_process
+from fedlatent.experiment.timing import cpu_model
 from fedlatent.experiment.trace import TermTrace
 from fedlatent.federated import compiled, devices
 from fedlatent.federated.failures import RunStopped
@@ -274,7 +275,7 @@ def _summarize(config: RunConfig, spec: MethodSpec, out: Path, ending: dict[str,
                "seed": config.seed, "method": spec.name, "backend": config.backend, "dataset": config.data.dataset,
                "headline": headline_metric(config.data.dataset),
                "identity": identity(config),
-               "wall_seconds": wall, "fedlatent_version": fedlatent_version()}
+               "wall_seconds": wall, "fedlatent_version": fedlatent_version(), "machine": cpu_model()}
     write_atomically(out / "summary.json", json.dumps(summary, indent=1))
     return summary
 

@@ -24,7 +24,7 @@ from fedlatent.config import RunConfig, load_config
 from fedlatent.errors import UserInputError
 from fedlatent.experiment import reproduce
 from fedlatent.experiment.study import Study
-from fedlatent.experiment.timing import cpu_model
+from fedlatent.experiment.machine import cpu_model
 
 STYLE = """
 body { font: 15px/1.45 system-ui, -apple-system, "Segoe UI", sans-serif; color: #222; margin: 0 auto;

@@ -27,7 +27,7 @@ from fedlatent.data.registry import DATASETS
 from fedlatent.data.types import Federation
 from fedlatent.errors import ConfigError, UserInputError
 from fedlatent.experiment.figures import CurvesPacing, FigureWorker, NoFigures, start_process
-from fedlatent.experiment.timing import cpu_model
+from fedlatent.experiment.machine import cpu_model
 from fedlatent.experiment.trace import TermTrace
 from fedlatent.federated import compiled, devices
 from fedlatent.federated.failures import RunStopped

@@ -35,17 +35,6 @@ def machine(device: str = "cpu") -> dict[str, Any]:
             "device": device if named.type != "cuda" else f"{device} ({torch.cuda.get_device_name(named)})"}
 
 
-def cpu_model() -> str:
-    """This machine's CPU model (``/proc/cpuinfo``, else :mod:`platform`) and its core count."""
-    model = ""
-    try:
-        model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                      if line.startswith("model name")), "")
-    except OSError:
-        pass
-    return f"{model or platform.processor() or platform.machine()}, {os.cpu_count()} cores"
-
-
 class Clock:
     """Wall time (``perf_counter``) and CPU time of the process (``process_time``, all threads).
 

@@ -190,3 +190,13 @@ def test_report_over_runs_draws_their_diagnostics(pair, tmp_path):
     plain, diag = pair
     names = {p.name for p in report([plain, diag], tmp_path / "report")}
     assert {"accuracy.png", "diag_spectrum.png", "diag_significant.png"} <= names
+
+
+def test_run_labels_name_the_keys_that_differ_and_skip_those_a_run_lacks() -> None:
+    """FedAvg has no β: the label says so by leaving β out, not by 'beta=None'."""
+    from fedlatent.analysis.diagnostic_plots import RunRecords, label_runs
+    data = {"partition": "dirichlet", "alpha": 0.05}
+    runs = [RunRecords(Path("a"), [], {"algorithm": {"name": "fedavg"}, "data": data}, "fedavg"),
+            RunRecords(Path("b"), [], {"algorithm": {"name": "feddecorr", "beta": 0.1}, "data": data}, "feddecorr")]
+    label_runs(runs)
+    assert [r.label for r in runs] == ["fedavg, dirichlet α=0.05", "feddecorr, dirichlet α=0.05, beta=0.1"]

@@ -80,7 +80,7 @@ def label_runs(runs: list[RunRecords]) -> None:
     varying = [k for k in keys if not k.startswith(_IGNORED) and not k.startswith("diagnostics.")
                and len({json.dumps(f.get(k)) for f in flats}) > 1]
     for run, flat in zip(runs, flats):
-        extra = ", ".join(f"{k.split('.')[-1]}={flat.get(k)}" for k in varying)
+        extra = ", ".join(f"{k.split('.')[-1]}={flat[k]}" for k in varying if flat.get(k) is not None)  # a key a run lacks says nothing
         terms = "+".join(t.get("name", "?") for t in run.config.get("terms", []))
         run.label = ", ".join(p for p in (run.method + (f"+{terms}" if terms else ""), _partition(run.config), extra) if p)
 

@@ -11,7 +11,12 @@ away from fedlatent's defaults that the table does not declare, and each entry n
 rewrites those sections in place.
 
 An entry applies to the cells whose labels match its ``where`` (axis = label or a list of labels; no
-``where``: every cell); when several apply to a key, the last in the file wins.
+``where``: every cell); when several apply to a key, the last in the file wins. A cell without an axis
+(a spec that does not vary it, a shipped config) has the label ``""`` for it: ``where = {model = ["",
+"resnet50"]}`` matches the cells with no ``model`` axis and the ``resnet50`` ones. ``seed_file`` is the
+paper's text, or a list of its texts (a main text and its supplement); each ``source`` names its file.
+Every cell of a spec also has the label ``spec`` (the spec's name: ``where = {spec = "spherefed_table6"}``);
+a shipped config has the labels ``[configs]`` gives it, ``spec`` among them if its entries need one.
 """
 from __future__ import annotations
 
@@ -48,7 +53,7 @@ class Entry:
     why: str = ""
 
     def matches(self, labels: dict[str, str]) -> bool:
-        return all(labels.get(k) in v if isinstance(v, list) else labels.get(k) == v for k, v in self.where.items())
+        return all(labels.get(k, "") in v if isinstance(v, list) else labels.get(k, "") == v for k, v in self.where.items())
 
 
 @dataclass
@@ -57,7 +62,7 @@ class Table:
 
     name: str
     paper: str
-    seed_file: str
+    seed_file: str | list[str]
     specs: list[str]
     entries: list[Entry]
     not_settings: dict[str, str] = field(default_factory=dict)
@@ -141,7 +146,7 @@ def mismatches(table: Table) -> list[str]:
     from fedlatent.experiment.reproduce import load_spec
     problems: list[str] = []
     used: set[int] = set()
-    cells = [(f"{spec} {c.name}", c.labels, c.config) for spec in table.specs for c in load_spec(spec).cells]
+    cells = [(f"{spec} {c.name}", {"spec": spec, **c.labels}, c.config) for spec in table.specs for c in load_spec(spec).cells]
     cells += [(f"configs/{name}", labels, load_config(CONFIGS / name)) for name, labels in _shipped(table)]
     for what, labels, config in cells:
         problems += compare(table, labels, config, what)
@@ -152,16 +157,20 @@ def mismatches(table: Table) -> list[str]:
 
 
 def _where(entry: Entry) -> str:
-    return "; ".join(f"{k}: {', '.join(v) if isinstance(v, list) else v}" for k, v in entry.where.items()) or "every cell"
+    def labels(axis: str, v: str | list[str]) -> str:
+        return ", ".join(x or f"(no {axis} axis)" for x in (v if isinstance(v, list) else [v]))
+    return "; ".join(f"{k}: {labels(k, v)}" for k, v in entry.where.items()) or "every cell"
 
 
 def render(table: Table) -> str:
     """The table as markdown: one row per entry (key, cells, value, source and the paper's words, or
     'not stated' with the choice and why)."""
+    seeds = [table.seed_file] if isinstance(table.seed_file, str) else table.seed_file
+    texts = " and ".join(f"`../shared/papers/{f}`" for f in seeds)
     rows = [f"### {table.paper}: settings (generated from `src/fedlatent/experiment/settings/{table.name}.toml`)", "",
             f"Specs: {', '.join(f'`{s}`' for s in table.specs)}; configs: {len(table.configs)} files "
             f"({', '.join(sorted({n.split('/')[0] + '/' for n in table.configs}))}). Line numbers refer to "
-            f"`../shared/papers/{table.seed_file}`. `tests/test_settings.py` fails on any cell that differs.", "",
+            f"{texts}. `tests/test_settings.py` fails on any cell that differs.", "",
             "| key | cells | value | source | the paper's words, or the choice and why |", "|---|---|---|---|---|"]
     for e in table.entries:
         source, words = (e.source, e.says) if e.stated else ("not stated", f"{e.choice}: {e.why}")

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from fedlatent.analysis.compare import Compared, Verdict, baseline_label, verdict
 from fedlatent.analysis.tables import format_mean_std, markdown_table
-from fedlatent.config import apply_overrides, from_dict, to_dict
+from fedlatent.config import apply_overrides, from_dict, read_toml, to_dict
 from fedlatent.errors import UserInputError
 from fedlatent.experiment.store import run_row
 from fedlatent.experiment.study import TIERS, Study, load_study
@@ -74,9 +74,7 @@ def parse_only(texts: Sequence[str]) -> dict[str, list[str]]:
 
 def tiers(name: str) -> list[str]:
     """The reduced tiers a spec carries."""
-    import tomllib
-    raw = tomllib.loads(spec_path(name).read_text(encoding="utf-8"))
-    return [t for t in TIERS if t in raw]
+    return [t for t in TIERS if t in read_toml(spec_path(name), "spec")]
 
 
 def listing() -> str:

@@ -76,12 +76,19 @@ def test_a_study_file_and_a_tier(empty_cwd: Path, capsys: pytest.CaptureFixture)
     (["feduv_table1", "--set", "model.nope=1"], "model.nope"),
     (["no_such_spec"], "neither a file nor a spec name"),
     (["CONFIG", "--tier", "quick"], "--tier quick applies to a spec"),
+    # what run checks before reading data, check checks too: a key the model cannot satisfy, whatever the policy
+    (["DIGITS", "--set", "algorithm.name=ditto_cosine", "--set", "algorithm.depth=9"], "cosine.depth = 9"),
+    (["DIGITS", "--set", "algorithm.name=ditto_cosine", "--set", "algorithm.depth=9", "--set",
+      "train.on_client_error=drop"], "cosine.depth = 9"),
+    (["DIGITS", "--set", "backend=flower", "--set", "diagnostics.trace_terms=true"], "diagnostics.trace_terms"),
+    (["feduv_table1", "--set", "algorithm.name=ditto_cosine", "--set", "algorithm.depth=40"], "cell "),
 ])
 def test_errors_are_one_line_exit_2_and_make_nothing(args: list[str], says: str, empty_cwd: Path,
                                                      capsys: pytest.CaptureFixture) -> None:
     bad = empty_cwd.parent / "bad.toml"
     bad.write_text("[train]\nlr2 = 1\n")
-    args = [{"BAD_KEY": str(bad), "CONFIG": str(CONFIGS / "ditto" / "release_ditto.toml")}.get(a, a) for a in args]
+    args = [{"BAD_KEY": str(bad), "CONFIG": str(CONFIGS / "ditto" / "release_ditto.toml"),
+             "DIGITS": str(CONFIGS / "digits_fedavg.toml")}.get(a, a) for a in args]
     assert main(["check", *args]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("fedlatent: error:") and says in err[0], err

@@ -209,6 +209,28 @@ class FlowerConfig:
                                         "and --resume restores it (false: it stays on the nodes only)")
 
 
+TRACKERS = ("tensorboard", "mlflow", "wandb")
+
+
+@dataclass
+class TrackingConfig:
+    backends: list = _key([], "experiment trackers each run is sent to (empty = none, none imported): "
+                          + ", ".join(TRACKERS) + " (pip install 'fedlatent[tracking]')")
+    experiment: str = _key("fedlatent", "MLflow experiment and W&B project the runs go to")
+    tags: dict = _key({}, "tags (a table of name = \"value\") set on the run in every tracker; fedlatent sweep "
+                      "adds the study's name and the cell's label on each axis")
+    mlflow_uri: str = _key("sqlite:///runs/mlflow.db", "MLflow tracking store: sqlite:///FILE (MLflow's default "
+                           "store; three slashes: relative to the working folder), file:FOLDER (recent MLflow: "
+                           "with MLFLOW_ALLOW_FILE_STORE=true), or a tracking server's http(s):// address")
+    wandb_mode: str = _key("offline", "W&B: 'offline' writes the run's records under the run directory (or "
+                           "$WANDB_DIR) for wandb sync; 'online' sends them while it trains (needs wandb login)",
+                           choices=("offline", "online"))
+    tensorboard_dir: str = _key("", "TensorBoard event files: '' = <run dir>/tensorboard, else "
+                                "<tensorboard_dir>/<run dir name>")
+    artifacts: bool = _key(True, "at the end, send the run directory's files (plots, metrics, summary, config; "
+                           "not checkpoints/) to MLflow and W&B")
+
+
 @dataclass
 class RunConfig:
     seed: int = _key(0, "seed of every random choice of the run (numpy's legacy generator, used by "
@@ -225,6 +247,7 @@ class RunConfig:
     eval: EvalConfig = field(default_factory=EvalConfig)
     diagnostics: DiagnosticsConfig = field(default_factory=DiagnosticsConfig)
     flower: FlowerConfig = field(default_factory=FlowerConfig)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
 
     @property
     def data_seed(self) -> int:
@@ -341,6 +364,19 @@ def _check_consistency(config: RunConfig) -> None:
     if not all(isinstance(r, int) and not isinstance(r, bool) and r > 0 for r in m) or m != sorted(set(m)):
         raise ConfigError(f"train.lr_milestones = {m!r}: expected increasing positive round numbers")
     _check_diagnostics(config.diagnostics)
+    _check_tracking(config.tracking)
+
+
+def _check_tracking(t: TrackingConfig) -> None:
+    unknown = [b for b in t.backends if b not in TRACKERS]
+    if unknown:
+        raise ConfigError(f"tracking.backends: {unknown[0]!r} is not a tracker; allowed values are "
+                          f"{', '.join(TRACKERS)}")
+    if len(set(t.backends)) != len(t.backends):
+        raise ConfigError(f"tracking.backends = {t.backends!r}: names a tracker twice")
+    bad = [k for k, v in t.tags.items() if not isinstance(v, str)]
+    if bad:
+        raise ConfigError(f"tracking.tags.{bad[0]} = {t.tags[bad[0]]!r}: expected a string")
 
 
 def _check_diagnostics(d: DiagnosticsConfig) -> None:
@@ -422,12 +458,18 @@ def _toml_value(value: Any) -> str:
             else c for c in value) + '"'
     if isinstance(value, (list, tuple)):
         return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    if isinstance(value, dict):  # an inline table, its keys quoted
+        return "{" + ", ".join(f"{_toml_value(str(k))} = {_toml_value(v)}" for k, v in value.items()) + "}"
     raise TypeError(f"cannot write {type(value).__name__} to TOML")
 
 
 def to_toml(config: RunConfig) -> str:
-    """Write the resolved configuration as TOML that :func:`load_config` reads back unchanged."""
+    """Write the resolved configuration as TOML that :func:`load_config` reads back unchanged. A
+    ``[tracking]`` section left at its defaults (no tracker) is not written: it changes no number,
+    and the run folders written before it existed stay resumable."""
     data = to_dict(config)
+    if config.tracking == TrackingConfig():
+        del data["tracking"]
     lines = [f"{k} = {_toml_value(v)}" for k, v in data.items() if not isinstance(v, (dict, list))]
     for name, value in data.items():
         if isinstance(value, dict):
@@ -444,7 +486,7 @@ def describe() -> str:
         if top.name in ("seed", "backend"):
             rows.append(f"{top.name} = {top.default!r}  # {top.metadata['doc']}")
     hints = typing.get_type_hints(RunConfig)
-    for name in ("data", "model", "train", "server", "eval", "diagnostics", "flower"):
+    for name in ("data", "model", "train", "server", "eval", "diagnostics", "flower", "tracking"):
         rows.append(f"\n[{name}]")
         for f in dataclasses.fields(hints[name]):
             if f.name == "options":
@@ -458,5 +500,5 @@ def describe() -> str:
 
 
 __all__ = ["RunConfig", "DataConfig", "ModelConfig", "TrainConfig", "ServerConfig", "EvalConfig",
-           "DiagnosticsConfig", "FlowerConfig", "load_config", "read_toml", "from_dict", "to_dict", "to_toml", "apply_overrides", "describe",
+           "DiagnosticsConfig", "FlowerConfig", "TrackingConfig", "load_config", "read_toml", "from_dict", "to_dict", "to_toml", "apply_overrides", "describe",
            "add_check", "ConfigError"]

@@ -17,14 +17,12 @@ from fedlatent.errors import ConfigError
 from fedlatent.federated.lockstep import lockstep_update, unsupported
 from fedlatent.methods.parts import MethodSpec
 
-run = partial(simulation.run, trainer=lockstep_update)
+trainer = lockstep_update
+run = partial(simulation.run, trainer=trainer)
 
 
 def refusal(config: RunConfig, spec: MethodSpec) -> str | None:
     """Why this run cannot train in lockstep (a few words), or None when it can."""
-    t = config.train
-    if t.optimizer != "sgd" or t.local_steps or t.optimizer_state != "fresh":
-        return "train.optimizer = 'sgd' with a fresh state each round and train.local_steps = 0 only"
     return unsupported(spec)
 
 

@@ -10,6 +10,8 @@ fields they read (and keys of their own). Traits tell how they combine:
 - data set ``groups``: its samples carry natural domains; partition ``needs_groups``: it splits by them;
 - partition ``for_pools = False``: it cannot split a labelled pool (``given``);
 - data set ``required``: fields that must be set (e.g. ``path`` for ``arrays``).
+- data set ``shape``: ``cfg -> (input shape, classes)`` where the configuration alone fixes them,
+  so that the model's keys are checked before any data are read (:mod:`fedlatent.experiment.validation`).
 """
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
 """``fedlatent check CONFIG|SPEC``: validate a run configuration or a study (a ``reproduce`` spec by
-name, or a study file) without training, reading data or creating any folder, and print its
-resolved settings.
+name, or a study file) without training, reading data or creating any folder — the checks ``fedlatent
+run`` makes before it reads data (:func:`fedlatent.experiment.validation.validate`), for each cell of
+a study — and print its resolved settings.
 
 A configuration prints every key after defaults, one ``key = value`` line each: the sections'
 fields and the model's and data set's own keys (:func:`fedlatent.config.to_dict`), then the method's
@@ -21,7 +22,8 @@ from fedlatent.config import SECTIONS, RunConfig, apply_overrides, from_dict, lo
 from fedlatent.errors import ConfigError, UserInputError
 from fedlatent.experiment import reproduce
 from fedlatent.experiment.study import Study, load_study
-from fedlatent.methods import resolve, resolved_keys
+from fedlatent.experiment.validation import validate
+from fedlatent.methods import resolved_keys
 
 __all__ = ["check", "flat_settings", "load_target", "show"]
 
@@ -70,20 +72,26 @@ def load_target(target: str, *, tier: str = "full", overrides: Sequence[str] = (
         if tier != "full":
             raise UserInputError(f"check {target}: --tier {tier} applies to a spec or study, not to a configuration")
         config = load_config(path, overrides)
-        resolve(config.algorithm, config.terms)
+        validate(config)
         return config
     if path.is_file():
         study = load_study(path, tier=tier)
+        for cell in study.cells:
+            try:
+                cell.config = from_dict(apply_overrides(to_dict(cell.config), overrides))
+            except ConfigError as err:
+                raise ConfigError(f"{target}: cell {cell.name}: {err}") from None
     elif target in reproduce.spec_names():
-        return reproduce.load_spec(target, tier=tier, overrides=overrides)
+        study = reproduce.load_spec(target, tier=tier, overrides=overrides)
     else:
         raise UserInputError(f"check: {target!r} is neither a file nor a spec name (specs: "
                              f"{', '.join(reproduce.spec_names())})")
     for cell in study.cells:
-        try:
-            cell.config = from_dict(apply_overrides(to_dict(cell.config), overrides))
-        except ConfigError as err:
-            raise ConfigError(f"{target}: cell {cell.name}: {err}") from None
+        if not cell.unavailable:
+            try:
+                validate(cell.config)
+            except ConfigError as err:
+                raise ConfigError(f"{target}: cell {cell.name}: {err}") from None
     return study
 
 

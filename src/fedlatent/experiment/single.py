@@ -7,7 +7,6 @@ before the run directory is created; a run the failure policy stops still writes
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import json
 import shutil
 import tempfile
@@ -15,9 +14,8 @@ import time
 import tomllib
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
-import torch
 
 from fedlatent.analysis.tables import partition_overview, partition_table
 from fedlatent.backends import auto, simulation, vectorized
@@ -27,15 +25,15 @@ from fedlatent.data.registry import DATASETS
 from fedlatent.data.types import Federation
 from fedlatent.errors import ConfigError, UserInputError
 from fedlatent.experiment.figures import CurvesPacing, FigureWorker, NoFigures, start_process
+from fedlatent.experiment import tracking
 from fedlatent.experiment.machine import cpu_model
 from fedlatent.experiment.trace import TermTrace
-from fedlatent.federated import compiled, devices
+from fedlatent.experiment.validation import check_model_fit, declared_shape, validate
 from fedlatent.federated.failures import RunStopped
 from fedlatent.federated.round import sample_clients
 from fedlatent.federated.state import write_atomically
-from fedlatent.methods import check_model, resolve, resolved_keys
+from fedlatent.methods import resolved_keys
 from fedlatent.methods.parts import MethodSpec
-from fedlatent.models import build_model
 
 
 
@@ -46,6 +44,7 @@ def _flower(*args: Any, **kwargs: Any) -> tuple[dict[str, Any], float]:
 
 
 BACKENDS = {"simulation": simulation.run, "vectorized": vectorized.run, "flower": _flower}
+TRAINERS = {"simulation": simulation.train_in_turn, "vectorized": vectorized.trainer}  # the embedded backends' clients
 
 
 def fedlatent_version() -> str:
@@ -76,35 +75,13 @@ def identity(config: RunConfig) -> dict[str, Any]:
 
 
 def prepare(config: RunConfig) -> tuple[Federation, MethodSpec]:
-    """Resolve the method first (cheap, catches typos), then build the federation."""
-    spec = resolve(config.algorithm, config.terms)
-    if config.backend not in BACKENDS and config.backend != "auto":
-        raise ConfigError(f"backend = '{config.backend}': not available in this version; "
-                          f"use 'auto' or {' or '.join(repr(b) for b in BACKENDS)}")
-    recorded = [key for key, on, backends in (
-        ("diagnostics.trace_terms", config.diagnostics.trace_terms, ("vectorized", "flower")),
-        ("diagnostics.which = 'flops'", "flops" in config.diagnostics.which, ("vectorized",)))
-        if on and config.backend in backends]
-    if recorded:
-        raise ConfigError(f"{recorded[0]}: recorded by the clients of backend = 'simulation' (or 'auto'), "
-                          f"not '{config.backend}'")
-    spec.trace = config.diagnostics.trace_terms
-    spec.count_flops = "flops" in config.diagnostics.which
-    if config.backend == "flower":
-        if importlib.util.find_spec("flwr") is None:
-            raise ConfigError("backend = 'flower': Flower is not installed; pip install 'fedlatent[flower]'")
-    if config.backend != "flower":  # Flower's nodes may train on devices this process does not see
-        reason = devices.refusal(config.train.device)
-        if reason:
-            raise ConfigError(f"train.device = {config.train.device!r}: {reason}")
-    if config.train.compile:
-        reason = compiled.refusal(config.train.device, config.backend)
-        if reason:
-            raise ConfigError(f"train.compile = true: {reason}")
+    """Check everything that needs no data (:func:`fedlatent.experiment.validation.validate`, what
+    ``fedlatent check`` checks), then build the federation and check what needs it: the model's keys
+    where the data set declares no shape, the clients a round samples."""
+    spec = validate(config)
     federation = build_federation(config.data, config.data_seed)
-    check_model_fit(config, federation, spec)
-    if config.backend == "vectorized":
-        vectorized.check(config, spec)
+    if declared_shape(config.data) is None:
+        check_model_fit(config, spec, federation.input_shape, federation.num_classes)
     sampled = len(sample_clients(config.seed, 0, len(federation.clients), config.train.participation))
     if config.train.min_clients > sampled:
         raise ConfigError(f"train.min_clients = {config.train.min_clients}: more than the {sampled} clients "
@@ -112,23 +89,12 @@ def prepare(config: RunConfig) -> tuple[Federation, MethodSpec]:
     return federation, spec
 
 
-def check_model_fit(config: RunConfig, federation: Federation, spec: MethodSpec) -> None:
-    """Refuse the method's keys the model cannot satisfy (:func:`fedlatent.methods.check_model`:
-    a constraint's depth, a layer it names) before the run's folder exists, not in a client's
-    round. The model is built on the meta device: its shape alone, no memory, no weights file read."""
-    with torch.device("meta"):
-        model = build_model(dataclasses.replace(config.model, weights=""), federation.input_shape,
-                            federation.num_classes, federation.name)
-    check_model(spec, model)
-
-
 def resolve_backend(config: RunConfig, federation: Federation, spec: MethodSpec, echo=None) -> RunConfig:
     """``config`` with ``backend = "auto"`` replaced by the backend :func:`fedlatent.backends.auto.choose`
     picks (told to ``echo`` in one line); any other backend unchanged."""
     if config.backend != "auto":
         return config
-    backend, why = ("simulation", "its clients record the step trace and FLOPs") \
-        if spec.trace or spec.count_flops else auto.choose(config, federation, spec)
+    backend, why = auto.choose(config, federation, spec)
     if echo:
         echo(f"backend = 'auto': {backend} ({why})")
     return dataclasses.replace(config, backend=backend)
@@ -203,9 +169,10 @@ def run(config: RunConfig, out: str | Path | None = None, *, resume: bool = Fals
     created = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
     try:
-        return _run_in(config, out, federation, spec, started, resume=resume, progress=progress, echo=echo,
-                       figures=FigureWorker(out, background=figures_in_background) if figures else NoFigures(),
-                       backend_args={"grid": grid} if grid is not None else {})
+        with tracking.session(config, out, resume=resume) as tracked:  # closed after the figures are drawn
+            return _run_in(config, out, federation, spec, started, resume=resume, progress=progress, echo=echo,
+                           figures=FigureWorker(out, background=figures_in_background) if figures else NoFigures(),
+                           backend_args={"grid": grid} if grid is not None else {}, track=tracked.log_round)
     except UserInputError:
         if created and not (out / "metrics.jsonl").is_file():  # found before training: leave nothing behind
             shutil.rmtree(out, ignore_errors=True)
@@ -213,22 +180,23 @@ def run(config: RunConfig, out: str | Path | None = None, *, resume: bool = Fals
 
 
 def _run_in(config: RunConfig, out: Path, federation: Federation, spec: MethodSpec, started: float, *,
-            resume: bool, progress: bool, echo, figures: FigureWorker | NoFigures, backend_args: dict[str, Any]) -> dict[str, Any]:
+            resume: bool, progress: bool, echo, figures: FigureWorker | NoFigures, backend_args: dict[str, Any],
+            track: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
     """The run in its (existing) directory: partition, training, summary; the figures are on disk
-    when it returns or raises."""
+    when it returns or raises. ``track``: told each metrics line (the experiment trackers)."""
     try:
         write_atomically(out / "config.toml", to_toml(config))
         table = write_partition(federation, out)
         figures.draw("partition", title=f"{federation.name}: samples per client and class")
         return _train(config, out, federation, spec, started, resume=resume, progress=progress, echo=echo,
-                      figures=figures, table=table, backend_args=backend_args)
+                      figures=figures, table=table, backend_args=backend_args, track=track)
     finally:
         figures.close()
 
 
 def _train(config: RunConfig, out: Path, federation: Federation, spec: MethodSpec, started: float, *,
            resume: bool, progress: bool, echo, figures: FigureWorker | NoFigures, table: str,
-           backend_args: dict[str, Any]) -> dict[str, Any]:
+           backend_args: dict[str, Any], track: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
     """Hand the rounds to the backend; summarise how they ended (a stopped run too)."""
     if echo:
         echo(f"partition ({config.data.partition}, {len(federation.clients)} clients):\n{table}")
@@ -236,13 +204,14 @@ def _train(config: RunConfig, out: Path, federation: Federation, spec: MethodSpe
     curves = CurvesPacing(figures, config.train.rounds)  # kept current while the run trains
 
     def on_line(line: dict[str, Any]) -> None:
+        track(line)
         if bar:
             bar.update_line(line)
         curves.line(line["round"])
 
     backend_started = time.perf_counter()
     try:
-        traced = {"trainer": TermTrace(simulation.train_in_turn, out)} if spec.trace else {}
+        traced = {"trainer": TermTrace(TRAINERS[config.backend], out)} if spec.trace else {}
         final, wall = BACKENDS[config.backend](config, federation, spec, out, resume=resume, progress=on_line,
                                                **traced, **backend_args)
     except RunStopped as stop:

@@ -8,6 +8,7 @@ the runs go to spawned worker processes; each run keeps its own seed and ``train
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import multiprocessing
 import time
@@ -52,6 +53,15 @@ def write_manifest(study: Study, out: Path) -> None:
         indent=1) + "\n")
 
 
+def tagged(config: RunConfig, labels: dict[str, str], study: str) -> RunConfig:
+    """``config`` with the study's name and the cell's label on each axis added to ``tracking.tags``
+    (tags the study sets itself kept) when it names a tracker; else unchanged."""
+    t = config.tracking
+    if not t.backends:
+        return config
+    return dataclasses.replace(config, tracking=dataclasses.replace(t, tags={"study": study, **labels, **t.tags}))
+
+
 def _say(text: str) -> None:
     print(text, flush=True)
 
@@ -62,9 +72,10 @@ def run_sweep(study: Study, out: str | Path, *, jobs: int = 1, echo: Callable[[s
     (``figures=False``: the runs draw no figures of their own, see ``fedlatent sweep --no-figures``)."""
     out = Path(out)
     write_manifest(study, out)
+    configs = {cell.name: tagged(cell.config, cell.labels, out.name) for cell in study.cells}
     for cell in study.cells:
         existing = out / cell.name / "config.toml"
-        if existing.exists() and existing.read_text() != to_toml(as_started(cell.config, existing)):
+        if existing.exists() and existing.read_text() != to_toml(as_started(configs[cell.name], existing)):
             raise UserInputError(f"{existing}: holds another configuration than the study's cell {cell.name}; "
                                  f"choose another --out")
     rows: dict[str, dict[str, Any]] = {}
@@ -96,7 +107,7 @@ def run_sweep(study: Study, out: str | Path, *, jobs: int = 1, echo: Callable[[s
     if jobs <= 1:
         for cell in todo:
             started, status = time.perf_counter(), _status(out / cell.name)
-            finish(cell, status, run_cell(cell.config, str(out / cell.name), figures), started)
+            finish(cell, status, run_cell(configs[cell.name], str(out / cell.name), figures), started)
     else:
         with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
             pending: dict[Future, tuple[Cell, str, float]] = {}
@@ -105,7 +116,7 @@ def run_sweep(study: Study, out: str | Path, *, jobs: int = 1, echo: Callable[[s
                 while queue and len(pending) < jobs:
                     cell = queue.pop(0)
                     status = _status(out / cell.name)
-                    pending[pool.submit(run_cell, cell.config, str(out / cell.name), figures)] = \
+                    pending[pool.submit(run_cell, configs[cell.name], str(out / cell.name), figures)] = \
                         (cell, status, time.perf_counter())
                 finished, _ = wait(pending, return_when=FIRST_COMPLETED)
                 for future in finished:

@@ -26,7 +26,9 @@ from fedlatent.data.compact import Images
 from fedlatent.data.types import Split
 from fedlatent.methods.parts import (ClientRound, MethodSpec, Part, Personalization, TermContext, Tensors,
                                      Upload, task_loss, trainable_names)
+from fedlatent.federated import update
 from fedlatent.federated.compiled import forward_of
+from fedlatent.federated.update import LocalOptimizer, Rule
 from fedlatent.models.base import FedModel, ModelOutput
 from fedlatent.models.flops import per_sample_flops
 
@@ -35,7 +37,6 @@ PREVIOUS = "previous."   # client-state prefix of the previous local model (MOON
 OPTIM = "optim."         # client-state prefix of the local model's optimiser state (kept across rounds)
 PERSONAL_OPTIM = "personal_optim."  # the same for Ditto's personal model
 LOCAL = "local."         # client-state prefix of the layers a client keeps to itself (FedRep, LG-FedAvg)
-_OPTIMIZERS = {"sgd": torch.optim.SGD, "adam": torch.optim.Adam, "adamw": torch.optim.AdamW}
 
 
 @dataclass
@@ -88,6 +89,15 @@ def batch_count(num_samples: int, batch_size: int, drop_last: bool) -> int:
     return chunks - ((drop_last and last < batch_size) or (chunks > 1 and last == 1))
 
 
+def planned_steps(num_samples: int, s: LocalSettings) -> int:
+    """How many local steps :func:`_epochs` yields for a training set of ``num_samples`` (known
+    before drawing): ``s.steps`` when set (none without data), else ``s.epochs`` epochs of batches."""
+    per_epoch = batch_count(num_samples, s.batch_size, s.drop_last)
+    if s.steps:
+        return s.steps if per_epoch else 0
+    return s.epochs * per_epoch
+
+
 def batches(num_samples: int, batch_size: int, drop_last: bool, generator: torch.Generator) -> list[Tensor]:
     """Index batches of one epoch from a seeded permutation, the first :func:`batch_count` of its
     chunks of ``batch_size``."""
@@ -104,30 +114,27 @@ def prefixed(state: Tensors, prefix: str) -> Tensors:
     return {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
 
 
-def _optimizer(model: FedModel, s: LocalSettings, extra_weight_decay: float, state: Tensors,
-               prefix: str) -> torch.optim.Optimizer:
-    """The client's optimiser (torch's defaults besides lr, momentum for SGD and weight decay), with
-    the state saved under ``prefix`` in the client's state when it is kept across rounds."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    extra = {"momentum": s.momentum} if s.optimizer == "sgd" else {}
-    optimizer = _OPTIMIZERS[s.optimizer](params, lr=s.lr, weight_decay=s.weight_decay + extra_weight_decay, **extra)
+def rule_of(s: LocalSettings, extra_weight_decay: float = 0.0) -> Rule:
+    """The update rule of ``s`` (torch's defaults besides lr, SGD's momentum and the weight decay)."""
+    return Rule(s.optimizer, s.lr, s.momentum if s.optimizer == "sgd" else 0.0, s.weight_decay + extra_weight_decay)
+
+
+def local_optimizer(model: FedModel, s: LocalSettings, extra_weight_decay: float, state: Tensors,
+                    prefix: str) -> tuple[LocalOptimizer, list[str], list[Tensor]]:
+    """The client's optimiser of ``model``'s trainable weights (names and tensors returned with it),
+    from the state kept under ``prefix`` in the client's state when it is kept across rounds."""
+    names = trainable_names(model)
+    params = dict(model.named_parameters())
+    leaves = [params[n] for n in names]
     saved = prefixed(state, prefix) if s.keep_optimizer else {}
-    if saved:
-        per_param: dict[int, dict[str, Tensor]] = {}
-        for key, value in saved.items():
-            index, name = key.split(".", 1)
-            per_param.setdefault(int(index), {})[name] = value.clone()
-        optimizer.load_state_dict({"state": per_param, "param_groups": optimizer.state_dict()["param_groups"]})
-    return optimizer
+    return update.restore(rule_of(s, extra_weight_decay), leaves, names, [saved], stacked=False), names, leaves
 
 
-def _save_optimizer(optimizer: torch.optim.Optimizer, state: Tensors, prefix: str) -> None:
-    """Flatten the optimiser's per-parameter tensors into the client's state (``prefix<i>.<name>``)."""
-    for key in [k for k in state if k.startswith(prefix)]:
-        del state[key]
-    for index, values in optimizer.state_dict()["state"].items():
-        state.update({f"{prefix}{index}.{name}": torch.as_tensor(v).detach().to("cpu", copy=True)
-                      for name, v in values.items()})
+def save_optimizer(optimizer: LocalOptimizer, names: list[str], state: Tensors, prefix: str,
+                   client: int | None = None) -> None:
+    """Replace the optimiser state kept under ``prefix`` in the client's state."""
+    update.clear(state, prefix)
+    state.update(optimizer.save(names, prefix, client))
 
 
 def _epochs(num_samples: int, s: LocalSettings, generator: torch.Generator) -> Iterator[list[Tensor]]:
@@ -200,7 +207,7 @@ def local_update(ws: Workspace, global_state: Tensors, data: Split, spec: Method
         part.begin(rc)
     # after begin: a part may resolve its taps from rc.model.tap_names (feature-drift depth)
     taps = frozenset().union(*(p.taps for p in every)) if every else frozenset()
-    optimizer = _optimizer(model, s, rc.extra_weight_decay, rc.state, OPTIM)
+    optimizer, names, leaves = local_optimizer(model, s, rc.extra_weight_decay, rc.state, OPTIM)
     personal = _personal_setup(ws, rc, global_state, s) if spec.personalization.kind == "ditto" else None
 
     loss_sum, personal_sum, count = torch.zeros(()), torch.zeros(()), 0
@@ -232,9 +239,7 @@ def local_update(ws: Workspace, global_state: Tensors, data: Split, spec: Method
                               prev_out, s.num_classes, rc.state, rc.payload, rc.scratch, rc)
             step = {"task": task.detach()} if trace is not None else None
             loss = _add_terms(task, parts, ctx, term_sums, step)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
+            optimizer.step(leaves, list(torch.autograd.grad(loss, leaves, allow_unused=True)))
             rc.steps += 1
             for part in parts:
                 part.after_step(rc)
@@ -251,9 +256,9 @@ def local_update(ws: Workspace, global_state: Tensors, data: Split, spec: Method
     trained = state_to_cpu(model)
     keep_models(rc, spec, trained, state_to_cpu(ws.personal) if personal is not None else None)
     if s.keep_optimizer:
-        _save_optimizer(optimizer, rc.state, OPTIM)
+        save_optimizer(optimizer, names, rc.state, OPTIM)
         if personal is not None:
-            _save_optimizer(personal, rc.state, PERSONAL_OPTIM)
+            save_optimizer(personal[0], personal[1], rc.state, PERSONAL_OPTIM)
     sums = {"train_loss": float(loss_sum), **{k: float(v) for k, v in term_sums.items()}}
     if personal is not None:
         sums["personal_loss"] = float(personal_sum)
@@ -315,15 +320,17 @@ def _step_flops(ws: Workspace, x: Tensor, frozen_passes: int, personal: bool) ->
     return len(x) * total
 
 
-def _personal_setup(ws: Workspace, rc: ClientRound, global_state: Tensors, s: LocalSettings):
+def _personal_setup(ws: Workspace, rc: ClientRound, global_state: Tensors,
+                    s: LocalSettings) -> tuple[LocalOptimizer, list[str], list[Tensor]]:
     """Load the client's personal model (the global one at its first round) and its optimiser."""
     own = prefixed(rc.state, PERSONAL)
     ws.personal.load_state_dict(own if own else global_state)
     ws.personal.train()
-    return _optimizer(ws.personal, s, 0.0, rc.state, PERSONAL_OPTIM)
+    return local_optimizer(ws.personal, s, 0.0, rc.state, PERSONAL_OPTIM)
 
 
-def _personal_step(personal: FedModel, optimizer: torch.optim.Optimizer, spec: MethodSpec, x: Tensor, y: Tensor,
+def _personal_step(personal: FedModel, optimizer: tuple[LocalOptimizer, list[str], list[Tensor]], spec: MethodSpec,
+                   x: Tensor, y: Tensor,
                    global_out, rc: ClientRound, s: LocalSettings, taps: frozenset[str],
                    term_sums: dict[str, Tensor], step: dict[str, Tensor] | None = None) -> Tensor:
     """One Ditto step: task loss + (λ/2)‖w_L − w̄‖² + the constraint parts against the frozen global model."""
@@ -340,9 +347,8 @@ def _personal_step(personal: FedModel, optimizer: torch.optim.Optimizer, spec: M
     if step is not None:
         step["personal_task"] = task.detach()
     loss = _add_terms(loss, spec.personalization.parts, ctx, term_sums, step, prefix="personal_")
-    optimizer.zero_grad(set_to_none=True)
-    loss.backward()
-    optimizer.step()
+    own, _, leaves = optimizer
+    own.step(leaves, list(torch.autograd.grad(loss, leaves, allow_unused=True)))
     return task.detach().cpu()
 
 

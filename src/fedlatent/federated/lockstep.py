@@ -5,10 +5,12 @@ forward and one backward per step for all of them, so per-operator overhead is p
 once per client. The forward is the model's own stacked form where it has one
 (:meth:`~fedlatent.models.base.FedModel.stacked_forward`: the MLP's layers as batched matrix
 products, no per-step cost of ``vmap`` and ``functional_call``), else ``torch.func``'s
-``functional_call`` under ``vmap`` (convolutions, projectors, dropout). The same SGD
-(momentum, weight decay, a fresh optimiser each round), the same batches (each client's seeded
-permutations, drawn exactly as ``client.batches`` draws them) and the same Ditto step as the
-sequential client: the weights agree with the simulation backend up to floating-point rounding.
+``functional_call`` under ``vmap`` (convolutions, projectors, dropout). The same update rule
+(:mod:`fedlatent.federated.update`: SGD, Adam or AdamW, fresh each round or kept in the client's
+state in the same entries), the same batches (each client's seeded permutations, drawn exactly as
+the sequential client draws them, for epochs or a budget of local steps), the same Ditto step, step
+trace and FLOPs as the sequential client: the weights agree with the simulation backend up to
+floating-point rounding (``tests/test_vectorized.py``: every preset × optimiser).
 
 Clients with fewer batches drop out of the later steps; a step whose active clients hold batches of
 different sizes (an epoch's short last batch) runs once per batch size. BatchNorm statistics are
@@ -49,8 +51,12 @@ from torch.func import functional_call, vmap
 from fedlatent.data.augment import augment_batch
 from fedlatent.data.compact import Images
 from fedlatent.data.types import Split
-from fedlatent.federated.client import (PERSONAL, PREVIOUS, LocalSettings, Workspace, add_terms, batch_count, batches,
-                                       client_upload, finish_parts, keep_models, partial_round, prefixed)
+from fedlatent.federated import update
+from fedlatent.federated.client import (OPTIM, PERSONAL, PERSONAL_OPTIM, PREVIOUS, LocalSettings, Workspace, _epochs,
+                                       add_terms, client_upload, finish_parts, keep_models, partial_round, planned_steps,
+                                       prefixed, rule_of, save_optimizer)
+from fedlatent.federated.update import Rule
+from fedlatent.models.flops import per_sample_flops
 from fedlatent.methods.parts import (ClientRound, LockstepContext, MethodSpec, Part, Tensors, Upload,
                                      task_loss, trainable_names)
 from fedlatent.models.base import FedModel, ModelOutput, has_dropout, mixes_batch_rows
@@ -72,12 +78,12 @@ def unsupported(spec: MethodSpec) -> str | None:
 
 
 class _Stack:
-    """C models' parameters on a leading client axis with their SGD momentum buffers (allocated
-    when a client first steps again: clients of one step a round never read theirs)."""
+    """C models' weights on a leading client axis with their optimiser (:mod:`fedlatent.federated.update`:
+    the rule every trainer uses; its state per client row, from the clients' kept states ``saved``)."""
 
     def __init__(self, states: list[Tensors], names: list[str], trainable: list[str], device: torch.device,
-                 anchor: Tensors | None = None, pull: float = 0.0, drift: Tensors | None = None,
-                 extra_decay: Tensor | None = None) -> None:
+                 rule: Rule, saved: list[Tensors], anchor: Tensors | None = None, pull: float = 0.0,
+                 drift: Tensors | None = None, extra_decay: Tensor | None = None) -> None:
         # weights and buffers (BatchNorm statistics: the forward updates them in place, per client);
         # clients that all start from one state: that state broadcast, one copy per tensor
         if all(st is states[0] for st in states):
@@ -86,11 +92,11 @@ class _Stack:
         else:
             self.params = {n: torch.stack([s[n] for s in states]).to(device) for n in names}
         self.trainable = trainable
-        self.momentum: dict[str, Tensor] = {}
+        self.optimizer = update.restore(rule, [self.params[n] for n in trainable], trainable, saved, stacked=True)
         # Ditto's (λ/2)‖w − w̄‖²: its gradient λ(w − w̄) is added to the loss gradient directly
         self.pull = pull
         self.anchor = {n: anchor[n].to(device).expand_as(self.params[n]) for n in trainable} if pull else {}
-        # parts' after-step moves (Part.lockstep_drift): p −= lr·d after each SGD step
+        # parts' after-step moves (Part.lockstep_drift): p −= lr·d after each optimiser step
         self.drift = {n: d.to(device) for n, d in drift.items()} if drift else {}
         # parts' per-client weight decay on top of train.weight_decay (rc.extra_weight_decay: FedDyn's α_k)
         self.extra_decay = extra_decay
@@ -105,17 +111,10 @@ class _Stack:
         rows = {n: p.detach().to("cpu").unbind(0) for n, p in self.params.items()}
         return [dict(zip(rows, values)) for values in zip(*rows.values())]
 
-    def step(self, group: Group, loss_fn: Callable[[dict[str, Tensor]], Tensor],
-             s: LocalSettings, first: bool, again: bool) -> None:
-        """One SGD step of the clients in ``group`` (None: all) on ``loss_fn(params).sum()``;
-        ``first``: the group's first step of the round (all its clients take their steps in
-        lockstep, so they are at the same step), ``again``: some of them step again after it.
-
-        The update is torch.optim.SGD's (dampening 0, no Nesterov): d = g + wd·p (wd per client
-        with an extra decay),
-        b = m·b + d (b = d on the first step: the buffers start at zero), p −= lr·b; with a pull,
-        g includes λ(p − w̄); with a drift, p −= lr·drift afterwards (outside the momentum). The
-        buffers are kept only for a step ``again``."""
+    def step(self, group: Group, loss_fn: Callable[[dict[str, Tensor]], Tensor], lr: float) -> None:
+        """One optimiser step of the clients in ``group`` (None: all) on ``loss_fn(params).sum()``:
+        with a pull, the gradient includes λ(p − w̄); with a drift, p −= lr·drift afterwards
+        (outside the optimiser's state)."""
         def pick(t: Tensor) -> Tensor:
             return _rows(t, group)
 
@@ -126,33 +125,14 @@ class _Stack:
             if self.pull:
                 grads = torch._foreach_add(grads, torch._foreach_sub(leaves, [pick(self.anchor[n]) for n in self.trainable]),
                                            alpha=self.pull)
-            if self.extra_decay is not None:
-                decay = pick(self.extra_decay) + s.weight_decay
-                direction = [g + p * decay.view(-1, *[1] * (p.dim() - 1)) for g, p in zip(grads, leaves)]
-            elif s.weight_decay:
-                direction = torch._foreach_add(grads, leaves, alpha=s.weight_decay)
-            else:
-                direction = list(grads)
-            kept = bool(s.momentum) and again
-            if kept and not self.momentum:
-                self.momentum = {n: torch.empty_like(self.params[n]) for n in self.trainable}
-            if s.momentum and not first:
-                bufs = [pick(self.momentum[n]) for n in self.trainable]
-                torch._foreach_mul_(bufs, s.momentum)
-                torch._foreach_add_(bufs, direction)
-                direction = bufs
-            elif kept:  # b = d on a buffer's first step: d into the group's rows (a Tensor group's: below)
-                bufs = direction
-                if not isinstance(group, Tensor):
-                    torch._foreach_copy_([pick(self.momentum[n]) for n in self.trainable], direction)
-            torch._foreach_add_(leaves, direction, alpha=-s.lr)
+        extra = pick(self.extra_decay) if self.extra_decay is not None else 0.0
+        self.optimizer.step(leaves, list(grads), extra_decay=extra, rows=group)
+        with torch.no_grad():
             if self.drift:
-                torch._foreach_add_(leaves, [pick(self.drift[n]) for n in self.trainable], alpha=-s.lr)
+                torch._foreach_add_(leaves, [pick(self.drift[n]) for n in self.trainable], alpha=-lr)
             if isinstance(group, Tensor):  # all of the above acted on the group's copies: write them back
                 for n in self.params:
                     self.params[n].index_copy_(0, group, params[n])
-                for n, buf in zip(self.trainable, bufs if kept else ()):
-                    self.momentum[n].index_copy_(0, group, buf)
 
 
 def _drift(parts: list[Part], rcs: list[ClientRound], trainable: list[str]) -> Tensors | None:
@@ -192,8 +172,8 @@ def _stream(data: Split, s: LocalSettings, generator: torch.Generator) -> Iterat
     """One client's (indices, x, y) batches of the round, drawn from its generator in the order the
     sequential client draws them: each epoch's permutation when the epoch starts, each batch's
     augmentation when it is taken."""
-    for _ in range(s.epochs):
-        for idx in batches(len(data), s.batch_size, s.drop_last, generator):
+    for epoch in _epochs(len(data), s, generator):
+        for idx in epoch:
             if s.augment:  # the whole stored images: a training transform may crop them to the input size
                 x = data.x.full(idx) if isinstance(data.x, Images) else data.x[idx]
                 x = augment_batch(x.to(s.device), generator, s.augment)
@@ -218,8 +198,7 @@ class _Batches:
             return
         self.pool = Split.concat(datas)
         self.offsets = [0, *accumulate(sizes)][:-1]
-        self.streams = [iter([idx for _ in range(s.epochs) for idx in batches(n, s.batch_size, s.drop_last, g)])
-                        for n, g in zip(sizes, generators)]
+        self.streams = [iter([idx for epoch in _epochs(n, s, g) for idx in epoch]) for n, g in zip(sizes, generators)]
 
     def take(self, active: list[int]) -> dict[int, Tensor | tuple[Tensor, Tensor, Tensor]]:
         """The next batch of each client of ``active``: its indices (the pooled form) or (indices, x, y)."""
@@ -367,7 +346,11 @@ def _train_together(ws: Workspace, starts: list[Tensors], datas: list[Split], sp
         for part in spec.parts + personal_parts:
             part.begin(rc)
     decay = [rc.extra_weight_decay for rc in rcs]
-    global_stack = _Stack(starts, names, trainable, device, drift=_drift(spec.parts, rcs, trainable),
+    def kept(prefix: str) -> list[Tensors]:
+        return [prefixed(rc.state, prefix) if s.keep_optimizer else {} for rc in rcs]
+
+    global_stack = _Stack(starts, names, trainable, device, rule_of(s), kept(OPTIM),
+                          drift=_drift(spec.parts, rcs, trainable),
                           extra_decay=torch.tensor(decay, device=device) if any(decay) else None)
     # after begin: a part may resolve its taps from rc.model.tap_names (feature-drift depth)
     taps = tuple(sorted(frozenset().union(*(p.taps for p in personal_parts + spec.parts))))
@@ -376,7 +359,8 @@ def _train_together(ws: Workspace, starts: list[Tensors], datas: list[Split], sp
     global_params = rcs[0].global_params if same_start else \
         {n: torch.stack([rc.global_params[n] for rc in rcs]) for n in rcs[0].global_params}
     personal_stack = _Stack([prefixed(rc.state, PERSONAL) or starts[0] for rc in rcs], names, trainable,
-                            device, anchor=starts[0], pull=spec.personalization.lam) if ditto else None
+                            device, rule_of(s), kept(PERSONAL_OPTIM), anchor=starts[0],
+                            pull=spec.personalization.lam) if ditto else None
     frozen: _Shared | _Frozen | None = None
     if any(p.needs_global_out for p in personal_parts + spec.parts):
         frozen = _Shared(ws.global_copy, starts[0], taps) if same_start else _Frozen(ws.global_copy, starts, taps, device)
@@ -390,7 +374,10 @@ def _train_together(ws: Workspace, starts: list[Tensors], datas: list[Split], sp
     seen: dict[str, Tensor] = defaultdict(lambda: torch.zeros(count, dtype=torch.bool))
     draws = _Batches(datas, sizes, s, generators)
     steps = [0] * count
-    total = [s.epochs * batch_count(n, s.batch_size, s.drop_last) for n in sizes]  # each client's steps
+    total = [planned_steps(n, s) for n in sizes]  # each client's steps
+    traces: list[list[dict[str, float]]] | None = [[] for _ in range(count)] if spec.trace else None
+    flops = [0] * count
+    per_sample: tuple[int, int] | None = None  # FLOPs of one sample's step and forward, from the first batch
     active = [c for c in range(count) if total[c]]
     # batches of different sizes share a step, padded, where no row's loss reads another row
     pad = not mixes_batch_rows(model) and not any(p.has_term() and p.term_reads_batch
@@ -405,7 +392,12 @@ def _train_together(ws: Workspace, starts: list[Tensors], datas: list[Split], sp
             size = max(batch_sizes[c] for c in members)
             weights = _row_weights([batch_sizes[c] for c in members], size, device)
             x, y = draws.stacked(taken, members, size)
-            record = _recorder(sums, seen, members)
+            rows = None
+            if traces is not None:
+                rows = [{} for _ in members]
+                for c, row in zip(members, rows):
+                    traces[c].append(row)
+            record = _recorder(sums, seen, members, rows)
             group_rcs = [rcs[c] for c in members]
             global_out = frozen.out(group, x) if frozen is not None else None
             prev_out = previous.out(group, x) if previous is not None else None
@@ -420,11 +412,17 @@ def _train_together(ws: Workspace, starts: list[Tensors], datas: list[Split], sp
                     out, y, params, group_global, global_out, s.num_classes, group_rcs, prev_out, group_present),
                     record)
 
-            first, again = steps[members[0]] == 1, any(steps[c] < total[c] for c in members)
-            global_stack.step(group, global_loss, s, first, again)
+            global_stack.step(group, global_loss, s.lr)
             if ditto:
                 personal_stack.step(group, _personal_loss(spec, forward, global_out, taps, x, y, weights, s,
-                                                          group_global, group_rcs, record), s, first, again)
+                                                          group_global, group_rcs,
+                                                          _recorder(sums, seen, members, rows, "personal_")), s.lr)
+            if spec.count_flops:
+                if per_sample is None:
+                    per_sample = _sample_flops(ws, tuple(x.shape[2:]), frozen is not None, ditto)
+                step_flops, forward_flops = per_sample
+                for c in members:  # the previous local model runs for the clients that have one
+                    flops[c] += batch_sizes[c] * (step_flops + (previous is not None and bool(present[c])) * forward_flops)
         active = [c for c in active if steps[c] < total[c]]
     seconds = time.perf_counter() - started
     uploads = []
@@ -438,8 +436,13 @@ def _train_together(ws: Workspace, starts: list[Tensors], datas: list[Split], sp
             model.load_state_dict(trained)  # finish reads the trained weights off rc.model
         extras = finish_parts(rc, spec.parts + personal_parts)
         keep_models(rc, spec, trained, personal_stack.client_state(c) if ditto else None)
+        if s.keep_optimizer:
+            save_optimizer(global_stack.optimizer, trainable, rc.state, OPTIM, client=c)
+            if ditto:
+                save_optimizer(personal_stack.optimizer, trainable, rc.state, PERSONAL_OPTIM, client=c)
         own = {k: v[c] for k, v in sums_of.items() if k in ("train_loss", "personal_loss") or seen_by[k][c]}
-        uploads.append(client_upload(rc, trained, s, extras, own, rc.steps, seconds / count))
+        uploads.append(client_upload(rc, trained, s, extras, own, rc.steps, seconds / count,
+                                     flops[c] if spec.count_flops else None, traces[c] if traces is not None else None))
     return [uploads[i] for i in sorted(range(count), key=order.__getitem__)]  # the caller's order
 
 
@@ -454,23 +457,43 @@ def _task_losses(kind: str, logits: Tensor, y: Tensor, temperature: float, weigh
     return (per_row * weights).sum(1) / weights.sum(1)
 
 
-def _recorder(sums: dict[str, Tensor], seen: dict[str, Tensor],
-              members: list[int]) -> Callable[[str, Tensor, Tensor | None], None]:
+TRACE_NAMES = {"train_loss": "task", "personal_loss": "personal_task"}  # the sequential client's step-trace keys
+
+
+def _recorder(sums: dict[str, Tensor], seen: dict[str, Tensor], members: list[int],
+              trace: list[dict[str, float]] | None = None,
+              prefix: str = "") -> Callable[[str, Tensor, Tensor | None], None]:
     """Adds a (group,) tensor of per-client values to the running per-client sums under ``key``,
     for the clients ``present`` marks (all by default: a term absent for a client, as MOON's
-    without a previous model, is left out of its metrics as the sequential client leaves it)."""
+    without a previous model, is left out of its metrics as the sequential client leaves it);
+    when the step is traced, each member's value also into its row of ``trace`` under the
+    sequential client's trace key (``prefix``: ``personal_`` for Ditto's personal step)."""
     index = torch.tensor(members)
 
     def record(key: str, values: Tensor, present: Tensor | None = None) -> None:
         values = values.detach().to("cpu", torch.float32)
-        if present is None:
+        mask = None if present is None else present.to("cpu")
+        if mask is None:
             sums[key].index_add_(0, index, values)
             seen[key].index_fill_(0, index, True)
-            return
-        mask = present.to("cpu")
-        sums[key].index_add_(0, index, torch.where(mask, values, 0.0))
-        seen[key].index_copy_(0, index, seen[key].index_select(0, index) | mask)
+        else:
+            sums[key].index_add_(0, index, torch.where(mask, values, 0.0))
+            seen[key].index_copy_(0, index, seen[key].index_select(0, index) | mask)
+        if trace is not None:
+            name = TRACE_NAMES.get(key, prefix + key)
+            for row, value, on in zip(trace, values.tolist(), mask.tolist() if mask is not None else [True] * len(trace)):
+                if on:
+                    row[name] = value
     return record
+
+
+def _sample_flops(ws: Workspace, shape: tuple[int, ...], frozen: bool, ditto: bool) -> tuple[int, int]:
+    """FLOPs of one sample's local step (:func:`fedlatent.models.flops.per_sample_flops`, as the
+    sequential client counts them): the model's forward and backward, the frozen round-start
+    model's forward when a part reads it, Ditto's personal step; and of one forward, which the
+    previous local model adds for each client that has one."""
+    forward, backward = per_sample_flops(ws.model, shape)
+    return forward + backward + frozen * forward + ditto * (forward + backward), forward
 
 
 def _with_terms(task: Tensor, parts: list[Part], ctx: LockstepContext,

@@ -10,7 +10,7 @@ from fedlatent.data.registry import register_dataset
 from fedlatent.data.sources import Pool
 
 
-@register_dataset("digits", reads=("test_fraction",))
+@register_dataset("digits", reads=("test_fraction",), shape=lambda cfg: ((1, 8, 8), 10))
 def _digits(cfg: DataConfig, seed: int) -> Pool:
     """scikit-learn's 8×8 digits (offline); a fixed stratified test_fraction is the global test set."""
     return Pool(*(a.copy() for a in _split(cfg.test_fraction)), num_classes=10)

@@ -56,13 +56,13 @@ def _cifar(cfg: DataConfig, what: str) -> Pool:
                               lambda: r.read_image_folder(folder, size, class_names=names, what=what)))
 
 
-@register_dataset("cifar10", reads=("root", "image_size"))
+@register_dataset("cifar10", reads=("root", "image_size"), shape=lambda cfg: ((3, cfg.side(), cfg.side()), 10))
 def _cifar10(cfg: DataConfig, seed: int) -> Pool:
     """CIFAR-10: the python pickles (root/cifar-10-batches-py/) or an image-folder tree (root/train/<class>/)."""
     return _cifar(cfg, "cifar10")
 
 
-@register_dataset("cifar100", reads=("root", "image_size"))
+@register_dataset("cifar100", reads=("root", "image_size"), shape=lambda cfg: ((3, cfg.side(), cfg.side()), 100))
 def _cifar100(cfg: DataConfig, seed: int) -> Pool:
     """CIFAR-100: the python pickles (root/cifar-100-python/) or an image-folder tree (root/train/<class>/)."""
     return _cifar(cfg, "cifar100")
@@ -77,14 +77,14 @@ def _image_folder(cfg: DataConfig, seed: int) -> Pool:
                               lambda: _readers().read_image_folder(root, size)))
 
 
-@register_dataset("stl10", reads=("root",))
+@register_dataset("stl10", reads=("root",), shape=lambda cfg: ((3, 96, 96), 10))
 def _stl10(cfg: DataConfig, seed: int) -> Pool:
     """STL-10 binaries (root/stl10_binary/)."""
     root = _root(cfg)
     return _with_test(*cached("stl10", "the binaries under", root, {}, lambda: _readers().read_stl10(root)))
 
 
-@register_dataset("tinyimagenet", reads=("root",))
+@register_dataset("tinyimagenet", reads=("root",), shape=lambda cfg: ((3, 64, 64), 200))
 def _tinyimagenet(cfg: DataConfig, seed: int) -> Pool:
     """Tiny-ImageNet folders (root/tiny-imagenet-200/, val_annotations.txt as the test split)."""
     root = _root(cfg)

@@ -8,7 +8,7 @@ from fedlatent.data.synthetic import synthetic_federation
 
 
 @register_dataset("synthetic", reads=("synthetic_alpha", "synthetic_beta", "synthetic_model", "samples_per_client"),
-                  own_clients=True)
+                  own_clients=True, shape=lambda cfg: ((60,), 10))
 def _synthetic(cfg: DataConfig, seed: int) -> GivenClients:
     """Synthetic(α, β), generated per client; each client's samples split 64/16/20 train/val/test."""
     clients = []

@@ -1,0 +1,81 @@
+"""Every check of a run's configuration that needs neither its data nor a run folder, written once:
+``fedlatent run`` makes them before it reads any data or creates any folder, and ``fedlatent check``
+makes exactly these.
+
+The keys themselves (names, types, choices, ranges) are checked when the configuration is loaded
+(:func:`fedlatent.config.from_dict`); here, what depends on several sections at once: the method and
+its parts (:func:`fedlatent.methods.resolve`), the trackers, the backend and what it records, the
+device, compilation, and the keys the model must satisfy (a constraint's depth against the model's
+layers), on the model's shape built on the meta device from the data set's declared input shape
+(the ``shape`` trait of a data set: known from the configuration alone). A data set that declares no
+shape (its images' size is read from its files) has that last check made once its data are read,
+still before the run's folder exists.
+"""
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+
+import torch
+
+from fedlatent.backends import vectorized
+from fedlatent.config import DataConfig, RunConfig
+from fedlatent.data.registry import DATASETS
+from fedlatent.errors import ConfigError
+from fedlatent.experiment import tracking
+from fedlatent.federated import compiled, devices
+from fedlatent.methods import check_model, resolve
+from fedlatent.methods.parts import MethodSpec
+from fedlatent.models import build_model
+
+BACKEND_NAMES = ("simulation", "vectorized", "flower")  # besides "auto"
+
+Shape = tuple[tuple[int, ...], int]  # (input shape, number of classes)
+
+
+def validate(config: RunConfig) -> MethodSpec:
+    """The resolved method of ``config`` after every check that needs no data (see the module's
+    docstring); the first failure raises a one-line :class:`~fedlatent.errors.ConfigError`."""
+    spec = resolve(config.algorithm, config.terms)
+    tracking.check(config)
+    if config.backend not in BACKEND_NAMES and config.backend != "auto":
+        raise ConfigError(f"backend = '{config.backend}': not available in this version; "
+                          f"use 'auto' or {' or '.join(repr(b) for b in BACKEND_NAMES)}")
+    if config.diagnostics.trace_terms and config.backend == "flower":
+        raise ConfigError("diagnostics.trace_terms: recorded by the embedded backends' clients (simulation, "
+                          "vectorized, auto), not 'flower'")
+    spec.trace = config.diagnostics.trace_terms
+    spec.count_flops = "flops" in config.diagnostics.which
+    if config.backend == "flower" and importlib.util.find_spec("flwr") is None:
+        raise ConfigError("backend = 'flower': Flower is not installed; pip install 'fedlatent[flower]'")
+    if config.backend != "flower":  # Flower's nodes may train on devices this process does not see
+        reason = devices.refusal(config.train.device)
+        if reason:
+            raise ConfigError(f"train.device = {config.train.device!r}: {reason}")
+    if config.train.compile:
+        reason = compiled.refusal(config.train.device, config.backend)
+        if reason:
+            raise ConfigError(f"train.compile = true: {reason}")
+    if config.backend == "vectorized":
+        vectorized.check(config, spec)
+    shape = declared_shape(config.data)
+    if shape is not None:
+        check_model_fit(config, spec, *shape)
+    return spec
+
+
+def declared_shape(data: DataConfig) -> Shape | None:
+    """The input shape and class count the data set declares from its configuration alone, or
+    None when they are read from its files."""
+    declare = DATASETS.get(data.dataset).traits.get("shape")
+    return declare(data) if declare is not None else None
+
+
+def check_model_fit(config: RunConfig, spec: MethodSpec, input_shape: tuple[int, ...], num_classes: int) -> None:
+    """Refuse the method's keys the model cannot satisfy (:func:`fedlatent.methods.check_model`: a
+    constraint's depth, a layer it names), the user's error rather than a client's failure in
+    round 1. The model is built on the meta device: its shape alone, no memory, no weights file read."""
+    with torch.device("meta"):
+        model = build_model(dataclasses.replace(config.model, weights=""), input_shape, num_classes,
+                            config.data.dataset)
+    check_model(spec, model)

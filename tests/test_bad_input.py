@@ -110,6 +110,16 @@ def _domain_tree(tmp: Path) -> Path:
     return tmp
 
 
+def _hf(tmp: Path, *overrides: str, write: bool = True, **change: object) -> list[str]:
+    """The keys choosing the Hugging Face data set at ``tmp``: tests/test_huggingface.py's standard one
+    written there as parquet files with ``change`` applied to its columns, or (``write`` False) ``tmp``
+    as it is. Skipped without the datasets package (its absence is tested in tests/test_huggingface.py)."""
+    pytest.importorskip("datasets")
+    from tests.test_huggingface import standard
+    root = standard(tmp, **change) if write else tmp
+    return _sets("data.dataset=huggingface", f"data.root={root}", *overrides)
+
+
 Case = Callable[[Path], tuple[list[str], str]]
 
 # each case: (id, tmp_path -> (arguments after "run", text the error line must contain))
@@ -148,8 +158,6 @@ CASES: list[tuple[str, Case]] = [
     ("backend-flower-cannot-trace-terms", lambda t: ([str(DIGITS), *_sets("backend=flower",
                                                                          "diagnostics.trace_terms=true")],
                                                      "diagnostics.trace_terms")),
-    ("backend-cannot-run-settings", lambda t: ([str(DIGITS), *_sets("backend=vectorized", "train.optimizer=adam")],
-                                               "backend")),
     # keys the model cannot satisfy: found on its shape before the run starts, not in a client's round
     ("constraint-depth-beyond-the-model", lambda t: ([str(DIGITS), *_sets("algorithm.name=ditto_cosine",
                                                                          "algorithm.depth=9")], "cosine.depth = 9")),
@@ -234,6 +242,20 @@ CASES: list[tuple[str, Case]] = [
                                                "data.num_clients = 2")),
     ("cifar-pickle-with-code", lambda t: ([str(DIGITS), *_sets("data.dataset=cifar10",
                                                                f"data.root={_cifar_with_code(t)}")], "data_batch_1")),
+    # Hugging Face datasets
+    ("hf-root-missing", lambda t: ([str(DIGITS), *_hf(t / "nope", write=False)], "data.root")),
+    ("hf-root-neither-layout", lambda t: ([str(DIGITS), *_hf(t, write=False)], "save_to_disk")),
+    ("hf-column-missing", lambda t: ([str(DIGITS), *_hf(t, "data.image_column=pixels")], "its columns: image")),
+    ("hf-split-missing", lambda t: ([str(DIGITS), *_hf(t, "data.train_split=training")], "its splits: test, train")),
+    ("hf-test-split-missing", lambda t: ([str(DIGITS), *_hf(t, "data.test_split=validation")], "data.test_split")),
+    ("hf-text-column", lambda t: ([str(DIGITS), *_hf(t, "data.image_column=caption", caption=lambda n: ["a cat"] * n)],
+                                  "neither images")),
+    ("hf-float-labels", lambda t: ([str(DIGITS), *_hf(t, label=lambda n: [0.5] * n)], "not integer class labels")),
+    ("hf-string-labels", lambda t: ([str(DIGITS), *_hf(t, label=lambda n: ["cat"] * n)], "not integer class labels")),
+    ("hf-negative-labels", lambda t: ([str(DIGITS), *_hf(t, label=lambda n: [-1] * n)], "the label -1")),
+    ("hf-no-label-column", lambda t: ([str(DIGITS), *_hf(t, label=None)], "data.label_column")),
+    ("hf-image-size-for-arrays", lambda t: ([str(DIGITS), *_hf(t, "data.image_column=v", "data.image_size=16",
+                                                               v=lambda n: [[0.0, 1.0]] * n)], "data.image_size")),
     # the output folder
     ("out-is-a-file", lambda t: ([str(DIGITS), "--out", str(DIGITS)], "--out")),
     ("out-parent-missing", lambda t: ([str(DIGITS), "--out", str(t / "a" / "b")], "--out")),

@@ -18,7 +18,7 @@ import dataclasses
 import importlib
 import pkgutil
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, cast
 
 from fedlatent.errors import ConfigError
 
@@ -137,7 +137,7 @@ def check_section(cfg: Any, chosen: list[tuple[Registry, Entry]]) -> dict[str, A
     for f in dataclasses.fields(cfg):
         if f.name not in specific or f.name in reads:
             continue
-        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+        default = f.default if f.default is not dataclasses.MISSING else cast(Callable[[], Any], f.default_factory)()
         value = getattr(cfg, f.name)
         if value != default:
             raise ConfigError(f"{section}.{f.name} = {value!r} is not read by {who} (its keys: {allowed})")

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import cast
 
 import numpy as np
 
@@ -76,5 +77,6 @@ def derive_seeds(*prefix: int, last: Sequence[int]) -> list[int]:
         word = word ^ hash_const
         hash_const = (hash_const * _MULT_B) & _MASK32
         word = (word * hash_const) & _MASK32
-        out.append((word ^ (word >> _XSHIFT)).astype(np.uint64))  # every pool word has mixed in ``last``
+        # an array: every pool word has mixed in ``last``
+        out.append(cast(np.ndarray, word ^ (word >> _XSHIFT)).astype(np.uint64))
     return [int(v) for v in (out[0] | (out[1] << np.uint64(32))) >> np.uint64(1)]

@@ -72,7 +72,7 @@ def _value(row: Compared, tolerance: float) -> tuple[bool | None, str]:
 
 
 def _direction(row: Compared, baseline: Compared | None, tie: float) -> tuple[bool | None, str]:
-    if baseline is None or None in (row.mean, baseline.mean, row.paper, baseline.paper):
+    if baseline is None or row.mean is None or baseline.mean is None or row.paper is None or baseline.paper is None:
         return None, "-"
     ours, paper = row.mean - baseline.mean, row.paper - baseline.paper
     same = sign(ours, tie) == sign(paper, tie)

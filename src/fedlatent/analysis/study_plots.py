@@ -46,7 +46,7 @@ def method_styles(labels: list[str]) -> dict[str, tuple[tuple[float, ...], Any]]
     parts = [split_term(label) for label in labels]
     methods = list(dict.fromkeys(m for m, _ in parts))
     terms = list(dict.fromkeys(["", *(t for _, t in parts)]))
-    tab20 = colormaps["tab20"].colors
+    tab20 = colormaps["tab20"].colors  # type: ignore[attr-defined]  # a ListedColormap
     if len(methods) <= 10:
         colours = [tab20[2 * methods.index(m) + (1 if t else 0)] for m, t in parts]
     elif len(labels) <= 20:
@@ -80,7 +80,8 @@ def band_figure(panels: Panels, ylabel: str, title: str, *, logy: bool = False):
     for ax in axes[:, 0]:
         ax.set_ylabel(ylabel, fontsize=8)
     n = "/".join(str(k) for k in sorted(seeds))
-    handles = [Line2D([], [], color=styles[label][0], linestyle=styles[label][1], linewidth=1.8) for label in labels]
+    handles = [Line2D([], [], color=styles[label][0], linestyle=styles[label][1],  # type: ignore[arg-type]
+                      linewidth=1.8) for label in labels]
     fig.legend(handles, labels, loc="center left", bbox_to_anchor=(1 - (legend_inches - 0.1) / fig.get_figwidth(), 0.5),
                fontsize=8, frameon=False, ncols=1 + (len(labels) > 24), title="method")
     _headed(fig, f"{title}\n(line: mean over seeds, n = {n}; band: min–max over seeds)",

@@ -12,6 +12,7 @@ Pure functions of tensors: no configuration, no state.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -56,14 +57,14 @@ def ffc_statistics(
 
 def _as_pairs(statistics: Statistics | Sequence[Statistics]) -> list[Statistics]:
     if len(statistics) == 2 and all(isinstance(part, Tensor) for part in statistics):
-        return [(statistics[0], statistics[1])]  # type: ignore[return-value]
-    pairs = [tuple(pair) for pair in statistics]  # type: ignore[arg-type]
+        return [cast(Statistics, (statistics[0], statistics[1]))]
+    pairs = [tuple(pair) for pair in statistics]
     if not pairs:
         raise ValueError("ffc_solve needs at least one (V, U) pair")
     for pair in pairs:
         if len(pair) != 2 or not all(isinstance(part, Tensor) for part in pair):
             raise ValueError("statistics must be one (V, U) pair of tensors or a sequence of such pairs")
-    return pairs  # type: ignore[return-value]
+    return pairs
 
 
 def ffc_solve(

@@ -42,6 +42,7 @@ import functools
 import itertools
 import math
 from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import quadprog
@@ -185,7 +186,8 @@ def mmd_estimates_with_covariance_batch(xs: Tensor, ys: Tensor, *, gammas: Tenso
     clients' kernel-weight refreshes together); the linear one loops over the batch."""
     if xs.ndim < 3 or ys.ndim < 3 or xs.shape[0] != ys.shape[0]:
         raise ValueError(f"expected (B, n, …) and (B, m, …) stacks, got {tuple(xs.shape)} and {tuple(ys.shape)}")
-    opts = dict(gammas=gammas, kernel=kernel, estimator=estimator, normalize=normalize, quadruples=quadruples)
+    opts: dict[str, Any] = dict(gammas=gammas, kernel=kernel, estimator=estimator, normalize=normalize,
+                                quadruples=quadruples)
     _check_choice("quadruples", quadruples, _QUADRUPLES)
     if estimator == "biased" and (quadruples == "all" or xs.shape[1] == ys.shape[1] >= 2):
         x, y, scales = _prepare(xs.flatten(0, 1), ys.flatten(0, 1), gammas, kernel, estimator, normalize)
@@ -418,13 +420,14 @@ def _paired_moments(x: Tensor, y: Tensor, scales: Tensor, chunk_elements: int = 
         k, _ = _gaussians(scales, pair_d2[:, :, start:start + chunk], levels, dim=1)  # (B, K, 4, c)
         h = torch.add(k[:, :, 0], k[:, :, 1])
         h.sub_(k[:, :, 2]).sub_(k[:, :, 3])  # (B, K, c)
-        if shift is None:
+        if shift is None or total is None or second is None:  # the first chunk (all three None)
             shift = h.mean(2, keepdim=True)
             total = torch.zeros_like(shift)
             second = torch.zeros(batch, num_kernels, num_kernels, dtype=x.dtype, device=x.device)
         h = h.sub_(shift) if not h.requires_grad else h - shift
         total = total + 2.0 * h.sum(2, keepdim=True)
         second = torch.baddbmm(second, h, h.transpose(1, 2), alpha=2.0)
+    assert shift is not None and total is not None and second is not None  # n ≥ 2: at least one pair
     dc = diag - shift
     total = total + dc.sum(2, keepdim=True)
     second = torch.baddbmm(second, dc, dc.transpose(1, 2))
@@ -467,7 +470,7 @@ def _squaring_levels(scales: tuple[float, ...]) -> tuple[tuple[tuple[int, ...], 
                     None)
 
     sources = {j: double_of(j) for j in range(len(scales))}
-    levels = [(tuple(j for j, i in sources.items() if i is None), ())]
+    levels: list[tuple[tuple[int, ...], tuple[int, ...]]] = [(tuple(j for j, i in sources.items() if i is None), ())]
     while True:
         previous = levels[-1][0]
         rows = tuple(r for r, i in enumerate(previous) if any(src == i for src in sources.values()))
@@ -495,17 +498,18 @@ def _gaussians(scales: Tensor, d2: Tensor, levels: tuple[tuple[tuple[int, ...], 
     scale_shape = [1] * (d2.ndim + 1)
     scale_shape[dim] = len(first)
     values = torch.exp2(-(scales[first] * _LOG2E).reshape(scale_shape) * d2.unsqueeze(dim),
-                       **({"out": stack.narrow(dim, 0, len(first))} if inplace else {}))
+                       **({"out": stack.narrow(dim, 0, len(first))} if stack is not None else {}))
     blocks, done = [values], len(first)
     for kernels, rows in levels[1:]:
         contiguous = rows == tuple(range(rows[0], rows[0] + len(rows)))
         source = values.narrow(dim, rows[0], len(rows)) if contiguous else \
             values.index_select(dim, torch.tensor(rows, device=d2.device))
-        values = torch.mul(source, source, **({"out": stack.narrow(dim, done, len(kernels))} if inplace else {}))
+        values = torch.mul(source, source,
+                           **({"out": stack.narrow(dim, done, len(kernels))} if stack is not None else {}))
         blocks.append(values)
         done += len(kernels)
     order = [j for kernels, _ in levels for j in kernels]
-    if inplace:  # written in place: no graph to keep, no concatenation to pay for
+    if stack is not None:  # written in place: no graph to keep, no concatenation to pay for
         return stack, order
     return (torch.cat(blocks, dim) if len(blocks) > 1 else blocks[0]), order
 

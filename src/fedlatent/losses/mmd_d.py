@@ -411,13 +411,13 @@ class _RowSumPower(torch.autograd.Function):
             torch.cat([torch.addmm(cols[:, :n] @ a[0], cols[:, n:], a[1].T),
                        torch.addmm(cols[:, :n] @ a[1], cols[:, n:], a[2])], 1, out=prods[k])
             _block_row_sums(torch.mul(b, d2[k], out=scratch), out=u_b[k])
-            if official:
+            if u_a is not None:
                 _block_row_sums(torch.mul(a, d2[k], out=scratch), out=u_a[k])
         keep = (1.0 - eps)[:, None]
         g_a, a_g = g * keep, prods[:, 0] * keep
         a_sr, a_gl = prods[:, 1:p + 1].transpose(1, 2), prods[:, p + 1:].transpose(1, 2) * keep[:, :, None]
         c = c_phi[:, None]
-        grad_q = -eps * (g * u_b).sum(1) - ((g_a * u_a).sum(1) if official else 0.0)
+        grad_q = -eps * (g * u_b).sum(1) - ((g_a * u_a).sum(1) if u_a is not None else 0.0)
         ctx.save_for_backward(
             2.0 * c[:, :, None] * g_a[:, :, None] * a_sr, 2.0 * c[:, :, None] * signs[:, None] * a_gl,
             -c * (g_a * v_a + signs * a_g),

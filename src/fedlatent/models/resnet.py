@@ -26,7 +26,7 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import Tensor, nn
@@ -62,7 +62,7 @@ def staged_encode(model: nn.Module, x: Tensor, taps: frozenset[str], *, stem: Ca
     taps by those names (the encoder of every ResNet-shaped model: ResNet-18/32/50, the ImageNet
     ResNet-18, SENet-18)."""
     features: dict[str, Tensor] = {}
-    x = (stem or model.stem)(x)
+    x = (stem or cast(Callable[[Tensor], Tensor], model.stem))(x)
     if "stem" in taps:
         features["stem"] = x
     for name in stages:

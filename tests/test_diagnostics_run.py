@@ -17,6 +17,7 @@ from fedlatent.analysis import diagnostics as dg
 from fedlatent.analysis.diagnostic_plots import plot_diagnostics
 from fedlatent.backends import simulation
 from fedlatent.errors import ConfigError
+from fedlatent.federated.state import Checkpoints
 
 DIGITS_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "digits_fedavg.toml"
 SHORT = ["train.rounds=3", "train.participation=0.5", "data.num_clients=6"]
@@ -95,14 +96,14 @@ def test_recorded_values_match_a_recomputation_from_the_final_weights(pair):
 @pytest.mark.slow
 def test_resume_truncates_and_reproduces_the_diagnostics(pair, tmp_path, monkeypatch):
     _, reference = pair
-    real_save = simulation.Checkpoints.save
+    real_save = Checkpoints.save
 
     def crash_before_round_3_is_saved(self, **kw):  # round 3's records are written, its checkpoint not
         if kw["info"]["round"] == 3:
             raise KeyboardInterrupt
         return real_save(self, **kw)
 
-    monkeypatch.setattr(simulation.Checkpoints, "save", crash_before_round_3_is_saved)
+    monkeypatch.setattr(Checkpoints, "save", crash_before_round_3_is_saved)
     out = tmp_path / "crashed"
     with pytest.raises(KeyboardInterrupt):
         fedlatent.run(load_config(DIGITS_CONFIG, SHORT + ALL), out)

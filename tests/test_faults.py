@@ -249,7 +249,7 @@ def test_an_embedded_round_checks_each_reply_once(monkeypatch: pytest.MonkeyPatc
     assert checked == [8, 1]  # four replies and four client states at once, then the global model
     checked.clear()
     tasks = round_.plan_round(s.server, config, 1, s.train_sizes)
-    outcomes, _ = simulation.train_clients(s, tasks)
+    outcomes, _ = s.train(tasks)
     round_.close_round(s.server, config, 1, tasks, outcomes)  # as a server that received them
     assert checked == [8, 4, 1]  # the clients' own check, the server's screen, the global model
 

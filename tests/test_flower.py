@@ -17,13 +17,12 @@ import torch
 pytest.importorskip("flwr", reason="Flower is not installed (pip install 'fedlatent[flower]')")
 
 import fedlatent  # noqa: E402
-from fedlatent.backends import simulation  # noqa: E402
 from fedlatent.backends.flower import client_app, messages, server_app  # noqa: E402
 from fedlatent.errors import ConfigError, RunStopped  # noqa: E402
 from fedlatent.experiment import run as run_experiment  # noqa: E402
 from fedlatent.federated.failures import ClientFailure  # noqa: E402
 from fedlatent.data.types import ClientData, Split  # noqa: E402
-from fedlatent.federated import state  # noqa: E402
+from fedlatent.federated import driver, state  # noqa: E402
 from fedlatent.federated.round import ClientTask  # noqa: E402
 from fedlatent.methods import PRESETS  # noqa: E402
 from fedlatent.methods.parts import Upload  # noqa: E402
@@ -46,7 +45,7 @@ def config(backend: str, extra=()):
 
 def record_globals(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, torch.Tensor]]:
     """The global state after each round of the runs that start from now on (until the next call),
-    as the backends' shared loop (``simulation.play_rounds``) snapshots it for its checkpoints."""
+    as the backends' shared loop (``driver.play_rounds``) snapshots it for its checkpoints."""
     seen: list[dict[str, torch.Tensor]] = []
 
     class Recording(state.Checkpoints):
@@ -54,7 +53,7 @@ def record_globals(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, torch.Tens
             seen.append({k: v.clone() for k, v in kwargs["global_state"].items()})
             return super().save(**kwargs)
 
-    monkeypatch.setattr(simulation, "Checkpoints", Recording)
+    monkeypatch.setattr(driver, "Checkpoints", Recording)
     return seen
 
 
@@ -216,17 +215,17 @@ def test_resume_restores_client_states_from_the_checkpoint(tmp_path, monkeypatch
     whole = record_globals(monkeypatch)
     run_experiment(config("flower", extra), tmp_path / "whole", echo=None, grid=InProcessGrid(2))
     uninterrupted = whole[-1]
-    real_round = server_app.ServerRun.train_round
+    real_round = driver.play_round
 
-    def crash(self, rnd):
+    def crash(s, rnd):
         if rnd == 2:
             raise KeyboardInterrupt
-        return real_round(self, rnd)
+        return real_round(s, rnd)
 
-    monkeypatch.setattr(server_app.ServerRun, "train_round", crash)
+    monkeypatch.setattr(driver, "play_round", crash)
     with pytest.raises(KeyboardInterrupt):
         run_experiment(config("flower", extra), tmp_path / "cut", echo=None, grid=InProcessGrid(2))
-    monkeypatch.setattr(server_app.ServerRun, "train_round", real_round)
+    monkeypatch.setattr(driver, "play_round", real_round)
     resumed = record_globals(monkeypatch)
     run_experiment(config("flower", extra), tmp_path / "cut", resume=True, echo=None, grid=InProcessGrid(2))
     assert len(resumed) == 1  # round 3 only: round 2's checkpoint was written on the way out

@@ -12,10 +12,10 @@ from safetensors.torch import load_file
 
 import fedlatent
 from fedlatent import load_config
-from fedlatent.backends import simulation
 from fedlatent.data.federation import build_federation
 from fedlatent.errors import ConfigError
 from fedlatent.experiment import single
+from fedlatent.federated.state import Checkpoints
 from fedlatent.federated.client import batches
 
 DIGITS_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "digits_fedavg.toml"
@@ -75,14 +75,14 @@ def test_one_line_per_client_step_averaging_to_the_metrics(pair) -> None:
 
 def test_resume_continues_the_trace_exactly(pair, tmp_path, monkeypatch) -> None:
     _, reference = pair
-    real_save = simulation.Checkpoints.save
+    real_save = Checkpoints.save
 
     def crash_before_round_3_is_saved(self, **kw):  # round 3's steps are written, its checkpoint not
         if kw["info"]["round"] == 3:
             raise KeyboardInterrupt
         return real_save(self, **kw)
 
-    monkeypatch.setattr(simulation.Checkpoints, "save", crash_before_round_3_is_saved)
+    monkeypatch.setattr(Checkpoints, "save", crash_before_round_3_is_saved)
     out = tmp_path / "crashed"
     with pytest.raises(KeyboardInterrupt):
         fedlatent.run(load_config(DIGITS_CONFIG, SHORT + TRACE), out)

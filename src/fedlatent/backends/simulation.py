@@ -1,45 +1,43 @@
 """The embedded backend (default): one process, clients trained in turn, state on the CPU.
 
-The backend owns the round loop and drives the round's two halves (``federated.round``): the
-server half plans the round (sampling, payload, learning rate) and closes it (failure policy,
-aggregation, server step); between them this backend's trainer runs the selected clients' local
-updates (``federated.client``) in turn. It plays every client, so it keeps every client's state in
-its own store (``Setup.client_states``, checkpointed with the server's), which the server half
-never reads. Then it evaluates and writes metrics and a checkpoint (at most one a second, see
-``federated.state.Checkpoints``). Every random choice is derived
+:class:`Setup` is the run as the run driver (``federated.driver``) drives it: the driver plans and
+closes each round (sampling, payload, failure policy, aggregation, server step), evaluates, writes
+metrics and checkpoints (at most one a second, see ``federated.state.Checkpoints``) and ends the
+run; between a round's halves this backend's trainer runs the selected clients' local updates
+(``federated.client``) in turn — or all at once (``federated.lockstep``, the vectorized backend).
+It plays every client, so it keeps every client's state in its own store (``Setup.client_states``,
+checkpointed with the server's), which the server half never reads. Every random choice is derived
 from (seed, round, client), never from a global RNG reseeded in the loop, so a run killed after
-round r and resumed gives exactly the numbers of the uninterrupted run. Clients that raise or diverge are handled by ``federated.failures``.
+round r and resumed gives exactly the numbers of the uninterrupted run. Clients that raise or
+diverge are handled by ``federated.failures``.
 """
 from __future__ import annotations
 
-import json
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Protocol
+from typing import Any, Callable
 
-import numpy as np
 import torch
 
 from fedlatent.config import RunConfig
 from fedlatent.data.types import Federation, Split
 from fedlatent.errors import ConfigError
-from fedlatent.federated import calibrate
+from fedlatent.federated import calibrate, driver
 from fedlatent.federated.client import LocalSettings, Workspace, local_update, state_to_cpu, workspace_for
 from fedlatent.federated.diagnostics import Diagnostics
-from fedlatent.federated.evaluation import client_validation, evaluate
+from fedlatent.federated.evaluation import client_validation
 from fedlatent.federated.failures import ClientFailure, error_detail
-from fedlatent.federated.personal import client_report, combine_reports
-from fedlatent.federated.round import (ClientTask, calibration_due, checked_all, client_generators, client_round, close_round,
-                                       local_settings, nbytes, plan_round, round_lr)
+from fedlatent.federated.personal import client_report
+from fedlatent.federated.round import (ClientTask, checked_all, client_generators, client_round, local_settings, round_lr)
 from fedlatent.federated.round import sample_clients as sample_clients  # the embedded backend's sampling
 from fedlatent.federated.server import Server
-from fedlatent.federated.state import Checkpoints, has_checkpoint, load_checkpoint, write_atomically
+from fedlatent.federated.state import write_atomically
 from fedlatent.methods.head import apply_head
 from fedlatent.methods.parts import ClientRound, MethodSpec, Tensors, Upload, trainable_names
 from fedlatent.models import FedModel, build_model
-from fedlatent.seeding import CALIBRATION, FINETUNE, HEAD_INIT, MODEL_INIT, derive_seed
+from fedlatent.seeding import FINETUNE, HEAD_INIT, MODEL_INIT, derive_seed
 
 
 def train_in_turn(ws: Workspace, global_state: Tensors, datas: list[Split], spec: MethodSpec,
@@ -79,10 +77,68 @@ class Setup:
     trainer: Trainer = train_in_turn
     metrics: list[dict[str, Any]] = field(default_factory=list)
     diagnostics: Diagnostics | None = None
+    warn: Callable[[str], None] = field(default=lambda message: _warn(message))
     train_sizes: list[int] = field(init=False)  # the census of training-set sizes, taken once
+    replies_checked = True  # train() applies each client's own non-finite check
+    tells_each_drop = False  # the run's end counts the dropped clients in one line
 
     def __post_init__(self) -> None:
         self.train_sizes = [len(c.train) for c in self.federation.clients]
+
+    # the clients as the run driver (federated.driver) asks for them: all in this process
+    @property
+    def model(self) -> FedModel:
+        return self.workspace.model
+
+    @property
+    def test(self) -> Split | None:
+        return self.federation.test
+
+    @property
+    def num_classes(self) -> int:
+        return self.federation.num_classes
+
+    def train(self, tasks: list[ClientTask]) -> tuple[list[Upload | ClientFailure], dict[int, Tensors]]:
+        """The client half of every task, on this backend's trainer: the outcomes (each client's own
+        non-finite check applied) and the selected clients' new states by id, the store untouched. A
+        ConfigError passes through: a key the clients cannot satisfy is the user's error, not theirs."""
+        cfg, fed = self.config, self.federation
+        selected = [t.client_id for t in tasks]
+        local = settings(self, tasks[0].lr, cfg.train.local_epochs)
+        rcs = [client_round(t, self.client_states[t.client_id], self.train_sizes[t.client_id], self.workspace.model,
+                            local.momentum, cfg.seed) for t in tasks]
+        generators = client_generators(cfg.seed, tasks[0].round, selected)
+        try:
+            outcomes = self.trainer(self.workspace, tasks[0].global_state, [fed.clients[cid].train for cid in selected],
+                                    self.spec, rcs, local, generators)
+        except ConfigError:
+            raise
+        except Exception as exc:  # a trainer of clients together (lockstep) fails for all of them
+            outcomes = [ClientFailure(cid, "error", f"{error_detail(exc)} (clients {selected} trained together)", exc)
+                        for cid in selected]
+        states = {rc.client_id: rc.state for rc in rcs}
+        return checked_all(outcomes, states), states
+
+    def statistics(self, state: Tensors) -> dict[int, Tensors]:
+        return {cid: calibrate.client_statistics(self.model, state, c.train, self.spec.calibration,
+                                                 self.config.eval.batch_size, self.device)
+                for cid, c in enumerate(self.federation.clients)}
+
+    def validation(self, state: Tensors) -> dict[int, float]:
+        fed, batch = self.federation, self.config.eval.batch_size
+        values = {cid: client_validation(self.model, state, c.val, fed.num_classes, batch, self.device)
+                  for cid, c in enumerate(fed.clients)}
+        return {cid: v for cid, v in values.items() if v is not None}
+
+    def reports(self, state: Tensors) -> list[dict[str, Any]]:
+        cfg = self.config
+        local = settings(self, round_lr(cfg.train, cfg.train.rounds - 1), self.spec.personalization.epochs)
+        rows = [client_report(self.workspace, self.spec, cid, client, self.client_states[cid], state,
+                              num_classes=self.federation.num_classes, batch_size=cfg.eval.batch_size,
+                              device=self.device, settings=local,
+                              generator=torch.Generator().manual_seed(derive_seed(cfg.seed, FINETUNE, cid)))
+                for cid, client in enumerate(self.federation.clients)]
+        return [row for row in rows if row is not None]
 
 
 def make_model(config: RunConfig, federation: Federation, spec: MethodSpec) -> FedModel:
@@ -116,114 +172,15 @@ def settings(s: Setup, lr: float, epochs: int) -> LocalSettings:
     return local_settings(s.config.train, lr, epochs, s.federation.augment, s.federation.num_classes, s.device)
 
 
-def calibrated(s: Setup, state: Tensors) -> tuple[Tensors, int]:
-    """``state`` with its head calibrated from every client's statistics (in client-id order), and
-    the bytes of those statistics (what the clients upload for it: SphereFed's Table 1 "once" row)."""
-    cal, model = s.spec.calibration, s.workspace.model
-    stats = [calibrate.client_statistics(model, state, c.train, cal, s.config.eval.batch_size, s.device)
-             for c in s.federation.clients]
-    generator = torch.Generator().manual_seed(derive_seed(s.config.seed, CALIBRATION))
-    return (calibrate.apply_statistics(state, stats, cal, *calibrate.head_keys(model), generator),
-            sum(nbytes(st) for st in stats))
-
-
-def train_clients(s: Setup, tasks: list[ClientTask]) -> tuple[list[Upload | ClientFailure], dict[int, Tensors]]:
-    """The client half of every task, on this backend's trainer: the outcomes (each client's own
-    non-finite check applied) and the selected clients' new states by id, the store untouched. A
-    ConfigError passes through: a key the clients cannot satisfy is the user's error, not theirs."""
-    cfg, fed = s.config, s.federation
-    selected = [t.client_id for t in tasks]
-    local = settings(s, tasks[0].lr, cfg.train.local_epochs)
-    rcs = [client_round(t, s.client_states[t.client_id], s.train_sizes[t.client_id], s.workspace.model,
-                        local.momentum, cfg.seed) for t in tasks]
-    generators = client_generators(cfg.seed, tasks[0].round, selected)
-    try:
-        outcomes = s.trainer(s.workspace, tasks[0].global_state, [fed.clients[cid].train for cid in selected],
-                             s.spec, rcs, local, generators)
-    except ConfigError:
-        raise
-    except Exception as exc:  # a trainer of clients together (lockstep) fails for all of them
-        outcomes = [ClientFailure(cid, "error", f"{error_detail(exc)} (clients {selected} trained together)", exc)
-                    for cid in selected]
-    states = {rc.client_id: rc.state for rc in rcs}
-    return checked_all(outcomes, states), states
-
-
-def run_round(s: Setup, rnd: int) -> dict[str, Any]:
-    """One communication round; returns its metrics line. A client dropped by the failure policy
-    keeps the state it had before the round."""
-    cfg = s.config
-    started = time.perf_counter()
-    tasks = plan_round(s.server, cfg, rnd, s.train_sizes)
-    outcomes, states = train_clients(s, tasks)
-    result = close_round(s.server, cfg, rnd, tasks, outcomes, replies_checked=True)
-    for upload in result.uploads:
-        s.client_states[upload.client_id] = states[upload.client_id]
-    if calibration_due(s.spec, rnd):
-        s.server.global_state, sent = calibrated(s, s.server.global_state)
-        result.metrics["bytes_calibration_up"] = sent
-    line: dict[str, Any] = {"round": rnd + 1, "lr": tasks[0].lr, **result.metrics}
-    if (rnd + 1) % cfg.eval.every == 0 or rnd + 1 == cfg.train.rounds:
-        line.update(evaluate_global(s))
-    line["time_round_s"] = time.perf_counter() - started
-    if s.diagnostics is not None and s.diagnostics.due(rnd + 1):
-        s.diagnostics.record(rnd + 1, s.workspace.model, s.server.global_state, result.uploads)
-    return line
-
-
-def global_model(s: Setup, state: Tensors | None = None) -> FedModel:
-    model = s.workspace.model
-    model.load_state_dict(s.server.global_state if state is None else state)
-    return model
-
-
-def evaluate_global(s: Setup, state: Tensors | None = None) -> dict[str, float]:
-    """Global model on the global test set and the mean over clients of their validation accuracies."""
-    fed, out = s.federation, {}
-    state = s.server.global_state if state is None else state
-    model = global_model(s, state)
-    if fed.test is not None:
-        out.update({f"test_{k}": v for k, v in evaluate(model, fed.test, fed.num_classes,
-                                                          s.config.eval.batch_size, s.device).items()})
-    vals = [client_validation(model, state, c.val, fed.num_classes, s.config.eval.batch_size, s.device)
-            for c in fed.clients]
-    if any(v is not None for v in vals):
-        out["val_accuracy"] = float(np.mean([v for v in vals if v is not None]))
-    return out
+# the rounds and the end of a run, as the run driver plays them for every backend
+run_round = driver.play_round
+finish = driver.finish
+evaluate_global = driver.evaluate_global
+calibrated = driver.calibrated
 
 
 def _warn(message: str) -> None:
     print(f"fedlatent: warning: {message}", file=sys.stderr)
-
-
-def metrics_upto(path: Path, last_round: int) -> list[str]:
-    """The lines of ``metrics.jsonl`` for rounds 1..``last_round``; reading stops at a torn line
-    (a run killed while writing it)."""
-    kept = []
-    for line in path.read_text().splitlines() if last_round and path.exists() else []:
-        try:
-            record = json.loads(line)
-        except ValueError:
-            break
-        if record["round"] <= last_round:
-            kept.append(line)
-    return kept
-
-
-def restore(s: Played, ckpt: Path, num_clients: int, warn: Callable[[str], None]) -> tuple[int, float]:
-    """Load the newest intact checkpoint under ``ckpt`` into ``s`` (its server's global and server
-    state, its clients' states); return the round it ends and the wall seconds spent before it —
-    (0, 0.0) when the run has no checkpoint yet, or none intact (``warn`` is told in one line):
-    ``s`` then keeps the initial state, which the seed fixes, so the run starts again and ends
-    as the uninterrupted run. (A run shorter than CHECKPOINT_SECONDS keeps one checkpoint only.)"""
-    if not has_checkpoint(ckpt):
-        return 0, 0.0
-    loaded = load_checkpoint(ckpt, num_clients, warn)
-    if loaded is None:
-        warn(f"--resume: no intact checkpoint under {ckpt}; starting again from the initial state (round 0)")
-        return 0, 0.0
-    s.server.global_state, s.server.state, s.client_states, info = loaded
-    return info["round"], info["elapsed_s"]
 
 
 def run(config: RunConfig, federation: Federation, spec: MethodSpec, out: Path, *, resume: bool = False,
@@ -239,67 +196,14 @@ def run(config: RunConfig, federation: Federation, spec: MethodSpec, out: Path, 
     clock = time.perf_counter()
     torch.set_num_threads(config.train.threads)
     s = setup(config, federation, spec, trainer)
+    s.warn = warn
     ckpt = out / "checkpoints"
-    start, before = restore(s, ckpt, len(federation.clients), warn) if resume else (0, 0.0)
+    start, before = driver.restore(s, ckpt, len(federation.clients), warn) if resume else (0, 0.0)
     if config.diagnostics.which:
         s.diagnostics = Diagnostics(config, federation, out / "diagnostics.jsonl", s.device)
         s.diagnostics.start(start)
     metrics_path = out / "metrics.jsonl"
-    write_atomically(metrics_path, "".join(line + "\n" for line in metrics_upto(metrics_path, start)))
-    final = play_rounds(s, range(start, config.train.rounds), out, lambda rnd: run_round(s, rnd),
-                        lambda: finish(s), since=clock - before, progress=progress)
+    write_atomically(metrics_path, "".join(line + "\n" for line in driver.metrics_upto(metrics_path, start)))
+    final = driver.play_rounds(s, range(start, config.train.rounds), out, lambda rnd: run_round(s, rnd),
+                               lambda: finish(s), since=clock - before, progress=progress)
     return final, before + time.perf_counter() - clock
-
-
-class Played(Protocol):
-    """What a run's loop checkpoints: the server and every client's state (the embedded
-    backends' :class:`Setup`, Flower's ``ServerRun``)."""
-
-    server: Server
-    client_states: list[Tensors]
-
-
-def play_rounds(s: Played, rounds: range, out: Path, play: Callable[[int], dict[str, Any]],
-                finish: Callable[[], dict[str, Any]], *, since: float,
-                progress: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
-    """The round loop of every backend: ``play`` each round (its metrics line), append the line
-    to ``out/metrics.jsonl`` with the seconds elapsed since ``since`` (a ``perf_counter`` value;
-    a resumed run's earlier seconds taken off it), checkpoint the state (paced by
-    :class:`~fedlatent.federated.state.Checkpoints`: files written while the next round trains,
-    the last completed round's on disk however the loop is left) and tell ``progress``; then
-    ``finish`` (the final evaluation), whose result is returned."""
-    with Checkpoints(out / "checkpoints") as checkpoints, (out / "metrics.jsonl").open("a") as sink:
-        for rnd in rounds:
-            line = play(rnd)
-            line["time_elapsed_s"] = time.perf_counter() - since
-            sink.write(json.dumps(line) + "\n")
-            sink.flush()
-            checkpoints.save(global_state=s.server.global_state, server_state=s.server.state,
-                             client_states=s.client_states,
-                             info={"round": rnd + 1, "elapsed_s": time.perf_counter() - since},
-                             last=rnd + 1 == rounds.stop)
-            if progress:
-                progress(line)
-        return finish()
-
-
-def finish(s: Setup) -> dict[str, Any]:
-    """Final evaluation: the global model, after calibration when the method has one, and per client."""
-    final: dict[str, Any] = {}
-    before = evaluate_global(s)
-    state = s.server.global_state
-    if s.spec.calibration.kind != "none":
-        state, final["bytes_calibration_up"] = calibrated(s, state)
-        final.update({f"uncalibrated_{k.removeprefix('test_')}": v for k, v in before.items()})
-        before = evaluate_global(s, state)
-    final.update({k.removeprefix("test_"): v for k, v in before.items()})
-    cfg = s.config
-    if cfg.eval.personalized != "never":
-        local = settings(s, round_lr(cfg.train, cfg.train.rounds - 1), s.spec.personalization.epochs)
-        rows = [client_report(s.workspace, s.spec, cid, client, s.client_states[cid], state,
-                              num_classes=s.federation.num_classes, batch_size=cfg.eval.batch_size, device=s.device,
-                              settings=local, generator=torch.Generator().manual_seed(derive_seed(cfg.seed, FINETUNE, cid)))
-                for cid, client in enumerate(s.federation.clients)]
-        final.update(combine_reports([row for row in rows if row is not None]))
-    global_model(s, state)
-    return final

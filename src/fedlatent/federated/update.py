@@ -60,16 +60,17 @@ class LocalOptimizer:
         left as it is, its state too, as torch's optimisers leave it."""
         r = self.rule
         slots = {k: [_rows(t, rows) for t in v] for k, v in self.slots.items()}
-        if any(g is None for g in grads):
-            used = [i for i, g in enumerate(grads) if g is not None]
-            params, grads = [params[i] for i in used], [grads[i] for i in used]
+        used = [i for i, g in enumerate(grads) if g is not None]
+        if len(used) < len(grads):
+            params = [params[i] for i in used]
             slots = {k: [v[i] for i in used] for k, v in slots.items()}
+        given = [g for g in grads if g is not None]
         with torch.no_grad():
             decay = _decay(r.weight_decay, extra_decay, params)
             if r.kind == "sgd":
-                self._sgd(params, grads, decay, slots)
+                self._sgd(params, given, decay, slots)
             else:
-                self._adam(params, grads, decay, slots, rows)
+                self._adam(params, given, decay, slots, rows)
         if isinstance(rows, Tensor):
             for k, v in slots.items():
                 for whole, part in zip(self.slots[k], v):
@@ -110,16 +111,18 @@ class LocalOptimizer:
             torch._foreach_add_(denom, EPS)
             torch._foreach_addcdiv_(params, exp_avg, denom, value=-(r.lr / bc1))
             return
-        counts = _rows(self.steps, rows) + 1  # a count per client (kept states of different ages)
+        steps = self.steps
+        counts = _rows(steps, rows) + 1  # a count per client (kept states of different ages)
         if isinstance(rows, Tensor):
-            self.steps.index_copy_(0, rows, counts)
+            steps.index_copy_(0, rows, counts)
         elif rows is None:
             self.steps = counts
         else:
-            self.steps[rows] = counts
-        bc1, bc2 = 1 - beta1 ** counts, 1 - beta2 ** counts
+            steps[rows] = counts
+        bias1: Tensor = 1 - beta1 ** counts
+        bias2: Tensor = 1 - beta2 ** counts
         for p, m, v in zip(params, exp_avg, exp_avg_sq):
-            size, root = _per_row(r.lr / bc1, p), _per_row(bc2.sqrt(), p)
+            size, root = _per_row(r.lr / bias1, p), _per_row(bias2.sqrt(), p)
             p.sub_(size.to(p.dtype) * m / ((v.sqrt() / root.to(p.dtype)).add_(EPS)))
 
     # the state kept across rounds -----------------------------------------------------------------
@@ -130,7 +133,7 @@ class LocalOptimizer:
             for n, v in zip(names, values):
                 out[f"{prefix}{n}.{slot}"] = (v if client is None else v[client]).detach().to("cpu", copy=True)
         if self.rule.kind != "sgd":
-            steps = self.steps if client is None else self.steps[client]
+            steps = self.steps if client is None or isinstance(self.steps, int) else self.steps[client]
             out[prefix + STEP] = torch.as_tensor(steps, dtype=torch.float64).clone()
         return out
 
@@ -157,11 +160,9 @@ def restore(rule: Rule, params: list[Tensor], names: list[str], saved: list[dict
     for slot in rule.slots():
         per_param = []
         for n, p in zip(names, params):
-            rows = [own[f"{n}.{slot}"].to(p.device, p.dtype) if own else None for own in saved]
-            if stacked:
-                per_param.append(torch.stack([row if row is not None else torch.zeros_like(p[0]) for row in rows]))
-            else:
-                per_param.append(rows[0].clone())
+            rows = [own[f"{n}.{slot}"].to(p.device, p.dtype) if own else torch.zeros_like(p[0] if stacked else p)
+                    for own in saved]
+            per_param.append(torch.stack(rows) if stacked else rows[0].clone())
         slots[slot] = per_param
     counts = [int(own[STEP]) if STEP in own else 0 for own in saved]
     steps: Tensor | int = torch.tensor(counts, dtype=torch.float64) if stacked else counts[0]
@@ -191,4 +192,4 @@ def _plus_decay(grads: list[Tensor], params: list[Tensor], decay: list[Tensor] |
     """g + wd·p (torch's L2 weight decay), the gradients themselves when there is none."""
     if isinstance(decay, list):
         return [g + p * wd for g, p, wd in zip(grads, params, decay)]
-    return torch._foreach_add(grads, params, alpha=decay) if decay else list(grads)
+    return list(torch._foreach_add(grads, params, alpha=decay)) if decay else list(grads)

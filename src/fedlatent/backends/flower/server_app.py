@@ -1,16 +1,13 @@
 """The server half of fedlatent as a Flower ServerApp (Message API).
 
-:func:`serve` is the embedded backend's round loop with messages in place of calls: a census of
-the SuperNodes (which clients each serves, their training-set sizes), then per round
-:func:`plan_round` → one ``train`` message per SuperNode (its selected clients' tasks) →
-:func:`close_round` on the
-replies (sorted by client id, so reply order cannot change the numbers), evaluation (the global
-test set on the server, validation accuracy from the clients), ``metrics.jsonl`` and a checkpoint
-(global model, server state — SCAFFOLD c, FedDyn h, FedOpt moments — and the clients' states when
-they send a copy, ``flower.client_state_on_server``; paced as the embedded backend's by
-:class:`fedlatent.federated.state.Checkpoints`), so ``--resume`` continues as the embedded
-backend does. A client that raises, diverges or does not reply within ``flower.timeout`` seconds is
-a :class:`ClientFailure` for the shared failure policy; each is told in one log line.
+:func:`serve` is the embedded backend's run with messages in place of calls: a census of the
+SuperNodes (which clients each serves, their training-set sizes), then the run driver
+(``federated.driver``: the same round, round loop, checkpoints and final evaluation as the
+embedded backends) with :class:`ServerRun` as its clients: one ``train`` message per SuperNode
+(its selected clients' tasks; replies sorted by client id, so reply order cannot change the
+numbers), the validation accuracies, calibration statistics and personalised reports gathered by
+messages. A client that raises, diverges or does not reply within ``flower.timeout`` seconds is a
+:class:`ClientFailure` for the shared failure policy; each is told in one log line.
 
 :func:`deployment_app` builds the ServerApp ``flwr run`` starts; the simulation engine
 (:mod:`.engine`) runs :func:`serve` on its in-memory grid.
@@ -23,27 +20,23 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-import numpy as np
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
 from flwr.serverapp import Grid, ServerApp
 
 from fedlatent.backends.flower import messages as M
 from fedlatent.backends.flower.diagnostics import FlowerDiagnostics
-from fedlatent.federated.round import ClientTask, calibration_due, close_round, nbytes, plan_round
-from fedlatent.backends.simulation import initial_server, metrics_upto, play_rounds, restore
+from fedlatent.federated.round import ClientTask
+from fedlatent.backends.simulation import initial_server
+from fedlatent.federated import driver
 from fedlatent.config import RunConfig, to_toml
 from fedlatent.data.federation import pooled_channel_stats
-from fedlatent.data.types import Federation
-from fedlatent.federated.calibrate import apply_statistics, head_keys
-from fedlatent.federated.evaluation import evaluate
+from fedlatent.data.types import Federation, Split
 from fedlatent.federated.failures import ClientFailure, RunStopped
-from fedlatent.federated.personal import combine_reports
 from fedlatent.federated.server import Server
 from fedlatent.federated.state import write_atomically
 from fedlatent.methods.parts import MethodSpec, Tensors, Upload
 from fedlatent.models import FedModel
-from fedlatent.seeding import CALIBRATION, derive_seed
 
 CENSUS_WAIT_S = 120.0  # how long the census waits for SuperNodes to serve every client
 
@@ -89,6 +82,26 @@ class ServerRun:
     normalization: Tensors | None = None  # sent with every message after the census
     initial: Tensors = field(default_factory=dict)  # the seeded initial model, as each node builds it
     diagnostics: FlowerDiagnostics | None = None
+
+    replies_checked = False  # the nodes' replies are screened for non-finite values here
+    tells_each_drop = True  # a deployment's log tells each client left out as it happens
+
+    # the run as the run driver (federated.driver) asks for it; its clients answer through messages
+    @property
+    def train_sizes(self) -> list[int]:
+        return self.census.train_sizes
+
+    @property
+    def test(self) -> Split | None:
+        return self.federation.test
+
+    @property
+    def num_classes(self) -> int:
+        return self.federation.num_classes
+
+    @property
+    def device(self) -> torch.device:
+        return torch.device(self.config.train.device)
 
     @property
     def run_record(self) -> ConfigRecord:
@@ -178,11 +191,9 @@ class ServerRun:
         reads_uploads = d is not None and (d.cfg.clients or "alignment" in d.which)
         return down, frozenset(never - set(self.server.local) if reads_uploads else never)
 
-    def train_round(self, rnd: int) -> dict[str, Any]:
-        """One round: one ``train`` message per SuperNode holding its selected clients' tasks,
-        uploads back, the server half; returns the metrics line."""
-        started = time.perf_counter()
-        tasks = plan_round(self.server, self.config, rnd, self.census.train_sizes)
+    def train(self, tasks: list[ClientTask]) -> tuple[list[Upload | ClientFailure], dict[int, Tensors]]:
+        """One ``train`` message per SuperNode holding its selected clients' tasks; the outcomes
+        back, and the new states of the clients that sent one."""
         live = set(self.grid.get_node_ids())
         by_node: dict[int, list[ClientTask]] = {}
         for task in tasks:
@@ -204,21 +215,7 @@ class ServerRun:
                 if state is not None:
                     new_states[cid] = state
         self.contacted.update(t.client_id for node, _ in sent for t in by_node[node])
-        result = close_round(self.server, self.config, rnd, tasks, outcomes)
-        for failure in result.dropped:
-            self.warn(f"round {rnd + 1}: client {failure.client} left out: {failure.detail}")
-        for upload in result.uploads:
-            if upload.client_id in new_states:
-                self.client_states[upload.client_id] = new_states[upload.client_id]
-        if calibration_due(self.spec, rnd):
-            self.server.global_state, result.metrics["bytes_calibration_up"] = self.calibrated(self.server.global_state)
-        line: dict[str, Any] = {"round": rnd + 1, "lr": tasks[0].lr, **result.metrics}
-        if (rnd + 1) % self.config.eval.every == 0 or rnd + 1 == self.config.train.rounds:
-            line.update(self.evaluate_global())
-        line["time_round_s"] = time.perf_counter() - started
-        if self.diagnostics is not None and self.diagnostics.due(rnd + 1):
-            self.diagnostics.record(rnd + 1, self.model, self.server.global_state, result.uploads)
-        return line
+        return outcomes, new_states
 
     def outcomes(self, tasks: list[ClientTask], reply: Message | None) -> dict[int, M.Outcome]:
         """A node's reply as the failure policy sees it, per client (with the client's new state
@@ -237,22 +234,14 @@ class ServerRun:
                     for cid in ids}
         return {cid: (ClientFailure(cid, "error", detail), None) for cid in ids}
 
-    def evaluate_global(self, state: Tensors | None = None) -> dict[str, float]:
-        """The global model on the server's test set, and the mean validation accuracy the clients
-        report (in client-id order, as the embedded backend averages it)."""
-        fed, cfg, out = self.federation, self.config, {}
-        state = self.server.global_state if state is None else state
-        self.model.load_state_dict(state)
-        if fed.test is not None:
-            out.update({f"test_{k}": v for k, v in evaluate(self.model, fed.test, fed.num_classes,
-                                                              cfg.eval.batch_size, torch.device(cfg.train.device)).items()})
+    def validation(self, state: Tensors) -> dict[int, float]:
+        """The clients' validation accuracies of the global ``state``, by client id (none without a
+        validation split)."""
+        values: dict[int, float] = {}
         if any(self.census.val_sizes):
-            values: dict[int, float] = {}
             for reply in self.broadcast("evaluate.validate", {"global": M.to_record(state)}).values():
                 values.update({int(k): v for k, v in M.unpack_values(reply.content["values"]).items()})
-            if values:
-                out["val_accuracy"] = float(np.mean([values[cid] for cid in sorted(values)]))
-        return out
+        return values
 
     def broadcast(self, message_type: str, records: dict[str, Any],
                   own: dict[int, dict[str, Any]] | None = None) -> dict[int, Message]:
@@ -265,38 +254,23 @@ class ServerRun:
                 for node in nodes]
         return {node: r for node, r in self.exchange(msgs).items() if r is not None and r.has_content()}
 
-    def calibrated(self, state: Tensors) -> tuple[Tensors, int]:
-        """``state`` with its head calibrated from the clients' statistics, gathered in an extra
-        round of messages and combined in client-id order, and the bytes of those statistics."""
+    def statistics(self, state: Tensors) -> dict[int, Tensors]:
+        """The clients' calibration statistics of the global ``state``, gathered in an extra round of
+        messages, by client id."""
         stats: dict[int, Tensors] = {}
         for reply in self.broadcast("query.statistics", {"global": M.to_record(state)}).values():
             stats.update({int(name.split(".")[1]): M.from_record(record)
                           for name, record in reply.content.array_records.items() if name.startswith("stats.")})
-        missing = sorted(set(range(len(self.census.train_sizes))) - set(stats))
-        if missing:
-            self.warn(f"calibration without client(s) {missing} (no statistics came back)")
-        generator = torch.Generator().manual_seed(derive_seed(self.config.seed, CALIBRATION))
-        return (apply_statistics(state, [stats[cid] for cid in sorted(stats)], self.spec.calibration,
-                                 *head_keys(self.model), generator), sum(nbytes(st) for st in stats.values()))
+        return stats
 
-    def finish(self) -> dict[str, Any]:
-        """Final evaluation: the global model on the test set (after calibration, when the method
-        has one), and the personalised report the clients compute."""
-        final: dict[str, Any] = {}
-        before = self.evaluate_global()
-        state = self.server.global_state
-        if self.spec.calibration.kind != "none":
-            state, final["bytes_calibration_up"] = self.calibrated(state)
-            final.update({f"uncalibrated_{k.removeprefix('test_')}": v for k, v in before.items()})
-            before = self.evaluate_global(state)
-        final.update({k.removeprefix("test_"): v for k, v in before.items()})
-        if self.config.eval.personalized == "never" or not any(self.census.test_sizes):
-            return final
-        rows = [row for reply in self.broadcast("evaluate.report", {"global": M.to_record(state)},
+    def reports(self, state: Tensors) -> list[dict[str, Any]]:
+        """The personalised report the clients compute from the final global ``state`` (with their
+        checkpointed states after a resume)."""
+        if not any(self.census.test_sizes):
+            return []
+        return [row for reply in self.broadcast("evaluate.report", {"global": M.to_record(state)},
                                                 self.restored_states()).values()
                 for row in M.unpack_values(reply.content["rows"])["rows"]]
-        final.update(combine_reports(rows))
-        return final
 
 
 def serve(grid: Grid, config: RunConfig, federation: Federation, spec: MethodSpec, out: Path, *,
@@ -310,9 +284,9 @@ def serve(grid: Grid, config: RunConfig, federation: Federation, spec: MethodSpe
     s = ServerRun(grid, config, federation, spec, warn)
     s.setup()
     ckpt = out / "checkpoints"
-    start, before = restore(s, ckpt, len(federation.clients), warn) if resume else (0, 0.0)
+    start, before = driver.restore(s, ckpt, len(federation.clients), warn) if resume else (0, 0.0)
     metrics_path = out / "metrics.jsonl"
-    write_atomically(metrics_path, "".join(line + "\n" for line in metrics_upto(metrics_path, start)))
+    write_atomically(metrics_path, "".join(line + "\n" for line in driver.metrics_upto(metrics_path, start)))
     s.census = s.take_census()  # after metrics.jsonl exists: a failed census is a stopped run with a summary
     s.normalization = s.census.normalization()
     if config.diagnostics.which:
@@ -321,8 +295,8 @@ def serve(grid: Grid, config: RunConfig, federation: Federation, spec: MethodSpe
                                           lambda kind, records: s.broadcast(kind, records), warn,
                                           torch.device(config.train.device))
         s.diagnostics.start(start)
-    final = play_rounds(s, range(start, config.train.rounds), out, s.train_round, s.finish,
-                        since=clock - before, progress=progress)
+    final = driver.play_rounds(s, range(start, config.train.rounds), out, lambda rnd: driver.play_round(s, rnd),
+                               lambda: driver.finish(s), since=clock - before, progress=progress)
     return final, before + time.perf_counter() - clock
 
 

@@ -1,0 +1,200 @@
+"""The run driver: a round's server side and the end of a run, written once for every backend.
+
+A backend supplies its clients through the :class:`Run` interface — train these clients; gather
+their statistics for a calibration; their validation accuracies; their personalised reports —
+whether they train in this process (``backends.simulation``, ``backends.vectorized``: their
+trainer) or answer Flower messages (``backends.flower.server_app``). Everything else is here:
+planning a round and closing it (``federated.round``), the clients' new states kept, the
+calibration when due, the evaluation every ``eval.every`` rounds and the diagnostics (:func:`play_round`);
+the round loop with its metrics lines and checkpoints (:func:`play_rounds`), the resume
+(:func:`restore`, :func:`metrics_upto`); and the final evaluation (:func:`finish`). So every backend gives the same numbers for the same clients' replies.
+"""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any, Callable, Protocol
+
+import numpy as np
+import torch
+
+from fedlatent.config import RunConfig
+from fedlatent.data.types import Split
+from fedlatent.federated.calibrate import apply_statistics, head_keys
+from fedlatent.federated.evaluation import evaluate
+from fedlatent.federated.failures import ClientFailure
+from fedlatent.federated.personal import combine_reports
+from fedlatent.federated.round import ClientTask, calibration_due, close_round, nbytes, plan_round
+from fedlatent.federated.server import Server
+from fedlatent.federated.state import Checkpoints, has_checkpoint, load_checkpoint
+from fedlatent.methods.parts import MethodSpec, Tensors, Upload
+from fedlatent.models.base import FedModel
+from fedlatent.seeding import CALIBRATION, derive_seed
+
+
+class Run(Protocol):
+    """A run as the driver drives it: the server, every client's state (what is checkpointed), the
+    global model and test set the server evaluates, and the backend's clients."""
+
+    config: RunConfig
+    spec: MethodSpec
+    server: Server
+    client_states: list[Tensors]
+    diagnostics: Any  # ``federated.diagnostics.Diagnostics`` or Flower's, or None
+    replies_checked: bool  # the clients' own non-finite check already applied to their replies
+    tells_each_drop: bool  # a warning line for each client the failure policy leaves out, as it happens
+
+    @property
+    def train_sizes(self) -> list[int]: ...
+
+    @property
+    def model(self) -> FedModel: ...
+
+    @property
+    def test(self) -> Split | None: ...
+
+    @property
+    def num_classes(self) -> int: ...
+
+    @property
+    def device(self) -> torch.device: ...
+
+    def train(self, tasks: list[ClientTask]) -> tuple[list[Upload | ClientFailure], dict[int, Tensors]]:
+        """The selected clients' local updates: their outcomes, and the new states of those that sent one."""
+
+    def statistics(self, state: Tensors) -> dict[int, Tensors]:
+        """Every reachable client's calibration statistics of the global ``state``, by client id."""
+
+    def validation(self, state: Tensors) -> dict[int, float]:
+        """The global ``state``'s accuracy on each client's validation split, by client id (none without)."""
+
+    def reports(self, state: Tensors) -> list[dict[str, Any]]:
+        """Each client's personalised report from the final global ``state`` (none without a local test split)."""
+
+    def warn(self, message: str) -> None: ...
+
+
+def play_round(s: Run, rnd: int) -> dict[str, Any]:
+    """One communication round; returns its metrics line. A client the failure policy drops keeps
+    the state it had before the round."""
+    cfg = s.config
+    started = time.perf_counter()
+    tasks = plan_round(s.server, cfg, rnd, s.train_sizes)
+    outcomes, states = s.train(tasks)
+    result = close_round(s.server, cfg, rnd, tasks, outcomes, replies_checked=s.replies_checked)
+    if s.tells_each_drop:
+        for failure in result.dropped:
+            s.warn(f"round {rnd + 1}: client {failure.client} left out: {failure.detail}")
+    for upload in result.uploads:
+        if upload.client_id in states:
+            s.client_states[upload.client_id] = states[upload.client_id]
+    if calibration_due(s.spec, rnd):
+        s.server.global_state, result.metrics["bytes_calibration_up"] = calibrated(s, s.server.global_state)
+    line: dict[str, Any] = {"round": rnd + 1, "lr": tasks[0].lr, **result.metrics}
+    if (rnd + 1) % cfg.eval.every == 0 or rnd + 1 == cfg.train.rounds:
+        line.update(evaluate_global(s))
+    line["time_round_s"] = time.perf_counter() - started
+    if s.diagnostics is not None and s.diagnostics.due(rnd + 1):
+        s.diagnostics.record(rnd + 1, s.model, s.server.global_state, result.uploads)
+    return line
+
+
+def evaluate_global(s: Run, state: Tensors | None = None) -> dict[str, float]:
+    """The global model on the global test set, and the mean of the clients' validation accuracies
+    (in client-id order)."""
+    state = s.server.global_state if state is None else state
+    s.model.load_state_dict(state)
+    out: dict[str, float] = {}
+    if s.test is not None:
+        out.update({f"test_{k}": v for k, v in evaluate(s.model, s.test, s.num_classes, s.config.eval.batch_size,
+                                                          s.device).items()})
+    values = s.validation(state)
+    if values:
+        out["val_accuracy"] = float(np.mean([values[cid] for cid in sorted(values)]))
+    return out
+
+
+def calibrated(s: Run, state: Tensors) -> tuple[Tensors, int]:
+    """``state`` with its head calibrated from the clients' statistics, combined in client-id order,
+    and the bytes of those statistics (what the clients upload for it: SphereFed's Table 1 "once" row)."""
+    stats = s.statistics(state)
+    missing = sorted(set(range(len(s.train_sizes))) - set(stats))
+    if missing:
+        s.warn(f"calibration without client(s) {missing} (no statistics came back)")
+    generator = torch.Generator().manual_seed(derive_seed(s.config.seed, CALIBRATION))
+    return (apply_statistics(state, [stats[cid] for cid in sorted(stats)], s.spec.calibration, *head_keys(s.model),
+                             generator), sum(nbytes(st) for st in stats.values()))
+
+
+def finish(s: Run) -> dict[str, Any]:
+    """The final evaluation: the global model (after calibration when the method has one) and the
+    clients' personalised reports; the model is left holding the final weights."""
+    final: dict[str, Any] = {}
+    before = evaluate_global(s)
+    state = s.server.global_state
+    if s.spec.calibration.kind != "none":
+        state, final["bytes_calibration_up"] = calibrated(s, state)
+        final.update({f"uncalibrated_{k.removeprefix('test_')}": v for k, v in before.items()})
+        before = evaluate_global(s, state)
+    final.update({k.removeprefix("test_"): v for k, v in before.items()})
+    if s.config.eval.personalized != "never":
+        rows = s.reports(state)
+        if rows:
+            final.update(combine_reports(rows))
+    s.model.load_state_dict(state)
+    return final
+
+
+def play_rounds(s: Run, rounds: range, out: Path, play: Callable[[int], dict[str, Any]],
+                finish: Callable[[], dict[str, Any]], *, since: float,
+                progress: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+    """The round loop: ``play`` each round (:func:`play_round`, as the backend calls it), its metrics
+    line appended to ``out/metrics.jsonl`` with the seconds elapsed since ``since`` (a
+    ``perf_counter`` value; a resumed run's earlier seconds taken off it), the state checkpointed
+    (paced by :class:`~fedlatent.federated.state.Checkpoints`: files written while the next round
+    trains, the last completed round's on disk however the loop is left), ``progress`` told; then
+    ``finish`` (:func:`finish`), whose result is returned."""
+    with Checkpoints(out / "checkpoints") as checkpoints, (out / "metrics.jsonl").open("a") as sink:
+        for rnd in rounds:
+            line = play(rnd)
+            line["time_elapsed_s"] = time.perf_counter() - since
+            sink.write(json.dumps(line) + "\n")
+            sink.flush()
+            checkpoints.save(global_state=s.server.global_state, server_state=s.server.state,
+                             client_states=s.client_states,
+                             info={"round": rnd + 1, "elapsed_s": time.perf_counter() - since},
+                             last=rnd + 1 == rounds.stop)
+            if progress:
+                progress(line)
+        return finish()
+
+
+def metrics_upto(path: Path, last_round: int) -> list[str]:
+    """The lines of ``metrics.jsonl`` for rounds 1..``last_round``; reading stops at a torn line
+    (a run killed while writing it)."""
+    kept = []
+    for line in path.read_text().splitlines() if last_round and path.exists() else []:
+        try:
+            record = json.loads(line)
+        except ValueError:
+            break
+        if record["round"] <= last_round:
+            kept.append(line)
+    return kept
+
+
+def restore(s: Run, ckpt: Path, num_clients: int, warn: Callable[[str], None]) -> tuple[int, float]:
+    """Load the newest intact checkpoint under ``ckpt`` into ``s`` (its server's global and server
+    state, its clients' states); return the round it ends and the wall seconds spent before it —
+    (0, 0.0) when the run has no checkpoint yet, or none intact (``warn`` is told in one line):
+    ``s`` then keeps the initial state, which the seed fixes, so the run starts again and ends
+    as the uninterrupted run."""
+    if not has_checkpoint(ckpt):
+        return 0, 0.0
+    loaded = load_checkpoint(ckpt, num_clients, warn)
+    if loaded is None:
+        warn(f"--resume: no intact checkpoint under {ckpt}; starting again from the initial state (round 0)")
+        return 0, 0.0
+    s.server.global_state, s.server.state, s.client_states, info = loaded
+    return info["round"], info["elapsed_s"]

@@ -42,14 +42,15 @@ def test_stack_steps_equal_torch_per_client(schedule, kind: str, momentum: float
     extra = {"momentum": momentum} if kind == "sgd" else {}
     optims = [TORCH[kind](list(m.values()), lr=rule.lr, weight_decay=weight_decay, **extra) for m in models]
     targets = torch.linspace(-1, 1, 4)
-    for members in schedule:
+    last = {c: max(i for i, members in enumerate(schedule) if c in members) for c in range(4)}
+    for i, members in enumerate(schedule):
         if members == list(range(4)):
             group = None
         elif members[-1] - members[0] + 1 == len(members):
             group = slice(members[0], members[-1] + 1)
         else:
             group = torch.tensor(members)
-        stack.step(group, _loss(targets[members]), rule.lr)
+        stack.step(group, _loss(targets[members]), rule.lr, first=i == 0, again=any(last[c] > i for c in members))
         for c in members:
             optims[c].zero_grad()
             _loss(targets[c])(models[c]).backward()
@@ -57,3 +58,5 @@ def test_stack_steps_equal_torch_per_client(schedule, kind: str, momentum: float
     for c in range(4):
         for key in ("w", "b"):
             assert torch.allclose(stack.params[key][c], models[c][key].detach(), atol=1e-6, rtol=0)
+    if kind == "sgd" and (len(schedule) == 1 or not momentum):
+        assert stack.optimizer.slots == {}  # one step each, or no momentum: no buffer was ever needed

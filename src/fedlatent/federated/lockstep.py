@@ -111,10 +111,12 @@ class _Stack:
         rows = {n: p.detach().to("cpu").unbind(0) for n, p in self.params.items()}
         return [dict(zip(rows, values)) for values in zip(*rows.values())]
 
-    def step(self, group: Group, loss_fn: Callable[[dict[str, Tensor]], Tensor], lr: float) -> None:
+    def step(self, group: Group, loss_fn: Callable[[dict[str, Tensor]], Tensor], lr: float, first: bool,
+             again: bool) -> None:
         """One optimiser step of the clients in ``group`` (None: all) on ``loss_fn(params).sum()``:
         with a pull, the gradient includes λ(p − w̄); with a drift, p −= lr·drift afterwards
-        (outside the optimiser's state)."""
+        (outside the optimiser's state). ``first``: the group's first step of the round (its
+        clients all take their steps in lockstep); ``again``: some of them step again after it."""
         def pick(t: Tensor) -> Tensor:
             return _rows(t, group)
 
@@ -126,7 +128,7 @@ class _Stack:
                 grads = torch._foreach_add(grads, torch._foreach_sub(leaves, [pick(self.anchor[n]) for n in self.trainable]),
                                            alpha=self.pull)
         extra = pick(self.extra_decay) if self.extra_decay is not None else 0.0
-        self.optimizer.step(leaves, list(grads), extra_decay=extra, rows=group)
+        self.optimizer.step(leaves, list(grads), extra_decay=extra, rows=group, first=first, again=again)
         with torch.no_grad():
             if self.drift:
                 torch._foreach_add_(leaves, [pick(self.drift[n]) for n in self.trainable], alpha=-lr)
@@ -412,11 +414,13 @@ def _train_together(ws: Workspace, starts: list[Tensors], datas: list[Split], sp
                     out, y, params, group_global, global_out, s.num_classes, group_rcs, prev_out, group_present),
                     record)
 
-            global_stack.step(group, global_loss, s.lr)
+            first, again = steps[members[0]] == 1, any(steps[c] < total[c] for c in members)
+            global_stack.step(group, global_loss, s.lr, first, again)
             if ditto:
                 personal_stack.step(group, _personal_loss(spec, forward, global_out, taps, x, y, weights, s,
                                                           group_global, group_rcs,
-                                                          _recorder(sums, seen, members, rows, "personal_")), s.lr)
+                                                          _recorder(sums, seen, members, rows, "personal_")),
+                                    s.lr, first, again)
             if spec.count_flops:
                 if per_sample is None:
                     per_sample = _sample_flops(ws, tuple(x.shape[2:]), frozen is not None, ditto)

@@ -43,22 +43,35 @@ class Rule:
 class LocalOptimizer:
     """One rule's state for a list of weights (one client's, or stacked clients' with a leading
     axis): each slot zero at the start (the first step then computes what torch's optimisers do on
-    theirs), or loaded from a kept state; the Adam step count, a number or, per client, a tensor."""
+    theirs), or loaded from a kept state; the Adam step count, a number or, per client, a tensor.
+    With ``lazy``, fresh SGD momentum buffers are made only when some client steps again after its
+    first step (stacked clients that take one step a round never need theirs)."""
 
     def __init__(self, rule: Rule, params: list[Tensor], slots: dict[str, list[Tensor]] | None = None,
-                 steps: Tensor | int = 0) -> None:
+                 steps: Tensor | int = 0, lazy: bool = False) -> None:
         self.rule = rule
-        self.slots = slots if slots is not None else {s: [torch.zeros_like(p) for p in params] for s in rule.slots()}
+        self.lazy = lazy and rule.kind == "sgd" and slots is None
+        self.template = params  # the shapes a lazy buffer takes
+        if slots is None:
+            slots = {} if self.lazy else {s: [torch.zeros_like(p) for p in params] for s in rule.slots()}
+        self.slots = slots
         self.steps = steps
 
     def step(self, params: list[Tensor], grads: list[Tensor | None], extra_decay: Tensor | float = 0.0,
-             rows: Tensor | slice | None = None) -> None:
+             rows: Tensor | slice | None = None, first: bool = False, again: bool = True) -> None:
         """One update of ``params`` in place from ``grads``. ``extra_decay``: weight decay added to
         the rule's (a per-client (C,) tensor for stacked weights); ``rows``: the rows of the
         stacked state that ``params`` are (None: all; a slice: views, updated in place; an index
         tensor: copies, written back). A weight without a gradient (None: unused by the loss) is
-        left as it is, its state too, as torch's optimisers leave it."""
+        left as it is, its state too, as torch's optimisers leave it. ``first``: the clients' first
+        step of the round, ``again``: some of them step again (a lazy optimiser's hints)."""
         r = self.rule
+        if self.lazy and r.momentum:
+            if first:  # b = d, torch's first momentum step, the buffers kept only if needed
+                self._first_sgd(params, grads, extra_decay, rows, again)
+                return
+            if not self.slots:  # zero buffers: the general step then is torch's first step too
+                self.slots = {"momentum_buffer": [torch.zeros_like(p) for p in self.template]}
         slots = {k: [_rows(t, rows) for t in v] for k, v in self.slots.items()}
         used = [i for i, g in enumerate(grads) if g is not None]
         if len(used) < len(grads):
@@ -75,6 +88,25 @@ class LocalOptimizer:
             for k, v in slots.items():
                 for whole, part in zip(self.slots[k], v):
                     whole.index_copy_(0, rows, part)
+
+    def _first_sgd(self, params: list[Tensor], grads: list[Tensor | None], extra_decay: Tensor | float,
+                   rows: Tensor | slice | None, again: bool) -> None:
+        """A lazy SGD-momentum step on fresh buffers (all zero): p −= lr·d, d then the buffers' rows."""
+        if any(g is None for g in grads):
+            raise ValueError("a lazy optimiser's weights all have gradients (stacked clients)")
+        given = [g for g in grads if g is not None]
+        with torch.no_grad():
+            d = _plus_decay(given, params, _decay(self.rule.weight_decay, extra_decay, params))
+            torch._foreach_add_(params, d, alpha=-self.rule.lr)
+            if not again:
+                return
+            if not self.slots:
+                self.slots = {"momentum_buffer": [torch.zeros_like(p) for p in self.template]}
+            for whole, part in zip(self.slots["momentum_buffer"], d):
+                if isinstance(rows, Tensor):
+                    whole.index_copy_(0, rows, part)
+                else:
+                    _rows(whole, rows).copy_(part)
 
     def _sgd(self, params: list[Tensor], grads: list[Tensor], decay: list | float, slots: dict[str, list[Tensor]]) -> None:
         r = self.rule
@@ -151,7 +183,8 @@ def restore(rule: Rule, params: list[Tensor], names: list[str], saved: list[dict
     none starts from zero slots and step 0. A kept state of another rule's slots (the optimiser
     changed) is an error."""
     if not any(saved):
-        return LocalOptimizer(rule, params, steps=torch.zeros(len(saved), dtype=torch.float64) if stacked else 0)
+        return LocalOptimizer(rule, params, steps=torch.zeros(len(saved), dtype=torch.float64) if stacked else 0,
+                              lazy=stacked)
     for own in saved:
         extra = {k.rsplit(".", 1)[1] for k in own if k != STEP} - set(rule.slots())
         if extra:

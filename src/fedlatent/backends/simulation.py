@@ -90,14 +90,6 @@ class Setup:
     def model(self) -> FedModel:
         return self.workspace.model
 
-    @property
-    def test(self) -> Split | None:
-        return self.federation.test
-
-    @property
-    def num_classes(self) -> int:
-        return self.federation.num_classes
-
     def train(self, tasks: list[ClientTask]) -> tuple[list[Upload | ClientFailure], dict[int, Tensors]]:
         """The client half of every task, on this backend's trainer: the outcomes (each client's own
         non-finite check applied) and the selected clients' new states by id, the store untouched. A

@@ -9,7 +9,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import shutil
-import tempfile
 import time
 import tomllib
 from importlib.metadata import PackageNotFoundError, version
@@ -29,6 +28,7 @@ from fedlatent.experiment import tracking
 from fedlatent.experiment.machine import cpu_model
 from fedlatent.experiment.trace import TermTrace
 from fedlatent.experiment.validation import check_model_fit, declared_shape, validate
+from fedlatent.experiment.writable import check_folder, nearest_existing
 from fedlatent.federated.failures import RunStopped
 from fedlatent.federated.round import sample_clients
 from fedlatent.federated.state import write_atomically
@@ -124,18 +124,10 @@ def check_out(out: Path, *, resume: bool, create_parents: bool = False) -> None:
         raise ConfigError(f"--out {out}: --resume found no run there (no config.toml); start it without --resume")
     if not resume and (out / "checkpoints").exists():
         raise ConfigError(f"--out {out}: holds a run already; pass --resume to continue it or choose another --out")
-    existing = out
-    while not existing.exists() and existing != existing.parent:
-        existing = existing.parent
+    existing = nearest_existing(out)
     if existing != out and existing != out.parent and not create_parents:
         raise ConfigError(f"--out {out}: its parent folder {out.parent} does not exist")
-    if not existing.is_dir():
-        raise ConfigError(f"--out {out}: {existing} is a file, not a folder")
-    try:
-        with tempfile.TemporaryFile(dir=existing):
-            pass
-    except OSError as err:
-        raise ConfigError(f"--out {out}: cannot write in {existing} ({err.strerror or err})") from None
+    check_folder(out, f"--out {out}")
 
 
 def write_partition(federation: Federation, out: Path) -> str:

@@ -17,7 +17,6 @@ import json
 import os
 import re
 import sys
-import tempfile
 import time
 from pathlib import Path
 from types import TracebackType
@@ -26,6 +25,7 @@ from urllib.parse import urlparse
 
 from fedlatent.config import RunConfig, to_toml
 from fedlatent.errors import ConfigError, RunStopped
+from fedlatent.experiment.writable import check_folder
 from fedlatent.federated.state import write_atomically
 
 __all__ = ["Session", "Tracker", "check", "metrics_of", "session", "trackers"]
@@ -270,11 +270,11 @@ def check(config: RunConfig) -> None:
         if db is not None:
             _check_file(db, f"tracking.mlflow_uri = {t.mlflow_uri!r}")
         elif (folder := _file_store(t.mlflow_uri)) is not None:
-            _check_folder(folder, f"tracking.mlflow_uri = {t.mlflow_uri!r}")
+            check_folder(folder, f"tracking.mlflow_uri = {t.mlflow_uri!r}")
     if "tensorboard" in t.backends and t.tensorboard_dir:
-        _check_folder(Path(t.tensorboard_dir), f"tracking.tensorboard_dir = {t.tensorboard_dir!r}")
+        check_folder(Path(t.tensorboard_dir), f"tracking.tensorboard_dir = {t.tensorboard_dir!r}")
     if "wandb" in t.backends and os.environ.get("WANDB_DIR"):
-        _check_folder(Path(os.environ["WANDB_DIR"]), f"WANDB_DIR = {os.environ['WANDB_DIR']!r}")
+        check_folder(Path(os.environ["WANDB_DIR"]), f"WANDB_DIR = {os.environ['WANDB_DIR']!r}")
 
 
 def _sqlite_file(uri: str) -> Path | None:
@@ -295,24 +295,10 @@ def _file_store(uri: str) -> Path | None:
     return Path(uri) if not parsed.scheme else None
 
 
-def _check_folder(folder: Path, what: str) -> None:
-    """Refuse a folder (there or to be made) in which no file can be written."""
-    existing = folder
-    while not existing.exists() and existing != existing.parent:
-        existing = existing.parent
-    if not existing.is_dir():
-        raise ConfigError(f"{what}: {existing} is a file, not a folder")
-    try:
-        with tempfile.TemporaryFile(dir=existing):
-            pass
-    except OSError as err:
-        raise ConfigError(f"{what}: cannot write in {existing} ({err.strerror or err})") from None
-
-
 def _check_file(path: Path, what: str) -> None:
     """Refuse a file that cannot be opened for writing (or, when it does not exist, made)."""
     if not path.exists():
-        _check_folder(path.parent, what)
+        check_folder(path.parent, what)
         return
     try:
         with path.open("r+b"):

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from fedlatent.config import RunConfig
-from fedlatent.data.types import Split
+from fedlatent.data.types import Federation
 from fedlatent.federated.calibrate import apply_statistics, head_keys
 from fedlatent.federated.evaluation import evaluate
 from fedlatent.federated.failures import ClientFailure
@@ -38,6 +38,7 @@ class Run(Protocol):
     global model and test set the server evaluates, and the backend's clients."""
 
     config: RunConfig
+    federation: Federation  # its global test set and classes (the clients' data may live elsewhere)
     spec: MethodSpec
     server: Server
     client_states: list[Tensors]
@@ -50,12 +51,6 @@ class Run(Protocol):
 
     @property
     def model(self) -> FedModel: ...
-
-    @property
-    def test(self) -> Split | None: ...
-
-    @property
-    def num_classes(self) -> int: ...
 
     @property
     def device(self) -> torch.device: ...
@@ -106,8 +101,9 @@ def evaluate_global(s: Run, state: Tensors | None = None) -> dict[str, float]:
     state = s.server.global_state if state is None else state
     s.model.load_state_dict(state)
     out: dict[str, float] = {}
-    if s.test is not None:
-        out.update({f"test_{k}": v for k, v in evaluate(s.model, s.test, s.num_classes, s.config.eval.batch_size,
+    fed = s.federation
+    if fed.test is not None:
+        out.update({f"test_{k}": v for k, v in evaluate(s.model, fed.test, fed.num_classes, s.config.eval.batch_size,
                                                           s.device).items()})
     values = s.validation(state)
     if values:

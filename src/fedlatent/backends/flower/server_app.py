@@ -31,7 +31,7 @@ from fedlatent.backends.simulation import initial_server
 from fedlatent.federated import driver
 from fedlatent.config import RunConfig, to_toml
 from fedlatent.data.federation import pooled_channel_stats
-from fedlatent.data.types import Federation, Split
+from fedlatent.data.types import Federation
 from fedlatent.federated.failures import ClientFailure, RunStopped
 from fedlatent.federated.server import Server
 from fedlatent.federated.state import write_atomically
@@ -90,14 +90,6 @@ class ServerRun:
     @property
     def train_sizes(self) -> list[int]:
         return self.census.train_sizes
-
-    @property
-    def test(self) -> Split | None:
-        return self.federation.test
-
-    @property
-    def num_classes(self) -> int:
-        return self.federation.num_classes
 
     @property
     def device(self) -> torch.device:

@@ -11,7 +11,8 @@ from safetensors.torch import load_file
 
 import fedlatent
 from fedlatent import load_config
-from fedlatent.federated.client import LocalSettings, _epochs, local_optimizer, save_optimizer
+from fedlatent.federated import update
+from fedlatent.federated.client import LocalSettings, _epochs, prefixed, rule_of, save_optimizer
 from fedlatent.federated.update import LocalOptimizer, Rule
 
 DIGITS = Path(__file__).resolve().parents[1] / "configs" / "digits_fedavg.toml"
@@ -95,19 +96,22 @@ def test_a_weight_without_gradient_is_left_alone() -> None:
 def test_kept_state_round_trips_through_the_client_state() -> None:
     torch.manual_seed(0)
     model = torch.nn.Linear(3, 2)
-    s = _settings(optimizer="adam", keep_optimizer=True)
-    optimizer, names, leaves = local_optimizer(model, s, 0.0, {}, "optim.")
+    names, leaves = ["weight", "bias"], [model.weight, model.bias]
+    optimizer = update.restore(rule_of(_settings(optimizer="adam")), leaves, names, [{}], stacked=False)
     for _ in range(3):
         optimizer.step(leaves, list(torch.autograd.grad(model(torch.randn(4, 3)).square().sum(), leaves)))
     state: dict[str, torch.Tensor] = {"personal.x": torch.zeros(1)}
     save_optimizer(optimizer, names, state, "optim.")
     assert sorted(state) == ["optim.bias.exp_avg", "optim.bias.exp_avg_sq", "optim.step", "optim.weight.exp_avg",
                              "optim.weight.exp_avg_sq", "personal.x"]
-    again, _, _ = local_optimizer(model, s, 0.0, state, "optim.")
+    again = update.restore(optimizer.rule, leaves, names, [prefixed(state, "optim.")], stacked=False)
     assert again.steps == 3
     assert all(torch.equal(a, b) for slot in optimizer.slots for a, b in zip(optimizer.slots[slot], again.slots[slot]))
-    fresh, _, _ = local_optimizer(model, _settings(optimizer="adam"), 0.0, state, "optim.")
-    assert fresh.steps == 0 and all(not v.any() for vs in fresh.slots.values() for v in vs)  # 'fresh' ignores it
+    stacked = update.restore(optimizer.rule, [torch.stack([p.detach()] * 2) for p in leaves], names,
+                             [prefixed(state, "optim."), {}], stacked=True)  # a client with none starts at zero
+    assert stacked.steps.tolist() == [3.0, 0.0]
+    assert all(torch.equal(s[0], a) and not s[1].any()
+               for slot in optimizer.slots for a, s in zip(optimizer.slots[slot], stacked.slots[slot]))
 
 
 def _metrics(out: Path) -> list[dict]:

@@ -25,7 +25,8 @@ from fedlatent.config import RunConfig
 from fedlatent.data.types import Federation, Split
 from fedlatent.errors import ConfigError
 from fedlatent.federated import calibrate, driver
-from fedlatent.federated.client import LocalSettings, Workspace, local_update, state_to_cpu, workspace_for
+from fedlatent.federated.client import LocalSettings, Workspace, state_to_cpu, workspace_for
+from fedlatent.federated.lockstep import local_update
 from fedlatent.federated.diagnostics import Diagnostics
 from fedlatent.federated.evaluation import client_validation
 from fedlatent.federated.failures import ClientFailure, error_detail

@@ -1,19 +1,15 @@
-"""The local update of one client, the same under every backend.
-
-Mini-batch SGD (or Adam / AdamW) for E epochs, or for a budget of steps, on the client's training
-split with a fresh optimiser each round (as in the papers) or its state kept in the client's state
-across rounds (as the Ditto+MMD release), the method's parts adding loss terms and step hooks. Only what some part asks
-for is computed: the frozen global model runs on a batch only for parts with
-``needs_global_out``, the previous local model only for ``needs_prev_out``, intermediate
-features only when named in a part's ``taps``. With Ditto, each batch also takes one step on the
-client's personal model (Algorithm 1 of the Ditto+MMD paper). With partial personalisation
-(FedRep, LG-FedAvg) the client's own layers replace the global ones at the start of the round and
-are saved back to its state at the end.
+"""What one client's round is made of, for the client trainer (``federated.lockstep``) whatever
+the number of clients it trains at once: the local settings, the workspace of models, the batch
+schedule (E epochs of seeded permutations, or a budget of local steps), the update rule's settings
+and the optimiser state kept in the client's state across rounds (as the Ditto+MMD release keeps
+it), the sum of the parts' loss terms, the end of the round (the parts' ``finish``, what a client
+keeps — Ditto's personal model, MOON's previous model —, the upload and its metrics) and partial
+personalisation (FedRep, LG-FedAvg: the client's own layers replace the global ones at the start of
+the round and are saved back to its state at the end).
 """
 from __future__ import annotations
 
 import copy
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
@@ -21,16 +17,13 @@ from dataclasses import dataclass, field, replace
 import torch
 from torch import Tensor
 
-from fedlatent.data.augment import Augmentation, augment_batch
-from fedlatent.data.compact import Images
-from fedlatent.data.types import Split
-from fedlatent.methods.parts import (ClientRound, MethodSpec, Part, Personalization, TermContext, Tensors,
-                                     Upload, task_loss, trainable_names)
+from fedlatent.data.augment import Augmentation
+from fedlatent.methods.parts import (ClientRound, MethodSpec, Part, Personalization, Tensors,
+                                     Upload)
 from fedlatent.federated import update
 from fedlatent.federated.compiled import forward_of
 from fedlatent.federated.update import LocalOptimizer, Rule
 from fedlatent.models.base import FedModel, ModelOutput
-from fedlatent.models.flops import per_sample_flops
 
 PERSONAL = "personal."   # client-state prefix of the Ditto personal model
 PREVIOUS = "previous."   # client-state prefix of the previous local model (MOON)
@@ -119,17 +112,6 @@ def rule_of(s: LocalSettings, extra_weight_decay: float = 0.0) -> Rule:
     return Rule(s.optimizer, s.lr, s.momentum if s.optimizer == "sgd" else 0.0, s.weight_decay + extra_weight_decay)
 
 
-def local_optimizer(model: FedModel, s: LocalSettings, extra_weight_decay: float, state: Tensors,
-                    prefix: str) -> tuple[LocalOptimizer, list[str], list[Tensor]]:
-    """The client's optimiser of ``model``'s trainable weights (names and tensors returned with it),
-    from the state kept under ``prefix`` in the client's state when it is kept across rounds."""
-    names = trainable_names(model)
-    params = dict(model.named_parameters())
-    leaves = [params[n] for n in names]
-    saved = prefixed(state, prefix) if s.keep_optimizer else {}
-    return update.restore(rule_of(s, extra_weight_decay), leaves, names, [saved], stacked=False), names, leaves
-
-
 def save_optimizer(optimizer: LocalOptimizer, names: list[str], state: Tensors, prefix: str,
                    client: int | None = None) -> None:
     """Replace the optimiser state kept under ``prefix`` in the client's state."""
@@ -167,104 +149,6 @@ def add_terms(loss: Tensor, parts: list[Part], term: Callable[[Part], Tensor | N
         record(part, value)
         loss = loss + part.weight * value
     return loss
-
-
-def _add_terms(loss: Tensor, parts: list[Part], ctx: TermContext, sums: dict[str, Tensor],
-               step: dict[str, Tensor] | None = None, prefix: str = "") -> Tensor:
-    """:func:`add_terms` for one client: each unweighted term summed in ``sums`` and, when
-    tracing, kept in ``step`` under ``prefix + name``."""
-    def record(part: Part, value: Tensor) -> None:
-        sums[part.name] = sums.get(part.name, 0.0) + value.detach()
-        if step is not None:
-            step[prefix + part.name] = value.detach()
-    return add_terms(loss, parts, lambda part: part.loss(ctx), record)
-
-
-def local_update(ws: Workspace, global_state: Tensors, data: Split, spec: MethodSpec, rc: ClientRound,
-                 s: LocalSettings, generator: torch.Generator) -> Upload:
-    """Train ``ws.model`` from ``global_state`` on ``data``; update ``rc.state`` in place; return the upload."""
-    if spec.personalization.kind == "partial":
-        def train(starts: list[Tensors], spec_: MethodSpec, rcs: list[ClientRound], s_: LocalSettings) -> list[Upload]:
-            return [local_update(ws, starts[0], data, spec_, rcs[0], s_, generator)]
-        return partial_round(ws.model, global_state, spec, [rc], s, train)[0]
-    started = time.perf_counter()
-    model, parts = ws.model, spec.parts
-    model.load_state_dict(global_state)
-    model.train()
-    personal_parts = spec.personalization.parts if spec.personalization.kind == "ditto" else []
-    every = parts + personal_parts
-    if any(p.needs_global_params for p in every) or spec.personalization.kind == "ditto":
-        rc.global_params = {n: p.detach().clone() for n, p in model.named_parameters()}
-    need_global = any(p.needs_global_out for p in every)
-    if need_global:
-        ws.global_copy.load_state_dict(global_state)
-        ws.global_copy.eval()
-    has_previous = any(p.needs_prev_out for p in parts) and any(k.startswith(PREVIOUS) for k in rc.state)
-    if has_previous:
-        ws.previous.load_state_dict(prefixed(rc.state, PREVIOUS))
-        ws.previous.eval()
-    for part in every:
-        part.begin(rc)
-    # after begin: a part may resolve its taps from rc.model.tap_names (feature-drift depth)
-    taps = frozenset().union(*(p.taps for p in every)) if every else frozenset()
-    optimizer, names, leaves = local_optimizer(model, s, rc.extra_weight_decay, rc.state, OPTIM)
-    personal = _personal_setup(ws, rc, global_state, s) if spec.personalization.kind == "ditto" else None
-
-    loss_sum, personal_sum, count = torch.zeros(()), torch.zeros(()), 0
-    term_sums: dict[str, Tensor] = {}
-    trace: list[dict[str, Tensor]] | None = [] if spec.trace else None
-    flops = 0
-    x_all, y_all = data.x, data.y
-    params = dict(model.named_parameters())
-    forward = model if ws.forward is None else ws.forward
-    for epoch in _epochs(len(data), s, generator):
-        for idx in epoch:
-            y = y_all[idx].to(s.device)
-            if s.augment:  # the whole stored images: a training transform may crop them to the input size
-                x = x_all.full(idx) if isinstance(x_all, Images) else x_all[idx]
-                x = augment_batch(x.to(s.device), generator, s.augment)
-            else:
-                x = x_all[idx].to(s.device)
-            global_out = None
-            if need_global:
-                with torch.no_grad():
-                    global_out = ws.global_copy(x, taps)
-            prev_out = None
-            if has_previous:
-                with torch.no_grad():
-                    prev_out = ws.previous(x, taps)
-            out = forward(x, taps)
-            task = task_loss(spec.loss, out.logits, y, temperature=spec.temperature)
-            ctx = TermContext(out, y, params, rc.global_params, global_out,
-                              prev_out, s.num_classes, rc.state, rc.payload, rc.scratch, rc)
-            step = {"task": task.detach()} if trace is not None else None
-            loss = _add_terms(task, parts, ctx, term_sums, step)
-            optimizer.step(leaves, list(torch.autograd.grad(loss, leaves, allow_unused=True)))
-            rc.steps += 1
-            for part in parts:
-                part.after_step(rc)
-            if personal is not None:
-                personal_sum += _personal_step(ws.personal, personal, spec, x, y, global_out, rc, s,
-                                               taps, term_sums, step)
-            if step is not None:
-                trace.append(step)
-            if spec.count_flops:
-                flops += _step_flops(ws, x, need_global + has_previous, personal is not None)
-            loss_sum += task.detach().cpu()
-            count += 1
-    extras = finish_parts(rc, every)
-    trained = state_to_cpu(model)
-    keep_models(rc, spec, trained, state_to_cpu(ws.personal) if personal is not None else None)
-    if s.keep_optimizer:
-        save_optimizer(optimizer, names, rc.state, OPTIM)
-        if personal is not None:
-            save_optimizer(personal[0], personal[1], rc.state, PERSONAL_OPTIM)
-    sums = {"train_loss": float(loss_sum), **{k: float(v) for k, v in term_sums.items()}}
-    if personal is not None:
-        sums["personal_loss"] = float(personal_sum)
-    steps = [{k: float(v) for k, v in step.items()} for step in trace] if trace is not None else []
-    return client_upload(rc, trained, s, extras, sums, count, time.perf_counter() - started,
-                         flops if spec.count_flops else None, steps)
 
 
 def finish_parts(rc: ClientRound, parts: list[Part]) -> dict[str, Tensors]:
@@ -305,51 +189,6 @@ def client_upload(rc: ClientRound, state: Tensors, s: LocalSettings, extras: dic
         metrics["flops"] = flops
     metrics["train_seconds"] = seconds
     return Upload(rc.client_id, state, rc.num_samples, rc.steps, s.lr, s.momentum, extras, metrics, trace or [])
-
-
-def _step_flops(ws: Workspace, x: Tensor, frozen_passes: int, personal: bool) -> int:
-    """FLOPs of one local step on batch ``x``: the model's forward and backward, a forward of each
-    frozen model run on the batch (the round's global model, the previous local model) and Ditto's
-    personal step (:func:`fedlatent.models.flops.per_sample_flops`; a part's own computations,
-    e.g. kernel training, are not counted)."""
-    shape = tuple(x.shape[1:])
-    forward, backward = per_sample_flops(ws.model, shape)
-    total = forward + backward + frozen_passes * forward
-    if personal:
-        total += sum(per_sample_flops(ws.personal, shape))
-    return len(x) * total
-
-
-def _personal_setup(ws: Workspace, rc: ClientRound, global_state: Tensors,
-                    s: LocalSettings) -> tuple[LocalOptimizer, list[str], list[Tensor]]:
-    """Load the client's personal model (the global one at its first round) and its optimiser."""
-    own = prefixed(rc.state, PERSONAL)
-    ws.personal.load_state_dict(own if own else global_state)
-    ws.personal.train()
-    return local_optimizer(ws.personal, s, 0.0, rc.state, PERSONAL_OPTIM)
-
-
-def _personal_step(personal: FedModel, optimizer: tuple[LocalOptimizer, list[str], list[Tensor]], spec: MethodSpec,
-                   x: Tensor, y: Tensor,
-                   global_out, rc: ClientRound, s: LocalSettings, taps: frozenset[str],
-                   term_sums: dict[str, Tensor], step: dict[str, Tensor] | None = None) -> Tensor:
-    """One Ditto step: task loss + (λ/2)‖w_L − w̄‖² + the constraint parts against the frozen global model."""
-    out = personal(x, taps)
-    task = task_loss(spec.loss, out.logits, y, temperature=spec.temperature)
-    params = dict(personal.named_parameters())
-    loss = task
-    lam = spec.personalization.lam
-    if lam > 0:
-        loss = loss + 0.5 * lam * sum(((params[n] - rc.global_params[n]) ** 2).sum()
-                                      for n in trainable_names(personal))
-    ctx = TermContext(out, y, params, rc.global_params, global_out, None, s.num_classes, rc.state, rc.payload,
-                      rc.scratch, rc)
-    if step is not None:
-        step["personal_task"] = task.detach()
-    loss = _add_terms(loss, spec.personalization.parts, ctx, term_sums, step, prefix="personal_")
-    own, _, leaves = optimizer
-    own.step(leaves, list(torch.autograd.grad(loss, leaves, allow_unused=True)))
-    return task.detach().cpu()
 
 
 def own_state(model: FedModel, personalization: Personalization, client_state: Tensors,

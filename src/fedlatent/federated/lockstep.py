@@ -1,6 +1,8 @@
-"""The local update of many clients at once: the vectorized backend's form of ``client.local_update``.
+"""The client trainer, for one client (:func:`local_update`) or many at once (:func:`lockstep_update`).
 
-The selected clients' models are stacked on a leading client axis and trained in lockstep: one
+One client trains on its model's own weights with the model's own (or compiled) forward — a stack
+of one without the stack (:class:`_Own`: no copy of the weights, no vmap). Several clients'
+models are stacked on a leading client axis and trained in lockstep: one
 forward and one backward per step for all of them, so per-operator overhead is paid once instead of
 once per client. The forward is the model's own stacked form where it has one
 (:meth:`~fedlatent.models.base.FedModel.stacked_forward`: the MLP's layers as batched matrix
@@ -8,17 +10,18 @@ products, no per-step cost of ``vmap`` and ``functional_call``), else ``torch.fu
 ``functional_call`` under ``vmap`` (convolutions, projectors, dropout). The same update rule
 (:mod:`fedlatent.federated.update`: SGD, Adam or AdamW, fresh each round or kept in the client's
 state in the same entries), the same batches (each client's seeded permutations, drawn exactly as
-the sequential client draws them, for epochs or a budget of local steps), the same Ditto step, step
-trace and FLOPs as the sequential client: the weights agree with the simulation backend up to
-floating-point rounding (``tests/test_vectorized.py``: every preset × optimiser).
+one client alone draws them, for epochs or a budget of local steps), the same Ditto step, step
+trace and FLOPs as for one client: the weights agree with the simulation backend (clients trained
+one after another) up to floating-point rounding (``tests/test_vectorized.py``: every preset ×
+optimiser).
 
 Clients with fewer batches drop out of the later steps; a step whose active clients hold batches of
 different sizes (an epoch's short last batch) runs once per batch size. BatchNorm statistics are
 stacked with the weights and updated per client. Each client's batches and augmentation (crops,
-flips, policies) are drawn from its own seeded generator in the sequential client's order, so
-augmented runs agree too.
+flips, policies) are drawn from its own seeded generator in the order of a client trained alone,
+so augmented runs agree too.
 
-Parts take part as in the sequential client: :meth:`~fedlatent.methods.parts.Part.begin` and
+Parts take part per client: :meth:`~fedlatent.methods.parts.Part.begin` and
 :meth:`~fedlatent.methods.parts.Part.finish` per client (round-scoped data in ``rc.scratch``,
 per-client weight decay from ``rc.extra_weight_decay``), loss terms through their lockstep form
 (:meth:`~fedlatent.methods.parts.Part.lockstep_loss`: FedProx, FedUV, FedDecorr, FedDyn, FedProto,
@@ -27,11 +30,11 @@ MOON, the feature-drift constraints), after-step moves through
 per step for the group, MOON's previous local models stacked under ``vmap``; Ditto with its
 constraints, MMD-D's deep kernels trained together. Layers kept per client (FedRep, LG-FedAvg):
 each client starts from its own weights (stacked: the round-start models and the weights a term
-pulls towards get a client axis), both phases of ``client.partial_round``. A step hook
+pulls towards get a client axis), both phases of ``client.partial_round``. A term
 without a lockstep form would not be supported; :func:`unsupported` says why a run is not.
 
 Dropout: ``vmap(randomness="different")`` draws an independent mask per client, from the global
-generator as the sequential client does, but not the same draws (those come client after client
+generator as one client's own forward does, but not the same draws (those come client after client
 there; reproducing them would serialise the step). Runs with dropout are therefore equivalent in
 distribution, not in numbers: every client's masks are Bernoulli(1 − p) scaled by 1/(1 − p), drawn
 afresh each step, and a run is still determined by its seed.
@@ -54,11 +57,11 @@ from fedlatent.data.types import Split
 from fedlatent.federated import update
 from fedlatent.federated.client import (OPTIM, PERSONAL, PERSONAL_OPTIM, PREVIOUS, LocalSettings, Workspace, _epochs,
                                        add_terms, client_upload, finish_parts, keep_models, partial_round, planned_steps,
-                                       prefixed, rule_of, save_optimizer)
+                                       prefixed, rule_of, save_optimizer, state_to_cpu)
 from fedlatent.federated.update import Rule
 from fedlatent.models.flops import per_sample_flops
 from fedlatent.methods.parts import (ClientRound, LockstepContext, MethodSpec, Part, Tensors, Upload,
-                                     task_loss, trainable_names)
+                                     WithClientAxis, task_loss, trainable_names)
 from fedlatent.models.base import FedModel, ModelOutput, has_dropout, mixes_batch_rows
 
 Group = Tensor | slice | None  # a step's clients: all, a run of stack rows, or stack indices
@@ -67,8 +70,7 @@ Group = Tensor | slice | None  # a step's clients: all, a run of stack rows, or 
 def unsupported(spec: MethodSpec) -> str | None:
     """Why ``spec`` cannot train in lockstep (one line), or None when it can."""
     for part in spec.parts:
-        moves_weights = type(part).after_step is not Part.after_step and not part.has_lockstep_steps()
-        if moves_weights or (part.has_term() and not part.has_lockstep_form()):
+        if part.has_term() and not part.has_lockstep_form():
             return f"part '{part.name}' acts on the client's training step, which has no lockstep form yet"
     if spec.personalization.kind == "ditto":
         for part in spec.personalization.parts:
@@ -137,6 +139,74 @@ class _Stack:
                     self.params[n].index_copy_(0, group, params[n])
 
 
+class _Own:
+    """One client trained on its model's own weights: a stack of one without the stack. The update
+    rule moves the module's parameters in place, its own (or compiled) forward runs the batch (no
+    copy of the weights, no vmap); the loss terms read the weights as views with a client axis of
+    1, as they read a stack."""
+
+    def __init__(self, module: FedModel, start: Tensors, trainable: list[str], device: torch.device, rule: Rule,
+                 saved: Tensors, anchor: Tensors | None = None, pull: float = 0.0, drift: Tensors | None = None,
+                 extra_decay: float = 0.0) -> None:
+        module.load_state_dict(start)
+        module.train()
+        self.module = module
+        # the module's tensors, listed once (load_state_dict copies into them: the same objects all round)
+        self.views = WithClientAxis(dict([*module.named_parameters(), *module.named_buffers()]))
+        own = dict(module.named_parameters())
+        self.leaves = [own[n] for n in trainable]
+        self.optimizer = update.restore(rule, self.leaves, trainable, [saved], stacked=False)
+        self.pull = pull
+        self.anchor = [anchor[n].to(device) for n in trainable] if pull else []
+        self.drift = [drift[n][0].to(device) for n in trainable] if drift else []
+        self.extra_decay = extra_decay
+
+    def client_state(self, c: int) -> Tensors:
+        return state_to_cpu(self.module)
+
+    def client_rows(self) -> list[Tensors]:
+        return [state_to_cpu(self.module)]
+
+    def step(self, group: Group, loss_fn: Callable[[dict[str, Tensor]], Tensor], lr: float, first: bool,
+             again: bool) -> None:
+        """One optimiser step on ``loss_fn`` of the module's weights (with a client axis of 1)."""
+        grads = list(torch.autograd.grad(loss_fn(self.views), self.leaves, allow_unused=True))
+        with torch.no_grad():
+            if self.pull:
+                grads = [g if g is None else g + self.pull * (p - a) for g, p, a in zip(grads, self.leaves, self.anchor)]
+        self.optimizer.step(self.leaves, grads, extra_decay=self.extra_decay)
+        if self.drift:
+            with torch.no_grad():
+                torch._foreach_add_(self.leaves, self.drift, alpha=-lr)
+
+
+def _own_forward(run: Callable[..., ModelOutput], taps: tuple[str, ...]) -> Callable[[dict[str, Tensor], Tensor], ModelOutput]:
+    """(params, x) ↦ the output of one client's (1, batch, …) input by the module's own forward
+    ``run`` (its weights are the ones trained: ``params`` are their views)."""
+    asked = frozenset(taps)
+
+    def output(params: dict[str, Tensor], x: Tensor) -> ModelOutput:
+        return _with_axis(run(x[0], asked))
+    return output
+
+
+def _with_axis(out: ModelOutput) -> ModelOutput:
+    return ModelOutput(out.logits.unsqueeze(0), out.z.unsqueeze(0), {k: v.unsqueeze(0) for k, v in out.features.items()})
+
+
+class _FrozenOwn:
+    """One client's frozen model (MOON's previous local model) run by its own module in eval mode."""
+
+    def __init__(self, module: FedModel, state: Tensors, taps: tuple[str, ...]) -> None:
+        module.load_state_dict(state)
+        module.eval()
+        self.module, self.taps = module, frozenset(taps)
+
+    def out(self, group: Group, x: Tensor) -> ModelOutput:
+        with torch.no_grad():
+            return _with_axis(self.module(x[0], self.taps))
+
+
 def _drift(parts: list[Part], rcs: list[ClientRound], trainable: list[str]) -> Tensors | None:
     """The summed :meth:`~fedlatent.methods.parts.Part.lockstep_drift` of the parts that move the
     weights after each step, or None."""
@@ -172,7 +242,7 @@ def _stacked(model: FedModel, taps: tuple[str, ...]) -> Callable[[dict[str, Tens
 
 def _stream(data: Split, s: LocalSettings, generator: torch.Generator) -> Iterator[tuple[Tensor, Tensor, Tensor]]:
     """One client's (indices, x, y) batches of the round, drawn from its generator in the order the
-    sequential client draws them: each epoch's permutation when the epoch starts, each batch's
+    client trained alone draws them: each epoch's permutation when the epoch starts, each batch's
     augmentation when it is taken."""
     for epoch in _epochs(len(data), s, generator):
         for idx in epoch:
@@ -186,7 +256,7 @@ def _stream(data: Split, s: LocalSettings, generator: torch.Generator) -> Iterat
 
 class _Batches:
     """The round's batches of the clients of one stack, drawn from each client's generator in the
-    sequential client's order. With augmentation, client by client (:func:`_stream`: a batch's
+    order of a client trained alone. With augmentation, client by client (:func:`_stream`: a batch's
     transform draws from the generator between the epochs' permutations). Without, each client's
     index batches of the whole round are drawn at the start (its permutations, epoch after epoch:
     nothing else draws from its generator), and a step's batches of a group are one gather from
@@ -198,7 +268,7 @@ class _Batches:
         if s.augment:
             self.streams = [_stream(d, s, g) for d, g in zip(datas, generators)]
             return
-        self.pool = Split.concat(datas)
+        self.pool = datas[0] if len(datas) == 1 else Split.concat(datas)
         self.offsets = [0, *accumulate(sizes)][:-1]
         self.streams = [iter([idx for epoch in _epochs(n, s, g) for idx in epoch]) for n, g in zip(sizes, generators)]
 
@@ -214,9 +284,12 @@ class _Batches:
                 members: list[int], size: int) -> tuple[Tensor, Tensor]:
         """The (clients, size, …) inputs and (clients, size) labels of ``members``' batches, a
         shorter batch padded with copies of its last sample (:func:`_padded`)."""
-        if not isinstance(taken[members[0]], Tensor):
+        first = taken[members[0]]
+        if not isinstance(first, Tensor):
             return (torch.stack([_padded(taken[c][1], size) for c in members]),
                     torch.stack([_padded(taken[c][2], size) for c in members]))
+        if len(members) == 1 and not self.offsets[members[0]]:  # one client's batch: its rows
+            return self.pool.x[first].to(self.device).unsqueeze(0), self.pool.y[first].to(self.device).unsqueeze(0)
         flat = torch.cat([taken[c] for c in members]) if len(members) > 1 else taken[members[0]]
         if len(flat) < len(members) * size:  # some batches shorter: each row's last index repeated
             lengths = torch.tensor([len(taken[c]) for c in members])
@@ -306,6 +379,13 @@ def _pick(values: dict[str, Tensor], group: Group) -> dict[str, Tensor]:
     return {n: _rows(v, group) for n, v in values.items()}
 
 
+def local_update(ws: Workspace, global_state: Tensors, data: Split, spec: MethodSpec, rc: ClientRound,
+                 s: LocalSettings, generator: torch.Generator) -> Upload:
+    """Train one client from ``global_state`` on ``data`` (the trainer with a stack of one: the
+    model's own weights and forward); update ``rc.state`` in place; return the upload."""
+    return lockstep_update(ws, global_state, [data], spec, [rc], s, [generator])[0]
+
+
 def lockstep_update(ws: Workspace, global_state: Tensors, datas: list[Split], spec: MethodSpec,
                     rcs: list[ClientRound], s: LocalSettings, generators: list[torch.Generator]) -> list[Upload]:
     """Train the clients of ``rcs`` from ``global_state`` on ``datas`` at once; update each
@@ -333,8 +413,10 @@ def _train_together(ws: Workspace, starts: list[Tensors], datas: list[Split], sp
     order = sorted(range(len(rcs)), key=sizes.__getitem__)
     starts, datas, rcs, generators, sizes = ([xs[c] for c in order] for xs in (starts, datas, rcs, generators, sizes))
     model, device, count = ws.model, s.device, len(rcs)
-    model.train()  # the template's mode is what functional_call runs (BatchNorm: batch statistics)
-    names = list(model.state_dict())
+    one = count == 1  # one client: its own modules, no stack
+    if not one:
+        model.train()  # the template's mode is what functional_call runs (BatchNorm: batch statistics)
+    names = [] if one else list(model.state_dict())
     trainable = trainable_names(model)
     ditto = spec.personalization.kind == "ditto"
     personal_parts = spec.personalization.parts if ditto else []
@@ -351,28 +433,43 @@ def _train_together(ws: Workspace, starts: list[Tensors], datas: list[Split], sp
     def kept(prefix: str) -> list[Tensors]:
         return [prefixed(rc.state, prefix) if s.keep_optimizer else {} for rc in rcs]
 
-    global_stack = _Stack(starts, names, trainable, device, rule_of(s), kept(OPTIM),
-                          drift=_drift(spec.parts, rcs, trainable),
-                          extra_decay=torch.tensor(decay, device=device) if any(decay) else None)
+    global_stack: _Stack | _Own
+    if one:
+        global_stack = _Own(model, starts[0], trainable, device, rule_of(s), kept(OPTIM)[0],
+                            drift=_drift(spec.parts, rcs, trainable), extra_decay=decay[0])
+    else:
+        global_stack = _Stack(starts, names, trainable, device, rule_of(s), kept(OPTIM),
+                              drift=_drift(spec.parts, rcs, trainable),
+                              extra_decay=torch.tensor(decay, device=device) if any(decay) else None)
     # after begin: a part may resolve its taps from rc.model.tap_names (feature-drift depth)
     taps = tuple(sorted(frozenset().union(*(p.taps for p in personal_parts + spec.parts))))
-    forward = _stacked(model, taps)
+    forward = _own_forward(model if ws.forward is None else ws.forward, taps) if one else _stacked(model, taps)
     # the weights the round started from: no client axis when shared, else stacked (picked per group)
     global_params = rcs[0].global_params if same_start else \
         {n: torch.stack([rc.global_params[n] for rc in rcs]) for n in rcs[0].global_params}
-    personal_stack = _Stack([prefixed(rc.state, PERSONAL) or starts[0] for rc in rcs], names, trainable,
-                            device, rule_of(s), kept(PERSONAL_OPTIM), anchor=starts[0],
-                            pull=spec.personalization.lam) if ditto else None
+    personal_stack: _Stack | _Own | None = None
+    personal_forward = forward
+    if ditto and one:
+        personal_stack = _Own(ws.personal, prefixed(rcs[0].state, PERSONAL) or starts[0], trainable, device,
+                              rule_of(s), kept(PERSONAL_OPTIM)[0], anchor=starts[0], pull=spec.personalization.lam)
+        personal_forward = _own_forward(ws.personal, taps)
+    elif ditto:
+        personal_stack = _Stack([prefixed(rc.state, PERSONAL) or starts[0] for rc in rcs], names, trainable,
+                                device, rule_of(s), kept(PERSONAL_OPTIM), anchor=starts[0],
+                                pull=spec.personalization.lam)
     frozen: _Shared | _Frozen | None = None
     if any(p.needs_global_out for p in personal_parts + spec.parts):
         frozen = _Shared(ws.global_copy, starts[0], taps) if same_start else _Frozen(ws.global_copy, starts, taps, device)
-    previous, present = None, None
+    previous: _Frozen | _FrozenOwn | None = None
+    present = None
     if any(p.needs_prev_out for p in spec.parts) and any(k.startswith(PREVIOUS) for rc in rcs for k in rc.state):
         own = [prefixed(rc.state, PREVIOUS) for rc in rcs]  # the start as a stand-in where a client has none
-        previous = _Frozen(ws.previous, [o or start for o, start in zip(own, starts)], taps, device)
+        kept_models = [o or start for o, start in zip(own, starts)]
+        previous = _FrozenOwn(ws.previous, kept_models[0], taps) if one else \
+            _Frozen(ws.previous, kept_models, taps, device)
         present = torch.tensor([bool(o) for o in own], device=device)
 
-    sums: dict[str, Tensor] = defaultdict(lambda: torch.zeros(count))
+    sums: dict[str, Tensor] = defaultdict(lambda: torch.zeros(count, dtype=torch.float64))
     seen: dict[str, Tensor] = defaultdict(lambda: torch.zeros(count, dtype=torch.bool))
     draws = _Batches(datas, sizes, s, generators)
     steps = [0] * count
@@ -380,6 +477,7 @@ def _train_together(ws: Workspace, starts: list[Tensors], datas: list[Split], sp
     traces: list[list[dict[str, float]]] | None = [[] for _ in range(count)] if spec.trace else None
     flops = [0] * count
     per_sample: tuple[int, int] | None = None  # FLOPs of one sample's step and forward, from the first batch
+    indices: dict[tuple[int, ...], Tensor] = {}  # a step's members as the sums' row index, made once per group
     active = [c for c in range(count) if total[c]]
     # batches of different sizes share a step, padded, where no row's loss reads another row
     pad = not mixes_batch_rows(model) and not any(p.has_term() and p.term_reads_batch
@@ -399,7 +497,10 @@ def _train_together(ws: Workspace, starts: list[Tensors], datas: list[Split], sp
                 rows = [{} for _ in members]
                 for c, row in zip(members, rows):
                     traces[c].append(row)
-            record = _recorder(sums, seen, members, rows)
+            index = indices.get(tuple(members))
+            if index is None:
+                index = indices[tuple(members)] = torch.tensor(members)
+            record = _recorder(sums, seen, index, rows)
             group_rcs = [rcs[c] for c in members]
             global_out = frozen.out(group, x) if frozen is not None else None
             prev_out = previous.out(group, x) if previous is not None else None
@@ -417,9 +518,9 @@ def _train_together(ws: Workspace, starts: list[Tensors], datas: list[Split], sp
             first, again = steps[members[0]] == 1, any(steps[c] < total[c] for c in members)
             global_stack.step(group, global_loss, s.lr, first, again)
             if ditto:
-                personal_stack.step(group, _personal_loss(spec, forward, global_out, taps, x, y, weights, s,
+                personal_stack.step(group, _personal_loss(spec, personal_forward, global_out, taps, x, y, weights, s,
                                                           group_global, group_rcs,
-                                                          _recorder(sums, seen, members, rows, "personal_")),
+                                                          _recorder(sums, seen, index, rows, "personal_")),
                                     s.lr, first, again)
             if spec.count_flops:
                 if per_sample is None:
@@ -436,14 +537,14 @@ def _train_together(ws: Workspace, starts: list[Tensors], datas: list[Split], sp
     seen_by = {k: v.tolist() for k, v in seen.items()}
     for c, (rc, trained) in enumerate(zip(rcs, rows)):
         rc.steps = steps[c]
-        if finishing:
+        if finishing and not one:
             model.load_state_dict(trained)  # finish reads the trained weights off rc.model
         extras = finish_parts(rc, spec.parts + personal_parts)
         keep_models(rc, spec, trained, personal_stack.client_state(c) if ditto else None)
         if s.keep_optimizer:
-            save_optimizer(global_stack.optimizer, trainable, rc.state, OPTIM, client=c)
+            save_optimizer(global_stack.optimizer, trainable, rc.state, OPTIM, client=None if one else c)
             if ditto:
-                save_optimizer(personal_stack.optimizer, trainable, rc.state, PERSONAL_OPTIM, client=c)
+                save_optimizer(personal_stack.optimizer, trainable, rc.state, PERSONAL_OPTIM, client=None if one else c)
         own = {k: v[c] for k, v in sums_of.items() if k in ("train_loss", "personal_loss") or seen_by[k][c]}
         uploads.append(client_upload(rc, trained, s, extras, own, rc.steps, seconds / count,
                                      flops[c] if spec.count_flops else None, traces[c] if traces is not None else None))
@@ -454,6 +555,8 @@ def _task_losses(kind: str, logits: Tensor, y: Tensor, temperature: float, weigh
     """Per-client :func:`~fedlatent.methods.parts.task_loss` of (clients, batch, classes) logits:
     the same means, from one flat call outside vmap (cross-entropy's batching rule is a slow
     decomposition); ``weights`` (clients, batch): each client's mean over its real rows only."""
+    if weights is None and len(logits) == 1:  # one client: its batch mean, as a plain loop takes it
+        return task_loss(kind, logits[0], y[0], temperature=temperature).unsqueeze(0)
     flat = task_loss(kind, logits.flatten(0, 1), y.flatten(), reduction="none", temperature=temperature)
     if weights is None:
         return flat.reshape(logits.shape[0], -1).mean(1)
@@ -461,21 +564,21 @@ def _task_losses(kind: str, logits: Tensor, y: Tensor, temperature: float, weigh
     return (per_row * weights).sum(1) / weights.sum(1)
 
 
-TRACE_NAMES = {"train_loss": "task", "personal_loss": "personal_task"}  # the sequential client's step-trace keys
+TRACE_NAMES = {"train_loss": "task", "personal_loss": "personal_task"}  # the step-trace keys of these sums
 
 
-def _recorder(sums: dict[str, Tensor], seen: dict[str, Tensor], members: list[int],
+def _recorder(sums: dict[str, Tensor], seen: dict[str, Tensor], index: Tensor,
               trace: list[dict[str, float]] | None = None,
               prefix: str = "") -> Callable[[str, Tensor, Tensor | None], None]:
     """Adds a (group,) tensor of per-client values to the running per-client sums under ``key``,
     for the clients ``present`` marks (all by default: a term absent for a client, as MOON's
-    without a previous model, is left out of its metrics as the sequential client leaves it);
+    without a previous model, is left out of its metrics);
     when the step is traced, each member's value also into its row of ``trace`` under the
-    sequential client's trace key (``prefix``: ``personal_`` for Ditto's personal step)."""
-    index = torch.tensor(members)
+    step-trace key (``prefix``: ``personal_`` for Ditto's personal step). ``index``: the members'
+    rows of the sums."""
 
     def record(key: str, values: Tensor, present: Tensor | None = None) -> None:
-        values = values.detach().to("cpu", torch.float32)
+        values = values.detach().to("cpu", torch.float64)
         mask = None if present is None else present.to("cpu")
         if mask is None:
             sums[key].index_add_(0, index, values)
@@ -492,8 +595,8 @@ def _recorder(sums: dict[str, Tensor], seen: dict[str, Tensor], members: list[in
 
 
 def _sample_flops(ws: Workspace, shape: tuple[int, ...], frozen: bool, ditto: bool) -> tuple[int, int]:
-    """FLOPs of one sample's local step (:func:`fedlatent.models.flops.per_sample_flops`, as the
-    sequential client counts them): the model's forward and backward, the frozen round-start
+    """FLOPs of one sample's local step (:func:`fedlatent.models.flops.per_sample_flops`): the
+    model's forward and backward, the frozen round-start
     model's forward when a part reads it, Ditto's personal step; and of one forward, which the
     previous local model adds for each client that has one."""
     forward, backward = per_sample_flops(ws.model, shape)

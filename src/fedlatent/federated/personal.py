@@ -17,7 +17,8 @@ import torch
 from fedlatent.calibration.ffc import ffc_solve
 from fedlatent.data.types import ClientData, Split
 from fedlatent.federated.calibrate import ffc_head
-from fedlatent.federated.client import PERSONAL, LocalSettings, Workspace, local_update, own_state, prefixed
+from fedlatent.federated.client import PERSONAL, LocalSettings, Workspace, own_state, prefixed
+from fedlatent.federated.lockstep import local_update
 from fedlatent.federated.evaluation import evaluate, fairness, majority_rate
 from fedlatent.federated.finetune import finetuning
 from fedlatent.methods.parts import ClientRound, MethodSpec, Tensors

@@ -25,7 +25,8 @@ import torch
 from fedlatent.config import RunConfig, TrainConfig
 from fedlatent.data.augment import Augmentation
 from fedlatent.data.types import Split
-from fedlatent.federated.client import LocalSettings, Workspace, local_update
+from fedlatent.federated.client import LocalSettings, Workspace
+from fedlatent.federated.lockstep import local_update
 from fedlatent.federated.failures import (ClientFailure, RunStopped, all_finite, first_nonfinite, losses_finite,
                                          nonfinite_quantity, screen, upload_tensors)
 from fedlatent.federated.server import Server

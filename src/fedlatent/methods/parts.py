@@ -169,19 +169,12 @@ class Part:
     def has_lockstep_form(self) -> bool:
         return self.output_only or type(self).lockstep_loss is not Part.lockstep_loss
 
-    def after_step(self, rc: ClientRound) -> None:
-        """After each optimiser step (e.g. SCAFFOLD's control-variate correction)."""
-
     def lockstep_drift(self, rcs: list[ClientRound], trainable: list[str]) -> Tensors | None:
-        """The vectorized backend's form of ``begin`` + ``after_step`` for a part whose step hook
-        moves each client's weights by a fixed −lr·d after every optimiser step: d per trainable
-        weight with a leading client axis (SCAFFOLD's c − c_i), or None. There :meth:`begin` is
-        called per client first and :meth:`finish` per client with ``rc.model`` holding that
-        client's trained weights."""
+        """The part's move of the clients' weights after every optimiser step, p −= lr·d: d per
+        trainable weight with a leading client axis (SCAFFOLD's c − c_i, from what :meth:`begin`
+        kept in each client's scratch), or None. :meth:`finish` is then called per client with
+        ``rc.model`` holding that client's trained weights."""
         return None
-
-    def has_lockstep_steps(self) -> bool:
-        return type(self).lockstep_drift is not Part.lockstep_drift
 
     def finish(self, rc: ClientRound) -> Tensors | None:
         """After local training: update ``rc.state`` and return extras to upload, or None."""
@@ -294,7 +287,7 @@ def _with_client_axis(out: ModelOutput | None) -> ModelOutput | None:
                        {k: v.unsqueeze(0) for k, v in out.features.items()})
 
 
-class _WithClientAxis(Mapping[str, Tensor]):
+class WithClientAxis(Mapping[str, Tensor]):
     """One client's weights as a group of one: each a view with a leading axis of 1, made when a
     term reads it (most terms read none)."""
 
@@ -321,7 +314,7 @@ def one_client(ctx: TermContext) -> LockstepContext:
     rc = ctx.rc or ClientRound(-1, None, ctx.global_params, ctx.state, ctx.payload, 0.0, len(ctx.y), 1, len(ctx.y),
                                0.0, scratch=ctx.scratch)
     return LockstepContext(_with_client_axis(ctx.out), ctx.y.unsqueeze(0),
-                           _WithClientAxis(ctx.params), ctx.global_params,
+                           WithClientAxis(ctx.params), ctx.global_params,
                            _with_client_axis(ctx.global_out), ctx.num_classes, [rc],
                            _with_client_axis(ctx.prev_out))
 

@@ -21,19 +21,14 @@ class Scaffold(Part):
     needs_global_params = True
 
     def begin(self, rc: ClientRound) -> None:
-        """Keep each trainable parameter with its correction c − c_i in the client's scratch."""
-        rc.scratch[self.name] = {n: (p, rc.payload.get(C + n, torch.zeros_like(p)).to(p.device)
-                                     - rc.state.get(CI + n, torch.zeros_like(p)).to(p.device))
+        """Keep each trainable parameter's correction c − c_i in the client's scratch."""
+        rc.scratch[self.name] = {n: rc.payload.get(C + n, torch.zeros_like(p)).to(p.device)
+                                 - rc.state.get(CI + n, torch.zeros_like(p)).to(p.device)
                                  for n, p in rc.model.named_parameters() if p.requires_grad}
 
-    @torch.no_grad()
-    def after_step(self, rc: ClientRound) -> None:
-        for p, correction in rc.scratch[self.name].values():
-            p.sub_(rc.lr * correction)
-
     def lockstep_drift(self, rcs: list[ClientRound], trainable: list[str]) -> Tensors:
-        """The clients' corrections c − c_i from their scratch, stacked."""
-        return {n: torch.stack([rc.scratch[self.name][n][1] for rc in rcs]) for n in trainable}
+        """w ← w − lr·(c − c_i) after each step: the clients' corrections from their scratch, stacked."""
+        return {n: torch.stack([rc.scratch[self.name][n] for rc in rcs]) for n in trainable}
 
     @torch.no_grad()
     def finish(self, rc: ClientRound) -> Tensors:

@@ -61,7 +61,7 @@ from fedlatent.federated.client import (OPTIM, PERSONAL, PERSONAL_OPTIM, PREVIOU
 from fedlatent.federated.update import Rule
 from fedlatent.models.flops import per_sample_flops
 from fedlatent.methods.parts import (ClientRound, LockstepContext, MethodSpec, Part, Tensors, Upload,
-                                     WithClientAxis, task_loss, trainable_names)
+                                     WithClientAxis, task_loss)
 from fedlatent.models.base import FedModel, ModelOutput, has_dropout, mixes_batch_rows
 
 Group = Tensor | slice | None  # a step's clients: all, a run of stack rows, or stack indices
@@ -152,8 +152,8 @@ class _Own:
         module.train()
         self.module = module
         # the module's tensors, listed once (load_state_dict copies into them: the same objects all round)
-        self.views = WithClientAxis(dict([*module.named_parameters(), *module.named_buffers()]))
         own = dict(module.named_parameters())
+        self.views = WithClientAxis({**own, **dict(module.named_buffers())})
         self.leaves = [own[n] for n in trainable]
         self.optimizer = update.restore(rule, self.leaves, trainable, [saved], stacked=False)
         self.pull = pull
@@ -417,13 +417,14 @@ def _train_together(ws: Workspace, starts: list[Tensors], datas: list[Split], sp
     if not one:
         model.train()  # the template's mode is what functional_call runs (BatchNorm: batch statistics)
     names = [] if one else list(model.state_dict())
-    trainable = trainable_names(model)
+    own_params = list(model.named_parameters())
+    param_names = [n for n, _ in own_params]
+    trainable = [n for n, q in own_params if q.requires_grad]
     ditto = spec.personalization.kind == "ditto"
     personal_parts = spec.personalization.parts if ditto else []
     same_start = all(st is starts[0] for st in starts)
-    if any(type(p).begin is not Part.begin for p in spec.parts + personal_parts):
+    if not one and any(type(p).begin is not Part.begin for p in spec.parts + personal_parts):
         model.load_state_dict(starts[0])  # what begin may read off rc.model (shapes, devices)
-    param_names = [n for n, _ in model.named_parameters()]
     shared = {n: starts[0][n].to(device) for n in param_names} if same_start else None
     for rc, start in zip(rcs, starts):
         rc.global_params = dict(shared) if shared is not None else {n: start[n].to(device) for n in param_names}
@@ -480,8 +481,8 @@ def _train_together(ws: Workspace, starts: list[Tensors], datas: list[Split], sp
     indices: dict[tuple[int, ...], Tensor] = {}  # a step's members as the sums' row index, made once per group
     active = [c for c in range(count) if total[c]]
     # batches of different sizes share a step, padded, where no row's loss reads another row
-    pad = not mixes_batch_rows(model) and not any(p.has_term() and p.term_reads_batch
-                                                  for p in spec.parts + personal_parts)
+    pad = not one and not mixes_batch_rows(model) and not any(p.has_term() and p.term_reads_batch
+                                                              for p in spec.parts + personal_parts)
     while active:
         taken = draws.take(active)
         batch_sizes = {c: draws.size(taken[c]) for c in active}

@@ -194,19 +194,6 @@ def _with_axis(out: ModelOutput) -> ModelOutput:
     return ModelOutput(out.logits.unsqueeze(0), out.z.unsqueeze(0), {k: v.unsqueeze(0) for k, v in out.features.items()})
 
 
-class _FrozenOwn:
-    """One client's frozen model (MOON's previous local model) run by its own module in eval mode."""
-
-    def __init__(self, module: FedModel, state: Tensors, taps: tuple[str, ...]) -> None:
-        module.load_state_dict(state)
-        module.eval()
-        self.module, self.taps = module, frozenset(taps)
-
-    def out(self, group: Group, x: Tensor) -> ModelOutput:
-        with torch.no_grad():
-            return _with_axis(self.module(x[0], self.taps))
-
-
 def _drift(parts: list[Part], rcs: list[ClientRound], trainable: list[str]) -> Tensors | None:
     """The summed :meth:`~fedlatent.methods.parts.Part.lockstep_drift` of the parts that move the
     weights after each step, or None."""
@@ -326,9 +313,9 @@ def _row_weights(sizes: list[int], size: int, device: torch.device) -> Tensor | 
 
 
 class _Shared:
-    """The frozen round-start model every client starts from, run on a (clients, batch, …) input
-    as one plain forward (eval mode: no batch statistics, so flattening the clients together
-    changes nothing)."""
+    """A frozen model the group's clients share, run on a (clients, batch, …) input as one plain
+    forward (eval mode: no batch statistics, so flattening the clients together changes nothing):
+    the round-start model every client starts from, or one client's previous local model."""
 
     def __init__(self, module: FedModel, state: Tensors, taps: tuple[str, ...]) -> None:
         module.load_state_dict(state)
@@ -461,12 +448,12 @@ def _train_together(ws: Workspace, starts: list[Tensors], datas: list[Split], sp
     frozen: _Shared | _Frozen | None = None
     if any(p.needs_global_out for p in personal_parts + spec.parts):
         frozen = _Shared(ws.global_copy, starts[0], taps) if same_start else _Frozen(ws.global_copy, starts, taps, device)
-    previous: _Frozen | _FrozenOwn | None = None
+    previous: _Frozen | _Shared | None = None
     present = None
     if any(p.needs_prev_out for p in spec.parts) and any(k.startswith(PREVIOUS) for rc in rcs for k in rc.state):
         own = [prefixed(rc.state, PREVIOUS) for rc in rcs]  # the start as a stand-in where a client has none
         kept_models = [o or start for o, start in zip(own, starts)]
-        previous = _FrozenOwn(ws.previous, kept_models[0], taps) if one else \
+        previous = _Shared(ws.previous, kept_models[0], taps) if one else \
             _Frozen(ws.previous, kept_models, taps, device)
         present = torch.tensor([bool(o) for o in own], device=device)
 

@@ -1,7 +1,7 @@
 """Per method: a round on the vectorized backend relative to one on the simulation backend, and
 whether ``backend = "auto"`` picks the faster of the two.
 
-For each method preset the vectorized backend accepts (``vectorized.refusal`` finds nothing), one
+For each method preset the vectorized backend accepts (``lockstep.unsupported`` finds nothing), one
 simulation run and one vectorized run of the same configuration (only the trainer differs) are set
 up on the same federation, each gets one untimed warm-up round, then their rounds alternate
 ``S V S V ... S`` and each vectorized round is divided by the mean of the simulation rounds right
@@ -29,7 +29,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _common as C  # noqa: E402
-from fedlatent.backends import auto, simulation, vectorized  # noqa: E402
+from fedlatent.backends import auto, simulation  # noqa: E402
+from fedlatent.federated.lockstep import unsupported  # noqa: E402
 from fedlatent.methods import PRESETS, resolve  # noqa: E402
 
 DEFAULT_REPS = {True: {"mlp10": 3, "mlp100": 2, "cnn": 1}, False: {"mlp10": 20, "mlp100": 8, "cnn": 4}}
@@ -82,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
         rows, entry = [], {"label": label, "reps": reps, "methods": {}}
         for method in methods:
             sim = BackendRun(workload, extra, method, federation, "simulation")
-            refused = vectorized.refusal(sim.config, sim.spec)
+            refused = unsupported(sim.spec)
             if refused:
                 print(f"  {name} {method}: not vectorized ({refused})", file=sys.stderr)
                 continue

@@ -25,7 +25,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _common as C  # noqa: E402
-from fedlatent.backends import simulation, vectorized  # noqa: E402
+from fedlatent.backends import simulation  # noqa: E402
+from fedlatent.federated.lockstep import unsupported  # noqa: E402
 from fedlatent.config import load_config  # noqa: E402
 from fedlatent.experiment.single import run  # noqa: E402
 from fedlatent.methods import PRESETS, resolve  # noqa: E402
@@ -65,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     for method in methods:
         probe = load_config(None, [*DIGITS, f"algorithm.name={method}"])
         for backend in C.TRAINERS:
-            if backend == "vectorized" and vectorized.refusal(probe, resolve(probe.algorithm, probe.terms)):
+            if backend == "vectorized" and unsupported(resolve(probe.algorithm, probe.terms)):
                 continue
             try:
                 cpu, dev = final_state(method, backend, "cpu"), final_state(method, backend, args.device)

@@ -1,6 +1,6 @@
 """``backend = "auto"``: the backend a run is measured to be fastest on, with the reason.
 
-``vectorized`` where the run trains in lockstep (:func:`fedlatent.backends.vectorized.refusal`
+``vectorized`` where the run trains in lockstep (:func:`fedlatent.federated.lockstep.unsupported`
 finds nothing to refuse), ``train.compile`` is off, the model has no dropout and, on a CPU, no
 convolution and enough clients per round (:data:`FEWEST_CLIENTS`); ``simulation`` otherwise.
 Both give the same numbers up to float rounding (``tests/test_vectorized.py``), so the choice is
@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import torch
 
-from fedlatent.backends import simulation, vectorized
+from fedlatent.backends import simulation
+from fedlatent.federated.lockstep import unsupported
 from fedlatent.config import RunConfig
 from fedlatent.data.types import Federation
 from fedlatent.federated.round import sample_clients
@@ -47,7 +48,7 @@ FEWEST_CLIENTS = {"stacked": 2, "plain": 5, "terms": 3}
 def choose(config: RunConfig, federation: Federation, spec: MethodSpec) -> tuple[str, str]:
     """The backend ``auto`` resolves to for this run and why (a few words, for the log)."""
     model = simulation.make_model(config, federation, spec)
-    reason = vectorized.refusal(config, spec)
+    reason = unsupported(spec)
     if reason:
         return "simulation", f"no lockstep form: {reason}"
     if config.train.compile:

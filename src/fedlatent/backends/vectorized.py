@@ -21,14 +21,9 @@ trainer = lockstep_update
 run = partial(simulation.run, trainer=trainer)
 
 
-def refusal(config: RunConfig, spec: MethodSpec) -> str | None:
-    """Why this run cannot train in lockstep (a few words), or None when it can."""
-    return unsupported(spec)
-
-
 def check(config: RunConfig, spec: MethodSpec) -> None:
     """Raise a one-line ConfigError when this run cannot train in lockstep."""
-    reason = refusal(config, spec)
+    reason = unsupported(spec)
     if reason:
         raise ConfigError(f"backend = 'vectorized': {reason} (method '{spec.name}', model '{config.model.arch}'); "
                           f"use backend = 'simulation'")

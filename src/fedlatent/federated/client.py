@@ -107,9 +107,9 @@ def prefixed(state: Tensors, prefix: str) -> Tensors:
     return {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
 
 
-def rule_of(s: LocalSettings, extra_weight_decay: float = 0.0) -> Rule:
+def rule_of(s: LocalSettings) -> Rule:
     """The update rule of ``s`` (torch's defaults besides lr, SGD's momentum and the weight decay)."""
-    return Rule(s.optimizer, s.lr, s.momentum if s.optimizer == "sgd" else 0.0, s.weight_decay + extra_weight_decay)
+    return Rule(s.optimizer, s.lr, s.momentum if s.optimizer == "sgd" else 0.0, s.weight_decay)
 
 
 def save_optimizer(optimizer: LocalOptimizer, names: list[str], state: Tensors, prefix: str,

@@ -421,12 +421,13 @@ def _train_together(ws: Workspace, starts: list[Tensors], datas: list[Split], sp
     def kept(prefix: str) -> list[Tensors]:
         return [prefixed(rc.state, prefix) if s.keep_optimizer else {} for rc in rcs]
 
+    rule = rule_of(s)
     global_stack: _Stack | _Own
     if one:
-        global_stack = _Own(model, starts[0], trainable, device, rule_of(s), kept(OPTIM)[0],
+        global_stack = _Own(model, starts[0], trainable, device, rule, kept(OPTIM)[0],
                             drift=_drift(spec.parts, rcs, trainable), extra_decay=decay[0])
     else:
-        global_stack = _Stack(starts, names, trainable, device, rule_of(s), kept(OPTIM),
+        global_stack = _Stack(starts, names, trainable, device, rule, kept(OPTIM),
                               drift=_drift(spec.parts, rcs, trainable),
                               extra_decay=torch.tensor(decay, device=device) if any(decay) else None)
     # after begin: a part may resolve its taps from rc.model.tap_names (feature-drift depth)
@@ -439,11 +440,11 @@ def _train_together(ws: Workspace, starts: list[Tensors], datas: list[Split], sp
     personal_forward = forward
     if ditto and one:
         personal_stack = _Own(ws.personal, prefixed(rcs[0].state, PERSONAL) or starts[0], trainable, device,
-                              rule_of(s), kept(PERSONAL_OPTIM)[0], anchor=starts[0], pull=spec.personalization.lam)
+                              rule, kept(PERSONAL_OPTIM)[0], anchor=starts[0], pull=spec.personalization.lam)
         personal_forward = _own_forward(ws.personal, taps)
     elif ditto:
         personal_stack = _Stack([prefixed(rc.state, PERSONAL) or starts[0] for rc in rcs], names, trainable,
-                                device, rule_of(s), kept(PERSONAL_OPTIM), anchor=starts[0],
+                                device, rule, kept(PERSONAL_OPTIM), anchor=starts[0],
                                 pull=spec.personalization.lam)
     frozen: _Shared | _Frozen | None = None
     if any(p.needs_global_out for p in personal_parts + spec.parts):

@@ -10,8 +10,10 @@
 #    paper's widths: configs/feduv/stl10_a0.01.toml on CIFAR-10), the clients trained in lockstep;
 # 3. with the time left, the same rows at α = 1.0.
 # The two rows of a step train at once (JOBS, default 2: two processes share the device; the small
-# CNN leaves most of a large GPU idle). Each row is 50 million sample passes; one call may not
-# finish a step: the runs keep their checkpoints and the same command continues them.
+# CNN leaves most of a large GPU idle). Each row is 45 million sample passes: on one H100 a round
+# of each row took 33-38 s with both rows at once (results/real_images/feduv_full_scale_h100.md),
+# i.e. about an hour for the α = 0.01 step; the runs keep their checkpoints and the same command
+# continues them.
 # Every step runs under `timeout` within BUDGET seconds (default 840, i.e. 14 minutes); a step
 # that runs out leaves its runs' checkpoints, and the same command continues them (a sweep resumes).
 # The comparisons (paper beside fedlatent) are in OUT/<step>/comparison.md when a step finishes.

@@ -186,12 +186,29 @@ def _own_forward(run: Callable[..., ModelOutput], taps: tuple[str, ...]) -> Call
     asked = frozenset(taps)
 
     def output(params: dict[str, Tensor], x: Tensor) -> ModelOutput:
-        return _with_axis(run(x[0], asked))
+        return _OneClientOutput(run(x[0], asked))
     return output
 
 
-def _with_axis(out: ModelOutput) -> ModelOutput:
-    return ModelOutput(out.logits.unsqueeze(0), out.z.unsqueeze(0), {k: v.unsqueeze(0) for k, v in out.features.items()})
+class _OneClientOutput(ModelOutput):
+    """One client's output read as a group of one: logits, z and features get their leading client
+    axis of 1 when a term reads them (a view, and an autograd node in every backward, only for what
+    is read); the task loss reads ``plain`` (:func:`_logits`)."""
+
+    def __init__(self, plain: ModelOutput) -> None:  # noqa: no dataclass fields of its own
+        self.plain = plain
+
+    @property  # type: ignore[override]
+    def logits(self) -> Tensor:
+        return self.plain.logits.unsqueeze(0)
+
+    @property  # type: ignore[override]
+    def z(self) -> Tensor:
+        return self.plain.z.unsqueeze(0)
+
+    @property  # type: ignore[override]
+    def features(self) -> dict[str, Tensor]:
+        return {k: v.unsqueeze(0) for k, v in self.plain.features.items()}
 
 
 def _drift(parts: list[Part], rcs: list[ClientRound], trainable: list[str]) -> Tensors | None:
@@ -498,7 +515,7 @@ def _train_together(ws: Workspace, starts: list[Tensors], datas: list[Split], sp
 
             def global_loss(params: dict[str, Tensor]) -> Tensor:
                 out = forward(params, x)
-                task = _task_losses(spec.loss, out.logits, y, spec.temperature, weights)
+                task = _task_losses(spec.loss, _logits(out), y, spec.temperature, weights)
                 record("train_loss", task)
                 return _with_terms(task, spec.parts, LockstepContext(
                     out, y, params, group_global, global_out, s.num_classes, group_rcs, prev_out, group_present),
@@ -540,12 +557,19 @@ def _train_together(ws: Workspace, starts: list[Tensors], datas: list[Split], sp
     return [uploads[i] for i in sorted(range(count), key=order.__getitem__)]  # the caller's order
 
 
+def _logits(out: ModelOutput) -> Tensor:
+    """The logits the task loss reads: (clients, batch, classes), or one client's own (batch, classes)."""
+    return out.plain.logits if isinstance(out, _OneClientOutput) else out.logits
+
+
 def _task_losses(kind: str, logits: Tensor, y: Tensor, temperature: float, weights: Tensor | None = None) -> Tensor:
     """Per-client :func:`~fedlatent.methods.parts.task_loss` of (clients, batch, classes) logits:
     the same means, from one flat call outside vmap (cross-entropy's batching rule is a slow
-    decomposition); ``weights`` (clients, batch): each client's mean over its real rows only."""
-    if weights is None and len(logits) == 1:  # one client: its batch mean, as a plain loop takes it
-        return task_loss(kind, logits[0], y[0], temperature=temperature).unsqueeze(0)
+    decomposition); ``weights`` (clients, batch): each client's mean over its real rows only. One
+    client's own (batch, classes) logits: its batch mean as a plain loop takes it, a 0-d loss (no
+    client axis to add and remove in every backward)."""
+    if logits.dim() == 2:
+        return task_loss(kind, logits, y[0], temperature=temperature)
     flat = task_loss(kind, logits.flatten(0, 1), y.flatten(), reduction="none", temperature=temperature)
     if weights is None:
         return flat.reshape(logits.shape[0], -1).mean(1)
@@ -567,7 +591,7 @@ def _recorder(sums: dict[str, Tensor], seen: dict[str, Tensor], index: Tensor,
     rows of the sums."""
 
     def record(key: str, values: Tensor, present: Tensor | None = None) -> None:
-        values = values.detach().to("cpu", torch.float64)
+        values = values.detach().to("cpu", torch.float64).reshape(-1)  # one client's task loss: 0-d
         mask = None if present is None else present.to("cpu")
         if mask is None:
             sums[key].index_add_(0, index, values)
@@ -597,9 +621,9 @@ def _with_terms(task: Tensor, parts: list[Part], ctx: LockstepContext,
     """Σ over clients of :func:`~fedlatent.federated.client.add_terms`: task + Σ weight·term,
     each part's (clients,) term recorded (a part with no term for any client of the group returns
     None, as its :meth:`~Part.loss` would)."""
-    return add_terms(task, parts, lambda part: part.lockstep_loss(ctx),
-                     lambda part, value: record(part.name, value, ctx.prev_present if part.needs_prev_out else None)
-                     ).sum()
+    total = add_terms(task, parts, lambda part: part.lockstep_loss(ctx),
+                      lambda part, value: record(part.name, value, ctx.prev_present if part.needs_prev_out else None))
+    return total if total.dim() == 0 else total.sum()  # one client's task alone: already its loss
 
 
 def _personal_loss(spec: MethodSpec, forward: Callable, global_out: ModelOutput | None, taps: tuple[str, ...],
@@ -609,7 +633,7 @@ def _personal_loss(spec: MethodSpec, forward: Callable, global_out: ModelOutput 
     task + Σ μ·constraint, summed over clients (``weights``: padded rows, see :func:`_task_losses`)."""
     def loss(params: dict[str, Tensor]) -> Tensor:
         out = forward(params, x)
-        task = _task_losses(spec.loss, out.logits, y, spec.temperature, weights)
+        task = _task_losses(spec.loss, _logits(out), y, spec.temperature, weights)
         record("personal_loss", task)
         return _with_terms(task, spec.personalization.parts, LockstepContext(
             out, y, params, global_params, global_out, s.num_classes, rcs), record)

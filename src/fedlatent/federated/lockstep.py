@@ -195,7 +195,7 @@ class _OneClientOutput(ModelOutput):
     axis of 1 when a term reads them (a view, and an autograd node in every backward, only for what
     is read); the task loss reads ``plain`` (:func:`_logits`)."""
 
-    def __init__(self, plain: ModelOutput) -> None:  # noqa: no dataclass fields of its own
+    def __init__(self, plain: ModelOutput) -> None:  # not the dataclass __init__: no fields of its own
         self.plain = plain
 
     @property  # type: ignore[override]

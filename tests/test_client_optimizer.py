@@ -11,9 +11,9 @@ from safetensors.torch import load_file
 
 import fedlatent
 from fedlatent import load_config
-from fedlatent.federated import update
+from fedlatent.losses import update
 from fedlatent.federated.client import LocalSettings, _epochs, prefixed, rule_of, save_optimizer
-from fedlatent.federated.update import LocalOptimizer, Rule
+from fedlatent.losses.update import LocalOptimizer, Rule
 
 DIGITS = Path(__file__).resolve().parents[1] / "configs" / "digits_fedavg.toml"
 KEPT = ["train.rounds=3", "data.num_clients=3", "algorithm.name=ditto", "train.optimizer=adamw",

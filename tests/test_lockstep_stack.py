@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from fedlatent.federated.lockstep import _Stack
-from fedlatent.federated.update import Rule
+from fedlatent.losses.update import Rule
 
 TORCH = {"sgd": torch.optim.SGD, "adam": torch.optim.Adam, "adamw": torch.optim.AdamW}
 

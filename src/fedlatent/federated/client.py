@@ -20,9 +20,9 @@ from torch import Tensor
 from fedlatent.data.augment import Augmentation
 from fedlatent.methods.parts import (ClientRound, MethodSpec, Part, Personalization, Tensors,
                                      Upload)
-from fedlatent.federated import update
+from fedlatent.losses import update
 from fedlatent.federated.compiled import forward_of
-from fedlatent.federated.update import LocalOptimizer, Rule
+from fedlatent.losses.update import LocalOptimizer, Rule
 from fedlatent.models.base import FedModel, ModelOutput
 
 PERSONAL = "personal."   # client-state prefix of the Ditto personal model

@@ -8,7 +8,7 @@ once per client. The forward is the model's own stacked form where it has one
 (:meth:`~fedlatent.models.base.FedModel.stacked_forward`: the MLP's layers as batched matrix
 products, no per-step cost of ``vmap`` and ``functional_call``), else ``torch.func``'s
 ``functional_call`` under ``vmap`` (convolutions, projectors, dropout). The same update rule
-(:mod:`fedlatent.federated.update`: SGD, Adam or AdamW, fresh each round or kept in the client's
+(:mod:`fedlatent.losses.update`: SGD, Adam or AdamW, fresh each round or kept in the client's
 state in the same entries), the same batches (each client's seeded permutations, drawn exactly as
 one client alone draws them, for epochs or a budget of local steps), the same Ditto step, step
 trace and FLOPs as for one client: the weights agree with the simulation backend (clients trained
@@ -54,11 +54,11 @@ from torch.func import functional_call, vmap
 from fedlatent.data.augment import augment_batch
 from fedlatent.data.compact import Images
 from fedlatent.data.types import Split
-from fedlatent.federated import update
+from fedlatent.losses import update
 from fedlatent.federated.client import (OPTIM, PERSONAL, PERSONAL_OPTIM, PREVIOUS, LocalSettings, Workspace, _epochs,
                                        add_terms, client_upload, finish_parts, keep_models, partial_round, planned_steps,
                                        prefixed, rule_of, save_optimizer, state_to_cpu)
-from fedlatent.federated.update import Rule
+from fedlatent.losses.update import Rule
 from fedlatent.models.flops import per_sample_flops
 from fedlatent.methods.parts import (ClientRound, LockstepContext, MethodSpec, Part, Tensors, Upload,
                                      WithClientAxis, task_loss)
@@ -80,7 +80,7 @@ def unsupported(spec: MethodSpec) -> str | None:
 
 
 class _Stack:
-    """C models' weights on a leading client axis with their optimiser (:mod:`fedlatent.federated.update`:
+    """C models' weights on a leading client axis with their optimiser (:mod:`fedlatent.losses.update`:
     the rule every trainer uses; its state per client row, from the clients' kept states ``saved``)."""
 
     def __init__(self, states: list[Tensors], names: list[str], trainable: list[str], device: torch.device,

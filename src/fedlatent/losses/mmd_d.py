@@ -30,6 +30,7 @@ import torch
 from torch import Tensor, nn
 
 from fedlatent.losses.mmd import _LOG2E, batched_self_distances, squared_distances
+from fedlatent.losses.update import LocalOptimizer, Rule
 
 __all__ = ["DeepKernel", "GramWorkspace", "deep_kernel_matrix", "mmd_d", "mmd_d_power", "mmd_d_stacked", "stack_parameters",
            "train_deep_kernel", "train_deep_kernels"]
@@ -225,9 +226,9 @@ def train_deep_kernels(kernels: list[DeepKernel], xs: Tensor, ys: Tensor, *, ste
                        semantics: str = "official", weight_decay: float = 0.01, reg: float = 1e-8,
                        workspace: GramWorkspace | None = None) -> Tensor:
     """Maximise Ĵ (:func:`mmd_d_power`) for K kernels of one shape at once, kernel k on ``xs[k]``,
-    ``ys[k]`` ((K, N, …) each), with the AdamW step of ``torch.optim.AdamW`` (torch defaults
-    besides ``lr`` and ``weight_decay``, fresh moments) applied to the stacked parameters as
-    multi-tensor operations. Updates the kernels in place and returns Ĵ before each step, (steps, K).
+    ``ys[k]`` ((K, N, …) each), with the clients' update rule (:mod:`fedlatent.losses.update`:
+    ``torch.optim.AdamW``'s step, torch defaults besides ``lr`` and ``weight_decay``, fresh moments)
+    applied to the stacked parameters as multi-tensor operations. Updates the kernels in place and returns Ĵ before each step, (steps, K).
 
     Per step: φ of all 2N rows of every kernel in one batched pass, and Ĵ from the Gram matrices'
     row sums only (:func:`_stacked_power`), with its gradient formed kernel by kernel beside the
@@ -253,32 +254,17 @@ def train_deep_kernels(kernels: list[DeepKernel], xs: Tensor, ys: Tensor, *, ste
     work = workspace or GramWorkspace()
     # the raw inputs are fixed during the training: their distances are taken once for all steps
     raw_d2 = _block_distances(xs, ys, out=work.buffer("raw", (len(kernels), 3) + (xs.shape[1],) * 2, rows))
-    beta1, beta2, eps = 0.9, 0.999, 1e-8
-    exp_avg = [torch.zeros_like(p) for p in params]
-    exp_avg_sq = [torch.zeros_like(p) for p in params]
+    optimizer = LocalOptimizer(Rule("adamw", lr, weight_decay=weight_decay), params)  # fresh moments
     values = []
-    for step in range(1, steps + 1):
+    for _ in range(steps):
         leaves = [p.requires_grad_(True) for p in params]
         power = _stacked_power(template, dict(zip(names, leaves)), rows, raw_d2, semantics, reg, work)
         # φ's output bias cancels from every distance: exactly zero gradient (unused when the
         # distances are taken before the last layer), so AdamW applies only its weight decay to it
         grads = torch.autograd.grad(-power.sum(), leaves, materialize_grads=True)
         values.append(power.detach())
-        with torch.no_grad():
-            params = [p.detach() for p in leaves]
-            step_size = lr / (1 - beta1 ** step)
-            root = math.sqrt(1 - beta2 ** step)
-            # the per-tensor updates, each as one multi-tensor (_foreach) operation: torch's own
-            # multi-tensor AdamW (torch.optim.adamw.adamw(..., foreach=True)), bitwise equal, without
-            # its per-call bookkeeping (~40 µs a step)
-            torch._foreach_mul_(params, 1 - lr * weight_decay)
-            torch._foreach_lerp_(exp_avg, grads, 1 - beta1)
-            torch._foreach_mul_(exp_avg_sq, beta2)
-            torch._foreach_addcmul_(exp_avg_sq, grads, grads, value=1 - beta2)
-            denom = torch._foreach_sqrt(exp_avg_sq)
-            torch._foreach_div_(denom, root)
-            torch._foreach_add_(denom, eps)
-            torch._foreach_addcdiv_(params, exp_avg, denom, value=-step_size)
+        params = [p.detach() for p in leaves]
+        optimizer.step(params, list(grads))
     with torch.no_grad():
         for i, kernel in enumerate(kernels):
             own = dict(kernel.named_parameters())

@@ -1,8 +1,10 @@
-"""The clients' update rule, written once for every trainer: SGD (momentum, weight decay), Adam and
-AdamW on a list of weights, with the per-weight state kept in named slots.
+"""The update rule, written once for every trainer: SGD (momentum, weight decay), Adam and AdamW on
+a list of weights, with the per-weight state kept in named slots. A pure function of tensors (no
+config, no I/O), beside the losses so that every layer above uses it: the client trainer (local and
+Ditto's personal model) and the MMD-D deep kernels' training (:mod:`fedlatent.losses.mmd_d`).
 
-The sequential client applies it to one model's parameters; the lockstep trainer to stacked
-parameters with a leading client axis, where a client's own extra weight decay (FedDyn's α_k) and
+The trainer applies it to one model's parameters or to stacked parameters with a leading client
+axis, where a client's own extra weight decay (FedDyn's α_k) and
 its own Adam step count are per-row values. The arithmetic is torch.optim's (``SGD`` with dampening 0
 and no Nesterov; ``Adam``/``AdamW`` with β = (0.9, 0.999), ε = 1e-8, the defaults), in the same order,
 so that a one-client update equals torch's to the bit. A state kept across rounds

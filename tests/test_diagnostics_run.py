@@ -201,3 +201,16 @@ def test_run_labels_name_the_keys_that_differ_and_skip_those_a_run_lacks() -> No
             RunRecords(Path("b"), [], {"algorithm": {"name": "feddecorr", "beta": 0.1}, "data": data}, "feddecorr")]
     label_runs(runs)
     assert [r.label for r in runs] == ["fedavg, dirichlet α=0.05", "feddecorr, dirichlet α=0.05, beta=0.1"]
+
+
+def test_spectrum_plot_of_a_group_whose_first_run_has_no_spectrum(tmp_path):
+    """A group's first run without a spectrum record (stopped before its diagnostics): the plot draws
+    the other runs' spectra with their threshold instead of failing."""
+    from fedlatent.analysis.diagnostic_plots import RunRecords, plot_spectrum
+
+    spectrum = {"model": "global", "round": 3, "normalized_spectrum": [1.0, 0.5, 0.01], "threshold": 0.02}
+    runs = [RunRecords(tmp_path / "a", [{"model": "global", "round": 1}], {}, "fedavg"),
+            RunRecords(tmp_path / "b", [spectrum], {}, "fedavg")]
+    path = plot_spectrum({"fedavg": runs}, tmp_path / "spectrum.png")
+    assert path is not None and path.stat().st_size > 0
+    assert plot_spectrum({"fedavg": runs[:1]}, tmp_path / "none.png") is None

@@ -149,10 +149,10 @@ def plot_spectrum(groups: dict[str, list[RunRecords]], path: Path) -> Path | Non
     fig, axes = _subplots(1, 2 if has_local else 1, figsize=(11 if has_local else 6, 4), squeeze=False)
     drawn, threshold = False, None
     for label, runs in groups.items():
-        rows = [np.array(_last(run, "normalized_spectrum")["normalized_spectrum"]) for run in runs
-                if _last(run, "normalized_spectrum")]
-        if rows:
-            threshold = _last(runs[0], "normalized_spectrum").get("threshold")
+        lasts = [last for last in (_last(run, "normalized_spectrum") for run in runs) if last]
+        rows = [np.array(last["normalized_spectrum"]) for last in lasts]
+        if rows:  # the threshold of the first run that has a spectrum (a group's first may have none)
+            threshold = lasts[0].get("threshold")
             _band(axes[0, 0], np.arange(1, len(rows[0]) + 1), rows, label, log=True)
             drawn = True
         if has_local:

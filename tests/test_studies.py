@@ -328,3 +328,16 @@ def test_reproduce_refuses_bad_selections_in_one_line(args: list[str], needle: s
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and needle in err[0]
     assert not (tmp_path / "x").exists()
+
+
+def test_a_sweep_validates_every_cell_before_any_folder_or_training(tmp_path: Path, digits_config: Path) -> None:
+    """A cell the model cannot satisfy (a feature-drift constraint deeper than the MLP) stops the
+    sweep with one line naming the cell, before the first cell runs and before ``out`` exists."""
+    raw = {"base": str(digits_config), "set": {"train.rounds": 1},
+           "variants": {"method": {"fedavg": {"algorithm": {"name": "fedavg"}},
+                                   "deep": {"algorithm": {"name": "ditto_cosine", "depth": 9}}}}}
+    study = parse_study(raw, tmp_path)
+    out = tmp_path / "out"
+    with pytest.raises(ConfigError, match=r"^cell method-deep: .*depth = 9"):
+        run_sweep(study, out, echo=None)
+    assert not out.exists()

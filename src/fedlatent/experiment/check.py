@@ -22,7 +22,7 @@ from fedlatent.config import SECTIONS, RunConfig, apply_overrides, from_dict, lo
 from fedlatent.errors import ConfigError, UserInputError
 from fedlatent.experiment import reproduce
 from fedlatent.experiment.study import Study, load_study
-from fedlatent.experiment.validation import validate
+from fedlatent.experiment.validation import validate, validate_study
 from fedlatent.methods import resolved_keys
 
 __all__ = ["check", "flat_settings", "load_target", "show"]
@@ -86,12 +86,7 @@ def load_target(target: str, *, tier: str = "full", overrides: Sequence[str] = (
     else:
         raise UserInputError(f"check: {target!r} is neither a file nor a spec name (specs: "
                              f"{', '.join(reproduce.spec_names())})")
-    for cell in study.cells:
-        if not cell.unavailable:
-            try:
-                validate(cell.config)
-            except ConfigError as err:
-                raise ConfigError(f"{target}: cell {cell.name}: {err}") from None
+    validate_study(study, f"{target}: ")
     return study
 
 

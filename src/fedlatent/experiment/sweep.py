@@ -17,11 +17,11 @@ from pathlib import Path
 from typing import Any, Callable
 
 from fedlatent.config import RunConfig, to_toml
-from fedlatent.errors import ConfigError, UserInputError
+from fedlatent.errors import UserInputError
 from fedlatent.experiment.single import as_started, run
 from fedlatent.experiment.store import run_row, write_tables
 from fedlatent.experiment.study import Cell, Study
-from fedlatent.experiment.validation import validate
+from fedlatent.experiment.validation import validate_study
 
 
 def run_cell(config: RunConfig, out: str, figures: bool = True) -> str:
@@ -70,17 +70,12 @@ def _say(text: str) -> None:
 def run_sweep(study: Study, out: str | Path, *, jobs: int = 1, echo: Callable[[str], None] | None = _say,
               figures: bool = True) -> list[dict[str, Any]]:
     """Run the study's available cells under ``out/<cell name>``; return the tidy rows. Every cell is
-    first validated as its run would validate it (:func:`~fedlatent.experiment.validation.validate`),
+    first validated as its run would validate it (:func:`~fedlatent.experiment.validation.validate_study`),
     so that a bad cell stops the sweep before any folder or training (``figures=False``: the runs
     draw no figures of their own, see ``fedlatent sweep --no-figures``)."""
     out = Path(out)
     configs = {cell.name: tagged(cell.config, cell.labels, out.name) for cell in study.cells}
-    for cell in study.cells:  # every runnable cell as a run checks it, before any folder or training
-        if not cell.unavailable:
-            try:
-                validate(configs[cell.name])
-            except ConfigError as err:
-                raise ConfigError(f"cell {cell.name}: {err}") from None
+    validate_study(study)  # every runnable cell as its run checks it, before any folder or training
     write_manifest(study, out)
     for cell in study.cells:
         existing = out / cell.name / "config.toml"

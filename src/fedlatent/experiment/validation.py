@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -27,6 +28,9 @@ from fedlatent.federated import compiled, devices
 from fedlatent.methods import check_model, resolve
 from fedlatent.methods.parts import MethodSpec
 from fedlatent.models import build_model
+
+if TYPE_CHECKING:
+    from fedlatent.experiment.study import Study
 
 BACKEND_NAMES = ("simulation", "vectorized", "flower")  # besides "auto"
 
@@ -62,6 +66,17 @@ def validate(config: RunConfig) -> MethodSpec:
     if shape is not None:
         check_model_fit(config, spec, *shape)
     return spec
+
+
+def validate_study(study: Study, where: str = "") -> None:
+    """Every runnable cell of ``study`` validated as its run validates it (:func:`validate`): what
+    ``fedlatent check`` and a sweep do before anything runs; the first failure names its cell."""
+    for cell in study.cells:
+        if not cell.unavailable:
+            try:
+                validate(cell.config)
+            except ConfigError as err:
+                raise ConfigError(f"{where}cell {cell.name}: {err}") from None
 
 
 def declared_shape(data: DataConfig) -> Shape | None:

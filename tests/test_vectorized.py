@@ -15,6 +15,7 @@ from torch.func import functional_call, vmap
 import fedlatent
 from fedlatent.backends import simulation
 from fedlatent.data.federation import build_federation
+from fedlatent.experiment import run as run_experiment
 from fedlatent.federated.lockstep import lockstep_update, unsupported
 from fedlatent.methods import PARTS, PRESETS, ditto, resolve
 
@@ -359,9 +360,9 @@ def test_cnn_with_batchnorm_matches_simulation(tmp_path, algorithm: dict, rounds
 def test_vectorized_run_end_to_end_writes_the_same_summary_keys(tmp_path) -> None:
     config = small_config("ditto_cosine")
     config.backend = "vectorized"
-    summary = fedlatent.experiment.run(config, tmp_path / "v", echo=None)
+    summary = run_experiment(config, tmp_path / "v", echo=None)
     config.backend = "simulation"
-    reference = fedlatent.experiment.run(config, tmp_path / "s", echo=None)
+    reference = run_experiment(config, tmp_path / "s", echo=None)
     assert sorted(summary["final"]) == sorted(reference["final"])
     assert summary["final"]["personalized_accuracy"] == pytest.approx(
         reference["final"]["personalized_accuracy"], abs=0.02)
@@ -371,10 +372,10 @@ def test_vectorized_resume_reproduces_the_uninterrupted_run(tmp_path, crash_at_r
     config = small_config("ditto_mkmmd", rounds=3, beta_every=3, beta_batches=2)
     config.backend = "vectorized"
     with pytest.raises(KeyboardInterrupt):
-        fedlatent.experiment.run(config, tmp_path / "crashed", echo=None)
+        run_experiment(config, tmp_path / "crashed", echo=None)
     monkeypatch.undo()
-    resumed = fedlatent.experiment.run(config, tmp_path / "crashed", resume=True, echo=None)
-    reference = fedlatent.experiment.run(config, tmp_path / "whole", echo=None)
+    resumed = run_experiment(config, tmp_path / "crashed", resume=True, echo=None)
+    reference = run_experiment(config, tmp_path / "whole", echo=None)
     assert resumed["final"]["per_client"] == reference["final"]["per_client"]
     assert resumed["final"]["accuracy"] == reference["final"]["accuracy"]
 
@@ -428,6 +429,7 @@ def test_pooled_batches_are_each_client_s_own_draws(drop_last: bool, compact: bo
     own = [iter([idx for _ in range(s.epochs) for idx in batches(n, s.batch_size, drop_last, g)])
            for n, g in zip(sizes, [torch.Generator().manual_seed(k) for k in seeds])]
     left = [s.epochs * batch_count(n, s.batch_size, drop_last) for n in sizes]
+    offsets = [sum(sizes[:c]) for c in range(len(sizes))]
     longest = max(left)
     active = [c for c in range(len(sizes)) if left[c]]
     steps = 0
@@ -439,7 +441,7 @@ def test_pooled_batches_are_each_client_s_own_draws(drop_last: bool, compact: bo
             x, y = draws.stacked(taken, members, size)
             assert x.shape[:2] == y.shape == (len(members), size)
             for row, c in enumerate(members):
-                assert torch.equal(taken[c], expected[c])
+                assert torch.equal(taken[c], expected[c] + offsets[c])  # the client's rows of the pool
                 assert torch.equal(x[row], datas[c].x[expected[c]]) and torch.equal(y[row], datas[c].y[expected[c]])
             steps += 1
         # every client at once, the shorter batches padded with copies of their last sample

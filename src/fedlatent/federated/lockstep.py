@@ -273,8 +273,9 @@ class _Batches:
             self.streams = [_stream(d, s, g) for d, g in zip(datas, generators)]
             return
         self.pool = datas[0] if len(datas) == 1 else Split.concat(datas)
-        self.offsets = [0, *accumulate(sizes)][:-1]
-        self.streams = [iter([idx for epoch in _epochs(n, s, g) for idx in epoch]) for n, g in zip(sizes, generators)]
+        # each client's index batches of the round, as rows of the pool (its offset added once here)
+        self.streams = [iter([idx + offset if offset else idx for epoch in _epochs(n, s, g) for idx in epoch])
+                        for n, g, offset in zip(sizes, generators, [0, *accumulate(sizes)][:-1])]
 
     def take(self, active: list[int]) -> dict[int, Tensor | tuple[Tensor, Tensor, Tensor]]:
         """The next batch of each client of ``active``: its indices (the pooled form) or (indices, x, y)."""
@@ -292,15 +293,13 @@ class _Batches:
         if not isinstance(first, Tensor):
             return (torch.stack([_padded(taken[c][1], size) for c in members]),
                     torch.stack([_padded(taken[c][2], size) for c in members]))
-        if len(members) == 1 and not self.offsets[members[0]]:  # one client's batch: its rows
+        if len(members) == 1:  # one client's batch: its rows
             return self.pool.x[first].to(self.device).unsqueeze(0), self.pool.y[first].to(self.device).unsqueeze(0)
-        flat = torch.cat([taken[c] for c in members]) if len(members) > 1 else taken[members[0]]
+        flat = torch.cat([taken[c] for c in members])
         if len(flat) < len(members) * size:  # some batches shorter: each row's last index repeated
             lengths = torch.tensor([len(taken[c]) for c in members])
             starts = lengths.cumsum(0) - lengths
             flat = flat[(starts[:, None] + torch.minimum(torch.arange(size), lengths[:, None] - 1)).flatten()]
-        if any(self.offsets[c] for c in members):
-            flat = flat + torch.tensor([self.offsets[c] for c in members]).repeat_interleave(size)
         x, y = self.pool.x[flat].to(self.device), self.pool.y[flat].to(self.device)
         return x.unflatten(0, (len(members), size)), y.unflatten(0, (len(members), size))
 

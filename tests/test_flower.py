@@ -7,6 +7,7 @@ starts real SuperLink and SuperNode processes.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -18,7 +19,7 @@ pytest.importorskip("flwr", reason="Flower is not installed (pip install 'fedlat
 
 import fedlatent  # noqa: E402
 from fedlatent.backends.flower import client_app, messages, server_app  # noqa: E402
-from fedlatent.errors import ConfigError, RunStopped  # noqa: E402
+from fedlatent.errors import ConfigError, DataError, RunStopped  # noqa: E402
 from fedlatent.experiment import run as run_experiment  # noqa: E402
 from fedlatent.federated.failures import ClientFailure  # noqa: E402
 from fedlatent.data.types import ClientData, Split  # noqa: E402
@@ -511,3 +512,87 @@ def test_the_engine_silences_rays_future_notice_and_nothing_else():
             warnings.warn("something else", FutureWarning, stacklevel=1)
     assert [str(w.message) for w in seen] == ["something else"]
     assert flwr_logger.level == before
+
+
+def test_the_server_side_never_builds_a_clients_data(tmp_path, monkeypatch):
+    """A Flower run's server (single.run, the engine, the ServerApp) holds only its view of the
+    data: a pool is partitioned and split into clients only while a ClientApp handles a message,
+    and the partition table comes from the nodes' census, equal to the embedded run's."""
+    from fedlatent.data import federation
+    grid = InProcessGrid(2)
+    app, serving = grid.app, []
+
+    def node(msg, context):
+        serving.append(msg)
+        try:
+            return app(msg, context)
+        finally:
+            serving.pop()
+
+    grid.app = node
+    built = {"server": 0, "node": 0}
+    real = federation._from_pool
+
+    def counted(*args):
+        built["node" if serving else "server"] += 1
+        return real(*args)
+
+    monkeypatch.setattr(federation, "_from_pool", counted)
+    monkeypatch.setattr(client_app, "_BUILT", {})  # no job kept from an earlier test
+    extra = ['data.partition="dirichlet"', "data.alpha=0.5", 'diagnostics.which=["collapse", "data"]']
+    embedded, flower, *_ = run_both(tmp_path, monkeypatch, extra, grid=grid)
+    assert built == {"server": 1, "node": 1}  # the embedded run's federation; the nodes' job (built once, kept)
+    assert flower["status"] == "completed"
+    for name in ("partition.json", "partition.txt"):
+        assert (tmp_path / "flower" / name).read_text() == (tmp_path / "embedded" / name).read_text()
+
+
+def test_the_nodes_tell_the_number_of_clients_when_the_data_fix_it(tmp_path):
+    """Partition 'domains' without data.num_clients: one client per domain, counted by the nodes."""
+    from tests.data.test_image_folder import _solid_tree
+    _solid_tree(tmp_path / "tree", {"art": {"dog": 6, "house": 5}, "photo": {"dog": 5, "house": 6},
+                                    "sketch": {"dog": 7, "house": 4}})
+    extra = ['data.dataset="domains"', 'data.partition="domains"', f'data.root="{tmp_path / "tree"}"',
+             "data.num_clients=0", "train.rounds=1", 'eval.personalized="never"']
+    summary = run_experiment(config("flower", extra), tmp_path / "run", echo=None, grid=InProcessGrid(3))
+    assert summary["status"] == "completed"
+    assert json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[0])["clients"] == [0, 1, 2]
+    assert len(json.loads((tmp_path / "run" / "partition.json").read_text())["counts"]) == 3
+
+
+def test_nodes_that_disagree_on_the_number_of_clients_are_refused():
+    assert server_app.Tally().num_clients(None) is None
+    assert server_app.Tally(sizes={1: 3, 2: 3}).num_clients(None) == 3
+    assert server_app.Tally(sizes={1: 3}).num_clients(3) == 3
+    with pytest.raises(DataError, match=r"^census: the SuperNodes' data make different numbers of clients "
+                                        r"\(SuperNode 1: 3, SuperNode 2: 4\)$"):
+        server_app.Tally(sizes={1: 3, 2: 4}).num_clients(None)
+    with pytest.raises(DataError, match=r"\(SuperNode 1: 3; the configuration: 4\)$"):
+        server_app.Tally(sizes={1: 3}).num_clients(4)
+
+
+def test_without_a_count_the_simulation_engine_needs_flower_supernodes():
+    from fedlatent.backends.flower import engine
+    from fedlatent.data.types import ServerView
+    cfg = config("flower")  # flower.supernodes = 2
+    view = ServerView(None, 10, (1, 8, 8), num_clients=None)
+    with pytest.raises(ConfigError, match=r"^flower.supernodes: set it \(or data.num_clients\)"):
+        engine.num_supernodes(dataclasses.replace(cfg, flower=dataclasses.replace(cfg.flower, supernodes=0)), view)
+    assert engine.num_supernodes(cfg, view) == 2
+    assert engine.num_supernodes(cfg, ServerView(None, 10, (1, 8, 8), num_clients=1)) == 1
+
+
+@pytest.mark.slow
+def test_on_the_simulation_engine_only_the_clientapps_build_clients(tmp_path, monkeypatch):
+    """The engine's ClientApps run in Ray's worker processes and build their clients there; in
+    this process (the ServerApp's) building a client's data raises."""
+    from fedlatent.data import federation
+
+    def refuse(*args):
+        raise AssertionError("the server's process built a client's data")
+
+    monkeypatch.setattr(federation, "_from_pool", refuse)
+    summary = run_experiment(config("flower", ["train.rounds=1", 'eval.personalized="never"']), tmp_path / "run",
+                             echo=None)
+    assert summary["status"] == "completed"
+    assert len(json.loads((tmp_path / "run" / "partition.json").read_text())["counts"]) == 4

@@ -22,7 +22,7 @@ from typing import Any, Callable
 import torch
 
 from fedlatent.config import RunConfig
-from fedlatent.data.types import Federation, Split
+from fedlatent.data.types import Federation, GlobalData, Split
 from fedlatent.errors import ConfigError
 from fedlatent.federated import calibrate, driver
 from fedlatent.federated.client import LocalSettings, Workspace, state_to_cpu, workspace_for
@@ -134,7 +134,7 @@ class Setup:
         return [row for row in rows if row is not None]
 
 
-def make_model(config: RunConfig, federation: Federation, spec: MethodSpec) -> FedModel:
+def make_model(config: RunConfig, federation: GlobalData, spec: MethodSpec) -> FedModel:
     """The initial global model: seeded construction, then the method's head policy."""
     torch.manual_seed(derive_seed(config.seed, MODEL_INIT))
     model = build_model(config.model, federation.input_shape, federation.num_classes, federation.name)
@@ -146,18 +146,20 @@ def setup(config: RunConfig, federation: Federation, spec: MethodSpec, trainer: 
     # torch imports torch._dynamo (~1 s, once per process) when the first optimiser is built: pay
     # it here, so that it does not count as the first round's local-training time
     device = torch.device(config.train.device)
-    model, server = initial_server(config, federation, spec)
+    model, server = initial_server(config, federation, spec, len(federation.clients))
     ws = workspace_for(model, spec, config.train.compile)
     return Setup(config, federation, spec, ws, server, [{} for _ in federation.clients], device, trainer)
 
 
-def initial_server(config: RunConfig, federation: Federation, spec: MethodSpec) -> tuple[FedModel, Server]:
-    """The run's model on its device and the server holding its initial weights (both backends'
-    start; torch's one-off optimiser import first, so that it is not counted in round 1)."""
+def initial_server(config: RunConfig, federation: GlobalData, spec: MethodSpec,
+                   num_clients: int) -> tuple[FedModel, Server]:
+    """The run's model on its device and the server of ``num_clients`` clients holding its initial
+    weights (every backend's start; torch's one-off optimiser import first, so that it is not
+    counted in round 1)."""
     torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0)
     model = make_model(config, federation, spec).to(config.train.device)
     server = Server(spec, state_to_cpu(model), [n for n, _ in model.named_parameters()], trainable_names(model),
-                    config.server, len(federation.clients))
+                    config.server, num_clients)
     return model, server
 
 

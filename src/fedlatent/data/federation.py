@@ -20,7 +20,7 @@ from fedlatent.data.cache import lines_held
 from fedlatent.data.compact import Images, uint8_channel_stats
 from fedlatent.data.registry import DATASETS, PARTITIONS, check
 from fedlatent.data.sources import GivenClients, Pool
-from fedlatent.data.types import ClientData, Federation, Split
+from fedlatent.data.types import ClientData, Federation, ServerView, Split
 from fedlatent.errors import DataError
 
 
@@ -29,17 +29,53 @@ def build_federation(cfg: DataConfig, seed: int) -> Federation:
     """The federation a run trains on; every random choice flows from ``seed`` (the data seed).
     Names and keys are checked before anything is loaded."""
     check(cfg)
+    return _federation(cfg, _load(cfg, seed), seed)
+
+
+@lines_held()
+def server_view(cfg: DataConfig, seed: int) -> ServerView:
+    """What a Flower server needs of the data, equal to :func:`build_federation`'s: the global test
+    split (standardised with the statistics of the pool's training samples), the classes, the
+    input shape, the augmentation, and the number of clients where the configuration fixes it.
+    A pool is neither partitioned nor split into clients. Where the global test split is the
+    clients' local test splits together (``data.merge_test``, a data set with its own clients),
+    the federation is built and its clients dropped."""
+    check(cfg)
+    source = _load(cfg, seed)
+    if isinstance(source, GivenClients) or cfg.merge_test:
+        fed = _federation(cfg, source, seed)
+        return ServerView(fed.test, fed.num_classes, fed.input_shape, fed.name, fed.augment, len(fed.clients))
+    train_idx, test, _ = _selection(cfg, source, seed)
+    assert test is not None  # without data.merge_test the global test split is the pool's own
+    split, mean, std = _standardiser(cfg, source.x, train_idx)
+    return ServerView(split(*test), source.num_classes, tuple(source.x.shape[1:]), name=cfg.dataset,
+                      augment=Augmentation(cfg.augment, cfg.autoaugment, mean, std), num_clients=_fixed_count(cfg))
+
+
+def _load(cfg: DataConfig, seed: int) -> Pool | GivenClients:
+    """The data set's loader's output (a file it cannot read is one line)."""
     entry = DATASETS.get(cfg.dataset)
     try:
-        source = entry.build(cfg, seed)
+        return entry.build(cfg, seed)
     except PermissionError as err:  # a file or folder inside the data set that this user cannot read
         key = "data.path" if "path" in entry.reads else "data.root"
         raise DataError(f"{key}: cannot read {err.filename} (permission denied)") from None
+
+
+def _federation(cfg: DataConfig, source: Pool | GivenClients, seed: int) -> Federation:
     if isinstance(source, GivenClients):
         if cfg.merge_test:
             raise DataError(f"data.merge_test: data set '{cfg.dataset}' comes with its own clients and their splits")
         return _from_given(cfg, source)
     return _from_pool(cfg, source, seed)
+
+
+def _fixed_count(cfg: DataConfig) -> int | None:
+    """The number of clients a pool's partition makes: ``data.num_clients`` (10 when unset), but
+    one per domain for a partition by domains (``needs_groups``), left to the data when unset."""
+    if not cfg.num_clients and PARTITIONS.get(cfg.partition).traits.get("needs_groups"):
+        return None
+    return cfg.clients()
 
 
 def _split(x: np.ndarray, y: np.ndarray, stats: tuple[np.ndarray, np.ndarray] | None = None,
@@ -101,32 +137,51 @@ def merged(pool: Pool) -> Pool:
                 pool.num_classes)
 
 
+def _selection(cfg: DataConfig, pool: Pool, seed: int
+               ) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray] | None, np.ndarray | None]:
+    """Indices of the samples to partition, the global test split's (x, y) (None with
+    ``data.merge_test``: the clients' local tests together) and the hold-out's indices (None but
+    for a data set without an official test split)."""
+    y = pool.y
+    held_out: np.ndarray | None = None
+    if cfg.merge_test:
+        train_idx, test = np.arange(len(y)), None
+    elif pool.test_x is None:
+        train_idx, held_out = _holdout(pool, cfg.test_fraction, cfg.test_per_class, seed)
+        test = pool.x[held_out], y[held_out]
+    else:
+        train_idx, test = np.arange(len(y)), (pool.test_x, pool.test_y)
+    if cfg.train_per_class:  # seeded per-class subsets, fixed by the data seed, drawn before partitioning
+        train_idx = train_idx[_per_stratum(_strata(pool)[train_idx], lambda n: min(cfg.train_per_class, n), seed, 2)]
+    if cfg.test_per_class and pool.test_x is not None and test is not None:  # official (else: the hold-out's size)
+        keep = _per_stratum(test[1], lambda n: min(cfg.test_per_class, n), seed, 3)
+        test = test[0][keep], test[1][keep]
+    return train_idx, test, held_out
+
+
+Standardiser = Callable[[np.ndarray, np.ndarray], Split]
+
+
+def _standardiser(cfg: DataConfig, x: np.ndarray, train_idx: np.ndarray
+                  ) -> tuple[Standardiser, np.ndarray | float, np.ndarray | float]:
+    """(x, y) → a :class:`Split` standardised with the per-channel statistics of the samples to
+    partition (``data.normalize``), and those mean and std (C×1×1 for images)."""
+    if x.dtype == np.uint8:  # images: uint8 until the batch, statistics computed in chunks
+        stats = uint8_channel_stats([x if len(train_idx) == len(x) else x[train_idx]]) if cfg.normalize else None
+        mean, std = (stats[0].reshape(-1, 1, 1), stats[1].reshape(-1, 1, 1)) if stats else (0.0, 1.0)
+        return (lambda a, b: _split(a, b, stats)), mean, std
+    mean, std = _channel_stats(x[train_idx]) if cfg.normalize else (0.0, 1.0)
+    return (lambda a, b: _split((a - mean) / std, b)), mean, std
+
+
 def _from_pool(cfg: DataConfig, pool: Pool, seed: int) -> Federation:
     if cfg.merge_test:
         pool = merged(pool)
     x, y, groups = pool.x, pool.y, pool.groups
-    held_out: np.ndarray | None = None
-    if cfg.merge_test:
-        train_idx, test_x, test_y = np.arange(len(y)), None, None
-    elif pool.test_x is None:
-        train_idx, held_out = _holdout(pool, cfg.test_fraction, cfg.test_per_class, seed)
-        test_x, test_y = x[held_out], y[held_out]
-    else:
-        train_idx, test_x, test_y = np.arange(len(y)), pool.test_x, pool.test_y
-    if cfg.train_per_class:  # seeded per-class subsets, fixed by the data seed, drawn before partitioning
-        train_idx = train_idx[_per_stratum(_strata(pool)[train_idx], lambda n: min(cfg.train_per_class, n), seed, 2)]
-    if cfg.test_per_class and pool.test_x is not None:  # an official test split (else: the hold-out's size)
-        keep = _per_stratum(test_y, lambda n: min(cfg.test_per_class, n), seed, 3)
-        test_x, test_y = test_x[keep], test_y[keep]
+    train_idx, test_xy, held_out = _selection(cfg, pool, seed)
     partition = PARTITIONS.get(cfg.partition)
     parts = partition.build(cfg, y[train_idx], None if groups is None else groups[train_idx], seed)
-    if x.dtype == np.uint8:  # images: uint8 until the batch, statistics computed in chunks
-        stats = uint8_channel_stats([x if len(train_idx) == len(x) else x[train_idx]]) if cfg.normalize else None
-        split = lambda a, b: _split(a, b, stats)  # noqa: E731
-        mean, std = (stats[0].reshape(-1, 1, 1), stats[1].reshape(-1, 1, 1)) if stats else (0.0, 1.0)
-    else:
-        mean, std = _channel_stats(x[train_idx]) if cfg.normalize else (0.0, 1.0)
-        split = lambda a, b: _split((a - mean) / std, b)  # noqa: E731
+    split, mean, std = _standardiser(cfg, x, train_idx)
     clients = []
     for i, part in enumerate(parts):
         idx = train_idx[part]
@@ -137,7 +192,7 @@ def _from_pool(cfg: DataConfig, pool: Pool, seed: int) -> Federation:
             own = held_out[groups[held_out] == np.unique(groups)[i]]  # this domain's held-out test
             test = split(x[own], y[own])
         clients.append(ClientData(split(x[train], y[train]), split(x[val], y[val]) if len(val) else None, test))
-    global_test = split(test_x, test_y) if test_x is not None else \
+    global_test = split(*test_xy) if test_xy is not None else \
         Split.concat([c.test for c in clients if c.test is not None])
     return Federation(clients, global_test, pool.num_classes, tuple(x.shape[1:]),
                       name=cfg.dataset, augment=Augmentation(cfg.augment, cfg.autoaugment, mean, std))

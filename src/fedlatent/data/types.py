@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -71,3 +72,33 @@ class Federation:
     input_shape: tuple[int, ...]
     name: str = ""
     augment: Augmentation | bool = False   # truthy when training batches are augmented
+
+    @property
+    def num_clients(self) -> int:
+        return len(self.clients)
+
+
+class GlobalData(Protocol):
+    """What a server reads of the data, from a :class:`Federation` or a :class:`ServerView`: the
+    global test split, the classes, the input shape, the data set's name and the augmentation (the
+    model and the clients' training settings are built from them)."""
+
+    test: Split | None
+    num_classes: int
+    input_shape: tuple[int, ...]
+    name: str
+    augment: Augmentation | bool
+
+
+@dataclass
+class ServerView:
+    """The data as a Flower server sees it (:func:`fedlatent.data.federation.server_view`): a
+    :class:`Federation` without its clients, and their number where the configuration fixes it
+    (None: the nodes' census tells it)."""
+
+    test: Split | None
+    num_classes: int
+    input_shape: tuple[int, ...]
+    name: str = ""
+    augment: Augmentation | bool = False
+    num_clients: int | None = None

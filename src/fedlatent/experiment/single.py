@@ -1,5 +1,6 @@
-"""One run end to end: resolve the method, build the federation, hand the loop to a backend, and
-write the run directory (config.toml, partition table, metrics.jsonl, summary.json, plots/).
+"""One run end to end: resolve the method, build the federation (on Flower: the server's view of the
+data), hand the loop to a backend, and write the run directory (config.toml, partition table,
+metrics.jsonl, summary.json, plots/).
 
 Bad input — the output folder, the configuration, the data — is found before any training and
 before the run directory is created; a run the failure policy stops still writes its summary.
@@ -16,13 +17,14 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any, Callable
 
+import numpy as np
 
 from fedlatent.analysis.tables import partition_overview, partition_table
 from fedlatent.backends import auto, simulation, vectorized
 from fedlatent.config import RunConfig, to_toml
-from fedlatent.data.federation import build_federation, counts_table
+from fedlatent.data.federation import build_federation, counts_table, server_view
 from fedlatent.data.registry import DATASETS
-from fedlatent.data.types import Federation
+from fedlatent.data.types import Federation, ServerView
 from fedlatent.errors import ConfigError, UserInputError
 from fedlatent.experiment.figures import CurvesPacing, FigureWorker, NoFigures, start_process
 from fedlatent.experiment import tracking
@@ -77,19 +79,23 @@ def identity(config: RunConfig) -> dict[str, Any]:
             "method": resolved_keys(config.algorithm, config.terms)}
 
 
-def prepare(config: RunConfig) -> tuple[Federation, MethodSpec]:
+def prepare(config: RunConfig) -> tuple[Federation | ServerView, MethodSpec]:
     """Check everything that needs no data (:func:`fedlatent.experiment.validation.validate`, what
-    ``fedlatent check`` checks), then build the federation and check what needs it: the model's keys
-    where the data set declares no shape, the clients a round samples."""
+    ``fedlatent check`` checks), then build the federation — on Flower only the server's view of
+    the data (:func:`~fedlatent.data.federation.server_view`; the nodes build their clients) — and
+    check what needs it: the model's keys where the data set declares no shape, the clients a round
+    samples (where their number is known before the nodes' census)."""
     spec = validate(config)
-    federation = build_federation(config.data, config.data_seed)
+    build = server_view if config.backend == "flower" else build_federation
+    data = build(config.data, config.data_seed)
     if declared_shape(config.data) is None:
-        check_model_fit(config, spec, federation.input_shape, federation.num_classes)
-    sampled = len(sample_clients(config.seed, 0, len(federation.clients), config.train.participation))
-    if config.train.min_clients > sampled:
-        raise ConfigError(f"train.min_clients = {config.train.min_clients}: more than the {sampled} clients "
-                          f"sampled per round")
-    return federation, spec
+        check_model_fit(config, spec, data.input_shape, data.num_classes)
+    if data.num_clients is not None:
+        sampled = len(sample_clients(config.seed, 0, data.num_clients, config.train.participation))
+        if config.train.min_clients > sampled:
+            raise ConfigError(f"train.min_clients = {config.train.min_clients}: more than the {sampled} clients "
+                              f"sampled per round")
+    return data, spec
 
 
 def resolve_backend(config: RunConfig, federation: Federation, spec: MethodSpec, echo=None) -> RunConfig:
@@ -133,13 +139,24 @@ def check_out(out: Path, *, resume: bool, create_parents: bool = False) -> None:
     check_folder(out, f"--out {out}")
 
 
-def write_partition(federation: Federation, out: Path) -> str:
-    """Write the full client × class table (``partition.txt``, ``partition.json``) and return what
-    the terminal shows of it (the table for few clients, a summary for many)."""
-    counts = counts_table(federation)
+def write_partition(counts: np.ndarray, out: Path) -> str:
+    """Write the full client × class table of training samples ``counts`` (``partition.txt``,
+    ``partition.json``) and return what the terminal shows of it (the table for few clients, a
+    summary for many)."""
     (out / "partition.txt").write_text(partition_table(counts) + "\n")
     (out / "partition.json").write_text(json.dumps({"counts": counts.tolist()}))
     return partition_overview(counts, full=f"{out / 'partition.txt'}, {out / 'partition.json'}")
+
+
+def partition_teller(config: RunConfig, out: Path, name: str, figures: FigureWorker | NoFigures,
+                     echo) -> Callable[[np.ndarray], None]:
+    """What the run does with its partition table: write it, ask for its figure, show it to ``echo``."""
+    def tell(counts: np.ndarray) -> None:
+        table = write_partition(counts, out)
+        figures.draw("partition", title=f"{name}: samples per client and class")
+        if echo:
+            echo(f"partition ({config.data.partition}, {len(counts)} clients):\n{table}")
+    return tell
 
 
 def run(config: RunConfig, out: str | Path | None = None, *, resume: bool = False, progress: bool = False,
@@ -159,13 +176,14 @@ def run(config: RunConfig, out: str | Path | None = None, *, resume: bool = Fals
             raise ConfigError(f"--resume: the configuration differs from the one in {out / 'config.toml'}")
     if figures and figures_in_background:
         start_process()  # before the data are loaded
-    federation, spec = prepare(config)
-    config = resolve_backend(config, federation, spec, echo)
+    data, spec = prepare(config)
+    if isinstance(data, Federation):  # not on Flower (its view has no clients to choose a backend by)
+        config = resolve_backend(config, data, spec, echo)
     created = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
     try:
         with tracking.session(config, out, resume=resume) as tracked:  # closed after the figures are drawn
-            return _run_in(config, out, federation, spec, started, resume=resume, progress=progress, echo=echo,
+            return _run_in(config, out, data, spec, started, resume=resume, progress=progress, echo=echo,
                            figures=FigureWorker(out, background=figures_in_background) if figures else NoFigures(),
                            backend_args={"grid": grid} if grid is not None else {}, track=tracked.log_round)
     except UserInputError:
@@ -174,27 +192,29 @@ def run(config: RunConfig, out: str | Path | None = None, *, resume: bool = Fals
         raise
 
 
-def _run_in(config: RunConfig, out: Path, federation: Federation, spec: MethodSpec, started: float, *,
+def _run_in(config: RunConfig, out: Path, data: Federation | ServerView, spec: MethodSpec, started: float, *,
             resume: bool, progress: bool, echo, figures: FigureWorker | NoFigures, backend_args: dict[str, Any],
             track: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
     """The run in its (existing) directory: partition, training, summary; the figures are on disk
-    when it returns or raises. ``track``: told each metrics line (the experiment trackers)."""
+    when it returns or raises. ``track``: told each metrics line (the experiment trackers). The
+    partition table is the federation's, or on Flower the nodes' (told by the backend after its census)."""
     try:
         write_atomically(out / "config.toml", to_toml(config))
-        table = write_partition(federation, out)
-        figures.draw("partition", title=f"{federation.name}: samples per client and class")
-        return _train(config, out, federation, spec, started, resume=resume, progress=progress, echo=echo,
-                      figures=figures, table=table, backend_args=backend_args, track=track)
+        tell = partition_teller(config, out, data.name, figures, echo)
+        if isinstance(data, Federation):
+            tell(counts_table(data))
+        else:
+            backend_args = {**backend_args, "partition": tell}
+        return _train(config, out, data, spec, started, resume=resume, progress=progress, echo=echo,
+                      figures=figures, backend_args=backend_args, track=track)
     finally:
         figures.close()
 
 
-def _train(config: RunConfig, out: Path, federation: Federation, spec: MethodSpec, started: float, *,
-           resume: bool, progress: bool, echo, figures: FigureWorker | NoFigures, table: str,
+def _train(config: RunConfig, out: Path, data: Federation | ServerView, spec: MethodSpec, started: float, *,
+           resume: bool, progress: bool, echo, figures: FigureWorker | NoFigures,
            backend_args: dict[str, Any], track: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
     """Hand the rounds to the backend; summarise how they ended (a stopped run too)."""
-    if echo:
-        echo(f"partition ({config.data.partition}, {len(federation.clients)} clients):\n{table}")
     bar = _progress_bar(config) if progress else None
     curves = CurvesPacing(figures, config.train.rounds)  # kept current while the run trains
 
@@ -207,7 +227,7 @@ def _train(config: RunConfig, out: Path, federation: Federation, spec: MethodSpe
     backend_started = time.perf_counter()
     try:
         traced = {"trainer": TermTrace(TRAINERS[config.backend], out)} if spec.trace else {}
-        final, wall = BACKENDS[config.backend](config, federation, spec, out, resume=resume, progress=on_line,
+        final, wall = BACKENDS[config.backend](config, data, spec, out, resume=resume, progress=on_line,
                                                **traced, **backend_args)
     except RunStopped as stop:
         if bar:

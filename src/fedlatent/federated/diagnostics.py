@@ -194,7 +194,7 @@ class Diagnostics:
                  device: torch.device = torch.device("cpu")) -> None:
         self.cfg, self.seed, self.rounds = config.diagnostics, config.seed, config.train.rounds
         self.federation, self.path, self.device = federation, path, device
-        self.batch_size = config.eval.batch_size
+        self.num_classes, self.batch_size = federation.num_classes, config.eval.batch_size
         self.which = set(self.cfg.which)
         self.splits = held_splits(federation, self.cfg.split)
         if "tsne" in self.which and self.cfg.tsne_class >= federation.num_classes:
@@ -268,7 +268,7 @@ class Diagnostics:
         stats: dict[str, list[Tensors]] = {}
         for name, state in states.items():
             model.load_state_dict(state)
-            stats[name] = [split_statistics(model, split, self.which, self.federation.num_classes, sample,
+            stats[name] = [split_statistics(model, split, self.which, self.num_classes, sample,
                                             self.batch_size, self.device)
                            for split, sample in zip(self.splits, self.samples)]
         return stats

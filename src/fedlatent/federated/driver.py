@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from fedlatent.config import RunConfig
-from fedlatent.data.types import Federation
+from fedlatent.data.types import GlobalData
 from fedlatent.federated.calibrate import apply_statistics, head_keys
 from fedlatent.federated.evaluation import evaluate
 from fedlatent.federated.failures import ClientFailure
@@ -38,13 +38,16 @@ class Run(Protocol):
     global model and test set the server evaluates, and the backend's clients."""
 
     config: RunConfig
-    federation: Federation  # its global test set and classes (the clients' data may live elsewhere)
     spec: MethodSpec
     server: Server
     client_states: list[Tensors]
     diagnostics: Any  # ``federated.diagnostics.Diagnostics`` or Flower's, or None
     replies_checked: bool  # the clients' own non-finite check already applied to their replies
     tells_each_drop: bool  # a warning line for each client the failure policy leaves out, as it happens
+
+    @property
+    def federation(self) -> GlobalData:
+        """Its global test set and classes (the clients' data may live elsewhere)."""
 
     @property
     def train_sizes(self) -> list[int]: ...

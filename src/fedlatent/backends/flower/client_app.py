@@ -12,7 +12,8 @@ client 0) instead of the configuration's data set: the node then serves client `
 with it, standardised (``data.normalize``) with the statistics the server pools from such nodes'
 censuses (per-channel Σx, Σx², n), which every later message carries.
 
-Messages: ``query.census`` (the served clients and the sizes of their splits), ``train`` (the
+Messages: ``query.census`` (the served clients, the sizes of their splits and their training label
+counts, the number of clients of the node's federation), ``train`` (the
 node's :class:`~fedlatent.federated.round.ClientTask` of a round, one message per node → their
 uploads), ``evaluate.validate`` (validation accuracy of the served clients), ``query.statistics``
 (calibration statistics), ``query.diagnostics``, ``query.tsne`` and ``query.data`` (the client
@@ -153,16 +154,23 @@ app = ClientApp()
 
 @app.query("census")
 def census(msg: Message, context: Context) -> Message:
-    """The clients this node serves and the sizes of their splits (the server's census); a node
-    with its own file and ``data.normalize`` on adds its normalisation census (``norm.<client>``)."""
+    """The clients this node serves, the sizes of their splits and their training label counts, and
+    how many clients the federation it builds has (the server's census; a node with its own file
+    tells none); such a node with ``data.normalize`` on adds its normalisation census (``norm.<client>``)."""
     job = _job(msg, context)
     content = RecordDict()
-    if context.node_config.get("data-path") and job.config.data.normalize:
+    own_file = bool(context.node_config.get("data-path"))
+    if own_file and job.config.data.normalize:
         for cid, client in job.clients.items():
             content[f"norm.{cid}"] = M.to_record(own_census(client))
-    values = {"clients": list(job.clients), "train_sizes": [len(c.train) for c in job.clients.values()],
-              "val_sizes": [len(c.val) if c.val is not None else 0 for c in job.clients.values()],
-              "test_sizes": [len(c.test) if c.test is not None else 0 for c in job.clients.values()]}
+    clients = job.clients.values()
+    values: dict[str, Any] = {
+        "clients": list(job.clients), "train_sizes": [len(c.train) for c in clients],
+        "val_sizes": [len(c.val) if c.val is not None else 0 for c in clients],
+        "test_sizes": [len(c.test) if c.test is not None else 0 for c in clients],
+        "label_counts": [label_counts(c.train, job.federation.num_classes) for c in clients]}
+    if not own_file:
+        values["num_clients"] = len(job.federation.clients)
     content["census"] = M.pack_values(values)
     return Message(content, reply_to=msg)
 

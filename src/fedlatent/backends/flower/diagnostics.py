@@ -21,7 +21,7 @@ from torch import Tensor
 from fedlatent.analysis import diagnostics as dg
 from fedlatent.backends.flower import messages as M
 from fedlatent.config import RunConfig
-from fedlatent.data.types import Federation
+from fedlatent.data.types import GlobalData
 from fedlatent.errors import ConfigError
 from fedlatent.federated.diagnostics import (_UNIFORMITY_SAMPLE, FEATURE_DIAGNOSTICS, Diagnostics, data_record,
                                              no_samples, sample_plan)
@@ -50,27 +50,28 @@ def replies_by_client(replies: dict[int, Message], prefix: str) -> dict[str, dic
 
 class FlowerDiagnostics(Diagnostics):
     """The configured diagnostics of a run on Flower: the clients' splits stay on their nodes;
-    ``sizes`` are the census's split sizes by client id, ``broadcast`` sends a message type and
-    its records to every node and returns the replies."""
+    ``data`` is the server's view of the data (its test split and classes), ``sizes`` the census's
+    split sizes by client id, ``broadcast`` sends a message type and its records to every node and
+    returns the replies."""
 
-    def __init__(self, config: RunConfig, federation: Federation, path: Path, sizes: dict[str, list[int]],
+    def __init__(self, config: RunConfig, data: GlobalData, path: Path, sizes: dict[str, list[int]],
                  broadcast: Broadcast, warn: Callable[[str], None], device: torch.device = torch.device("cpu")) -> None:
         self.cfg, self.seed, self.rounds = config.diagnostics, config.seed, config.train.rounds
-        self.federation, self.path, self.device = federation, path, device
+        self.num_classes, self.path, self.device = data.num_classes, path, device
         self.batch_size, self.which = config.eval.batch_size, set(self.cfg.which)
         self.broadcast, self.warn, self.train_sizes = broadcast, warn, sizes["train"]
         name = self.cfg.split
-        if name == "test" and federation.test is not None and len(federation.test):
-            self.splits, self.holders, held = [federation.test], [], [len(federation.test)]
+        if name == "test" and data.test is not None and len(data.test):
+            self.splits, self.holders, held = [data.test], [], [len(data.test)]
         else:
             self.splits = []
             self.holders = [cid for cid, n in enumerate(sizes[name]) if n]
             held = [sizes[name][cid] for cid in self.holders]
             if not self.holders:
                 raise no_samples(name)
-        if "tsne" in self.which and self.cfg.tsne_class >= federation.num_classes:
+        if "tsne" in self.which and self.cfg.tsne_class >= data.num_classes:
             raise ConfigError(f"diagnostics.tsne_class = {self.cfg.tsne_class}: the data set has "
-                              f"{federation.num_classes} classes (0 .. {federation.num_classes - 1})")
+                              f"{data.num_classes} classes (0 .. {data.num_classes - 1})")
         self.samples = sample_plan(held, self.cfg.max_samples, derive_seed(self.seed, DIAGNOSTICS, _UNIFORMITY_SAMPLE))
 
     def holder_statistics(self, model: FedModel, states: dict[str, Tensors]) -> dict[str, list[Tensors]]:

@@ -5,7 +5,8 @@ Ray backend) with ``flower.supernodes`` virtual SuperNodes (one per client by de
 fedlatent's ClientApp, Ray given ``flower.cpus`` CPUs and each ClientApp ``flower.client_cpus``
 (so ``cpus / client_cpus`` clients train at once); the ServerApp runs :func:`.server_app.serve` in
 this process. With a grid (a ServerApp started by ``flwr run`` on a SuperLink) it serves on that
-grid. Either way the run directory is the embedded backend's.
+grid. Either way the server holds only its view of the data (its test split; each ClientApp
+builds its own clients' data) and the run directory is the embedded backend's.
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable
 
+import numpy as np
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 from flwr.simulation import run_simulation
@@ -23,7 +25,8 @@ from flwr.simulation import run_simulation
 from fedlatent.backends.flower import client_app
 from fedlatent.backends.flower.server_app import serve
 from fedlatent.config import RunConfig
-from fedlatent.data.types import Federation
+from fedlatent.data.types import ServerView
+from fedlatent.errors import ConfigError
 from fedlatent.methods.parts import MethodSpec
 
 
@@ -36,9 +39,16 @@ def backend_config(config: RunConfig) -> dict[str, Any]:
     return {"client_resources": {"num_cpus": f.client_cpus, "num_gpus": f.client_gpus}, "init_args": init}
 
 
-def num_supernodes(config: RunConfig, federation: Federation) -> int:
-    n = len(federation.clients)
-    return min(config.flower.supernodes, n) if config.flower.supernodes else n
+def num_supernodes(config: RunConfig, data: ServerView) -> int:
+    """``flower.supernodes``, at most one per client (one per client when unset); set, it is the
+    only count where the clients' number comes from the data (the census tells it later)."""
+    n, nodes = data.num_clients, config.flower.supernodes
+    if n is None:
+        if not nodes:
+            raise ConfigError(f"flower.supernodes: set it (or data.num_clients): partition "
+                              f"'{config.data.partition}' takes the number of clients from the data")
+        return nodes
+    return min(nodes, n) if nodes else n
 
 
 # Ray's notice, at ray.init, that a default will change in a future Ray (whether it hides the GPUs
@@ -62,22 +72,23 @@ def quiet_engine() -> Iterator[None]:
         flwr_logger.setLevel(level)
 
 
-def run(config: RunConfig, federation: Federation, spec: MethodSpec, out: Path, *, resume: bool = False,
-        progress: Callable[[dict[str, Any]], None] | None = None,
-        grid: Grid | None = None) -> tuple[dict[str, Any], float]:
+def run(config: RunConfig, data: ServerView, spec: MethodSpec, out: Path, *, resume: bool = False,
+        progress: Callable[[dict[str, Any]], None] | None = None, grid: Grid | None = None,
+        partition: Callable[[np.ndarray], None] | None = None) -> tuple[dict[str, Any], float]:
     """Train as :func:`fedlatent.backends.simulation.run` does, through Flower: on ``grid`` when
-    given, else on the simulation engine; return the final evaluation and the wall seconds."""
+    given, else on the simulation engine; return the final evaluation and the wall seconds.
+    ``partition`` is told the nodes' training samples per client × class (:func:`.server_app.serve`)."""
     if grid is not None:
-        return serve(grid, config, federation, spec, out, resume=resume, progress=progress)
+        return serve(grid, config, data, spec, out, resume=resume, progress=progress, partition=partition)
     result: dict[str, Any] = {}
     server_app = ServerApp()
 
     @server_app.main()
     def main(grid: Grid, context: Context) -> None:
-        result["value"] = serve(grid, config, federation, spec, out, resume=resume, progress=progress)
+        result["value"] = serve(grid, config, data, spec, out, resume=resume, progress=progress, partition=partition)
 
     with quiet_engine():
-        run_simulation(server_app, client_app.app, num_supernodes=num_supernodes(config, federation),
+        run_simulation(server_app, client_app.app, num_supernodes=num_supernodes(config, data),
                        backend_config=backend_config(config))
     if "value" not in result:
         raise RuntimeError("Flower's simulation engine ended before the run finished (see its log above)")

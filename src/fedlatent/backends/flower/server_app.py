@@ -1,7 +1,8 @@
 """The server half of fedlatent as a Flower ServerApp (Message API).
 
 :func:`serve` is the embedded backend's run with messages in place of calls: a census of the
-SuperNodes (which clients each serves, their training-set sizes), then the run driver
+SuperNodes (which clients each serves, the sizes and label counts of their splits, how many
+clients their federation has), then the run driver
 (``federated.driver``: the same round, round loop, checkpoints and final evaluation as the
 embedded backends) with :class:`ServerRun` as its clients: one ``train`` message per SuperNode
 (its selected clients' tasks; replies sorted by client id, so reply order cannot change the
@@ -20,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+import numpy as np
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
 from flwr.serverapp import Grid, ServerApp
@@ -31,7 +33,8 @@ from fedlatent.backends.simulation import initial_server
 from fedlatent.federated import driver
 from fedlatent.config import RunConfig, to_toml
 from fedlatent.data.federation import pooled_channel_stats
-from fedlatent.data.types import Federation
+from fedlatent.data.types import ServerView
+from fedlatent.errors import DataError
 from fedlatent.federated.failures import ClientFailure, RunStopped
 from fedlatent.federated.server import Server
 from fedlatent.federated.state import write_atomically
@@ -47,13 +50,15 @@ def _warn(message: str) -> None:
 
 @dataclass
 class Census:
-    """Which SuperNode serves each client, and the sizes of the clients' splits (by client id)."""
+    """Which SuperNode serves each client, and the sizes and training label counts of the clients'
+    splits (by client id)."""
 
     node_of: dict[int, int]
     train_sizes: list[int]
     val_sizes: list[int]
     test_sizes: list[int]
     norms: dict[int, Tensors] = field(default_factory=dict)  # own files' normalisation censuses, by client
+    label_counts: list[list[int]] = field(default_factory=list)
 
     def normalization(self) -> Tensors | None:
         """The pooled per-channel mean and std of the nodes' own files (in client-id order), or None
@@ -64,6 +69,54 @@ class Census:
                                           for _, c in sorted(self.norms.items())])
         return {"mean": torch.from_numpy(mean), "std": torch.from_numpy(std)}
 
+    def partition(self, num_classes: int) -> np.ndarray:
+        """Training samples per client × class (the run's partition table), at least ``num_classes``
+        columns (a node's own file may hold fewer classes)."""
+        width = max([num_classes, *map(len, self.label_counts)])
+        return np.array([row + [0] * (width - len(row)) for row in self.label_counts], dtype=np.int64)
+
+
+SIZES = ("train_sizes", "val_sizes", "test_sizes", "label_counts")  # a census reply's lists, one entry per client
+
+
+@dataclass
+class Tally:
+    """The census replies so far: each client's node (the first to claim it) and its entries of
+    :data:`SIZES`, the own files' normalisation censuses, and the number of clients each node's
+    federation has (nodes reading their own file tell none)."""
+
+    node_of: dict[int, int] = field(default_factory=dict)
+    entries: dict[int, dict[str, Any]] = field(default_factory=dict)
+    norms: dict[int, Tensors] = field(default_factory=dict)
+    sizes: dict[int, int] = field(default_factory=dict)
+
+    def add(self, node: int, content: RecordDict) -> None:
+        values = M.unpack_values(content["census"])
+        if "num_clients" in values:
+            self.sizes[node] = int(values["num_clients"])
+        for i, cid in enumerate(int(c) for c in values["clients"]):
+            if self.node_of.setdefault(cid, node) != node:
+                continue
+            self.entries[cid] = {key: values[key][i] for key in SIZES}
+            if f"norm.{cid}" in content.array_records:
+                self.norms[cid] = M.from_record(content[f"norm.{cid}"])
+
+    def num_clients(self, fixed: int | None) -> int | None:
+        """``fixed`` (the configuration's number of clients), else the one the nodes tell (None
+        before any does); nodes that disagree with it or each other are refused in one line."""
+        told = set(self.sizes.values()) | ({fixed} if fixed is not None else set())
+        if len(told) > 1:
+            nodes = ", ".join(f"SuperNode {node}: {n}" for node, n in sorted(self.sizes.items()))
+            config = f"; the configuration: {fixed}" if fixed is not None else ""
+            raise DataError(f"census: the SuperNodes' data make different numbers of clients ({nodes}{config})")
+        return next(iter(told), None)
+
+    def census(self, n: int) -> Census:
+        """The census of clients 0 .. n-1 (a node's claim of another client is ignored)."""
+        train, val, test, labels = ([self.entries[cid][key] for cid in range(n)] for key in SIZES)
+        return Census({cid: self.node_of[cid] for cid in range(n)}, train, val, test,
+                      {cid: c for cid, c in self.norms.items() if cid < n}, labels)
+
 
 @dataclass
 class ServerRun:
@@ -71,7 +124,7 @@ class ServerRun:
 
     grid: Grid
     config: RunConfig
-    federation: Federation
+    federation: ServerView  # the global test split, classes, input shape: no client's data
     spec: MethodSpec
     warn: Callable[[str], None] = _warn
     census: Census | None = None
@@ -90,6 +143,10 @@ class ServerRun:
     @property
     def train_sizes(self) -> list[int]:
         return self.census.train_sizes
+
+    @property
+    def num_clients(self) -> int:
+        return len(self.census.train_sizes)
 
     @property
     def device(self) -> torch.device:
@@ -116,42 +173,32 @@ class ServerRun:
         return out
 
     def take_census(self) -> Census:
-        """Ask every SuperNode which clients it serves; wait until every client is served."""
-        n = len(self.federation.clients)
-        node_of: dict[int, int] = {}
-        sizes: dict[str, dict[int, int]] = {"train_sizes": {}, "val_sizes": {}, "test_sizes": {}}
-        norms: dict[int, Tensors] = {}
+        """Ask every SuperNode which clients it serves (their split sizes and label counts) and how
+        many clients its federation has; wait until every client is served. The number of clients
+        is the configuration's where it fixes it, else the one the nodes tell."""
+        tally = Tally()
         asked: set[int] = set()
         deadline = time.monotonic() + CENSUS_WAIT_S
-        while len(node_of) < n:
+        while True:
             new = [node for node in self.grid.get_node_ids() if node not in asked]
             msgs = [(node, Message(RecordDict(), dst_node_id=node, message_type="query.census")) for node in new]
             for node, reply in self.exchange(msgs).items() if msgs else ():
-                if reply is None or not reply.has_content():
-                    continue
-                asked.add(node)
-                values = M.unpack_values(reply.content["census"])
-                for i, cid in enumerate(int(c) for c in values["clients"]):
-                    if not 0 <= cid < n:  # a node configured for another federation's clients
-                        continue
-                    if node_of.setdefault(cid, node) != node:
-                        continue
-                    for key, by_client in sizes.items():
-                        by_client[cid] = int(values[key][i])
-                    if f"norm.{cid}" in reply.content.array_records:
-                        norms[cid] = M.from_record(reply.content[f"norm.{cid}"])
-            if len(node_of) < n:
-                if time.monotonic() > deadline:
-                    missing = sorted(set(range(n)) - set(node_of))
-                    raise RunStopped(f"census: no SuperNode serves client(s) {missing} after {CENSUS_WAIT_S:.0f} s "
-                                     f"(start one with --node-config 'partition-id=K num-partitions=P')", 0)
-                time.sleep(1.0)
-        return Census(node_of, *([by_client[cid] for cid in range(n)] for by_client in sizes.values()), norms)
+                if reply is not None and reply.has_content():
+                    asked.add(node)
+                    tally.add(node, reply.content)
+            n = tally.num_clients(self.federation.num_clients)
+            missing = sorted(set(range(n)) - set(tally.node_of)) if n is not None else None
+            if missing == []:
+                return tally.census(n)
+            if time.monotonic() > deadline:
+                raise RunStopped(_unserved(missing), 0)
+            time.sleep(1.0)
 
     def setup(self) -> None:
-        self.model, self.server = initial_server(self.config, self.federation, self.spec)
+        """The model and the server, after the census (which tells the number of clients)."""
+        self.model, self.server = initial_server(self.config, self.federation, self.spec, self.num_clients)
         self.initial = {k: v.clone() for k, v in self.server.global_state.items()}
-        self.client_states = [{} for _ in self.federation.clients]
+        self.client_states = [{} for _ in range(self.num_clients)]
 
     def restore_for(self, cid: int) -> Tensors | None:
         """The server's copy of a client's state, sent the first time this process reaches it
@@ -265,25 +312,37 @@ class ServerRun:
                 for row in M.unpack_values(reply.content["rows"])["rows"]]
 
 
-def serve(grid: Grid, config: RunConfig, federation: Federation, spec: MethodSpec, out: Path, *,
+def _unserved(missing: list[int] | None) -> str:
+    """Why the census stops the run: the clients no node serves, or no node told their number."""
+    start = "start one with --node-config 'partition-id=K num-partitions=P'"
+    if missing is None:
+        return f"census: no SuperNode told the number of clients after {CENSUS_WAIT_S:.0f} s ({start})"
+    return f"census: no SuperNode serves client(s) {missing} after {CENSUS_WAIT_S:.0f} s ({start})"
+
+
+def serve(grid: Grid, config: RunConfig, data: ServerView, spec: MethodSpec, out: Path, *,
           resume: bool = False, progress: Callable[[dict[str, Any]], None] | None = None,
-          warn: Callable[[str], None] = _warn) -> tuple[dict[str, Any], float]:
+          warn: Callable[[str], None] = _warn,
+          partition: Callable[[np.ndarray], None] | None = None) -> tuple[dict[str, Any], float]:
     """Train for ``config.train.rounds`` rounds through ``grid``, writing metrics and checkpoints
     under ``out`` as the embedded backend does; return the final evaluation and the wall seconds
-    (including the part before a resume)."""
+    (including the part before a resume). ``data`` is the server's view of the data (no client's);
+    ``partition`` is told the census's training samples per client × class."""
     clock = time.perf_counter()
     torch.set_num_threads(config.train.threads)
-    s = ServerRun(grid, config, federation, spec, warn)
-    s.setup()
-    ckpt = out / "checkpoints"
-    start, before = driver.restore(s, ckpt, len(federation.clients), warn) if resume else (0, 0.0)
+    s = ServerRun(grid, config, data, spec, warn)
     metrics_path = out / "metrics.jsonl"
-    write_atomically(metrics_path, "".join(line + "\n" for line in driver.metrics_upto(metrics_path, start)))
-    s.census = s.take_census()  # after metrics.jsonl exists: a failed census is a stopped run with a summary
+    metrics_path.touch()  # before the census: a failed census is a stopped run with a summary
+    s.census = s.take_census()
     s.normalization = s.census.normalization()
+    if partition is not None:
+        partition(s.census.partition(data.num_classes))
+    s.setup()
+    start, before = driver.restore(s, out / "checkpoints", s.num_clients, warn) if resume else (0, 0.0)
+    write_atomically(metrics_path, "".join(line + "\n" for line in driver.metrics_upto(metrics_path, start)))
     if config.diagnostics.which:
         sizes = {"train": s.census.train_sizes, "val": s.census.val_sizes, "test": s.census.test_sizes}
-        s.diagnostics = FlowerDiagnostics(config, federation, out / "diagnostics.jsonl", sizes,
+        s.diagnostics = FlowerDiagnostics(config, data, out / "diagnostics.jsonl", sizes,
                                           lambda kind, records: s.broadcast(kind, records), warn,
                                           torch.device(config.train.device))
         s.diagnostics.start(start)

@@ -26,11 +26,11 @@ from fedlatent.registry import Key, Registry
     (['data.root="/elsewhere"'], "data.root = '/elsewhere' is not read by data.dataset = 'digits'"),
     (['data.dataset="synthetic"', 'data.partition="given"', 'data.root="/elsewhere"'],
      "data.root = '/elsewhere' is not read by data.dataset = 'synthetic'"),
-    (['model.width="paper"'], "model.width = 'paper' is not read by model.arch = 'mlp' (its keys: hidden)"),
+    (['model.width="paper"'], "model.width = 'paper' is not read by model.arch = 'mlp'; known keys of model.arch = 'mlp': hidden"),
     (['model.arch="cnn"', "model.projector=64"], "model.projector = 64 is not read by model.arch = 'cnn'"),
     (['model.arch="resnet18"', 'model.norm="layer"'], "model.norm = 'layer': allowed values are batch, group"),
     (['model.arch="resnet18"', "model.norm=2"], "model.norm = 2: expected str"),
-    (['model.norm="group"'], "unknown key model.norm for model.arch = 'mlp' (its keys: hidden)"),
+    (['model.norm="group"'], "unknown key model.norm; known keys of model.arch = 'mlp': hidden"),
     (["model.hiden=[3]"], "unknown key model.hiden"),
     (['data.dataset="synthetic"', 'data.partition="shards"'], "comes with its own clients (use data.partition = "
                                                               "one of given, iid)"),
@@ -118,3 +118,21 @@ def test_cli_refuses_an_unknown_model_with_exit_2(tmp_path, capsys) -> None:
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "model.arch = 'vgg16'" in err and "vgg13" in err
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("overrides,where", [
+    (["train.foo=1"], ("train.foo", "[train]")),
+    (["data.foo=1"], ("data.foo", "data.dataset = 'digits' with data.partition = 'iid'")),
+    (["model.foo=1"], ("model.foo", "model.arch = 'mlp'")),
+    (["algorithm.foo=1"], ("algorithm.foo", "'fedavg'")),
+    (['terms=[{name="uniformity", foo=1}]'], ("terms[0].foo", "'uniformity'")),
+])
+def test_an_unknown_key_reads_the_same_wherever_it_is_declared(overrides: list[str], where: tuple[str, str]) -> None:
+    """Sections, a data set's and a model's own keys, a method's and a part's keys: one wording,
+    the key in full and whose keys are known."""
+    from fedlatent.experiment.validation import validate
+
+    key, owner = where
+    with pytest.raises(ConfigError) as info:
+        validate(load_config(None, overrides))  # what run and check do before anything else
+    assert str(info.value).startswith(f"unknown key {key}; known keys of {owner}: ")

@@ -140,11 +140,11 @@ def check_section(cfg: Any, chosen: list[tuple[Registry, Entry]]) -> dict[str, A
         default = f.default if f.default is not dataclasses.MISSING else cast(Callable[[], Any], f.default_factory)()
         value = getattr(cfg, f.name)
         if value != default:
-            raise ConfigError(f"{section}.{f.name} = {value!r} is not read by {who} (its keys: {allowed})")
+            raise ConfigError(f"{section}.{f.name} = {value!r} is not read by {who}; known keys of {who}: {allowed}")
     resolved = {k: key.default for k, key in own.items()}
     for k, value in getattr(cfg, "options", {}).items():
         if k not in own:
-            raise ConfigError(f"unknown key {section}.{k} for {who} (its keys: {allowed})")
+            raise ConfigError(f"unknown key {section}.{k}; known keys of {who}: {allowed}")
         resolved[k] = _check_value(f"{section}.{k}", value, own[k])
     return resolved
 

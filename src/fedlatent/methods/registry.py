@@ -70,7 +70,7 @@ def _validated(where: str, given: dict[str, Any], defaults: dict[str, Any]) -> d
         if key == "name":
             continue
         if key not in defaults:
-            raise ConfigError(f"{where}.{key} is not a key of '{given.get('name')}'; its keys: "
+            raise ConfigError(f"unknown key {where}.{key}; known keys of '{given.get('name')}': "
                               f"{', '.join(k for k in defaults) or '(none)'}")
         default = defaults[key]
         if not same_kind(value, default):

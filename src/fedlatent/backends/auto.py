@@ -1,11 +1,12 @@
 """``backend = "auto"``: the backend a run is measured to be fastest on, with the reason.
 
 ``vectorized`` where the run trains in lockstep (:func:`fedlatent.federated.lockstep.unsupported`
-finds nothing to refuse), ``train.compile`` is off, the model has no dropout and, on a CPU, no
-convolution and enough clients per round (:data:`FEWEST_CLIENTS`); ``simulation`` otherwise.
-Both give the same numbers up to float rounding (``tests/test_vectorized.py``), so the choice is
-one of speed only (dropout masks are drawn differently in lockstep: same distribution, other
-numbers, so a model with dropout stays on the sequential path). The figures behind it
+finds nothing to refuse), ``train.compile`` is off (it compiles the sequential client step) and, on
+a CPU, the model has no convolution and enough clients train per round (:data:`FEWEST_CLIENTS`);
+``simulation`` otherwise. Both give the same numbers up to float rounding
+(``tests/test_vectorized.py``), so the choice is one of speed only; a model with dropout draws an
+independent mask per client in lockstep (the same distribution, other draws: a run is still
+determined by its configuration and seed, since this choice is). The figures behind it
 (``fedlatent bench``, ``benchmarks/README.md``; 2 cores, 1 thread): on the digits MLP the
 vectorized round costs ~0.4× the simulation round with 10 clients and less with 100, while the
 small CNN's run is ~1.5× slower vectorized on a CPU (vmap turns each
@@ -26,7 +27,6 @@ from fedlatent.config import RunConfig
 from fedlatent.data.types import Federation
 from fedlatent.federated.round import sample_clients
 from fedlatent.methods.parts import MethodSpec
-from fedlatent.models.base import has_dropout
 
 # Fewest clients per round for which lockstep is faster on a CPU. A lockstep step has a fixed cost
 # (the stacked weights' updates, and vmap's dispatch for a model run under it), which only enough
@@ -53,8 +53,6 @@ def choose(config: RunConfig, federation: Federation, spec: MethodSpec) -> tuple
         return "simulation", f"no lockstep form: {reason}"
     if config.train.compile:
         return "simulation", "train.compile = true compiles the sequential client step"
-    if has_dropout(model):
-        return "simulation", "dropout masks are drawn differently in lockstep"
     if torch.device(config.train.device).type == "cpu":
         if any(isinstance(m, torch.nn.modules.conv._ConvNd) for m in model.modules()):
             return "simulation", "convolutions run slower in lockstep on a CPU"

@@ -100,3 +100,20 @@ def test_every_spec_checks(capsys: pytest.CaptureFixture) -> None:
     for name in reproduce.spec_names():
         assert main(["check", name]) == 0, name
         assert "valid cells" in capsys.readouterr().out
+
+
+def test_the_backends_the_schema_declares_are_the_ones_a_run_has() -> None:
+    """``backend``'s allowed values are declared once (the configuration's schema): each but
+    ``auto`` is a backend a run can hand its rounds to, and a value set in code after loading is
+    refused by the validation in one line."""
+    import dataclasses
+
+    from fedlatent.config import load_config
+    from fedlatent.errors import ConfigError
+    from fedlatent.experiment.single import BACKENDS
+    from fedlatent.experiment.validation import BACKEND_NAMES, validate
+
+    assert set(BACKEND_NAMES) == {"auto", *BACKENDS}
+    config = dataclasses.replace(load_config(None, []), backend="ray")
+    with pytest.raises(ConfigError, match=r"^backend = 'ray': allowed values are auto, simulation, vectorized, flower$"):
+        validate(config)

@@ -32,7 +32,8 @@ from fedlatent.models import build_model
 if TYPE_CHECKING:
     from fedlatent.experiment.study import Study
 
-BACKEND_NAMES = ("simulation", "vectorized", "flower")  # besides "auto"
+BACKEND_NAMES: tuple[str, ...] = next(f.metadata["choices"] for f in dataclasses.fields(RunConfig)
+                                      if f.name == "backend")  # as the schema declares them
 
 Shape = tuple[tuple[int, ...], int]  # (input shape, number of classes)
 
@@ -42,9 +43,8 @@ def validate(config: RunConfig) -> MethodSpec:
     docstring); the first failure raises a one-line :class:`~fedlatent.errors.ConfigError`."""
     spec = resolve(config.algorithm, config.terms)
     tracking.check(config)
-    if config.backend not in BACKEND_NAMES and config.backend != "auto":
-        raise ConfigError(f"backend = '{config.backend}': not available in this version; "
-                          f"use 'auto' or {' or '.join(repr(b) for b in BACKEND_NAMES)}")
+    if config.backend not in BACKEND_NAMES:  # a configuration changed in code after loading
+        raise ConfigError(f"backend = {config.backend!r}: allowed values are {', '.join(BACKEND_NAMES)}")
     if config.diagnostics.trace_terms and config.backend == "flower":
         raise ConfigError("diagnostics.trace_terms: recorded by the embedded backends' clients (simulation, "
                           "vectorized, auto), not 'flower'")

@@ -10,7 +10,8 @@ import pytest
 from fedlatent.cli import main
 from fedlatent.config import load_config
 from fedlatent.experiment import reproduce
-from fedlatent.experiment.check import flat_settings, show
+from fedlatent.experiment.check import show
+from fedlatent.methods import flat_settings
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 

@@ -23,9 +23,9 @@ from fedlatent.errors import ConfigError, UserInputError
 from fedlatent.experiment import reproduce
 from fedlatent.experiment.study import Study, load_study
 from fedlatent.experiment.validation import validate, validate_study
-from fedlatent.methods import resolved_keys
+from fedlatent.methods import flat_settings
 
-__all__ = ["check", "flat_settings", "load_target", "show"]
+__all__ = ["check", "load_target", "show"]
 
 
 def show(value: Any) -> str:
@@ -37,24 +37,6 @@ def show(value: Any) -> str:
     if isinstance(value, (int, float)):
         return repr(value)
     return json.dumps(value, ensure_ascii=False)
-
-
-def flat_settings(config: RunConfig) -> dict[str, Any]:
-    """Every resolved key of ``config`` as dotted key → value: each section's fields and own keys,
-    then the method's keys after defaults (``algorithm.mu``, ``terms[0].beta``)."""
-    flat: dict[str, Any] = {}
-    for name, value in to_dict(config).items():
-        if name in ("algorithm", "terms"):
-            continue
-        if isinstance(value, dict):
-            flat.update({f"{name}.{k}": v for k, v in value.items()})
-        else:
-            flat[name] = value
-    keys = resolved_keys(config.algorithm, config.terms)
-    flat.update({f"algorithm.{k}": v for k, v in keys.items() if k != "terms"})
-    for i, term in enumerate(keys["terms"]):
-        flat.update({f"terms[{i}].{k}": v for k, v in term.items()})
-    return flat
 
 
 def _is_config(path: Path) -> bool:

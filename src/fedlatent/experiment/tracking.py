@@ -27,6 +27,7 @@ from fedlatent.config import RunConfig, to_toml
 from fedlatent.errors import ConfigError, RunStopped
 from fedlatent.experiment.writable import check_folder
 from fedlatent.federated.state import write_atomically
+from fedlatent.methods import flat_settings
 
 __all__ = ["Session", "Tracker", "check", "metrics_of", "session", "trackers"]
 
@@ -75,7 +76,6 @@ def summary_metrics(summary: dict[str, Any]) -> dict[str, float]:
 
 def parameters(config: RunConfig) -> dict[str, Any]:
     """The resolved configuration, one ``section.key`` → value each (``fedlatent check``'s lines)."""
-    from fedlatent.experiment.check import flat_settings  # imported late: check imports validation, which imports this
     return flat_settings(config)
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from fedlatent.config import RunConfig, to_dict
 from fedlatent.errors import ConfigError
 from fedlatent.methods.head import check_head
 from fedlatent.methods.parts import HEAD_INITS, Calibration, HeadPolicy, MethodSpec, Part, Personalization
@@ -123,6 +124,24 @@ def resolved_keys(algorithm: dict[str, Any], terms: list[dict[str, Any]] = ()) -
             raise ConfigError(f"terms[{i}].name = {t.get('name')!r}: unknown part; known: {', '.join(sorted(PARTS))}")
         resolved_terms.append({"name": t["name"], **_validated(f"terms[{i}]", t, PARTS[t["name"]].defaults)})
     return {**keys, "terms": resolved_terms}
+
+
+def flat_settings(config: RunConfig) -> dict[str, Any]:
+    """Every resolved key of ``config`` as dotted key → value: each section's fields and own keys,
+    then the method's keys after defaults (``algorithm.mu``, ``terms[0].beta``)."""
+    flat: dict[str, Any] = {}
+    for name, value in to_dict(config).items():
+        if name in ("algorithm", "terms"):
+            continue
+        if isinstance(value, dict):
+            flat.update({f"{name}.{k}": v for k, v in value.items()})
+        else:
+            flat[name] = value
+    keys = resolved_keys(config.algorithm, config.terms)
+    flat.update({f"algorithm.{k}": v for k, v in keys.items() if k != "terms"})
+    for i, term in enumerate(keys["terms"]):
+        flat.update({f"terms[{i}].{k}": v for k, v in term.items()})
+    return flat
 
 
 def _apply_common(spec: MethodSpec, opts: dict[str, Any]) -> None:

@@ -28,7 +28,8 @@ from typing import Any
 
 from fedlatent.config import RunConfig, from_dict, load_config
 from fedlatent.errors import ConfigError
-from fedlatent.experiment.check import flat_settings, show
+from fedlatent.experiment.check import show
+from fedlatent.methods import flat_settings
 from fedlatent.experiment.study import CONFIGS
 
 __all__ = ["Entry", "Table", "expected", "load", "mismatches", "names", "render", "update_audit"]

@@ -512,3 +512,20 @@ def test_a_stopped_run_asks_for_its_curves_when_it_stops_and_they_show_its_round
     metrics = _metrics(out)
     assert [m["round"] for m in metrics] == [1, 2]
     assert np.array_equal(_pixels(out / "plots" / "curves.png"), _full_draw(metrics, 4, tmp_path / "full.png"))
+
+
+def test_a_heatmap_drawn_before_is_written_from_its_png(tmp_path, monkeypatch) -> None:
+    """The same counts and title again (a sweep's runs of one partition): the same bytes, without a
+    new drawing; other counts or another title are drawn."""
+    counts = np.arange(12).reshape(4, 3)
+    first = plots.partition_heatmap(counts, tmp_path / "a.png", "t").read_bytes()
+
+    def no_drawing(*args, **kwargs):
+        raise AssertionError("drawn again")
+
+    monkeypatch.setattr(plots, "new_figure", no_drawing)
+    assert plots.partition_heatmap(counts.copy(), tmp_path / "b" / "partition.png", "t").read_bytes() == first
+    with pytest.raises(AssertionError, match="drawn again"):
+        plots.partition_heatmap(counts + 1, tmp_path / "c.png", "t")
+    with pytest.raises(AssertionError, match="drawn again"):
+        plots.partition_heatmap(counts, tmp_path / "d.png", "another title")

@@ -58,11 +58,32 @@ def write_png(fig, path: Path) -> Path:
     return path
 
 
+def _write_atomically(path: Path, data: bytes) -> Path:
+    """``data`` to ``path`` through a temporary file renamed into place (as :func:`write_png`)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(f".{path.name}.partial")
+    partial.write_bytes(data)
+    os.replace(partial, path)
+    return path
+
+
+HEATMAPS_KEPT = 8  # the last heatmaps' PNG bytes a process keeps (runs of a sweep share partitions)
+_heatmaps: dict[tuple, bytes] = {}
+
+
 def partition_heatmap(counts: np.ndarray, path: Path, title: str = "") -> Path:
     """Client × class sample counts as a heatmap, the counts written in the cells up to
     :data:`TEXT_CELLS` cells. Without text a cell needs no room for it: the figure is at most
     :data:`PLAIN_HEATMAP_INCHES` (100 clients: 6 in, not 36.5 in, i.e. ~6 pixel rows a client), which
-    keeps every client visible and the tick labels at their size, at a sixth of the pixels to encode."""
+    keeps every client visible and the tick labels at their size, at a sixth of the pixels to encode.
+
+    A heatmap of the same counts and title as one of the last :data:`HEATMAPS_KEPT` this process drew
+    is written from that one's PNG bytes (the same pixels: the drawing is deterministic), not drawn
+    again: the runs of a sweep that differ in the method share their partition, and the ~90 ms of
+    text layout of a 10 × 10 heatmap is longer than a whole digits run's training."""
+    key = (counts.shape, counts.dtype.str, counts.tobytes(), title)
+    if key in _heatmaps:
+        return _write_atomically(path, _heatmaps[key])
     clients, classes = counts.shape
     texts = clients * classes <= TEXT_CELLS
     width, height = max(4.5, 0.5 * classes + 2.5), max(3.0, 0.35 * clients + 1.5)
@@ -81,7 +102,11 @@ def partition_heatmap(counts: np.ndarray, path: Path, title: str = "") -> Path:
     fig.colorbar(image, ax=ax, label="training samples (count)")
     fixed_margins(fig, right=0.1)
     fig.canvas.draw()
-    return write_png(fig, path)
+    write_png(fig, path)
+    _heatmaps[key] = path.read_bytes()
+    while len(_heatmaps) > HEATMAPS_KEPT:
+        del _heatmaps[next(iter(_heatmaps))]  # the oldest
+    return path
 
 
 ACCURACY_LIMITS = (-0.03, 1.03)  # [0, 1] and room for a marker at either end (clear of the spines)

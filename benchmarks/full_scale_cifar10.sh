@@ -16,7 +16,8 @@
 # continues them.
 # Every step runs under `timeout` within BUDGET seconds (default 840, i.e. 14 minutes); a step
 # that runs out leaves its runs' checkpoints, and the same command continues them (a sweep resumes).
-# The comparisons (paper beside fedlatent) are in OUT/<step>/comparison.md when a step finishes.
+# The comparisons (paper beside fedlatent) are in OUT/<step>/comparison.md when a step finishes; a
+# step stopped by the budget prints each run's accuracy at the last round it reached (fedlatent report).
 # Environment: BUDGET, DEVICE (default cuda), JOBS, SMOKE=1 (a few images and one round, to check the
 # script on a CPU).
 set -euo pipefail
@@ -41,7 +42,8 @@ step() {  # step NAME SETTING: FedAvg and FedUV of feduv_supp_table2 at SETTING,
   echo "$name: $t s left"
   timeout --signal=INT "$t" "$fedlatent" reproduce feduv_supp_table2 --data-root "$out/cifar10-jpeg" \
     --only "setting=$setting" --only method=fedavg,feduv-mu0.5-lamC4 "${extra[@]}" --jobs "$jobs" --out "$out/$name" \
-    || echo "$name: stopped after $(( $(date +%s) - start )) s (run the script again to continue)"
+    || { echo "$name: stopped after $(( $(date +%s) - start )) s (run the script again to continue); so far:"
+         "$fedlatent" report "$out/$name" > /dev/null && tail -n +5 "$out/$name/report/report.md"; }
 }
 step feduv_a0.01 cifar10-a0.01
 step feduv_a1 cifar10-a1

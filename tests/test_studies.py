@@ -341,3 +341,34 @@ def test_a_sweep_validates_every_cell_before_any_folder_or_training(tmp_path: Pa
     with pytest.raises(ConfigError, match=r"^cell method-deep: .*depth = 9"):
         run_sweep(study, out, echo=None)
     assert not out.exists()
+
+
+def test_unfinished_runs_show_apart_at_the_last_round_they_reached(tmp_path: Path) -> None:
+    """Runs without a summary (a killed sweep, a time budget run out) are kept out of the finished
+    mean and shown apart: their last whole metrics line's test accuracy, the rounds they reached;
+    a line the kill cut short is skipped."""
+    from fedlatent.experiment.store import UNFINISHED, cell_table, run_row
+
+    def fake_run(name: str, accuracies: list[float], finished: bool, cut: bool = False) -> Path:
+        run_dir = tmp_path / name
+        run_dir.mkdir()
+        lines = [json.dumps({"round": r + 1, "test_accuracy": a}) for r, a in enumerate(accuracies)]
+        (run_dir / "metrics.jsonl").write_text("\n".join(lines) + "\n" + ('{"round": 9, "test_acc' if cut else ""))
+        if finished:
+            (run_dir / "summary.json").write_text(json.dumps({"final": {"accuracy": accuracies[-1]},
+                                                              "rounds_completed": len(accuracies), "wall_seconds": 2.0}))
+        return run_dir
+
+    rows = [run_row("a0", {"method": "a", "seed": "0"}, "finished", fake_run("a0", [0.5, 0.6], True)),
+            run_row("a1", {"method": "a", "seed": "1"}, "unfinished", fake_run("a1", [0.2, 0.3, 0.4], False, cut=True)),
+            run_row("b0", {"method": "b", "seed": "0"}, "unfinished", fake_run("b0", [0.1, 0.7], False)),
+            run_row("b1", {"method": "b", "seed": "1"}, "unfinished", fake_run("b1", [0.3], False))]
+    assert (rows[1]["latest_round"], rows[1]["latest_accuracy"]) == (3, 0.4)
+    header, body = cell_table(rows, ["method", "seed"])
+    cells = {row[0]: dict(zip(header, row)) for row in body}
+    assert cells["a"]["seeds"] == "1/2" and cells["a"]["accuracy"] == "0.6000"
+    assert cells["a"][UNFINISHED] == "0.4000 (round 3)"
+    expected = statistics.mean([0.7, 0.3]), statistics.stdev([0.7, 0.3])
+    assert cells["b"]["accuracy"] == "-" and cells["b"][UNFINISHED] == f"{expected[0]:.4f} ± {expected[1]:.4f} (round 1–2)"
+    header, _ = cell_table(rows[:1], ["method", "seed"])
+    assert UNFINISHED not in header  # only when some run is unfinished

@@ -71,9 +71,28 @@ def run_row(run: str, labels: dict[str, str], status: str, run_dir: Path, select
         if select == "val":
             row["selected_accuracy"], row["selected_round"] = selected_accuracy(read_metrics(run_dir))
         row.update(last_global_diagnostics(run_dir))
+    else:
+        row.update(progress(run_dir))
     if error:
         row["error"] = error
     return row
+
+
+def progress(run_dir: Path) -> dict[str, Any]:
+    """How far a run without a summary got (killed, or out of a time budget: it resumes from its
+    checkpoint): ``latest_round`` and ``latest_accuracy``, its last metrics line's round and test
+    accuracy, where it has one; a last line the kill cut short is skipped."""
+    path = run_dir / "metrics.jsonl"
+    lines = path.read_text().splitlines() if path.exists() else []
+    for line in reversed([line for line in lines if line.strip()]):
+        try:
+            last = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if last.get("test_accuracy") is None:
+            return {}
+        return {"latest_round": last["round"], "latest_accuracy": last["test_accuracy"]}
+    return {}
 
 
 def write_csv(rows: list[dict[str, Any]], path: Path) -> Path:
@@ -110,14 +129,28 @@ def cell_table(rows: list[dict[str, Any]], axes: list[str], select: str = "last"
     if any(_has(r, "uncalibrated_accuracy") for r in rows):
         metrics.append("uncalibrated_accuracy")
     metrics += [f"diag_{k}" for k in DIAGNOSTIC_KEYS if any(_has(r, f"diag_{k}") for r in rows)]
-    header = keys + ["seeds"] + metrics + ["wall s (mean)"]
+    unfinished = any(_has(r, "latest_accuracy") for r in rows)
+    header = keys + ["seeds"] + metrics + ["wall s (mean)"] + ([UNFINISHED] if unfinished else [])
     body = []
     for group, members in groups.items():
         done = [r for r in members if _has(r, "accuracy")]
         wall = _numbers(done, "wall_seconds")
         body.append([*group, f"{len(done)}/{len(members)}", *(format_mean_std(_numbers(done, m), digits=2 if m.startswith("diag_") else 4) for m in metrics),
-                     f"{sum(wall) / len(wall):.1f}" if wall else "-"])
+                     f"{sum(wall) / len(wall):.1f}" if wall else "-"] + ([_latest(members)] if unfinished else []))
     return header, body
+
+
+UNFINISHED = "unfinished runs: accuracy at their last round"
+
+
+def _latest(members: list[dict[str, Any]]) -> str:
+    """The unfinished runs' latest test accuracy (mean ± std) and the rounds they reached, or ``-``."""
+    runs = [r for r in members if _has(r, "latest_accuracy")]
+    if not runs:
+        return "-"
+    reached = sorted({int(r["latest_round"]) for r in runs})
+    rounds = str(reached[0]) if len(reached) == 1 else f"{reached[0]}–{reached[-1]}"
+    return f"{format_mean_std(_numbers(runs, 'latest_accuracy'))} (round {rounds})"
 
 
 def table_caption(rows: list[dict[str, Any]], select: str = "last") -> str:
@@ -126,6 +159,9 @@ def table_caption(rows: list[dict[str, Any]], select: str = "last") -> str:
                              "accuracy" if select == "val" else "")
     if any(r.get("headline") == "balanced_accuracy" for r in rows):
         caption += "; headline metric: balanced accuracy (mean recall over the classes, FLamby's metric)"
+    if any(_has(r, "latest_accuracy") for r in rows):
+        caption += ("; unfinished runs (no summary yet: killed or out of time, they resume from their "
+                    "checkpoints) are shown apart, at the last round they reached")
     return caption
 
 

@@ -372,3 +372,21 @@ def test_unfinished_runs_show_apart_at_the_last_round_they_reached(tmp_path: Pat
     assert cells["b"]["accuracy"] == "-" and cells["b"][UNFINISHED] == f"{expected[0]:.4f} ± {expected[1]:.4f} (round 1–2)"
     header, _ = cell_table(rows[:1], ["method", "seed"])
     assert UNFINISHED not in header  # only when some run is unfinished
+
+
+def test_a_sweep_tells_how_far_its_running_cells_are(tmp_path: Path, digits_config: Path, monkeypatch) -> None:
+    """Between the finished-run lines, a line per running cell every HEARTBEAT_S seconds: its round
+    of the planned rounds and its latest test accuracy (as metrics.jsonl has them)."""
+    from fedlatent.experiment import sweep
+
+    monkeypatch.setattr(sweep, "HEARTBEAT_S", 0.02)
+    study = parse_study({"base": str(digits_config), "set": {"train.rounds": 30, "data.num_clients": 4}}, tmp_path)
+    lines: list[str] = []
+    run_sweep(study, tmp_path / "out", echo=lines.append, figures=False)
+    beats = [line for line in lines if ": round " in line]
+    assert beats and lines[-1].startswith("[1/1] ")  # the heartbeat stops before the last line
+    metrics = [json.loads(line) for line in (tmp_path / "out" / study.cells[0].name / "metrics.jsonl").read_text().splitlines()]
+    by_round = {m["round"]: m["test_accuracy"] for m in metrics}
+    for line in beats:
+        rnd, acc = line.split(": round ")[1].split(", test accuracy ")
+        assert rnd.split("/")[1] == "30" and f"{by_round[int(rnd.split('/')[0])]:.4f}" == acc.split(" (")[0]

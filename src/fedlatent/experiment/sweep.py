@@ -4,13 +4,16 @@ A finished run (``summary.json`` present) is skipped; an unfinished one continue
 checkpoint (``run(..., resume=True)`` gives the uninterrupted run's numbers). With ``jobs > 1``
 the runs go to spawned worker processes; each run keeps its own seed and ``train.threads``, so
 ``--jobs 2`` gives the numbers of ``--jobs 1``. After every finished run the sweep rewrites
-``results.csv`` and ``results.md`` and prints one progress line.
+``results.csv`` and ``results.md`` and prints one progress line; while runs train, every
+:data:`HEARTBEAT_S` seconds one line per running cell tells its round and latest test accuracy
+(a paper's run can take an hour).
 """
 from __future__ import annotations
 
 import dataclasses
 import json
 import multiprocessing
+import threading
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from pathlib import Path
@@ -19,7 +22,7 @@ from typing import Any, Callable
 from fedlatent.config import RunConfig, to_toml
 from fedlatent.errors import UserInputError
 from fedlatent.experiment.single import as_started, run
-from fedlatent.experiment.store import run_row, write_tables
+from fedlatent.experiment.store import progress, run_row, write_tables
 from fedlatent.experiment.study import Cell, Study
 from fedlatent.experiment.validation import validate_study
 
@@ -36,6 +39,45 @@ def run_cell(config: RunConfig, out: str, figures: bool = True) -> str:
     except Exception as err:  # noqa: BLE001 - one failed cell must not stop the others
         return f"{type(err).__name__}: {err}"
     return ""
+
+
+HEARTBEAT_S = 60.0  # how often a sweep tells how far its running cells are
+
+
+class Heartbeat:
+    """Every ``interval`` seconds, one line per running cell: the round it reached of the rounds it
+    plans and its latest test accuracy, read from the cell's ``metrics.jsonl`` (its run may train in
+    a worker process), and how long it has been running."""
+
+    def __init__(self, echo: Callable[[str], None], interval: float | None = None) -> None:
+        self.echo, self.interval = echo, HEARTBEAT_S if interval is None else interval
+        self.running: dict[str, tuple[Path, int, float]] = {}
+        self.stopped = threading.Event()
+        self.thread = threading.Thread(target=self._beat, name="sweep-heartbeat", daemon=True)
+        self.thread.start()
+
+    def start(self, name: str, run_dir: Path, rounds: int) -> None:
+        self.running[name] = (run_dir, rounds, time.perf_counter())
+
+    def end(self, name: str) -> None:
+        self.running.pop(name, None)
+
+    def close(self) -> None:
+        self.stopped.set()
+        self.thread.join()
+
+    def _beat(self) -> None:
+        while not self.stopped.wait(self.interval):
+            for name, (run_dir, rounds, started) in list(self.running.items()):
+                reached = progress(run_dir)
+                where = (f"round {reached['latest_round']}/{rounds}, test accuracy {reached['latest_accuracy']:.4f}"
+                         if reached else "no round finished yet")
+                self.echo(f"    {name}: {where} ({_duration(time.perf_counter() - started)})")
+
+
+def _duration(seconds: float) -> str:
+    minutes, seconds = divmod(int(seconds), 60)
+    return f"{minutes} min {seconds} s" if minutes else f"{seconds} s"
 
 
 def _status(out: Path) -> str:
@@ -108,23 +150,38 @@ def run_sweep(study: Study, out: str | Path, *, jobs: int = 1, echo: Callable[[s
 
     if echo and done:
         echo(f"{done} of {total} runs finished already or not runnable; running {len(todo)}")
-    if jobs <= 1:
-        for cell in todo:
-            started, status = time.perf_counter(), _status(out / cell.name)
-            finish(cell, status, run_cell(configs[cell.name], str(out / cell.name), figures), started)
-    else:
-        with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
-            pending: dict[Future, tuple[Cell, str, float]] = {}
-            queue = list(todo)
-            while queue or pending:
-                while queue and len(pending) < jobs:
-                    cell = queue.pop(0)
-                    status = _status(out / cell.name)
-                    pending[pool.submit(run_cell, configs[cell.name], str(out / cell.name), figures)] = \
-                        (cell, status, time.perf_counter())
-                finished, _ = wait(pending, return_when=FIRST_COMPLETED)
-                for future in finished:
-                    cell, status, started = pending.pop(future)
-                    finish(cell, status, future.result(), started)
+    beat = Heartbeat(echo) if echo and todo else None
+
+    def starting(cell: Cell) -> tuple[str, float]:
+        if beat:
+            beat.start(cell.name, out / cell.name, configs[cell.name].train.rounds)
+        return _status(out / cell.name), time.perf_counter()
+
+    def ending(cell: Cell, status: str, error: str, started: float) -> None:
+        if beat:
+            beat.end(cell.name)
+        finish(cell, status, error, started)
+
+    try:
+        if jobs <= 1:
+            for cell in todo:
+                status, started = starting(cell)
+                ending(cell, status, run_cell(configs[cell.name], str(out / cell.name), figures), started)
+        else:
+            with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+                pending: dict[Future, tuple[Cell, str, float]] = {}
+                queue = list(todo)
+                while queue or pending:
+                    while queue and len(pending) < jobs:
+                        cell = queue.pop(0)
+                        pending[pool.submit(run_cell, configs[cell.name], str(out / cell.name), figures)] = \
+                            (cell, *starting(cell))
+                    finished, _ = wait(pending, return_when=FIRST_COMPLETED)
+                    for future in finished:
+                        cell, status, started = pending.pop(future)
+                        ending(cell, status, future.result(), started)
+    finally:
+        if beat:
+            beat.close()
     write_tables(ordered(), axes, out, title=study.title, select=study.select)
     return ordered()

@@ -367,25 +367,25 @@ def _check_consistency(config: RunConfig) -> None:
     _check_tracking(config.tracking)
 
 
-def _check_tracking(t: TrackingConfig) -> None:
-    unknown = [b for b in t.backends if b not in TRACKERS]
+def _check_names(key: str, names: list[str], allowed: Iterable[str], noun: str) -> None:
+    """A list-valued key of names: each one of ``allowed`` (a ``noun``), none twice."""
+    allowed = tuple(allowed)
+    unknown = [n for n in names if n not in allowed]
     if unknown:
-        raise ConfigError(f"tracking.backends: {unknown[0]!r} is not a tracker; allowed values are "
-                          f"{', '.join(TRACKERS)}")
-    if len(set(t.backends)) != len(t.backends):
-        raise ConfigError(f"tracking.backends = {t.backends!r}: names a tracker twice")
+        raise ConfigError(f"{key}: {unknown[0]!r} is not a {noun}; allowed values are {', '.join(allowed)}")
+    if len(set(names)) != len(names):
+        raise ConfigError(f"{key} = {names!r}: names a {noun} twice")
+
+
+def _check_tracking(t: TrackingConfig) -> None:
+    _check_names("tracking.backends", t.backends, TRACKERS, "tracker")
     bad = [k for k, v in t.tags.items() if not isinstance(v, str)]
     if bad:
         raise ConfigError(f"tracking.tags.{bad[0]} = {t.tags[bad[0]]!r}: expected a string")
 
 
 def _check_diagnostics(d: DiagnosticsConfig) -> None:
-    unknown = [w for w in d.which if w not in DIAGNOSTICS]
-    if unknown:
-        raise ConfigError(f"diagnostics.which: {unknown[0]!r} is not a diagnostic; allowed values are "
-                          f"{', '.join(DIAGNOSTICS)}")
-    if len(set(d.which)) != len(d.which):
-        raise ConfigError(f"diagnostics.which = {d.which!r}: names a diagnostic twice")
+    _check_names("diagnostics.which", d.which, DIAGNOSTICS, "diagnostic")
 
 
 def parse_override(text: str) -> tuple[list[str], Any]:

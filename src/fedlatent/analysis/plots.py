@@ -14,6 +14,8 @@ from typing import Any
 
 import numpy as np
 
+from fedlatent.analysis import png
+
 DPI = 110
 TEXT_CELLS = 400  # up to this many heatmap cells carry their count as text
 PLAIN_HEATMAP_INCHES = (9.0, 6.0)  # at most this wide and tall when the cells carry no text
@@ -45,17 +47,11 @@ def save(fig, path: Path) -> Path:
 
 
 def write_png(fig, path: Path) -> Path:
-    """The pixels now on ``fig``'s canvas as a PNG (zlib level 1, see :func:`save`), written to a
-    temporary file and renamed, so that ``path`` always holds a whole image (the curves are
+    """The pixels now on ``fig``'s canvas as a PNG (:func:`fedlatent.analysis.png.encode`), written to
+    a temporary file and renamed, so that ``path`` always holds a whole image (the curves are
     rewritten every round, and a run may be killed at any moment)."""
-    from PIL import Image
-    width, height = fig.canvas.get_width_height(physical=True)
-    image = Image.frombuffer("RGBA", (width, height), fig.canvas.buffer_rgba(), "raw", "RGBA", 0, 1)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(f".{path.name}.partial")
-    image.save(partial, format="png", compress_level=1, dpi=(DPI, DPI))
-    os.replace(partial, path)
-    return path
+    pixels = np.asarray(fig.canvas.buffer_rgba())
+    return _write_atomically(path, png.encode(pixels, DPI))
 
 
 def _write_atomically(path: Path, data: bytes) -> Path:

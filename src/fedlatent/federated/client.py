@@ -18,6 +18,7 @@ import torch
 from torch import Tensor
 
 from fedlatent.data.augment import Augmentation
+from fedlatent.data.types import Split
 from fedlatent.methods.parts import (ClientRound, MethodSpec, Part, Personalization, Tensors,
                                      Upload)
 from fedlatent.losses import update
@@ -61,6 +62,9 @@ class Workspace:
     previous: FedModel | None = None
     personal: FedModel | None = None
     forward: Callable[..., ModelOutput] | None = None
+    # the lockstep trainer's last pool: its clients' training sets and their concatenation (a
+    # round with the same clients draws its batches from it again, without concatenating anew)
+    pool: tuple[tuple[Split, ...], Split] | None = None
 
 
 def workspace_for(model: FedModel, spec: MethodSpec, compile_model: bool = False) -> Workspace:
@@ -91,10 +95,14 @@ def planned_steps(num_samples: int, s: LocalSettings) -> int:
     return s.epochs * per_epoch
 
 
-def batches(num_samples: int, batch_size: int, drop_last: bool, generator: torch.Generator) -> list[Tensor]:
+def batches(num_samples: int, batch_size: int, drop_last: bool, generator: torch.Generator,
+            offset: int = 0) -> list[Tensor]:
     """Index batches of one epoch from a seeded permutation, the first :func:`batch_count` of its
-    chunks of ``batch_size``."""
+    chunks of ``batch_size``; ``offset`` added to every index (the client's rows in a pool of
+    several clients' samples)."""
     order = torch.randperm(num_samples, generator=generator)
+    if offset:
+        order += offset
     chunks = [order] if num_samples <= batch_size else list(order.split(batch_size))
     return chunks[:batch_count(num_samples, batch_size, drop_last)]
 
@@ -119,16 +127,16 @@ def save_optimizer(optimizer: LocalOptimizer, names: list[str], state: Tensors, 
     state.update(optimizer.save(names, prefix, client))
 
 
-def _epochs(num_samples: int, s: LocalSettings, generator: torch.Generator) -> Iterator[list[Tensor]]:
+def _epochs(num_samples: int, s: LocalSettings, generator: torch.Generator, offset: int = 0) -> Iterator[list[Tensor]]:
     """The round's index batches epoch by epoch, each drawn when it starts: ``s.epochs`` epochs, or
-    as many as ``s.steps`` batches take (the last one cut short)."""
+    as many as ``s.steps`` batches take (the last one cut short); ``offset``: see :func:`batches`."""
     if not s.steps:
         for _ in range(s.epochs):
-            yield batches(num_samples, s.batch_size, s.drop_last, generator)
+            yield batches(num_samples, s.batch_size, s.drop_last, generator, offset)
         return
     left = s.steps
     while left > 0:
-        epoch = batches(num_samples, s.batch_size, s.drop_last, generator)[:left]
+        epoch = batches(num_samples, s.batch_size, s.drop_last, generator, offset)[:left]
         if not epoch:
             return
         yield epoch

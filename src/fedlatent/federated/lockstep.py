@@ -266,15 +266,16 @@ class _Batches:
     nothing else draws from its generator), and a step's batches of a group are one gather from
     the clients' training sets concatenated once, not one per client and a stack."""
 
-    def __init__(self, datas: list[Split], sizes: list[int], s: LocalSettings,
+    def __init__(self, ws: Workspace, datas: list[Split], sizes: list[int], s: LocalSettings,
                  generators: list[torch.Generator]) -> None:
         self.device = s.device
         if s.augment:
             self.streams = [_stream(d, s, g) for d, g in zip(datas, generators)]
             return
-        self.pool = datas[0] if len(datas) == 1 else Split.concat(datas)
-        # each client's index batches of the round, as rows of the pool (its offset added once here)
-        self.streams = [iter([idx + offset if offset else idx for epoch in _epochs(n, s, g) for idx in epoch])
+        self.pool = _pool(ws, datas)
+        # each client's index batches of the round, as rows of the pool (its offset added to each
+        # epoch's permutation)
+        self.streams = [iter([idx for epoch in _epochs(n, s, g, offset) for idx in epoch])
                         for n, g, offset in zip(sizes, generators, [0, *accumulate(sizes)][:-1])]
 
     def take(self, active: list[int]) -> dict[int, Tensor | tuple[Tensor, Tensor, Tensor]]:
@@ -302,6 +303,18 @@ class _Batches:
             flat = flat[(starts[:, None] + torch.minimum(torch.arange(size), lengths[:, None] - 1)).flatten()]
         x, y = self.pool.x[flat].to(self.device), self.pool.y[flat].to(self.device)
         return x.unflatten(0, (len(members), size)), y.unflatten(0, (len(members), size))
+
+
+def _pool(ws: Workspace, datas: list[Split]) -> Split:
+    """The clients' training sets one after another: the workspace's last pool when it holds the
+    same sets (a round of the same clients), else a new one, kept there."""
+    if len(datas) == 1:
+        return datas[0]
+    kept = ws.pool
+    if kept is not None and len(kept[0]) == len(datas) and all(a is b for a, b in zip(kept[0], datas)):
+        return kept[1]
+    ws.pool = (tuple(datas), Split.concat(datas))
+    return ws.pool[1]
 
 
 def _padded(rows: Tensor, size: int) -> Tensor:
@@ -476,7 +489,7 @@ def _train_together(ws: Workspace, starts: list[Tensors], datas: list[Split], sp
 
     sums: dict[str, Tensor] = defaultdict(lambda: torch.zeros(count, dtype=torch.float64))
     seen: dict[str, Tensor] = defaultdict(lambda: torch.zeros(count, dtype=torch.bool))
-    draws = _Batches(datas, sizes, s, generators)
+    draws = _Batches(ws, datas, sizes, s, generators)
     steps = [0] * count
     total = [planned_steps(n, s) for n in sizes]  # each client's steps
     traces: list[list[dict[str, float]]] | None = [[] for _ in range(count)] if spec.trace else None
@@ -494,8 +507,9 @@ def _train_together(ws: Workspace, starts: list[Tensors], datas: list[Split], sp
             steps[c] += 1
         for members in _step_groups(active, batch_sizes, pad):
             group = _group(members, count, device)
-            size = max(batch_sizes[c] for c in members)
-            weights = _row_weights([batch_sizes[c] for c in members], size, device)
+            member_sizes = [batch_sizes[c] for c in members]
+            size = max(member_sizes)
+            weights = _row_weights(member_sizes, size, device)
             x, y = draws.stacked(taken, members, size)
             rows = None
             if traces is not None:

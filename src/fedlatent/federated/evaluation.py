@@ -18,7 +18,9 @@ def predict(model: FedModel, split: Split, batch_size: int, device: torch.device
         x = split.x[start:start + batch_size].to(device)
         y = split.y[start:start + batch_size].to(device)
         logits = model(x).logits
-        loss += float(F.cross_entropy(logits, y, reduction="sum"))
+        # the classes along the middle axis of a (1, classes, batch) view: the CPU's log-softmax
+        # is ~4× faster there than along a last axis of a few classes (the same sum)
+        loss += float(F.cross_entropy(logits.T.unsqueeze(0), y.unsqueeze(0), reduction="sum"))
         preds.append(logits.argmax(1).cpu())
     return torch.cat(preds) if preds else torch.zeros(0, dtype=torch.long), loss / max(len(split), 1)
 

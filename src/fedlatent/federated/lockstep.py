@@ -295,14 +295,21 @@ class _Batches:
             return (torch.stack([_padded(taken[c][1], size) for c in members]),
                     torch.stack([_padded(taken[c][2], size) for c in members]))
         if len(members) == 1:  # one client's batch: its rows
-            return self.pool.x[first].to(self.device).unsqueeze(0), self.pool.y[first].to(self.device).unsqueeze(0)
+            return (_take(self.pool.x, first).to(self.device).unsqueeze(0),
+                    _take(self.pool.y, first).to(self.device).unsqueeze(0))
         flat = torch.cat([taken[c] for c in members])
         if len(flat) < len(members) * size:  # some batches shorter: each row's last index repeated
             lengths = torch.tensor([len(taken[c]) for c in members])
             starts = lengths.cumsum(0) - lengths
             flat = flat[(starts[:, None] + torch.minimum(torch.arange(size), lengths[:, None] - 1)).flatten()]
-        x, y = self.pool.x[flat].to(self.device), self.pool.y[flat].to(self.device)
+        x, y = _take(self.pool.x, flat).to(self.device), _take(self.pool.y, flat).to(self.device)
         return x.unflatten(0, (len(members), size)), y.unflatten(0, (len(members), size))
+
+
+def _take(values: Tensor | Images, rows: Tensor) -> Tensor:
+    """The ``rows`` of ``values``: ``index_select`` for a tensor (~3× faster than indexing with
+    a tensor of rows), the images' own indexing for compact images."""
+    return values.index_select(0, rows) if isinstance(values, Tensor) else values[rows]
 
 
 def _pool(ws: Workspace, datas: list[Split]) -> Split:

@@ -314,12 +314,14 @@ def _take(values: Tensor | Images, rows: Tensor) -> Tensor:
 
 def _pool(ws: Workspace, datas: list[Split]) -> Split:
     """The clients' training sets one after another: the workspace's last pool when it holds the
-    same sets (a round of the same clients), else a new one, kept there."""
+    same sets (a round of the same clients), else a new one, kept there in its place (the old one
+    let go first: one pool in memory at a time, as when each round made its own)."""
     if len(datas) == 1:
         return datas[0]
     kept = ws.pool
     if kept is not None and len(kept[0]) == len(datas) and all(a is b for a, b in zip(kept[0], datas)):
         return kept[1]
+    ws.pool = kept = None
     ws.pool = (tuple(datas), Split.concat(datas))
     return ws.pool[1]
 

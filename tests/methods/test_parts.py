@@ -484,6 +484,21 @@ def test_universal_switches_given_explicitly_win_over_spherefed_choices() -> Non
     assert resolve({"name": "fedavg"}, [{"name": "spherefed"}]).loss == "mse"
 
 
+@pytest.mark.parametrize("kind,temperature", [("ce", 1.0), ("ce", 0.5), ("mse", 1.0)])
+def test_stacked_task_loss_is_each_client_s_own(kind: str, temperature: float) -> None:
+    """(clients, batch, classes) logits, as the lockstep trainer's stacked forward gives them
+    (here a view of feature-major values, as ``stacked_linear`` makes them): per sample, the loss
+    each client's own (batch, classes) logits have, in float64."""
+    gen = torch.Generator().manual_seed(5)
+    stored = torch.randn(3, 4, 7, generator=gen, dtype=torch.float64)  # (clients, classes, batch)
+    logits, y = stored.transpose(1, 2), torch.randint(0, 4, (3, 7), generator=gen)
+    per = task_loss(kind, logits, y, reduction="none", temperature=temperature)
+    for c in range(3):
+        own = task_loss(kind, logits[c].contiguous(), y[c], reduction="none", temperature=temperature)
+        torch.testing.assert_close(per[c], own, rtol=1e-12, atol=0)
+    assert task_loss(kind, logits, y, temperature=temperature).item() == pytest.approx(per.mean().item(), rel=1e-12)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_mse_task_loss_is_the_mean_squared_distance_to_one_hot_targets(dtype: torch.dtype) -> None:
     """SphereFed's loss (1/C)‖logits − onehot(y)‖² averaged over the batch, computed by hand; the

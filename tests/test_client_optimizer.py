@@ -85,6 +85,30 @@ def test_stacked_update_equals_each_clients_own(kind: str) -> None:
         assert all(torch.allclose(a, b[c], atol=1e-6) for a, b in zip(own, stacked))
 
 
+@pytest.mark.parametrize("shared", [False, True], ids=["own-gradients", "one-gradient-for-two"])
+def test_a_lazy_first_step_keeps_momentum_buffers_of_its_own(shared: bool) -> None:
+    """Stacked SGD with momentum, lazily: the first step's gradients become the buffers, unless two
+    weights were handed one tensor (the gradient of a + b) — then each gets its own. Three steps
+    equal torch's SGD on each weight, in float64."""
+    torch.manual_seed(2)
+    weights = [torch.randn(2, 3, dtype=torch.float64) for _ in range(2)]
+    steps = [torch.randn(2, 3, dtype=torch.float64) for _ in range(3)]
+    ours = [w.clone() for w in weights]
+    optimizer = LocalOptimizer(Rule("sgd", 0.1, 0.9), ours, steps=torch.zeros(2, dtype=torch.float64), lazy=True)
+    for i, g in enumerate(steps):
+        grads = [g.clone()] * 2 if shared else [g.clone(), 2 * g]
+        optimizer.step(ours, grads, first=i == 0, again=True)
+    buffers = optimizer.slots["momentum_buffer"]
+    assert buffers[0].data_ptr() != buffers[1].data_ptr()
+    for k, w in enumerate(weights):
+        theirs = w.clone().requires_grad_(True)
+        reference = torch.optim.SGD([theirs], lr=0.1, momentum=0.9)
+        for g in steps:
+            theirs.grad = g.clone() if shared or k == 0 else 2 * g
+            reference.step()
+        torch.testing.assert_close(ours[k], theirs.detach(), rtol=0, atol=1e-15)
+
+
 def test_a_weight_without_gradient_is_left_alone() -> None:
     w, unused = torch.ones(3), torch.ones(2)
     optimizer = LocalOptimizer(Rule("sgd", 0.1, 0.9, 0.5), [w, unused])

@@ -104,7 +104,7 @@ class LocalOptimizer:
             torch._foreach_add_(params, d, alpha=-self.rule.lr)
             if not again:
                 return
-            if not self.slots and rows is None and all(t.is_contiguous() for t in d):
+            if not self.slots and rows is None and _separate(d):
                 self.slots = {"momentum_buffer": d}  # the step's own gradients: they become the buffers
                 return
             if not self.slots:
@@ -213,6 +213,13 @@ def _rows(t: Tensor, rows: Tensor | slice | None) -> Tensor:
     if rows is None:
         return t
     return t[rows] if isinstance(rows, slice) else t.index_select(0, rows)
+
+
+def _separate(tensors: list[Tensor]) -> bool:
+    """Whether each tensor is dense and has memory of its own, so that it may be updated in place
+    as a buffer: autograd may hand one tensor to two weights (the gradient of ``a + b``) or an
+    expanded view (the gradient of a sum)."""
+    return all(t.is_contiguous() for t in tensors) and len({t.data_ptr() for t in tensors}) == len(tensors)
 
 
 def _per_row(v: Tensor, p: Tensor) -> Tensor:

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from torch.nn import functional as F
 
 from fedlatent.data.types import Split
+from fedlatent.methods.parts import task_loss
 from fedlatent.models.base import FedModel
 
 
@@ -18,9 +18,8 @@ def predict(model: FedModel, split: Split, batch_size: int, device: torch.device
         x = split.x[start:start + batch_size].to(device)
         y = split.y[start:start + batch_size].to(device)
         logits = model(x).logits
-        # the classes along the middle axis of a (1, classes, batch) view: the CPU's log-softmax
-        # is ~4× faster there than along a last axis of a few classes (the same sum)
-        loss += float(F.cross_entropy(logits.T.unsqueeze(0), y.unsqueeze(0), reduction="sum"))
+        # as a stack of one: the stacked cross-entropy's layout, ~4× faster on the CPU (the same sum)
+        loss += float(task_loss("ce", logits.unsqueeze(0), y.unsqueeze(0), reduction="sum"))
         preds.append(logits.argmax(1).cpu())
     return torch.cat(preds) if preds else torch.zeros(0, dtype=torch.long), loss / max(len(split), 1)
 

@@ -139,6 +139,10 @@ class TrainConfig:
                          "(inductor: a C++ compiler on a CPU); pays off for convolutional models over "
                          "long runs, slower for small MLPs (benchmarks/README.md); not with backend = "
                          "'vectorized'")
+    precision: str = _key("auto", "arithmetic of local training: 'fp32', or mixed precision under autocast with "
+                          "float32 master weights — 'bf16', 'fp16' (with dynamic loss scaling); 'auto' = bf16 on a "
+                          "CUDA device that supports it, else fp32 (the run's config.toml records the choice)",
+                          choices=("auto", "fp32", "bf16", "fp16"))
     on_nonfinite: str = _key("stop", "a client whose loss or update is not finite: 'stop' the run "
                              "(exit 1) or 'drop' it from that round's aggregate", choices=("stop", "drop"))
     on_client_error: str = _key("stop", "a client whose local update raises: 'stop' the run (exit 1) "

@@ -33,6 +33,7 @@ from torch import Tensor
 from torch.nn import functional as F
 
 from fedlatent.models.base import FedModel
+from fedlatent.losses.amp import in_float32
 
 
 @torch.no_grad()
@@ -50,6 +51,7 @@ def representations(model: FedModel, x: Tensor, batch_size: int = 500,
     return torch.cat(zs), torch.cat(preds)
 
 
+@in_float32
 def feature_moments(z: Tensor) -> tuple[int, Tensor, Tensor]:
     """(N, z̄, S) of the rows of ``z`` (N×d) in float64: the count, the mean and the centred scatter
     S = Σ(z_i − z̄)(z_i − z̄)ᵀ; what a holder of part of a split sends for the collapse spectrum."""
@@ -82,6 +84,7 @@ def moments_spectrum(count: int, scatter: Tensor) -> np.ndarray:
     return torch.linalg.svdvals(scatter.to(torch.float64) / count).numpy()
 
 
+@in_float32
 def covariance_spectrum(z: Tensor) -> np.ndarray:
     """Singular values (descending, float64) of the covariance (1/N)·Σ(z_i − z̄)(z_i − z̄)ᵀ of
     the rows of ``z`` (N×d); FedDecorr Sec. 3.1."""
@@ -89,6 +92,7 @@ def covariance_spectrum(z: Tensor) -> np.ndarray:
     return moments_spectrum(count, scatter)
 
 
+@in_float32
 def collapse(z: Tensor, threshold: float) -> dict[str, Any]:
     """Dimensional-collapse summary of ``z``: the covariance spectrum, its normalisation by the
     largest singular value, the count of σ_k/σ_1 > ``threshold`` and the effective rank."""
@@ -133,6 +137,7 @@ def classifier_alignment(weights: list[Tensor]) -> dict[str, float]:
     return {"cosine": float(cos.mean()), "norm_difference": float(diff.mean()), "pairs": int(len(a))}
 
 
+@in_float32
 def hyperspherical_uniformity(z: Tensor, t: float = 2.0) -> float:
     """log mean_{i<j} exp(−t‖ẑ_i − ẑ_j‖²) of the unit-normalised rows ẑ of ``z`` (Wang & Isola
     2020, Eq. 4 with all pairs i < j); NaN for fewer than two rows. Computed in float64."""

@@ -18,11 +18,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from fedlatent.losses.amp import in_float32
+
 __all__ = ["class_statistics", "pool_statistics", "sample_virtual_features", "retrain_classifier"]
 
 ClassStatistics = tuple[Tensor, Tensor, Tensor]
 
 
+@in_float32
 def class_statistics(
     z: Tensor, labels: Tensor, num_classes: int, *, dtype: torch.dtype | None = None
 ) -> ClassStatistics:
@@ -114,6 +117,7 @@ def pool_statistics(statistics: Sequence[ClassStatistics]) -> ClassStatistics:
     return mean.to(mean0.dtype), cov.to(mean0.dtype), total.round().to(torch.int64)
 
 
+@in_float32
 def sample_virtual_features(
     mean: Tensor,
     cov: Tensor,
@@ -171,6 +175,7 @@ def sample_virtual_features(
     return torch.cat(features).to(mean.dtype), torch.cat(labels)
 
 
+@in_float32
 def retrain_classifier(
     weight: Tensor,
     bias: Tensor | None,

@@ -18,11 +18,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from fedlatent.losses.amp import in_float32
+
 __all__ = ["ffc_statistics", "ffc_solve"]
 
 Statistics = tuple[Tensor, Tensor]
 
 
+@in_float32
 def ffc_statistics(
     z: Tensor, labels: Tensor, num_classes: int, *, dtype: torch.dtype | None = None
 ) -> Statistics:
@@ -67,6 +70,7 @@ def _as_pairs(statistics: Statistics | Sequence[Statistics]) -> list[Statistics]
     return pairs
 
 
+@in_float32
 def ffc_solve(
     statistics: Statistics | Sequence[Statistics],
     ridge: float = 0.0,

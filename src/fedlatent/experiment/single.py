@@ -32,6 +32,7 @@ from fedlatent.experiment.machine import cpu_model
 from fedlatent.experiment.trace import TermTrace
 from fedlatent.experiment.validation import check_model_fit, declared_shape, validate
 from fedlatent.experiment.writable import check_folder, nearest_existing
+from fedlatent.federated import precision
 from fedlatent.federated.failures import RunStopped
 from fedlatent.federated.round import sample_clients
 from fedlatent.federated.state import write_atomically
@@ -109,17 +110,34 @@ def resolve_backend(config: RunConfig, federation: Federation, spec: MethodSpec,
     return dataclasses.replace(config, backend=backend)
 
 
+def resolve_precision(config: RunConfig) -> RunConfig:
+    """``config`` with ``train.precision = "auto"`` replaced by what it means on ``train.device``
+    (:func:`fedlatent.federated.precision.resolve`), for the run's ``config.toml`` to record. On
+    Flower with a device other than the CPU it stays ``"auto"``: the nodes may see devices this
+    process does not, and each resolves it on the device it trains on."""
+    t = config.train
+    if t.precision != "auto" or (config.backend == "flower" and t.device.split(":")[0] != "cpu"):
+        return config
+    return dataclasses.replace(config, train=dataclasses.replace(t, precision=precision.resolve(t.precision, t.device)))
+
+
 def as_started(config: RunConfig, config_toml: Path) -> RunConfig:
-    """``config`` with ``backend = "auto"`` replaced by the backend the run whose ``config.toml`` this
-    is started on (the file records the resolved choice), so that a resumed run continues on it
-    whatever ``auto`` would pick today."""
-    if config.backend != "auto" or not config_toml.is_file():
+    """``config`` with ``backend = "auto"`` and ``train.precision = "auto"`` replaced by the choices
+    the run whose ``config.toml`` this is started with (the file records them resolved), so that a
+    resumed run continues on them whatever ``auto`` would pick today."""
+    if (config.backend != "auto" and config.train.precision != "auto") or not config_toml.is_file():
         return config
     try:
-        started = tomllib.loads(config_toml.read_text()).get("backend", "auto")
+        started = tomllib.loads(config_toml.read_text())
     except tomllib.TOMLDecodeError:
         return config  # the caller's comparison of the two files names the difference
-    return dataclasses.replace(config, backend=started) if isinstance(started, str) else config
+    backend = started.get("backend", "auto") if config.backend == "auto" else config.backend
+    train = started.get("train")
+    chosen = train.get("precision", "auto") if isinstance(train, dict) and config.train.precision == "auto" \
+        else config.train.precision
+    if not isinstance(backend, str) or chosen not in precision.PRECISIONS:
+        return config
+    return dataclasses.replace(config, backend=backend, train=dataclasses.replace(config.train, precision=chosen))
 
 
 def check_out(out: Path, *, resume: bool, create_parents: bool = False) -> None:
@@ -177,6 +195,7 @@ def run(config: RunConfig, out: str | Path | None = None, *, resume: bool = Fals
     if figures and figures_in_background:
         start_process()  # before the data are loaded
     data, spec = prepare(config)
+    config = resolve_precision(config)
     if isinstance(data, Federation):  # not on Flower (its view has no clients to choose a backend by)
         config = resolve_backend(config, data, spec, echo)
     created = not out.exists()

@@ -5,7 +5,7 @@ makes exactly these.
 The keys themselves (names, types, choices, ranges) are checked when the configuration is loaded
 (:func:`fedlatent.config.from_dict`); here, what depends on several sections at once: the method and
 its parts (:func:`fedlatent.methods.resolve`), the trackers, the backend and what it records, the
-device, compilation, and the keys the model must satisfy (a constraint's depth against the model's
+device and the precision it trains in, compilation, and the keys the model must satisfy (a constraint's depth against the model's
 layers), on the model's shape built on the meta device from the data set's declared input shape
 (the ``shape`` trait of a data set: known from the configuration alone). A data set that declares no
 shape (its images' size is read from its files) has that last check made once its data are read,
@@ -24,7 +24,7 @@ from fedlatent.config import DataConfig, RunConfig
 from fedlatent.data.registry import DATASETS
 from fedlatent.errors import ConfigError
 from fedlatent.experiment import tracking
-from fedlatent.federated import compiled, devices
+from fedlatent.federated import compiled, devices, precision
 from fedlatent.methods import check_model, resolve
 from fedlatent.methods.parts import MethodSpec
 from fedlatent.models import build_model
@@ -56,6 +56,9 @@ def validate(config: RunConfig) -> MethodSpec:
         reason = devices.refusal(config.train.device)
         if reason:
             raise ConfigError(f"train.device = {config.train.device!r}: {reason}")
+        reason = precision.refusal(config.train.precision, config.train.device)
+        if reason:
+            raise ConfigError(f"train.precision = {config.train.precision!r} on {config.train.device!r}: {reason}")
     if config.train.compile:
         reason = compiled.refusal(config.train.device, config.backend)
         if reason:

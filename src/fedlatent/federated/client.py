@@ -31,6 +31,8 @@ PREVIOUS = "previous."   # client-state prefix of the previous local model (MOON
 OPTIM = "optim."         # client-state prefix of the local model's optimiser state (kept across rounds)
 PERSONAL_OPTIM = "personal_optim."  # the same for Ditto's personal model
 LOCAL = "local."         # client-state prefix of the layers a client keeps to itself (FedRep, LG-FedAvg)
+AMP = "amp."             # client-state prefix of the local model's fp16 loss scale (losses.amp.LossScale)
+PERSONAL_AMP = "personal_amp."  # the same for Ditto's personal model
 
 
 @dataclass
@@ -49,6 +51,7 @@ class LocalSettings:
     optimizer: str = "sgd"        # sgd | adam | adamw
     steps: int = 0                # local steps per round; 0 = ``epochs`` epochs
     keep_optimizer: bool = False  # optimiser state kept in the client's state across rounds
+    precision: str = "fp32"       # fp32 | bf16 | fp16 (resolved: federated.precision)
 
 
 @dataclass

@@ -55,7 +55,10 @@ from fedlatent.data.augment import augment_batch
 from fedlatent.data.compact import Images
 from fedlatent.data.types import Split
 from fedlatent.losses import update
-from fedlatent.federated.client import (OPTIM, PERSONAL, PERSONAL_OPTIM, PREVIOUS, LocalSettings, Workspace, _epochs,
+from fedlatent.losses.amp import LossScale
+from fedlatent.federated import precision
+from fedlatent.federated.client import (AMP, OPTIM, PERSONAL, PERSONAL_AMP, PERSONAL_OPTIM, PREVIOUS, LocalSettings,
+                                       Workspace, _epochs,
                                        add_terms, client_upload, finish_parts, keep_models, partial_round, planned_steps,
                                        prefixed, rule_of, save_optimizer, state_to_cpu)
 from fedlatent.losses.update import Rule
@@ -81,11 +84,14 @@ def unsupported(spec: MethodSpec) -> str | None:
 
 class _Stack:
     """C models' weights on a leading client axis with their optimiser (:mod:`fedlatent.losses.update`:
-    the rule every trainer uses; its state per client row, from the clients' kept states ``saved``)."""
+    the rule every trainer uses; its state per client row, from the clients' kept states ``saved``),
+    trained in ``arithmetic`` (``train.precision``; fp16: a loss scale per client row, from their
+    kept ``scales``)."""
 
     def __init__(self, states: list[Tensors], names: list[str], trainable: list[str], device: torch.device,
                  rule: Rule, saved: list[Tensors], anchor: Tensors | None = None, pull: float = 0.0,
-                 drift: Tensors | None = None, extra_decay: Tensor | None = None) -> None:
+                 drift: Tensors | None = None, extra_decay: Tensor | None = None, arithmetic: str = "fp32",
+                 scales: list[Tensors] | None = None) -> None:
         # weights and buffers (BatchNorm statistics: the forward updates them in place, per client);
         # clients that all start from one state: that state broadcast, one copy per tensor
         if all(st is states[0] for st in states):
@@ -102,6 +108,9 @@ class _Stack:
         self.drift = {n: d.to(device) for n, d in drift.items()} if drift else {}
         # parts' per-client weight decay on top of train.weight_decay (rc.extra_weight_decay: FedDyn's α_k)
         self.extra_decay = extra_decay
+        self.arithmetic, self.device = arithmetic, device
+        self.scale = LossScale.restore(scales or [{}] * len(states), True, device) \
+            if precision.scales_loss(arithmetic) else None
 
     def client_state(self, c: int) -> Tensors:
         return {n: p[c].detach().to("cpu", copy=True) for n, p in self.params.items()}
@@ -124,7 +133,18 @@ class _Stack:
 
         params = {n: pick(p).detach().requires_grad_(n in self.trainable) for n, p in self.params.items()}
         leaves = [params[n] for n in self.trainable]
-        grads = torch.autograd.grad(loss_fn(params), leaves)
+        with precision.autocast(self.arithmetic, self.device):
+            loss = loss_fn(params)
+        if self.scale is None:
+            grads = torch.autograd.grad(loss.sum() if loss.dim() else loss, leaves)
+            kept = None
+        else:  # fp16: each client's loss scaled by its own scale; a row not finite skips its step
+            scaled = torch.autograd.grad(self.scale.scaled(loss, group), leaves)
+            grads, finite = self.scale.unscale(list(scaled), group)
+            self.scale.update(finite, group)
+            if not bool(finite.any()):
+                return
+            kept = None if bool(finite.all()) else self._snapshot()
         with torch.no_grad():
             if self.pull:
                 grads = torch._foreach_add(grads, torch._foreach_sub(leaves, [pick(self.anchor[n]) for n in self.trainable]),
@@ -137,6 +157,32 @@ class _Stack:
             if isinstance(group, Tensor):  # all of the above acted on the group's copies: write them back
                 for n in self.params:
                     self.params[n].index_copy_(0, group, params[n])
+            if kept is not None:
+                self._restore(kept, _stack_rows(group, ~finite))
+
+    def _snapshot(self) -> tuple[Tensors, dict[str, list[Tensor]], Tensor | int]:
+        """The weights and optimiser state as they are (a copy), for :meth:`_restore`."""
+        opt = self.optimizer
+        steps = opt.steps.clone() if isinstance(opt.steps, Tensor) else opt.steps
+        return ({n: p.detach().clone() for n, p in self.params.items()},
+                {k: [t.clone() for t in v] for k, v in opt.slots.items()}, steps)
+
+    def _restore(self, kept: tuple[Tensors, dict[str, list[Tensor]], Tensor | int], rows: Tensor) -> None:
+        """Put the stack rows ``rows`` back as :meth:`_snapshot` saw them: their step skipped (fp16's
+        non-finite gradients); an optimiser slot the step created is zero there, as it was."""
+        params, slots, steps = kept
+        opt = self.optimizer
+        with torch.no_grad():
+            for n, p in self.params.items():
+                p.index_copy_(0, rows, params[n].index_select(0, rows))
+            for k, now in opt.slots.items():
+                for i, whole in enumerate(now):
+                    if k in slots:
+                        whole.index_copy_(0, rows, slots[k][i].index_select(0, rows))
+                    else:
+                        whole.index_fill_(0, rows, 0)
+            if isinstance(opt.steps, Tensor) and isinstance(steps, Tensor):
+                opt.steps.index_copy_(0, rows, steps.index_select(0, rows))
 
 
 class _Own:
@@ -147,7 +193,7 @@ class _Own:
 
     def __init__(self, module: FedModel, start: Tensors, trainable: list[str], device: torch.device, rule: Rule,
                  saved: Tensors, anchor: Tensors | None = None, pull: float = 0.0, drift: Tensors | None = None,
-                 extra_decay: float = 0.0) -> None:
+                 extra_decay: float = 0.0, arithmetic: str = "fp32", scale: Tensors | None = None) -> None:
         module.load_state_dict(start)
         module.train()
         self.module = module
@@ -160,6 +206,8 @@ class _Own:
         self.anchor = [anchor[n].to(device) for n in trainable] if pull else []
         self.drift = [drift[n][0].to(device) for n in trainable] if drift else []
         self.extra_decay = extra_decay
+        self.arithmetic, self.device = arithmetic, device
+        self.scale = LossScale.restore([scale or {}], False, device) if precision.scales_loss(arithmetic) else None
 
     def client_state(self, c: int) -> Tensors:
         return state_to_cpu(self.module)
@@ -169,8 +217,18 @@ class _Own:
 
     def step(self, group: Group, loss_fn: Callable[[dict[str, Tensor]], Tensor], lr: float, first: bool,
              again: bool) -> None:
-        """One optimiser step on ``loss_fn`` of the module's weights (with a client axis of 1)."""
-        grads = list(torch.autograd.grad(loss_fn(self.views), self.leaves, allow_unused=True))
+        """One optimiser step on ``loss_fn`` of the module's weights (with a client axis of 1); fp16:
+        skipped when the unscaled gradients are not finite."""
+        with precision.autocast(self.arithmetic, self.device):
+            loss = loss_fn(self.views)
+        if self.scale is None:
+            grads = list(torch.autograd.grad(loss.sum() if loss.dim() else loss, self.leaves, allow_unused=True))
+        else:
+            scaled = list(torch.autograd.grad(self.scale.scaled(loss), self.leaves, allow_unused=True))
+            grads, finite = self.scale.unscale(scaled)
+            self.scale.update(finite)
+            if not bool(finite):
+                return
         with torch.no_grad():
             if self.pull:
                 grads = [g if g is None else g + self.pull * (p - a) for g, p, a in zip(grads, self.leaves, self.anchor)]
@@ -459,15 +517,20 @@ def _train_together(ws: Workspace, starts: list[Tensors], datas: list[Split], sp
     def kept(prefix: str) -> list[Tensors]:
         return [prefixed(rc.state, prefix) if s.keep_optimizer else {} for rc in rcs]
 
+    def scales(prefix: str) -> list[Tensors]:  # fp16's loss scales: kept across rounds, as GradScaler's is
+        return [prefixed(rc.state, prefix) for rc in rcs]
+
     rule = rule_of(s)
     global_stack: _Stack | _Own
     if one:
         global_stack = _Own(model, starts[0], trainable, device, rule, kept(OPTIM)[0],
-                            drift=_drift(spec.parts, rcs, trainable), extra_decay=decay[0])
+                            drift=_drift(spec.parts, rcs, trainable), extra_decay=decay[0],
+                            arithmetic=s.precision, scale=scales(AMP)[0])
     else:
         global_stack = _Stack(starts, names, trainable, device, rule, kept(OPTIM),
                               drift=_drift(spec.parts, rcs, trainable),
-                              extra_decay=torch.tensor(decay, device=device) if any(decay) else None)
+                              extra_decay=torch.tensor(decay, device=device) if any(decay) else None,
+                              arithmetic=s.precision, scales=scales(AMP))
     # after begin: a part may resolve its taps from rc.model.tap_names (feature-drift depth)
     taps = tuple(sorted(frozenset().union(*(p.taps for p in personal_parts + spec.parts))))
     forward = _own_forward(model if ws.forward is None else ws.forward, taps) if one else _stacked(model, taps)
@@ -478,12 +541,13 @@ def _train_together(ws: Workspace, starts: list[Tensors], datas: list[Split], sp
     personal_forward = forward
     if ditto and one:
         personal_stack = _Own(ws.personal, prefixed(rcs[0].state, PERSONAL) or starts[0], trainable, device,
-                              rule, kept(PERSONAL_OPTIM)[0], anchor=starts[0], pull=spec.personalization.lam)
+                              rule, kept(PERSONAL_OPTIM)[0], anchor=starts[0], pull=spec.personalization.lam,
+                              arithmetic=s.precision, scale=scales(PERSONAL_AMP)[0])
         personal_forward = _own_forward(ws.personal, taps)
     elif ditto:
         personal_stack = _Stack([prefixed(rc.state, PERSONAL) or starts[0] for rc in rcs], names, trainable,
                                 device, rule, kept(PERSONAL_OPTIM), anchor=starts[0],
-                                pull=spec.personalization.lam)
+                                pull=spec.personalization.lam, arithmetic=s.precision, scales=scales(PERSONAL_AMP))
     frozen: _Shared | _Frozen | None = None
     if any(p.needs_global_out for p in personal_parts + spec.parts):
         frozen = _Shared(ws.global_copy, starts[0], taps) if same_start else _Frozen(ws.global_copy, starts, taps, device)
@@ -530,8 +594,9 @@ def _train_together(ws: Workspace, starts: list[Tensors], datas: list[Split], sp
                 index = indices[tuple(members)] = torch.tensor(members)
             record = _recorder(sums, seen, index, rows)
             group_rcs = [rcs[c] for c in members]
-            global_out = frozen.out(group, x) if frozen is not None else None
-            prev_out = previous.out(group, x) if previous is not None else None
+            with precision.autocast(s.precision, device):  # frozen models' forwards: as the trained one's
+                global_out = frozen.out(group, x) if frozen is not None else None
+                prev_out = previous.out(group, x) if previous is not None else None
             group_present = _rows(present, group)
             group_global = global_params if same_start else _pick(global_params, group)
 
@@ -573,10 +638,22 @@ def _train_together(ws: Workspace, starts: list[Tensors], datas: list[Split], sp
             save_optimizer(global_stack.optimizer, trainable, rc.state, OPTIM, client=None if one else c)
             if ditto:
                 save_optimizer(personal_stack.optimizer, trainable, rc.state, PERSONAL_OPTIM, client=None if one else c)
+        for stack, prefix in ((global_stack, AMP), (personal_stack, PERSONAL_AMP)):
+            if stack is not None and stack.scale is not None:
+                rc.state.update(stack.scale.save(prefix, None if one else c))
         own = {k: v[c] for k, v in sums_of.items() if k in ("train_loss", "personal_loss") or seen_by[k][c]}
         uploads.append(client_upload(rc, trained, s, extras, own, rc.steps, seconds / count,
                                      flops[c] if spec.count_flops else None, traces[c] if traces is not None else None))
     return [uploads[i] for i in sorted(range(count), key=order.__getitem__)]  # the caller's order
+
+
+def _stack_rows(group: Group, rows: Tensor) -> Tensor:
+    """The stack's row indices of the group members that ``rows`` (a (members,) mask) marks."""
+    if group is None:
+        return rows.nonzero().flatten()
+    if isinstance(group, slice):
+        return rows.nonzero().flatten() + (group.start or 0)
+    return group[rows]
 
 
 def _logits(out: ModelOutput) -> Tensor:
@@ -640,12 +717,12 @@ def _sample_flops(ws: Workspace, shape: tuple[int, ...], frozen: bool, ditto: bo
 
 def _with_terms(task: Tensor, parts: list[Part], ctx: LockstepContext,
                 record: Callable[[str, Tensor, Tensor | None], None]) -> Tensor:
-    """Σ over clients of :func:`~fedlatent.federated.client.add_terms`: task + Σ weight·term,
-    each part's (clients,) term recorded (a part with no term for any client of the group returns
-    None, as its :meth:`~Part.loss` would)."""
-    total = add_terms(task, parts, lambda part: part.lockstep_loss(ctx),
-                      lambda part, value: record(part.name, value, ctx.prev_present if part.needs_prev_out else None))
-    return total if total.dim() == 0 else total.sum()  # one client's task alone: already its loss
+    """Each client's :func:`~fedlatent.federated.client.add_terms`: task + Σ weight·term, a (clients,)
+    tensor (one client's task alone: 0-d, its loss), summed by the step (fp16 scales each client's
+    first); each part's (clients,) term recorded (a part with no term for any client of the group
+    returns None, as its :meth:`~Part.loss` would)."""
+    return add_terms(task, parts, lambda part: part.lockstep_loss(ctx),
+                     lambda part, value: record(part.name, value, ctx.prev_present if part.needs_prev_out else None))
 
 
 def _personal_loss(spec: MethodSpec, forward: Callable, global_out: ModelOutput | None, taps: tuple[str, ...],

@@ -27,6 +27,7 @@ from fedlatent.data.augment import Augmentation
 from fedlatent.data.types import Split
 from fedlatent.federated.client import LocalSettings, Workspace
 from fedlatent.federated.lockstep import local_update
+from fedlatent.federated import precision
 from fedlatent.federated.failures import (ClientFailure, RunStopped, all_finite, first_nonfinite, losses_finite,
                                          nonfinite_quantity, screen, upload_tensors)
 from fedlatent.federated.server import Server
@@ -124,7 +125,8 @@ def local_settings(train: TrainConfig, lr: float, epochs: int, augment: Augmenta
     """The local optimiser and loop settings of a round at learning rate ``lr``."""
     return LocalSettings(epochs, train.batch_size, lr, train.momentum, train.weight_decay, train.drop_last, augment,
                          num_classes, device, optimizer=train.optimizer, steps=train.local_steps,
-                         keep_optimizer=train.optimizer_state == "kept")
+                         keep_optimizer=train.optimizer_state == "kept",
+                         precision=precision.resolve(train.precision, device))
 
 
 # server half -------------------------------------------------------------------------------------

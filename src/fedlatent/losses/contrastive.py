@@ -19,9 +19,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from fedlatent.losses.amp import in_float32
+
 __all__ = ["moon_contrastive", "proximal", "prototype_distance"]
 
 
+@in_float32
 def moon_contrastive(
     z: Tensor,
     z_global: Tensor,
@@ -112,6 +115,7 @@ def proximal(params: Sequence[Tensor], reference: Sequence[Tensor], mu: float) -
     return 0.5 * mu * total
 
 
+@in_float32
 def prototype_distance(
     z: Tensor,
     labels: Tensor,

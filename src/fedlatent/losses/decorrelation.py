@@ -9,11 +9,14 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from fedlatent.losses.amp import in_float32
+
 __all__ = ["decorrelation", "SEMANTICS"]
 
 SEMANTICS = ("paper", "official")
 
 
+@in_float32
 def decorrelation(z: Tensor, semantics: str = "paper", eps: float = 1e-8) -> Tensor:
     """Squared correlations between the dimensions of a batch of representations.
 

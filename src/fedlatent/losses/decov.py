@@ -17,6 +17,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from fedlatent.losses.amp import in_float32
+
 __all__ = ["covariance", "decov", "structured_decov", "group_of"]
 
 
@@ -28,6 +30,7 @@ def covariance(h: Tensor) -> Tensor:
     return centred.T @ centred / h.shape[0]
 
 
+@in_float32
 def decov(h: Tensor) -> Tensor:
     """½ (‖C‖_F² − ‖diag C‖²): the squared off-diagonal covariances, halved.
 
@@ -46,6 +49,7 @@ def group_of(d: int, groups: int) -> Tensor:
     return torch.arange(d) * groups // d
 
 
+@in_float32
 def structured_decov(h: Tensor, groups: int) -> Tensor:
     """½ (‖C‖_F² − Σ_g ‖C_gg‖_F²): the squared covariances between units of different groups, halved."""
     c = covariance(h)

@@ -51,6 +51,8 @@ import torch.nn.functional as F
 from scipy.optimize import minimize
 from torch import Tensor
 
+from fedlatent.losses.amp import in_float32
+
 __all__ = [
     "kernel_bandwidths",
     "squared_distances",
@@ -102,6 +104,7 @@ def squared_distances(a: Tensor, b: Tensor | None = None) -> Tensor:
     return _cross_distances(a[None], (a if b is None else b)[None], zero_diagonal=b is None)[0]
 
 
+@in_float32
 def mmd_estimates(x: Tensor, y: Tensor, *, gammas: Tensor | None = None, kernel: str = "paper",
                   estimator: str = "biased", normalize: bool = False) -> Tensor:
     """Per-kernel MMD² estimates m̂ ∈ R^K (see the module docstring for kernels and estimators).
@@ -124,6 +127,7 @@ def mmd_estimates(x: Tensor, y: Tensor, *, gammas: Tensor | None = None, kernel:
     return (kxx.mean((2, 3)) + kyy.mean((2, 3)) - 2.0 * kxy.mean((2, 3)))[0, back]
 
 
+@in_float32
 def mmd_estimates_covariance(x: Tensor, y: Tensor, *, gammas: Tensor | None = None,
                              kernel: str = "paper", estimator: str = "biased",
                              normalize: bool = False, quadruples: str = "all") -> Tensor:
@@ -155,6 +159,7 @@ def mmd_estimates_covariance(x: Tensor, y: Tensor, *, gammas: Tensor | None = No
                                          normalize=normalize, quadruples=quadruples)[1]
 
 
+@in_float32
 def mmd_estimates_with_covariance(x: Tensor, y: Tensor, *, gammas: Tensor | None = None,
                                   kernel: str = "paper", estimator: str = "biased", normalize: bool = False,
                                   quadruples: str = "all") -> tuple[Tensor, Tensor]:
@@ -178,6 +183,7 @@ def mmd_estimates_with_covariance(x: Tensor, y: Tensor, *, gammas: Tensor | None
     return m_hat[0], q[0]
 
 
+@in_float32
 def mmd_estimates_with_covariance_batch(xs: Tensor, ys: Tensor, *, gammas: Tensor | None = None,
                                         kernel: str = "paper", estimator: str = "biased", normalize: bool = False,
                                         quadruples: str = "all") -> tuple[Tensor, Tensor]:
@@ -243,6 +249,7 @@ def optimize_kernel_weights(estimates: Tensor, covariance: Tensor, *, eps: float
     return torch.as_tensor(beta, dtype=estimates.dtype, device=estimates.device)
 
 
+@in_float32
 def mk_mmd(x: Tensor, y: Tensor, *, gammas: Tensor | None = None, betas: Tensor | None = None,
            kernel: str = "paper", normalize: bool = False, estimator: str = "biased") -> Tensor:
     """MK-MMD² = Σ_j β_j MMD²_j(x, y); β uniform (1/K) when ``betas`` is None.
@@ -270,6 +277,7 @@ def mk_mmd(x: Tensor, y: Tensor, *, gammas: Tensor | None = None, betas: Tensor 
     return torch.dot(b @ k, _block_weights(x.shape[0], y.shape[0], x.dtype, x.device))
 
 
+@in_float32
 def mk_mmd_batch(xs: Tensor, ys: Tensor, *, betas: Tensor, gammas: Tensor | None = None, kernel: str = "paper",
                  normalize: bool = False, estimator: str = "biased") -> Tensor:
     """:func:`mk_mmd` of B problems at once: (B, n, …), (B, m, …) and β (B, K) ↦ (B,).

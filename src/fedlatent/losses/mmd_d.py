@@ -31,6 +31,7 @@ from torch import Tensor, nn
 
 from fedlatent.losses.mmd import _LOG2E, batched_self_distances, squared_distances
 from fedlatent.losses.update import LocalOptimizer, Rule
+from fedlatent.losses.amp import in_float32
 
 __all__ = ["DeepKernel", "GramWorkspace", "deep_kernel_matrix", "mmd_d", "mmd_d_power", "mmd_d_stacked", "stack_parameters",
            "train_deep_kernel", "train_deep_kernels"]
@@ -130,6 +131,7 @@ def deep_kernel_matrix(kernel: DeepKernel, a: Tensor, b: Tensor | None = None, *
     return (1.0 - eps) * kappa + eps * q
 
 
+@in_float32
 def mmd_d(x: Tensor, y: Tensor, kernel: DeepKernel, *, semantics: str = "official",
           estimator: str = "unbiased") -> Tensor:
     """MMD² under the deep kernel; differentiable in x, y and the kernel's parameters.
@@ -154,6 +156,7 @@ def stack_parameters(kernels: list[DeepKernel]) -> dict[str, Tensor]:
     return {n: torch.stack([own[n] for own in named]) for n in named[0]}
 
 
+@in_float32
 def mmd_d_stacked(xs: Tensor, ys: Tensor, template: DeepKernel, params: dict[str, Tensor], *,
                   semantics: str = "official", estimator: str = "unbiased") -> Tensor:
     """:func:`mmd_d` of K kernels at once, kernel k (``params`` stacked as by
@@ -194,6 +197,7 @@ def mmd_d_stacked(xs: Tensor, ys: Tensor, template: DeepKernel, params: dict[str
             + (kyy.sum((1, 2)) - kyy.diagonal(dim1=1, dim2=2).sum(1)) / (m * (m - 1)) - 2.0 * kxy.mean((1, 2)))
 
 
+@in_float32
 def mmd_d_power(x: Tensor, y: Tensor, kernel: DeepKernel, *, semantics: str = "official",
                 reg: float = 1e-8) -> Tensor:
     """Test-power proxy Ĵ = MMD²_u / sqrt(σ̂²_H1 + reg) (Liu et al. Eq. 4–5).
@@ -206,6 +210,7 @@ def mmd_d_power(x: Tensor, y: Tensor, kernel: DeepKernel, *, semantics: str = "o
     return _power(_paired_h(x, y, kernel, semantics), reg)
 
 
+@in_float32
 def train_deep_kernel(kernel: DeepKernel, x: Tensor, y: Tensor, *, steps: int, lr: float = 1e-3,
                       semantics: str = "official", weight_decay: float = 0.01,
                       reg: float = 1e-8) -> list[float]:
@@ -222,6 +227,7 @@ def train_deep_kernel(kernel: DeepKernel, x: Tensor, y: Tensor, *, steps: int, l
     return values[:, 0].tolist()
 
 
+@in_float32
 def train_deep_kernels(kernels: list[DeepKernel], xs: Tensor, ys: Tensor, *, steps: int, lr: float = 1e-3,
                        semantics: str = "official", weight_decay: float = 0.01, reg: float = 1e-8,
                        workspace: GramWorkspace | None = None) -> Tensor:

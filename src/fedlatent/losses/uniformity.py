@@ -11,9 +11,12 @@ import functools
 import torch
 from torch import Tensor
 
+from fedlatent.losses.amp import in_float32
+
 __all__ = ["uniformity"]
 
 
+@in_float32
 def uniformity(z: Tensor, *, sigma_factor: float = 1.0, detach_sigma: bool = False) -> Tensor:
     """Gaussian-potential uniformity of a batch of representations (FedUV's L_U).
 

@@ -11,11 +11,14 @@ import math
 import torch
 from torch import Tensor
 
+from fedlatent.losses.amp import in_float32
+
 __all__ = ["variance", "HINGES"]
 
 HINGES = ("hinge", "none", "squared")
 
 
+@in_float32
 def variance(logits: Tensor, *, gamma: float | None = None, hinge: str = "hinge") -> Tensor:
     """Hinge on the batch standard deviation of each class's predicted probability (FedUV's L_V).
 

@@ -19,6 +19,7 @@ from torch import Tensor
 from torch.nn import functional as F
 
 from fedlatent.models.base import FedModel, ModelOutput
+from fedlatent.losses.amp import in_float32
 
 Tensors = dict[str, Tensor]
 
@@ -344,6 +345,7 @@ def _identity(num_classes: int, dtype: torch.dtype, device: torch.device) -> Ten
         return torch.eye(num_classes, dtype=dtype, device=device)
 
 
+@in_float32
 def task_loss(kind: str, logits: Tensor, y: Tensor, reduction: str = "mean", temperature: float = 1.0) -> Tensor:
     """Cross-entropy of ``logits / temperature``, or SphereFed's MSE (1/C)‖logits − onehot(y)‖²
     averaged over the batch (``reduction="none"``: per sample for cross-entropy, per sample and

@@ -160,7 +160,8 @@ def test_resume_with_another_explicit_backend_is_refused(tmp_path) -> None:
     assert single.as_started(config, tmp_path / "run" / "config.toml").backend == "vectorized"
     with pytest.raises(ConfigError, match="differs"):
         fedlatent.experiment.run(dataclasses.replace(config, backend="simulation"), tmp_path / "run", resume=True)
-    assert (tmp_path / "run" / "config.toml").read_text() == to_toml(dataclasses.replace(config, backend="vectorized"))
+    started = dataclasses.replace(config, backend="vectorized", train=dataclasses.replace(config.train, precision="fp32"))
+    assert (tmp_path / "run" / "config.toml").read_text() == to_toml(started)
 
 
 def test_auto_chooses_by_speed_whatever_the_local_optimiser() -> None:

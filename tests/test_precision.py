@@ -170,3 +170,13 @@ def test_flower_on_a_gpu_leaves_auto_to_its_nodes() -> None:
     assert resolve_precision(dataclasses.replace(config, backend="flower")).train.precision == "fp32"
     on_gpu = dataclasses.replace(config, backend="flower", train=dataclasses.replace(config.train, device="cuda"))
     assert resolve_precision(on_gpu).train.precision == "auto"
+
+
+def test_flower_nodes_train_in_the_configured_precision(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """fp16 through fedlatent's Flower apps (in-process grid, the scale kept in the nodes'
+    contexts) gives the embedded backend's weights every round."""
+    pytest.importorskip("flwr")
+    from tests.flower_procs import InProcessGrid
+    from tests.test_flower import assert_parity, run_both
+    assert_parity(*run_both(tmp_path, monkeypatch, ['train.precision="fp16"'], grid=InProcessGrid(2)))
+    assert tomllib.loads((tmp_path / "flower" / "config.toml").read_text())["train"]["precision"] == "fp16"

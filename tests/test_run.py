@@ -86,7 +86,10 @@ def test_summary_and_run_directory(full_run) -> None:
     # config.toml is the fully resolved configuration and loads back to the same config
     # ... with backend = "auto" resolved to the backend the run trained on (the MLP: vectorized)
     assert on_disk["backend"] == "vectorized" and load_config(DIGITS_CONFIG).backend == "auto"
-    started = dataclasses.replace(load_config(DIGITS_CONFIG), backend="vectorized")
+    # ... and train.precision = "auto" to what it is on the CPU, fp32
+    given = load_config(DIGITS_CONFIG)
+    assert given.train.precision == "auto"
+    started = dataclasses.replace(given, backend="vectorized", train=dataclasses.replace(given.train, precision="fp32"))
     assert load_config(out / "config.toml") == started
     assert (out / "config.toml").read_text() == to_toml(started)
     assert "lr_schedule" in tomllib.loads((out / "config.toml").read_text())["train"]

@@ -2,7 +2,11 @@
 and a data set's own training transform (FLamby's Fed-ISIC2019 one).
 
 Applied to a whole batch of tensors at once (no per-sample Python loop), driven by an explicit
-``torch.Generator`` so runs stay deterministic for a seed.
+``torch.Generator`` so runs stay deterministic for a seed. Crop + flip and AutoAugment draw a fixed
+amount per image, so a batch's augmentation is :func:`draw` (on the host, in the order
+:func:`augment_batch` draws) then :func:`apply` (on the images' device): the lockstep trainer draws
+a client's whole round at its start and applies the draws to many clients' batches at once. A data
+set's transform decides per batch how to resample, so it is applied batch by batch.
 """
 from __future__ import annotations
 

@@ -19,7 +19,10 @@ Clients with fewer batches drop out of the later steps; a step whose active clie
 different sizes (an epoch's short last batch) runs once per batch size. BatchNorm statistics are
 stacked with the weights and updated per client. Each client's batches and augmentation (crops,
 flips, policies) are drawn from its own seeded generator in the order of a client trained alone,
-so augmented runs agree too.
+so augmented runs agree too: a client's whole round is drawn at its start, and a step's batches of
+all clients are one gather from their training sets held on the training device (images as uint8),
+crop + flip one indexing op over the stack (:class:`_Batches`); a data set's own transform
+(FLamby's) is drawn and applied client by client, batch by batch.
 
 Parts take part per client: :meth:`~fedlatent.methods.parts.Part.begin` and
 :meth:`~fedlatent.methods.parts.Part.finish` per client (round-scoped data in ``rc.scratch``,

@@ -5,8 +5,12 @@ Checked before any data is read, so that ``train.device = "cuda"`` on a machine 
 device (or a typo) fails with one line instead of a stack trace from the first batch."""
 from __future__ import annotations
 
+from typing import TypeVar
+
 import torch
 from torch import Tensor
+
+M = TypeVar("M", bound=torch.nn.Module)
 
 
 def refusal(name: str) -> str | None:
@@ -45,7 +49,7 @@ def convolutional(model: torch.nn.Module) -> bool:
     return any(isinstance(m, torch.nn.Conv2d) for m in model.modules())
 
 
-def laid_out(model: torch.nn.Module, on: bool) -> torch.nn.Module:
+def laid_out(model: M, on: bool) -> M:
     """``model`` with its 4-D weights channels_last when ``on`` and it is convolutional (in place)."""
     return model.to(memory_format=torch.channels_last) if on and convolutional(model) else model  # type: ignore[call-overload]
 
@@ -55,7 +59,7 @@ def batch_layout(x: Tensor, on: bool) -> Tensor:
     return x.contiguous(memory_format=torch.channels_last) if on and x.dim() == 4 else x
 
 
-def prepare(model: torch.nn.Module, device: torch.device | str) -> torch.nn.Module:
+def prepare(model: M, device: torch.device | str) -> M:
     """The run's model on ``device`` with that device's layout, and cuDNN's autotuner on where it
     pays: ``torch.backends.cudnn.benchmark`` picks each convolution's fastest algorithm for the
     run's input shapes (the same shapes every step), at the price of bitwise repeatability."""

@@ -460,7 +460,8 @@ def test_pooled_batches_are_each_client_s_own_draws(drop_last: bool, compact: bo
             x, y = draws.stacked(taken, members, size)
             assert x.shape[:2] == y.shape == (len(members), size)
             for row, c in enumerate(members):
-                assert torch.equal(taken[c], expected[c] + offsets[c])  # the client's rows of the pool
+                rows = draws.rows[taken[c].start:taken[c].start + taken[c].length]
+                assert torch.equal(rows, expected[c] + offsets[c])  # the client's rows of the pool
                 assert torch.equal(x[row], datas[c].x[expected[c]]) and torch.equal(y[row], datas[c].y[expected[c]])
             steps += 1
         # every client at once, the shorter batches padded with copies of their last sample

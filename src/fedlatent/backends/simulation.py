@@ -24,7 +24,7 @@ import torch
 from fedlatent.config import RunConfig
 from fedlatent.data.types import Federation, GlobalData, Split
 from fedlatent.errors import ConfigError
-from fedlatent.federated import calibrate, driver
+from fedlatent.federated import calibrate, devices, driver
 from fedlatent.federated.client import LocalSettings, Workspace, state_to_cpu, workspace_for
 from fedlatent.federated.lockstep import local_update
 from fedlatent.federated.diagnostics import Diagnostics
@@ -153,11 +153,11 @@ def setup(config: RunConfig, federation: Federation, spec: MethodSpec, trainer: 
 
 def initial_server(config: RunConfig, federation: GlobalData, spec: MethodSpec,
                    num_clients: int) -> tuple[FedModel, Server]:
-    """The run's model on its device and the server of ``num_clients`` clients holding its initial
-    weights (every backend's start; torch's one-off optimiser import first, so that it is not
-    counted in round 1)."""
+    """The run's model on its device (in that device's layout, :func:`fedlatent.federated.devices.prepare`)
+    and the server of ``num_clients`` clients holding its initial weights (every backend's start;
+    torch's one-off optimiser import first, so that it is not counted in round 1)."""
     torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0)
-    model = make_model(config, federation, spec).to(config.train.device)
+    model = devices.prepare(make_model(config, federation, spec), config.train.device)
     server = Server(spec, state_to_cpu(model), [n for n, _ in model.named_parameters()], trainable_names(model),
                     config.server, num_clients)
     return model, server

@@ -2,7 +2,11 @@
 and a data set's own training transform (FLamby's Fed-ISIC2019 one).
 
 Applied to a whole batch of tensors at once (no per-sample Python loop), driven by an explicit
-``torch.Generator`` so runs stay deterministic for a seed.
+``torch.Generator`` so runs stay deterministic for a seed. Crop + flip and AutoAugment draw a fixed
+amount per image, so a batch's augmentation is :func:`draw` (on the host, in the order
+:func:`augment_batch` draws) then :func:`apply` (on the images' device): the lockstep trainer draws
+a client's whole round at its start and applies the draws to many clients' batches at once. A data
+set's transform decides per batch how to resample, so it is applied batch by batch.
 """
 from __future__ import annotations
 
@@ -14,7 +18,7 @@ import torch
 from torch import Tensor
 from torch.nn import functional as F
 
-from fedlatent.data.autoaugment import autoaugment
+from fedlatent.data import autoaugment
 from fedlatent.data.flamby_isic import flamby_isic
 
 # data.augment_policy → transform of images in [0, 1] ending in a crop to the model's input side
@@ -40,31 +44,52 @@ class Augmentation:
         return self.crop_flip or self.policy != "none" or self.transform != "none"
 
 
-def random_crop(x: Tensor, padding: int, generator: torch.Generator) -> Tensor:
-    """Pad N×C×H×W by ``padding`` zeros and crop a random H×W window per sample."""
+def crop_offsets(n: int, padding: int, generator: torch.Generator) -> tuple[Tensor, Tensor]:
+    """The (top, left) offsets of n random crops of images padded by ``padding``: top first."""
+    top = torch.randint(0, 2 * padding + 1, (n,), generator=generator)
+    left = torch.randint(0, 2 * padding + 1, (n,), generator=generator)
+    return top, left
+
+
+def flips(n: int, generator: torch.Generator) -> Tensor:
+    """Which of n images flip left-right, each with probability 1/2."""
+    return torch.rand(n, generator=generator) < 0.5
+
+
+def crop_at(x: Tensor, padding: int, top: Tensor, left: Tensor) -> Tensor:
+    """Pad N×C×H×W by ``padding`` zeros and take the H×W window at (top, left) of each image: one
+    indexing op for the whole batch (``top``, ``left``: N offsets, moved to ``x``'s device)."""
     n, c, h, w = x.shape
     padded = F.pad(x, (padding,) * 4)
-    top = torch.randint(0, 2 * padding + 1, (n,), generator=generator).to(x.device)
-    left = torch.randint(0, 2 * padding + 1, (n,), generator=generator).to(x.device)
-    rows = (top[:, None] + torch.arange(h, device=x.device))[:, None, :, None]
-    cols = (left[:, None] + torch.arange(w, device=x.device))[:, None, None, :]
+    rows = (top.to(x.device)[:, None] + torch.arange(h, device=x.device))[:, None, :, None]
+    cols = (left.to(x.device)[:, None] + torch.arange(w, device=x.device))[:, None, None, :]
     batch = torch.arange(n, device=x.device)[:, None, None, None]
     chan = torch.arange(c, device=x.device)[None, :, None, None]
     return padded[batch, chan, rows, cols]
 
 
+def flip_where(x: Tensor, flip: Tensor) -> Tensor:
+    """``x`` with the images where ``flip`` is true flipped left-right."""
+    return torch.where(flip.to(x.device)[:, None, None, None], x.flip(-1), x)
+
+
+def random_crop(x: Tensor, padding: int, generator: torch.Generator) -> Tensor:
+    """Pad N×C×H×W by ``padding`` zeros and crop a random H×W window per sample."""
+    return crop_at(x, padding, *crop_offsets(x.shape[0], padding, generator))
+
+
 def random_flip(x: Tensor, generator: torch.Generator) -> Tensor:
     """Flip each sample left-right with probability 1/2."""
-    flip = (torch.rand(x.shape[0], generator=generator) < 0.5).to(x.device)
-    return torch.where(flip[:, None, None, None], x.flip(-1), x)
+    return flip_where(x, flips(x.shape[0], generator))
 
 
-def pixel_autoaugment(x: Tensor, generator: torch.Generator, aug: Augmentation) -> Tensor:
-    """AutoAugment on standardised images: to integers 0..255, the policy, and back."""
+def pixel_autoaugment(x: Tensor, drawn: dict[str, Tensor], aug: Augmentation) -> Tensor:
+    """AutoAugment on standardised images with its draws (:func:`~fedlatent.data.autoaugment.draw`):
+    to integers 0..255, the policy, and back."""
     mean = torch.as_tensor(aug.mean, dtype=x.dtype, device=x.device)
     std = torch.as_tensor(aug.std, dtype=x.dtype, device=x.device)
     pixels = torch.round((x * std + mean).clamp(0, 1) * 255)
-    return (autoaugment(pixels, generator, aug.policy) / 255 - mean) / std
+    return (autoaugment.apply(pixels, drawn, aug.policy) / 255 - mean) / std
 
 
 def pixel_transform(x: Tensor, generator: torch.Generator, aug: Augmentation) -> Tensor:
@@ -73,6 +98,40 @@ def pixel_transform(x: Tensor, generator: torch.Generator, aug: Augmentation) ->
     mean = torch.as_tensor(aug.mean, dtype=x.dtype, device=x.device)
     std = torch.as_tensor(aug.std, dtype=x.dtype, device=x.device)
     return (POLICIES[aug.transform]((x * std + mean).clamp(0, 1), generator, aug.size) - mean) / std
+
+
+def pooled(augmentation: Augmentation | bool) -> bool:
+    """Whether a batch's augmentation is :func:`draw` then :func:`apply` alone, so that a round's
+    draws can be made at its start and applied to many clients' batches at once: crop + flip and
+    AutoAugment draw a fixed amount per image; a data set's transform (FLamby's) chooses per batch
+    whether to resample, so it is applied batch by batch."""
+    aug = augmentation if isinstance(augmentation, Augmentation) else Augmentation(crop_flip=augmentation)
+    return aug.transform == "none"
+
+
+def draw(n: int, generator: torch.Generator, augmentation: Augmentation | bool = True,
+         padding: int = 4) -> dict[str, Tensor]:
+    """The draws of a batch of n images after the data set's transform, in the order
+    :func:`augment_batch` makes them: the crops' top then left offsets, the flips, the policy's."""
+    aug = augmentation if isinstance(augmentation, Augmentation) else Augmentation(crop_flip=augmentation)
+    drawn: dict[str, Tensor] = {}
+    if aug.crop_flip:
+        drawn["top"], drawn["left"] = crop_offsets(n, padding, generator)
+        drawn["flip"] = flips(n, generator)
+    if aug.policy != "none":
+        drawn.update(autoaugment.draw(n, generator, aug.policy))
+    return drawn
+
+
+def apply(x: Tensor, drawn: dict[str, Tensor], augmentation: Augmentation | bool = True, padding: int = 4) -> Tensor:
+    """Crop + flip, then the AutoAugment policy, of N×C×H×W images with their draws (:func:`draw`;
+    row k's draws for image k, whatever batch or client it comes from)."""
+    aug = augmentation if isinstance(augmentation, Augmentation) else Augmentation(crop_flip=augmentation)
+    if aug.crop_flip:
+        x = flip_where(crop_at(x, padding, drawn["top"], drawn["left"]), drawn["flip"])
+    if aug.policy != "none":
+        x = pixel_autoaugment(x, drawn, aug)
+    return x
 
 
 def augment_batch(x: Tensor, generator: torch.Generator, augmentation: Augmentation | bool = True,
@@ -85,8 +144,4 @@ def augment_batch(x: Tensor, generator: torch.Generator, augmentation: Augmentat
         return x
     if aug.transform != "none":
         x = pixel_transform(x, generator, aug)
-    if aug.crop_flip:
-        x = random_flip(random_crop(x, padding, generator), generator)
-    if aug.policy != "none":
-        x = pixel_autoaugment(x, generator, aug)
-    return x
+    return apply(x, draw(x.shape[0], generator, aug, padding), aug, padding)

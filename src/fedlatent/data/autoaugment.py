@@ -220,14 +220,22 @@ OPS: dict[str, Callable[[Tensor, Tensor], Tensor]] = {
 }
 
 
-def autoaugment(x: Tensor, generator: torch.Generator, policy: str = "cifar10") -> Tensor:
-    """Apply the named policy to N×C×H×W images holding integers 0..255; one sub-policy per image.
-    Draws (per image): the sub-policy, two uniform numbers against the probabilities, two signs."""
-    table = POLICIES[policy]
-    n, _, h, w = x.shape
-    choice = torch.randint(0, len(table), (n,), generator=generator)
+def draw(n: int, generator: torch.Generator, policy: str = "cifar10") -> dict[str, Tensor]:
+    """The draws of n images, in order: the sub-policy (``choice``), two uniform numbers against
+    the probabilities (``probs``, n×2), two signs (``signs``, n×2) — a fixed amount per image, so
+    a round's draws can be made ahead of its batches."""
+    choice = torch.randint(0, len(POLICIES[policy]), (n,), generator=generator)
     probs = torch.rand(n, 2, generator=generator)
     signs = torch.randint(0, 2, (n, 2), generator=generator)
+    return {"choice": choice, "probs": probs, "signs": signs}
+
+
+def apply(x: Tensor, drawn: dict[str, Tensor], policy: str = "cifar10") -> Tensor:
+    """The named policy on N×C×H×W images holding integers 0..255, with the draws of :func:`draw`
+    (read on the host: which images each operation takes is decided there, as for any batch)."""
+    table = POLICIES[policy]
+    _, _, h, w = x.shape
+    choice, probs, signs = (drawn[k].cpu() for k in ("choice", "probs", "signs"))
     out = x.clone()
     for stage in range(2):
         for k, sub in enumerate(table):
@@ -241,3 +249,9 @@ def autoaugment(x: Tensor, generator: torch.Generator, policy: str = "cifar10") 
             dev = idx.to(x.device)
             out[dev] = OPS[name](out[dev], mag)
     return out
+
+
+def autoaugment(x: Tensor, generator: torch.Generator, policy: str = "cifar10") -> Tensor:
+    """Apply the named policy to N×C×H×W images holding integers 0..255; one sub-policy per image.
+    Draws (per image): the sub-policy, two uniform numbers against the probabilities, two signs."""
+    return apply(x, draw(x.shape[0], generator, policy), policy)

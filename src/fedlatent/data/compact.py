@@ -57,6 +57,15 @@ class Images:
         out = (data[idx].to(torch.float32) / 255.0 - self.mean) / self.std
         return out[(slice(None),) * (out.dim() - 3) + rest] if rest else out
 
+    def to(self, device: torch.device | str) -> "Images":
+        """The same images held on ``device``, still uint8 (a quarter of float32), with their
+        statistics there too: indexing standardises on that device."""
+        if self.data.device == torch.device(device):
+            return self
+        moved = Images(self.data.to(device), self.mean.flatten().numpy(), self.std.flatten().numpy(), self.crop)
+        moved.mean, moved.std = self.mean.to(device), self.std.to(device)
+        return moved
+
     def take(self, idx: Tensor) -> "Images":
         """The images at ``idx``, still compact."""
         return Images(self.data[idx], self.mean.flatten(), self.std.flatten(), self.crop)

@@ -45,6 +45,10 @@ class Split:
         idx = torch.as_tensor(np.asarray(indices), dtype=torch.long)
         return Split(self.x.take(idx) if isinstance(self.x, Images) else self.x[idx], self.y[idx])
 
+    def to(self, device: torch.device | str) -> "Split":
+        """The split held on ``device`` (compact images stay compact)."""
+        return Split(self.x.to(device), self.y.to(device))
+
     @staticmethod
     def concat(parts: list["Split"]) -> "Split":
         """The parts one after another (compact images stay compact)."""

@@ -111,7 +111,10 @@ def batches(num_samples: int, batch_size: int, drop_last: bool, generator: torch
 
 
 def state_to_cpu(model: torch.nn.Module) -> Tensors:
-    return {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
+    """A copy of the model's state on the CPU, every tensor contiguous (a model held channels_last
+    on its device still saves and averages as NCHW tensors)."""
+    return {k: v.detach().to("cpu", copy=True, memory_format=torch.contiguous_format)
+            for k, v in model.state_dict().items()}
 
 
 def prefixed(state: Tensors, prefix: str) -> Tensors:

@@ -19,7 +19,10 @@ Clients with fewer batches drop out of the later steps; a step whose active clie
 different sizes (an epoch's short last batch) runs once per batch size. BatchNorm statistics are
 stacked with the weights and updated per client. Each client's batches and augmentation (crops,
 flips, policies) are drawn from its own seeded generator in the order of a client trained alone,
-so augmented runs agree too.
+so augmented runs agree too: a client's whole round is drawn at its start, and a step's batches of
+all clients are one gather from their training sets held on the training device (images as uint8),
+crop + flip one indexing op over the stack (:class:`_Batches`); a data set's own transform
+(FLamby's) is drawn and applied client by client, batch by batch.
 
 Parts take part per client: :meth:`~fedlatent.methods.parts.Part.begin` and
 :meth:`~fedlatent.methods.parts.Part.finish` per client (round-scoped data in ``rc.scratch``,
@@ -45,18 +48,18 @@ import time
 from collections import defaultdict
 from collections.abc import Iterator
 from itertools import accumulate
-from typing import Callable
+from typing import Callable, NamedTuple, cast
 
 import torch
 from torch import Tensor
 from torch.func import functional_call, vmap
 
-from fedlatent.data.augment import augment_batch
+from fedlatent.data import augment
 from fedlatent.data.compact import Images
 from fedlatent.data.types import Split
 from fedlatent.losses import update
 from fedlatent.losses.amp import LossScale
-from fedlatent.federated import precision
+from fedlatent.federated import devices, precision
 from fedlatent.federated.client import (AMP, OPTIM, PERSONAL, PERSONAL_AMP, PERSONAL_OPTIM, PREVIOUS, LocalSettings,
                                        Workspace, _epochs,
                                        add_terms, client_upload, finish_parts, keep_models, partial_round, planned_steps,
@@ -305,63 +308,115 @@ def _stacked(model: FedModel, taps: tuple[str, ...]) -> Callable[[dict[str, Tens
 def _stream(data: Split, s: LocalSettings, generator: torch.Generator) -> Iterator[tuple[Tensor, Tensor, Tensor]]:
     """One client's (indices, x, y) batches of the round, drawn from its generator in the order the
     client trained alone draws them: each epoch's permutation when the epoch starts, each batch's
-    augmentation when it is taken."""
+    augmentation when it is taken (a data set's transform, whose draws depend on the batch)."""
     for epoch in _epochs(len(data), s, generator):
         for idx in epoch:
-            if s.augment:  # the whole stored images: a training transform may crop them to the input size
-                x = data.x.full(idx) if isinstance(data.x, Images) else data.x[idx]
-                x = augment_batch(x.to(s.device), generator, s.augment)
-            else:
-                x = data.x[idx].to(s.device)
-            yield idx, x, data.y[idx].to(s.device)
+            # the whole stored images: a training transform may crop them to the input size
+            x = data.x.full(idx) if isinstance(data.x, Images) else data.x[idx]
+            yield idx, augment.augment_batch(x.to(s.device), generator, s.augment), data.y[idx].to(s.device)
+
+
+class _Span(NamedTuple):
+    """A client's batch in the round's plan: its rows ``start``, ``start + 1``, … (``length``)."""
+
+    start: int
+    length: int
+
+
+Taken = _Span | tuple[Tensor, Tensor, Tensor]  # a batch: its span of the plan, or streamed (indices, x, y)
+
+
+def _planned(num_samples: int, s: LocalSettings, generator: torch.Generator, offset: int,
+             images: bool) -> tuple[list[Tensor], list[dict[str, Tensor]]]:
+    """One client's round drawn at its start, in the order a client streaming its batches draws
+    it: each epoch's permutation when the epoch starts, then each of its batches' augmentation
+    draws (:func:`fedlatent.data.augment.draw`: crop offsets, flips, the policy's; none without
+    augmentation or for inputs that are not ``images``); the batches as rows of the pool (its
+    ``offset`` added to each permutation)."""
+    rows, drawn = [], []
+    for epoch in _epochs(num_samples, s, generator, offset):
+        for idx in epoch:
+            rows.append(idx)
+            if s.augment and images:
+                drawn.append(augment.draw(len(idx), generator, s.augment))
+    return rows, drawn
 
 
 class _Batches:
     """The round's batches of the clients of one stack, drawn from each client's generator in the
-    order of a client trained alone. With augmentation, client by client (:func:`_stream`: a batch's
-    transform draws from the generator between the epochs' permutations). Without, each client's
-    index batches of the whole round are drawn at the start (its permutations, epoch after epoch:
-    nothing else draws from its generator), and a step's batches of a group are one gather from
-    the clients' training sets concatenated once, not one per client and a stack."""
+    order of a client trained alone.
+
+    Planned (no augmentation, crop + flip, AutoAugment): at the start of the round, each client's
+    whole round is drawn on the host (:func:`_planned`: its permutations and every batch's
+    augmentation draws, in the order a client streaming its batches draws them: a few small draws
+    per batch, nothing per sample), and held with the rows on the training device; a step's batches
+    of a group are then one gather of the members' rows from the pool (the clients' training sets
+    concatenated and moved to the device once, images as uint8, standardised when gathered), and
+    crop + flip as one indexing op over the (clients × batch) images, the policy once for them all.
+    Streamed (a data set's transform, which decides per batch how to resample): client by client
+    (:func:`_stream`), the batches stacked. One client on a device that trains channels_last
+    (:mod:`fedlatent.federated.devices`) gets its 4-D batch in that layout; stacked clients run
+    under ``vmap`` on 5-D inputs, where it does not apply."""
 
     def __init__(self, ws: Workspace, datas: list[Split], sizes: list[int], s: LocalSettings,
                  generators: list[torch.Generator]) -> None:
         self.device = s.device
-        if s.augment:
+        self.layout = len(datas) == 1 and ws.model is not None and devices.channels_last(s.device) \
+            and devices.convolutional(ws.model)
+        self.streams: list[Iterator[Taken]]
+        if s.augment and not augment.pooled(s.augment):
             self.streams = [_stream(d, s, g) for d, g in zip(datas, generators)]
             return
-        self.pool = _pool(ws, datas)
-        # each client's index batches of the round, as rows of the pool (its offset added to each
-        # epoch's permutation)
-        self.streams = [iter([idx for epoch in _epochs(n, s, g, offset) for idx in epoch])
-                        for n, g, offset in zip(sizes, generators, [0, *accumulate(sizes)][:-1])]
+        self.pool = _pool(ws, datas, s.device)
+        self.augment = s.augment if len(self.pool.x.shape) == 4 else False  # inputs that are not images pass
+        plans = [_planned(n, s, g, offset, bool(self.augment))
+                 for n, g, offset in zip(sizes, generators, [0, *accumulate(sizes)][:-1])]
+        rows = [idx for plan_rows, _ in plans for idx in plan_rows]
+        lengths = [len(idx) for idx in rows]
+        starts = iter([0, *accumulate(lengths)])
+        self.streams = [iter([_Span(next(starts), len(idx)) for idx in plan_rows]) for plan_rows, _ in plans]
+        self.rows = (torch.cat(rows) if rows else torch.zeros(0, dtype=torch.long)).to(s.device)
+        drawn = [d for _, plan_drawn in plans for d in plan_drawn]
+        self.drawn = {k: torch.cat([d[k] for d in drawn]).to(s.device) for k in (drawn[0] if drawn else {})}
 
-    def take(self, active: list[int]) -> dict[int, Tensor | tuple[Tensor, Tensor, Tensor]]:
-        """The next batch of each client of ``active``: its indices (the pooled form) or (indices, x, y)."""
+    def take(self, active: list[int]) -> dict[int, Taken]:
+        """The next batch of each client of ``active``."""
         return {c: next(self.streams[c]) for c in active}
 
     @staticmethod
-    def size(batch: Tensor | tuple[Tensor, Tensor, Tensor]) -> int:
-        return len(batch) if isinstance(batch, Tensor) else len(batch[0])
+    def size(batch: Taken) -> int:
+        return batch.length if isinstance(batch, _Span) else len(batch[0])
 
-    def stacked(self, taken: dict[int, Tensor | tuple[Tensor, Tensor, Tensor]],
-                members: list[int], size: int) -> tuple[Tensor, Tensor]:
+    def stacked(self, taken: dict[int, Taken], members: list[int], size: int) -> tuple[Tensor, Tensor]:
         """The (clients, size, …) inputs and (clients, size) labels of ``members``' batches, a
-        shorter batch padded with copies of its last sample (:func:`_padded`)."""
+        shorter batch padded with copies of its last sample (:func:`_padded`; planned: its last
+        row and that row's draws again)."""
         first = taken[members[0]]
-        if not isinstance(first, Tensor):
-            return (torch.stack([_padded(taken[c][1], size) for c in members]),
-                    torch.stack([_padded(taken[c][2], size) for c in members]))
-        if len(members) == 1:  # one client's batch: its rows
-            return (_take(self.pool.x, first).to(self.device).unsqueeze(0),
-                    _take(self.pool.y, first).to(self.device).unsqueeze(0))
-        flat = torch.cat([taken[c] for c in members])
-        if len(flat) < len(members) * size:  # some batches shorter: each row's last index repeated
-            lengths = torch.tensor([len(taken[c]) for c in members])
-            starts = lengths.cumsum(0) - lengths
-            flat = flat[(starts[:, None] + torch.minimum(torch.arange(size), lengths[:, None] - 1)).flatten()]
-        x, y = _take(self.pool.x, flat).to(self.device), _take(self.pool.y, flat).to(self.device)
-        return x.unflatten(0, (len(members), size)), y.unflatten(0, (len(members), size))
+        if not isinstance(first, _Span):
+            streamed = cast(list[tuple[Tensor, Tensor, Tensor]], [taken[c] for c in members])
+            x = torch.stack([_padded(b[1], size) for b in streamed])
+            y = torch.stack([_padded(b[2], size) for b in streamed])
+            return self._laid(x.flatten(0, 1)).unflatten(0, x.shape[:2]), y
+        spans = cast(list[_Span], [taken[c] for c in members])
+        pos: Tensor | slice
+        if len(spans) == 1 and first.length == size:  # one client's whole batch: views of the plan
+            pos = slice(first.start, first.start + size)
+        else:  # each batch's positions in the plan, a shorter one's last repeated
+            starts, lengths = torch.tensor([[sp.start, sp.length] for sp in spans]).unbind(1)
+            pos = (starts[:, None] + torch.minimum(torch.arange(size), lengths[:, None] - 1)).flatten().to(self.device)
+        rows = self.rows[pos]
+        if self.augment:  # the whole stored images, as a streamed batch takes them
+            x = self.pool.x.full(rows) if isinstance(self.pool.x, Images) else self.pool.x.index_select(0, rows)
+            x = augment.apply(x, {k: v[pos] for k, v in self.drawn.items()}, self.augment)
+        else:
+            x = _take(self.pool.x, rows)
+        shape = (len(members), size)
+        return self._laid(x).unflatten(0, shape), _take(self.pool.y, rows).unflatten(0, shape)
+
+    def _laid(self, x: Tensor) -> Tensor:
+        """The (clients × batch, …) inputs in the device's layout (:func:`devices.batch_layout`);
+        unflattening the client axis keeps each client's view in it."""
+        return devices.batch_layout(x, self.layout)
 
 
 def _take(values: Tensor | Images, rows: Tensor) -> Tensor:
@@ -370,17 +425,19 @@ def _take(values: Tensor | Images, rows: Tensor) -> Tensor:
     return values.index_select(0, rows) if isinstance(values, Tensor) else values[rows]
 
 
-def _pool(ws: Workspace, datas: list[Split]) -> Split:
-    """The clients' training sets one after another: the workspace's last pool when it holds the
-    same sets (a round of the same clients), else a new one, kept there in its place (the old one
-    let go first: one pool in memory at a time, as when each round made its own)."""
-    if len(datas) == 1:
-        return datas[0]
+def _pool(ws: Workspace, datas: list[Split], device: torch.device) -> Split:
+    """The clients' training sets one after another, on ``device`` (images as compact uint8): the
+    workspace's last pool when it holds the same sets (a round of the same clients), else a new
+    one, kept there in its place (the old one let go first: one pool in memory at a time, as when
+    each round made its own). One client on the CPU: its own set, nothing to copy."""
     kept = ws.pool
     if kept is not None and len(kept[0]) == len(datas) and all(a is b for a, b in zip(kept[0], datas)):
         return kept[1]
+    if len(datas) == 1 and torch.device(device).type == "cpu":
+        return datas[0]
     ws.pool = kept = None
-    ws.pool = (tuple(datas), Split.concat(datas))
+    joined = datas[0] if len(datas) == 1 else Split.concat(datas)
+    ws.pool = (tuple(datas), joined.to(device))
     return ws.pool[1]
 
 

@@ -41,6 +41,7 @@ from fedlatent.data.compact import Images
 from fedlatent.data.federation import build_federation, channel_census
 from fedlatent.data.types import ClientData, Federation, Split
 from fedlatent.errors import ConfigError
+from fedlatent.federated import devices
 from fedlatent.federated.calibrate import client_statistics
 from fedlatent.federated.client import Workspace, state_to_cpu, workspace_for
 from fedlatent.federated.diagnostics import (label_counts, mean_value_counts, mean_value_range, split_statistics,
@@ -126,7 +127,7 @@ def job_for(config_toml: str, node_config: dict[str, Any], normalization: Tensor
             federation = dataclasses.replace(federation, clients=[
                 ClientData(*(normalized(s, mean, std) for s in (c.train, c.val, c.test))) for c in federation.clients])
         device = torch.device(config.train.device)
-        model = make_model(config, federation, spec).to(device)
+        model = devices.prepare(make_model(config, federation, spec), device)
         ws = workspace_for(model, spec, config.train.compile)
         initial = state_to_cpu(model)
         _BUILT[key] = Job(config, spec, federation, {}, ws, device, initial)

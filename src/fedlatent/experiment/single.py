@@ -30,10 +30,9 @@ from fedlatent.experiment.figures import CurvesPacing, FigureWorker, NoFigures, 
 from fedlatent.experiment import tracking
 from fedlatent.experiment.machine import cpu_model
 from fedlatent.experiment.trace import TermTrace
-from fedlatent.experiment.validation import check_model_fit, declared_shape, validate
+from fedlatent.experiment.validation import check_fit, validate
 from fedlatent.experiment.writable import check_folder, nearest_existing
 from fedlatent.federated.failures import RunStopped
-from fedlatent.federated.round import sample_clients
 from fedlatent.federated.state import write_atomically
 from fedlatent.methods import resolved_keys
 from fedlatent.methods.parts import MethodSpec
@@ -80,21 +79,14 @@ def identity(config: RunConfig) -> dict[str, Any]:
 
 
 def prepare(config: RunConfig) -> tuple[Federation | ServerView, MethodSpec]:
-    """Check everything that needs no data (:func:`fedlatent.experiment.validation.validate`, what
-    ``fedlatent check`` checks), then build the federation — on Flower only the server's view of
-    the data (:func:`~fedlatent.data.federation.server_view`; the nodes build their clients) — and
-    check what needs it: the model's keys where the data set declares no shape, the clients a round
-    samples (where their number is known before the nodes' census)."""
+    """Check everything that needs no data (:func:`fedlatent.experiment.validation.validate`), then
+    build the federation — on Flower only the server's view of the data
+    (:func:`~fedlatent.data.federation.server_view`; the nodes build their clients) — and check what
+    needs it (:func:`~fedlatent.experiment.validation.check_fit`): what ``fedlatent check`` checks."""
     spec = validate(config)
     build = server_view if config.backend == "flower" else build_federation
     data = build(config.data, config.data_seed)
-    if declared_shape(config.data) is None:
-        check_model_fit(config, spec, data.input_shape, data.num_classes)
-    if data.num_clients is not None:
-        sampled = len(sample_clients(config.seed, 0, data.num_clients, config.train.participation))
-        if config.train.min_clients > sampled:
-            raise ConfigError(f"train.min_clients = {config.train.min_clients}: more than the {sampled} clients "
-                              f"sampled per round")
+    check_fit(config, spec, data)
     return data, spec
 
 

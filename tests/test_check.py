@@ -1,6 +1,7 @@
-"""``fedlatent check CONFIG|SPEC``: validates without training, reading data or creating a folder; prints
-every resolved key of a configuration, or a spec's common keys and one row per cell with the keys that
-differ; any error is one line and exit code 2."""
+"""``fedlatent check CONFIG|SPEC``: validates as ``run`` and a sweep do before training (the data's
+labels and counts, ``--no-data`` without them), creating no folder; prints every resolved key of a
+configuration, or a spec's common keys and one row per cell with the keys that differ; any error is
+one line and exit code 2, the line ``run`` prints."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -31,8 +32,8 @@ def _settings(out: str) -> dict[str, str]:
 
 
 def test_a_config_prints_every_resolved_key_and_makes_nothing(empty_cwd: Path, capsys: pytest.CaptureFixture) -> None:
-    path = CONFIGS / "feduv" / "cifar100_a0.01.toml"
-    assert main(["check", str(path)]) == 0
+    path = CONFIGS / "feduv" / "cifar100_a0.01.toml"  # its CIFAR-100 is not on the test machines
+    assert main(["check", str(path), "--no-data"]) == 0
     settings = _settings(capsys.readouterr().out)
     expected = flat_settings(load_config(path))
     assert settings == {k: show(v) for k, v in expected.items()}  # every key, values as resolved
@@ -43,12 +44,12 @@ def test_a_config_prints_every_resolved_key_and_makes_nothing(empty_cwd: Path, c
 
 def test_set_applies_before_validation(empty_cwd: Path, capsys: pytest.CaptureFixture) -> None:
     path = CONFIGS / "rxrx1" / "ditto.toml"
-    assert main(["check", str(path), "--set", "train.lr=0.5"]) == 0
+    assert main(["check", str(path), "--set", "train.lr=0.5", "--no-data"]) == 0
     assert _settings(capsys.readouterr().out)["train.lr"] == "0.5"
 
 
 def test_a_spec_by_name_prints_common_keys_and_a_row_per_cell(empty_cwd: Path, capsys: pytest.CaptureFixture) -> None:
-    assert main(["check", "ditto_table2"]) == 0
+    assert main(["check", "ditto_table2", "--no-data"]) == 0
     out = capsys.readouterr().out
     study = reproduce.load_spec("ditto_table2")
     head, _, table = out.partition("one row per cell:\n")
@@ -97,9 +98,10 @@ def test_errors_are_one_line_exit_2_and_make_nothing(args: list[str], says: str,
 
 
 def test_every_spec_checks(capsys: pytest.CaptureFixture) -> None:
-    """The issue's acceptance: ``fedlatent check`` on each spec prints its cells' settings and exits 0."""
+    """The issue's acceptance: ``fedlatent check`` on each spec prints its cells' settings and exits 0
+    (``--no-data``: the specs' data sets are not on the test machines)."""
     for name in reproduce.spec_names():
-        assert main(["check", name]) == 0, name
+        assert main(["check", name, "--no-data"]) == 0, name
         assert "valid cells" in capsys.readouterr().out
 
 
@@ -118,3 +120,87 @@ def test_the_backends_the_schema_declares_are_the_ones_a_run_has() -> None:
     config = dataclasses.replace(load_config(None, []), backend="ray")
     with pytest.raises(ConfigError, match=r"^backend = 'ray': allowed values are auto, simulation, vectorized, flower$"):
         validate(config)
+
+
+DIGITS = str(CONFIGS / "digits_fedavg.toml")
+
+
+@pytest.mark.parametrize("sets, says", [
+    (["data.partition=shards", "data.classes_per_client=20"],
+     "data.classes_per_client = 20: the data set has only 10 classes"),
+    (["data.num_clients=5000"], "data.num_clients = 5000: more clients than the 1437 training samples"),
+    (["data.dataset=cifar10", "data.root=/nonexistent"], "data.root = '/nonexistent': folder not found"),
+    (["data.partition=dirichlet", "data.alpha=0.05", "data.num_clients=30", "data.min_size=5"],
+     "no Dirichlet partition with every client holding >= 5 samples"),
+    (["train.min_clients=11"], "train.min_clients = 11: more than the 10 clients sampled per round"),
+])
+def test_check_refuses_what_run_refuses_in_the_same_line(sets: list[str], says: str, empty_cwd: Path,
+                                                          capsys: pytest.CaptureFixture) -> None:
+    """What a run refuses once it has read its data, ``check`` refuses with the same line, exit 2,
+    and neither leaves a folder behind."""
+    overrides = [a for s in sets for a in ("--set", s)]
+    assert main(["check", DIGITS, *overrides]) == 2
+    checked = capsys.readouterr().err.strip().splitlines()
+    assert main(["run", DIGITS, *overrides, "--out", str(empty_cwd / "run"), "--no-progress"]) == 2
+    ran = capsys.readouterr().err.strip().splitlines()
+    assert checked == ran and len(checked) == 1 and says in checked[0], (checked, ran)
+    assert list(empty_cwd.iterdir()) == []
+    assert main(["check", DIGITS, *overrides, "--no-data"]) == 0  # a refusal only the data can make
+
+
+def test_check_accepts_the_valid_digits_configuration(empty_cwd: Path, capsys: pytest.CaptureFixture) -> None:
+    assert main(["check", DIGITS]) == 0
+    assert "a valid configuration" in capsys.readouterr().out
+    assert list(empty_cwd.iterdir()) == []
+
+
+def _png(path: Path, side: int) -> None:
+    from PIL import Image
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.new("RGB", (side, side), (10, 20, 30)).save(path)
+
+
+def test_an_image_tree_is_checked_from_its_listing(tmp_path: Path, empty_cwd: Path, capsys: pytest.CaptureFixture,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """An image-folder tree's partition is checked from its listing: no image is decoded (but the
+    first, whose size is the input shape when ``data.image_size`` is unset), no cache written."""
+    from fedlatent.data import readers
+    from fedlatent.data.readers import image_folders
+    root = tmp_path / "tree"
+    for split, count in (("train", 6), ("test", 2)):
+        for label in ("a", "b", "c"):
+            for i in range(count):
+                _png(root / split / label / f"{i}.png", 4)
+    decoded: list[int] = []
+    real = readers.read_images
+    for module in (readers, image_folders):
+        monkeypatch.setattr(module, "read_images",
+                            lambda paths, *a, **k: decoded.append(len(paths)) or real(paths, *a, **k))
+    base = [DIGITS, "--set", "data.dataset=image_folder", "--set", f"data.root={root}"]
+    assert main(["check", *base, "--set", "data.num_clients=3"]) == 0
+    assert main(["check", *base, "--set", "data.num_clients=19"]) == 2
+    assert "data.num_clients = 19: more clients than the 18 training samples" in capsys.readouterr().err
+    assert decoded == [1, 1] and not (empty_cwd.parent / "cache").exists()
+
+
+def test_a_study_gets_the_data_checks_and_reads_shared_data_once(tmp_path: Path, empty_cwd: Path,
+                                                                 capsys: pytest.CaptureFixture,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every cell of a study is checked against its data, the failing cell named; cells that share
+    their data set read it once."""
+    from fedlatent.data.registry import DATASETS
+    entry = DATASETS.get("digits")
+    loads: list[str] = []
+    monkeypatch.setattr(entry, "build", lambda cfg, seed, real=entry.build: loads.append(cfg.dataset) or real(cfg, seed))
+    study = tmp_path / "study.toml"
+    study.write_text(f'''title = "clients"
+base = "{DIGITS}"
+[grid]
+"data.num_clients" = [10, 2000]
+"train.lr" = [0.05, 0.1]
+''')
+    assert main(["check", str(study)]) == 2
+    err = capsys.readouterr().err
+    assert "data.num_clients = 2000: more clients than the 1437 training samples" in err and "cell " in err
+    assert loads == ["digits"]  # the cells with 10 clients and the first with 2,000 read it once
+    assert main(["check", str(study), "--no-data"]) == 0

@@ -146,11 +146,34 @@ def test_resume_after_a_crash_reproduces_the_uninterrupted_run(short_run, tmp_pa
     assert rounds_run == [2, 3]                                          # continued, not restarted
     assert resumed["final"] == summary["final"]
     assert resumed["rounds_completed"] == 4
+    # the training seconds hold the rounds before the crash too; the total holds both segments
+    assert resumed["train_seconds"] == sum(r["time_round_s"] for r in _metrics(out))
+    assert resumed["setup_seconds"] + resumed["train_seconds"] <= resumed["wall_seconds"]
     assert _untimed(_metrics(out)) == _untimed(_metrics(reference))
     a, b = _final_weights(out), _final_weights(reference)
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     server_a = load_file(str(next((out / "checkpoints").glob("round*")) / "server.safetensors"))
     assert any(k.startswith("server_opt.") for k in server_a)            # momentum state was resumed
+
+
+def test_wall_time_is_split_into_set_up_and_training(short_run, tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """summary.json splits ``wall_seconds`` (the total) into ``setup_seconds`` (data, model, the
+    process's one-off start) and ``train_seconds`` (the rounds' own ``time_round_s``), and tells
+    whether the run was its process's first (whose set-up holds the process's warm-up)."""
+    import itertools
+
+    from fedlatent.experiment import single
+    monkeypatch.setattr(single, "_RUNS_IN_PROCESS", itertools.count())  # as in a fresh process
+    config = load_config(DIGITS_CONFIG, ["train.rounds=2"])
+    first = fedlatent.run(config, tmp_path / "first")
+    second = fedlatent.run(config, tmp_path / "second")
+    assert (first["first_in_process"], second["first_in_process"]) == (True, False)
+    for summary, out in ((first, tmp_path / "first"), (second, tmp_path / "second")):
+        assert summary["train_seconds"] == sum(r["time_round_s"] for r in _metrics(out)) > 0
+        assert 0 < summary["setup_seconds"]
+        assert summary["setup_seconds"] + summary["train_seconds"] <= summary["wall_seconds"]
+        assert json.loads((out / "summary.json").read_text())["setup_seconds"] == summary["setup_seconds"]
 
 
 def test_resume_with_a_different_config_is_refused(short_run, tmp_path: Path) -> None:

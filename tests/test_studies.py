@@ -390,3 +390,27 @@ def test_a_sweep_tells_how_far_its_running_cells_are(tmp_path: Path, digits_conf
     for line in beats:
         rnd, acc = line.split(": round ")[1].split(", test accuracy ")
         assert rnd.split("/")[1] == "30" and f"{by_round[int(rnd.split('/')[0])]:.4f}" == acc.split(" (")[0]
+
+
+def test_the_table_shows_training_seconds_and_marks_a_process_first_run(tmp_path: Path) -> None:
+    """The per-cell table shows the training seconds beside the wall seconds, and marks (and its
+    caption explains) a cell whose runs include a process's first, whose set-up holds the warm-up."""
+    from fedlatent.experiment.store import FIRST_CAPTION, TRAIN, WALL, cell_table, run_row, table_caption
+
+    def fake_run(name: str, wall: float, train: float, first: bool) -> dict:
+        run_dir = tmp_path / name
+        run_dir.mkdir()
+        (run_dir / "metrics.jsonl").write_text(json.dumps({"round": 1, "test_accuracy": 0.5}) + "\n")
+        (run_dir / "summary.json").write_text(json.dumps({
+            "final": {"accuracy": 0.5}, "rounds_completed": 1, "wall_seconds": wall, "setup_seconds": wall - train - 0.01,
+            "train_seconds": train, "first_in_process": first}))
+        method, seed = name.split("-")
+        return run_row(name, {"method": method, "seed": seed}, "finished", run_dir)
+
+    rows = [fake_run("a-0", 4.9, 0.21, True), fake_run("a-1", 0.25, 0.23, False), fake_run("b-0", 0.30, 0.25, False)]
+    header, body = cell_table(rows, ["method", "seed"])
+    cells = {row[0]: dict(zip(header, row)) for row in body}
+    assert header.index(TRAIN) == header.index(WALL) - 1
+    assert cells["a"][TRAIN] == "0.22" and cells["a"][WALL] == "2.6 *"  # (0.21 + 0.23) / 2; (4.9 + 0.25) / 2
+    assert cells["b"][TRAIN] == "0.25" and cells["b"][WALL] == "0.3"
+    assert FIRST_CAPTION in table_caption(rows) and FIRST_CAPTION not in table_caption(rows[2:])

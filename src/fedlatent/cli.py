@@ -25,13 +25,15 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--no-progress", action="store_true", help="no progress bar")
     run.add_argument("--no-figures", action="store_true",
                      help="draw no figures (plots/): the run's other files are the same")
-    check = sub.add_parser("check", help="validate a configuration or a spec without training (no data read, no "
-                           "folder made) and print its resolved settings")
+    check = sub.add_parser("check", help="validate a configuration or a spec as run and sweep do before training "
+                           "(the data's labels and counts read, no folder made) and print its resolved settings")
     check.add_argument("target", help="a TOML configuration, a study file, or a spec name (fedlatent reproduce --list)")
     check.add_argument("--tier", choices=("full", "quick", "cpu"), default="full",
                        help="a spec's or study's version to check (default: full)")
     check.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
                        help="override one key (in every cell of a spec), repeatable")
+    check.add_argument("--no-data", action="store_true",
+                       help="skip the checks that read the data (a spec's settings where its data are not)")
     part = sub.add_parser("partition", help="print the partition table of a configuration")
     part.add_argument("config")
     part.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
@@ -107,7 +109,7 @@ def _run(args: argparse.Namespace) -> None:
 
 def _check(args: argparse.Namespace) -> None:
     from fedlatent.experiment.check import check
-    print(check(args.target, tier=args.tier, overrides=args.overrides))
+    print(check(args.target, tier=args.tier, overrides=args.overrides, data=not args.no_data))
 
 
 def _partition(args: argparse.Namespace) -> None:

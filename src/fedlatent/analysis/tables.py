@@ -92,6 +92,7 @@ def summary_table(summary: dict[str, Any]) -> str:
     rows += [["headline", summary.get("headline", "accuracy")],  # the metric the data set is compared by
              ["rounds_completed", summary.get("rounds_completed")],
              ["wall_seconds", float(summary.get("wall_seconds", 0.0))]]
+    rows += [[k, float(summary[k])] for k in ("setup_seconds", "train_seconds") if summary.get(k) is not None]
     table = format_table(["metric", "value"], rows)
     per_client = final.get("per_client")
     if not per_client:

@@ -180,14 +180,15 @@ def _warn(message: str) -> None:
 
 def run(config: RunConfig, federation: Federation, spec: MethodSpec, out: Path, *, resume: bool = False,
         progress: Callable[[dict[str, Any]], None] | None = None,
-        trainer: Trainer = train_in_turn, warn: Callable[[str], None] = _warn) -> tuple[dict[str, Any], float]:
+        trainer: Trainer = train_in_turn, warn: Callable[[str], None] = _warn,
+        rounds_start: Callable[[], None] | None = None) -> tuple[dict[str, Any], float]:
     """Train for ``config.train.rounds`` rounds, writing metrics and checkpoints under ``out``;
     return the final evaluation (global, calibrated and personalised) and the run's wall seconds
     (including the part before a resume). A resume starts from the newest intact checkpoint, else
     from the initial state (``warn`` is told of each damaged one skipped); the failure policy may raise
     :class:`~fedlatent.federated.failures.RunStopped`, the last good round's checkpoint kept. The
     checkpoints are paced by :class:`~fedlatent.federated.state.Checkpoints`; the last completed
-    round's is on disk when this returns or raises."""
+    round's is on disk when this returns or raises. ``rounds_start``: told when the rounds start."""
     clock = time.perf_counter()
     torch.set_num_threads(config.train.threads)
     s = setup(config, federation, spec, trainer)
@@ -200,5 +201,6 @@ def run(config: RunConfig, federation: Federation, spec: MethodSpec, out: Path, 
     metrics_path = out / "metrics.jsonl"
     write_atomically(metrics_path, "".join(line + "\n" for line in driver.metrics_upto(metrics_path, start)))
     final = driver.play_rounds(s, range(start, config.train.rounds), out, lambda rnd: run_round(s, rnd),
-                               lambda: finish(s), since=clock - before, progress=progress)
+                               lambda: finish(s), since=clock - before, progress=progress,
+                               rounds_start=rounds_start)
     return final, before + time.perf_counter() - clock

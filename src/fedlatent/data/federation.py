@@ -8,7 +8,7 @@ the server returns the pooled mean and std (:func:`pooled_channel_stats`), the s
 """
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -19,8 +19,8 @@ from fedlatent.data.augment import Augmentation
 from fedlatent.data.cache import lines_held
 from fedlatent.data.compact import Images, uint8_channel_stats
 from fedlatent.data.registry import DATASETS, PARTITIONS, check
-from fedlatent.data.sources import GivenClients, Pool
-from fedlatent.data.types import ClientData, Federation, ServerView, Split
+from fedlatent.data.sources import GivenClients, Labels, Pool
+from fedlatent.data.types import ClientData, Federation, Outline, ServerView, Split
 from fedlatent.errors import DataError
 
 
@@ -42,27 +42,63 @@ def server_view(cfg: DataConfig, seed: int) -> ServerView:
     the federation is built and its clients dropped."""
     check(cfg)
     source = _load(cfg, seed)
+    assert not isinstance(source, Labels)  # loaded without labels_only
     if isinstance(source, GivenClients) or cfg.merge_test:
         fed = _federation(cfg, source, seed)
         return ServerView(fed.test, fed.num_classes, fed.input_shape, fed.name, fed.augment, len(fed.clients))
-    train_idx, test, _ = _selection(cfg, source, seed)
+    train_idx, test_rows, held_out = _selection(cfg, source.labels(), seed)
+    test = _test_split(source, test_rows, held_out)
     assert test is not None  # without data.merge_test the global test split is the pool's own
     split, mean, std = _standardiser(cfg, source.x, train_idx)
     return ServerView(split(*test), source.num_classes, tuple(source.x.shape[1:]), name=cfg.dataset,
                       augment=Augmentation(cfg.augment, cfg.autoaugment, mean, std), num_clients=_fixed_count(cfg))
 
 
-def _load(cfg: DataConfig, seed: int) -> Pool | GivenClients:
-    """The data set's loader's output (a file it cannot read is one line)."""
+@lines_held()
+def outline(cfg: DataConfig, seed: int, read: dict[Any, Pool | GivenClients | Labels] | None = None) -> Outline:
+    """What :func:`build_federation` would make — classes, input shape, clients — after every check
+    it makes, reading no more of the data than those checks need: a data set's ``labels`` trait
+    where it declares one (an image tree's listing, not its decoded images), else its loader's
+    output (scikit-learn's digits, an .npz, the decoded-image cache); a pool's partition is made
+    from its labels (:func:`_plan`, as the run makes it). What ``fedlatent check`` knows of the data.
+    ``read``: what earlier calls read, kept by what the data set reads (a study's cells that share
+    their data read it once)."""
+    check(cfg)
+    key = _source_key(cfg, seed)
+    source = read.get(key) if read is not None else None
+    if source is None:
+        source = _load(cfg, seed, labels_only=True)
+        if read is not None:
+            read[key] = source
+    if isinstance(source, GivenClients):
+        fed = _federation(cfg, source, seed)
+        return Outline(fed.num_classes, fed.input_shape, len(fed.clients))
+    labels = source if isinstance(source, Labels) else source.labels()
+    parts = _plan(cfg, merged_labels(labels) if cfg.merge_test else labels, seed)[3]
+    return Outline(labels.num_classes, labels.input_shape, len(parts))
+
+
+def _source_key(cfg: DataConfig, seed: int) -> tuple[Any, ...]:
+    """What a data set's ``labels`` trait (``cfg -> Labels``: the files alone) or else its loader
+    (``(cfg, seed) -> source``) reads."""
+    entry = DATASETS.get(cfg.dataset)
+    fields = repr((cfg.dataset, [getattr(cfg, k) for k in entry.reads], sorted(cfg.options.items())))
+    return (fields,) if "labels" in entry.traits else (fields, seed)
+
+
+def _load(cfg: DataConfig, seed: int, *, labels_only: bool = False) -> Pool | GivenClients | Labels:
+    """The data set's loader's output, or with ``labels_only`` what its ``labels`` trait declares
+    where it has one (a file it cannot read is one line)."""
     entry = DATASETS.get(cfg.dataset)
     try:
-        return entry.build(cfg, seed)
+        return entry.traits["labels"](cfg) if labels_only and "labels" in entry.traits else entry.build(cfg, seed)
     except PermissionError as err:  # a file or folder inside the data set that this user cannot read
         key = "data.path" if "path" in entry.reads else "data.root"
         raise DataError(f"{key}: cannot read {err.filename} (permission denied)") from None
 
 
-def _federation(cfg: DataConfig, source: Pool | GivenClients, seed: int) -> Federation:
+def _federation(cfg: DataConfig, source: Pool | GivenClients | Labels, seed: int) -> Federation:
+    assert not isinstance(source, Labels)  # loaded without labels_only
     if isinstance(source, GivenClients):
         if cfg.merge_test:
             raise DataError(f"data.merge_test: data set '{cfg.dataset}' comes with its own clients and their splits")
@@ -104,9 +140,9 @@ def _from_given(cfg: DataConfig, source: GivenClients) -> Federation:
     return Federation(clients, test, source.num_classes, shape, name=cfg.dataset, augment=augment)
 
 
-def _strata(pool: Pool) -> np.ndarray:
+def _strata(labels: Labels) -> np.ndarray:
     """Each sample's class, or (domain, class) pair when the pool has domains."""
-    return pool.y if pool.groups is None else pool.groups * pool.num_classes + pool.y
+    return labels.y if labels.groups is None else labels.groups * labels.num_classes + labels.y
 
 
 def _per_stratum(strata: np.ndarray, take: Callable[[int], int], seed: int, stream: int) -> np.ndarray:
@@ -116,13 +152,13 @@ def _per_stratum(strata: np.ndarray, take: Callable[[int], int], seed: int, stre
     return np.sort(np.concatenate(chosen)) if chosen else np.zeros(0, np.int64)
 
 
-def _holdout(pool: Pool, fraction: float, per_class: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+def _holdout(labels: Labels, fraction: float, per_class: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     """Indices of (train, test) when a data set has no official test split: a stratified hold-out
     (per domain and class when the pool has domains) of ``per_class`` samples, or else of
     ``fraction`` of each stratum."""
     take = (lambda n: min(per_class, n)) if per_class else (lambda n: int(round(fraction * n)))
-    test_idx = _per_stratum(_strata(pool), take, seed, 1)
-    return np.setdiff1d(np.arange(len(pool.y)), test_idx), test_idx
+    test_idx = _per_stratum(_strata(labels), take, seed, 1)
+    return np.setdiff1d(np.arange(len(labels.y)), test_idx), test_idx
 
 
 def merged(pool: Pool) -> Pool:
@@ -131,32 +167,57 @@ def merged(pool: Pool) -> Pool:
     partitioned together, each client's test split cut from its share)."""
     if pool.test_x is None:
         return pool
-    if pool.groups is not None:
+    return Pool(np.concatenate([pool.x, pool.test_x]), merged_labels(pool.labels()).y, None, None, pool.num_classes)
+
+
+def merged_labels(labels: Labels) -> Labels:
+    """:func:`merged` on a pool's labels alone."""
+    if labels.test_y is None:
+        return labels
+    if labels.groups is not None:
         raise DataError("data.merge_test: this data set's test split has no domains to partition by")
-    return Pool(np.concatenate([pool.x, pool.test_x]), np.concatenate([pool.y, pool.test_y]), None, None,
-                pool.num_classes)
+    return Labels(np.concatenate([labels.y, labels.test_y]), None, labels.num_classes, None, labels.input_shape)
 
 
-def _selection(cfg: DataConfig, pool: Pool, seed: int
-               ) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray] | None, np.ndarray | None]:
-    """Indices of the samples to partition, the global test split's (x, y) (None with
-    ``data.merge_test``: the clients' local tests together) and the hold-out's indices (None but
-    for a data set without an official test split)."""
-    y = pool.y
+def _selection(cfg: DataConfig, labels: Labels, seed: int
+               ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
+    """Indices of the samples to partition, of the official test split's samples kept (None with
+    ``data.merge_test``, the clients' local tests together, or without an official test split), and
+    of the hold-out (None but for a data set without an official test split)."""
     held_out: np.ndarray | None = None
+    test_rows: np.ndarray | None = None
     if cfg.merge_test:
-        train_idx, test = np.arange(len(y)), None
-    elif pool.test_x is None:
-        train_idx, held_out = _holdout(pool, cfg.test_fraction, cfg.test_per_class, seed)
-        test = pool.x[held_out], y[held_out]
+        train_idx = np.arange(len(labels.y))
+    elif labels.test_y is None:
+        train_idx, held_out = _holdout(labels, cfg.test_fraction, cfg.test_per_class, seed)
     else:
-        train_idx, test = np.arange(len(y)), (pool.test_x, pool.test_y)
+        train_idx, test_rows = np.arange(len(labels.y)), np.arange(len(labels.test_y))
     if cfg.train_per_class:  # seeded per-class subsets, fixed by the data seed, drawn before partitioning
-        train_idx = train_idx[_per_stratum(_strata(pool)[train_idx], lambda n: min(cfg.train_per_class, n), seed, 2)]
-    if cfg.test_per_class and pool.test_x is not None and test is not None:  # official (else: the hold-out's size)
-        keep = _per_stratum(test[1], lambda n: min(cfg.test_per_class, n), seed, 3)
-        test = test[0][keep], test[1][keep]
-    return train_idx, test, held_out
+        train_idx = train_idx[_per_stratum(_strata(labels)[train_idx], lambda n: min(cfg.train_per_class, n), seed, 2)]
+    if cfg.test_per_class and test_rows is not None and labels.test_y is not None:  # official (else: the hold-out's size)
+        test_rows = _per_stratum(labels.test_y, lambda n: min(cfg.test_per_class, n), seed, 3)
+    return train_idx, test_rows, held_out
+
+
+def _test_split(pool: Pool, test_rows: np.ndarray | None, held_out: np.ndarray | None
+                ) -> tuple[np.ndarray, np.ndarray] | None:
+    """The global test split's (x, y) as :func:`_selection` chose it (None: the clients' local tests)."""
+    if test_rows is not None:
+        assert pool.test_x is not None and pool.test_y is not None
+        return pool.test_x[test_rows], pool.test_y[test_rows]
+    return (pool.x[held_out], pool.y[held_out]) if held_out is not None else None
+
+
+def _plan(cfg: DataConfig, labels: Labels, seed: int
+          ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None, list[np.ndarray]]:
+    """What a pool's federation is made of, from its labels alone: :func:`_selection`'s indices and
+    the partition of the samples to partition (one index array per client, into those samples).
+    Every refusal of a partition (too many clients, classes or samples asked of the data) comes from
+    here, for a run (:func:`build_federation`) and for its check (:func:`outline`) alike."""
+    train_idx, test_rows, held_out = _selection(cfg, labels, seed)
+    groups = None if labels.groups is None else labels.groups[train_idx]
+    parts = PARTITIONS.get(cfg.partition).build(cfg, labels.y[train_idx], groups, seed)
+    return train_idx, test_rows, held_out, parts
 
 
 Standardiser = Callable[[np.ndarray, np.ndarray], Split]
@@ -178,9 +239,9 @@ def _from_pool(cfg: DataConfig, pool: Pool, seed: int) -> Federation:
     if cfg.merge_test:
         pool = merged(pool)
     x, y, groups = pool.x, pool.y, pool.groups
-    train_idx, test_xy, held_out = _selection(cfg, pool, seed)
+    train_idx, test_rows, held_out, parts = _plan(cfg, pool.labels(), seed)
+    test_xy = _test_split(pool, test_rows, held_out)
     partition = PARTITIONS.get(cfg.partition)
-    parts = partition.build(cfg, y[train_idx], None if groups is None else groups[train_idx], seed)
     split, mean, std = _standardiser(cfg, x, train_idx)
     clients = []
     for i, part in enumerate(parts):
@@ -189,6 +250,7 @@ def _from_pool(cfg: DataConfig, pool: Pool, seed: int) -> Federation:
                                                    seed=seed * 7919 + i)
         test = split(x[local_test], y[local_test]) if len(local_test) else None
         if partition.traits.get("needs_groups") and held_out is not None and test is None:
+            assert groups is not None
             own = held_out[groups[held_out] == np.unique(groups)[i]]  # this domain's held-out test
             test = split(x[own], y[own])
         clients.append(ClientData(split(x[train], y[train]), split(x[val], y[val]) if len(val) else None, test))

@@ -30,6 +30,24 @@ class Pool:
     groups: np.ndarray | None = None
     group_names: list[str] = field(default_factory=list)
 
+    def labels(self) -> Labels:
+        """The pool without its samples (no copy)."""
+        return Labels(self.y, self.test_y, self.num_classes, self.groups, tuple(self.x.shape[1:]))
+
+
+@dataclass
+class Labels:
+    """A pool's labels without its samples: what a data set's ``labels`` trait declares cheaply (an
+    image tree's listing rather than its decoded images) so that ``fedlatent check`` makes the
+    partition a run would make. ``input_shape``: None where the samples' shape is not known
+    without decoding them."""
+
+    y: np.ndarray
+    test_y: np.ndarray | None
+    num_classes: int
+    groups: np.ndarray | None = None
+    input_shape: tuple[int, ...] | None = None
+
 
 @dataclass
 class GivenClients:

@@ -106,3 +106,13 @@ class ServerView:
     name: str = ""
     augment: Augmentation | bool = False
     num_clients: int | None = None
+
+
+@dataclass
+class Outline:
+    """What a federation will be, known without building it (:func:`fedlatent.data.federation.outline`):
+    the classes, the input shape (None where only decoding the samples tells it) and the clients."""
+
+    num_classes: int
+    input_shape: tuple[int, ...] | None
+    num_clients: int

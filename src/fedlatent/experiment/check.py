@@ -1,7 +1,10 @@
 """``fedlatent check CONFIG|SPEC``: validate a run configuration or a study (a ``reproduce`` spec by
-name, or a study file) without training, reading data or creating any folder — the checks ``fedlatent
-run`` makes before it reads data (:func:`fedlatent.experiment.validation.validate`), for each cell of
-a study — and print its resolved settings.
+name, or a study file) without training or creating any folder — every check ``fedlatent run`` (or a
+sweep, for each cell of a study) makes before it trains: those that need no data
+(:func:`fedlatent.experiment.validation.validate`) and those on the data's outline, its labels and
+counts rather than its samples (:func:`fedlatent.experiment.validation.validate_data`; ``data=False``,
+``--no-data``: without these, to read a spec's settings where its data are not) — and print its
+resolved settings.
 
 A configuration prints every key after defaults, one ``key = value`` line each: the sections'
 fields and the model's and data set's own keys (:func:`fedlatent.config.to_dict`), then the method's
@@ -22,7 +25,7 @@ from fedlatent.config import SECTIONS, RunConfig, apply_overrides, from_dict, lo
 from fedlatent.errors import ConfigError, UserInputError
 from fedlatent.experiment import reproduce
 from fedlatent.experiment.study import Study, load_study
-from fedlatent.experiment.validation import validate, validate_study
+from fedlatent.experiment.validation import validate, validate_data, validate_study
 from fedlatent.methods import flat_settings
 
 __all__ = ["check", "load_target", "show"]
@@ -45,16 +48,19 @@ def _is_config(path: Path) -> bool:
     return set(read_toml(path, "check:")) <= set(SECTIONS)
 
 
-def load_target(target: str, *, tier: str = "full", overrides: Sequence[str] = ()) -> RunConfig | Study:
+def load_target(target: str, *, tier: str = "full", overrides: Sequence[str] = (),
+                data: bool = True) -> RunConfig | Study:
     """``target`` as a configuration (a TOML file of config sections), a study file, or a spec name
-    (``fedlatent reproduce --list``), validated; ``overrides`` (``--set`` texts) apply to the
-    configuration or to every cell, last."""
+    (``fedlatent reproduce --list``), validated (``data``: the data's checks too); ``overrides``
+    (``--set`` texts) apply to the configuration or to every cell, last."""
     path = Path(target)
     if path.is_file() and _is_config(path):
         if tier != "full":
             raise UserInputError(f"check {target}: --tier {tier} applies to a spec or study, not to a configuration")
         config = load_config(path, overrides)
-        validate(config)
+        spec = validate(config)
+        if data:
+            validate_data(config, spec)
         return config
     if path.is_file():
         study = load_study(path, tier=tier)
@@ -68,7 +74,7 @@ def load_target(target: str, *, tier: str = "full", overrides: Sequence[str] = (
     else:
         raise UserInputError(f"check: {target!r} is neither a file nor a spec name (specs: "
                              f"{', '.join(reproduce.spec_names())})")
-    validate_study(study, f"{target}: ")
+    validate_study(study, f"{target}: ", data=data)
     return study
 
 
@@ -100,7 +106,7 @@ def study_text(study: Study, target: str) -> str:
                       markdown_table(header, rows)])
 
 
-def check(target: str, *, tier: str = "full", overrides: Sequence[str] = ()) -> str:
+def check(target: str, *, tier: str = "full", overrides: Sequence[str] = (), data: bool = True) -> str:
     """Validate ``target`` (see :func:`load_target`) and return its resolved settings as text."""
-    loaded = load_target(target, tier=tier, overrides=overrides)
+    loaded = load_target(target, tier=tier, overrides=overrides, data=data)
     return config_text(loaded, target) if isinstance(loaded, RunConfig) else study_text(loaded, target)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 import json
 import shutil
 import time
@@ -30,11 +31,10 @@ from fedlatent.experiment.figures import CurvesPacing, FigureWorker, NoFigures, 
 from fedlatent.experiment import tracking
 from fedlatent.experiment.machine import cpu_model
 from fedlatent.experiment.trace import TermTrace
-from fedlatent.experiment.validation import check_model_fit, declared_shape, validate
+from fedlatent.experiment.validation import check_fit, validate
 from fedlatent.experiment.writable import check_folder, nearest_existing
 from fedlatent.federated import precision
 from fedlatent.federated.failures import RunStopped
-from fedlatent.federated.round import sample_clients
 from fedlatent.federated.state import write_atomically
 from fedlatent.methods import resolved_keys
 from fedlatent.methods.parts import MethodSpec
@@ -46,6 +46,8 @@ def _flower(*args: Any, **kwargs: Any) -> tuple[dict[str, Any], float]:
     from fedlatent.backends.flower import engine
     return engine.run(*args, **kwargs)
 
+
+_RUNS_IN_PROCESS = itertools.count()  # the first run of a process pays its one-off imports in its set-up
 
 BACKENDS = {"simulation": simulation.run, "vectorized": vectorized.run, "flower": _flower}
 TRAINERS = {"simulation": simulation.train_in_turn, "vectorized": vectorized.trainer}  # the embedded backends' clients
@@ -81,21 +83,14 @@ def identity(config: RunConfig) -> dict[str, Any]:
 
 
 def prepare(config: RunConfig) -> tuple[Federation | ServerView, MethodSpec]:
-    """Check everything that needs no data (:func:`fedlatent.experiment.validation.validate`, what
-    ``fedlatent check`` checks), then build the federation — on Flower only the server's view of
-    the data (:func:`~fedlatent.data.federation.server_view`; the nodes build their clients) — and
-    check what needs it: the model's keys where the data set declares no shape, the clients a round
-    samples (where their number is known before the nodes' census)."""
+    """Check everything that needs no data (:func:`fedlatent.experiment.validation.validate`), then
+    build the federation — on Flower only the server's view of the data
+    (:func:`~fedlatent.data.federation.server_view`; the nodes build their clients) — and check what
+    needs it (:func:`~fedlatent.experiment.validation.check_fit`): what ``fedlatent check`` checks."""
     spec = validate(config)
     build = server_view if config.backend == "flower" else build_federation
     data = build(config.data, config.data_seed)
-    if declared_shape(config.data) is None:
-        check_model_fit(config, spec, data.input_shape, data.num_classes)
-    if data.num_clients is not None:
-        sampled = len(sample_clients(config.seed, 0, data.num_clients, config.train.participation))
-        if config.train.min_clients > sampled:
-            raise ConfigError(f"train.min_clients = {config.train.min_clients}: more than the {sampled} clients "
-                              f"sampled per round")
+    check_fit(config, spec, data)
     return data, spec
 
 
@@ -186,6 +181,7 @@ def run(config: RunConfig, out: str | Path | None = None, *, resume: bool = Fals
     files are the same, less ``plots/``; ``fedlatent report`` draws curves from them).
     ``grid``: a Flower deployment's grid for ``backend = "flower"`` (else its simulation engine)."""
     started = time.perf_counter()
+    first = next(_RUNS_IN_PROCESS) == 0
     out = Path(out) if out is not None else default_out(config)
     check_out(out, resume=resume, create_parents=not out.is_absolute() and out.parts[:1] == ("runs",))
     if resume:
@@ -202,7 +198,8 @@ def run(config: RunConfig, out: str | Path | None = None, *, resume: bool = Fals
     out.mkdir(parents=True, exist_ok=True)
     try:
         with tracking.session(config, out, resume=resume) as tracked:  # closed after the figures are drawn
-            return _run_in(config, out, data, spec, started, resume=resume, progress=progress, echo=echo,
+            return _run_in(config, out, data, spec, Clock(started, first), resume=resume, progress=progress,
+                           echo=echo,
                            figures=FigureWorker(out, background=figures_in_background) if figures else NoFigures(),
                            backend_args={"grid": grid} if grid is not None else {}, track=tracked.log_round)
     except UserInputError:
@@ -211,7 +208,7 @@ def run(config: RunConfig, out: str | Path | None = None, *, resume: bool = Fals
         raise
 
 
-def _run_in(config: RunConfig, out: Path, data: Federation | ServerView, spec: MethodSpec, started: float, *,
+def _run_in(config: RunConfig, out: Path, data: Federation | ServerView, spec: MethodSpec, clock: Clock, *,
             resume: bool, progress: bool, echo, figures: FigureWorker | NoFigures, backend_args: dict[str, Any],
             track: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
     """The run in its (existing) directory: partition, training, summary; the figures are on disk
@@ -224,13 +221,13 @@ def _run_in(config: RunConfig, out: Path, data: Federation | ServerView, spec: M
             tell(counts_table(data))
         else:
             backend_args = {**backend_args, "partition": tell}
-        return _train(config, out, data, spec, started, resume=resume, progress=progress, echo=echo,
+        return _train(config, out, data, spec, clock, resume=resume, progress=progress, echo=echo,
                       figures=figures, backend_args=backend_args, track=track)
     finally:
         figures.close()
 
 
-def _train(config: RunConfig, out: Path, data: Federation | ServerView, spec: MethodSpec, started: float, *,
+def _train(config: RunConfig, out: Path, data: Federation | ServerView, spec: MethodSpec, clock: Clock, *,
            resume: bool, progress: bool, echo, figures: FigureWorker | NoFigures,
            backend_args: dict[str, Any], track: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
     """Hand the rounds to the backend; summarise how they ended (a stopped run too)."""
@@ -247,12 +244,12 @@ def _train(config: RunConfig, out: Path, data: Federation | ServerView, spec: Me
     try:
         traced = {"trainer": TermTrace(TRAINERS[config.backend], out)} if spec.trace else {}
         final, wall = BACKENDS[config.backend](config, data, spec, out, resume=resume, progress=on_line,
-                                               **traced, **backend_args)
+                                               rounds_start=clock.rounds_start, **traced, **backend_args)
     except RunStopped as stop:
         if bar:
             bar.close()
         _summarize(config, spec, out, {"status": "stopped", "stop_reason": stop.reason},
-                   time.perf_counter() - started, curves)
+                   time.perf_counter() - clock.started, clock, curves)
         raise
     except BaseException:  # Ctrl-C, a bug: no summary, but the curves show every line written
         curves.finish(curves.newest)
@@ -263,14 +260,36 @@ def _train(config: RunConfig, out: Path, data: Federation | ServerView, spec: Me
     if config.diagnostics.which:
         figures.draw("diagnostics")
     return _summarize(config, spec, out, {"status": "completed", "final": final},
-                      wall + time.perf_counter() - started - backend_seconds, curves)
+                      wall + time.perf_counter() - clock.started - backend_seconds, clock, curves)
+
+
+@dataclasses.dataclass
+class Clock:
+    """When a run started in this process, whether it is the process's first run, and when its
+    rounds started (told by the backend): its set-up and training seconds."""
+
+    started: float
+    first_in_process: bool
+    rounds_started: float | None = None
+
+    def rounds_start(self) -> None:
+        self.rounds_started = time.perf_counter()
+
+    def split(self, metrics: list[dict[str, Any]]) -> dict[str, Any]:
+        """``setup_seconds``: from the run's start in this process to its first round (the data, the
+        model, the process's one-off imports when ``first_in_process``; a resumed run: its last
+        start's); ``train_seconds``: the rounds' own seconds (``time_round_s`` summed, rounds before
+        a resume included)."""
+        setup = None if self.rounds_started is None else self.rounds_started - self.started
+        return {"setup_seconds": setup, "train_seconds": sum(m.get("time_round_s", 0.0) for m in metrics),
+                "first_in_process": self.first_in_process}
 
 
 def _summarize(config: RunConfig, spec: MethodSpec, out: Path, ending: dict[str, Any],
-               wall: float, curves: CurvesPacing) -> dict[str, Any]:
+               wall: float, clock: Clock, curves: CurvesPacing) -> dict[str, Any]:
     """Ask for the curves (unless they show the newest line already) and write ``summary.json``
     (how the run ended, the final evaluation when it completed, the clients the failure policy
-    dropped) and return the summary."""
+    dropped, the wall seconds in total and split into set-up and training) and return the summary."""
     metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     curves.finish(metrics[-1]["round"] if metrics else 0)
     summary = {**ending, "rounds_completed": len(metrics),
@@ -278,7 +297,8 @@ def _summarize(config: RunConfig, spec: MethodSpec, out: Path, ending: dict[str,
                "seed": config.seed, "method": spec.name, "backend": config.backend, "dataset": config.data.dataset,
                "headline": headline_metric(config.data.dataset),
                "identity": identity(config),
-               "wall_seconds": wall, "fedlatent_version": fedlatent_version(), "machine": cpu_model()}
+               "wall_seconds": wall, **clock.split(metrics), "fedlatent_version": fedlatent_version(),
+               "machine": cpu_model()}
     write_atomically(out / "summary.json", json.dumps(summary, indent=1))
     return summary
 

@@ -56,7 +56,8 @@ def selected_accuracy(metrics: list[dict[str, Any]]) -> tuple[float, int]:
 
 def run_row(run: str, labels: dict[str, str], status: str, run_dir: Path, select: str = "last",
             error: str = "") -> dict[str, Any]:
-    """One tidy row: the run's name and labels, its status, final metrics and wall seconds."""
+    """One tidy row: the run's name and labels, its status, final metrics, wall seconds and their
+    split into set-up and training (with whether the run was its process's first)."""
     row: dict[str, Any] = {"run": run, **labels, "status": status}
     summary_path = run_dir / "summary.json"
     if summary_path.exists():
@@ -66,6 +67,7 @@ def run_row(run: str, labels: dict[str, str], status: str, run_dir: Path, select
         row["headline"] = summary.get("headline", "accuracy")
         row["rounds_completed"] = summary.get("rounds_completed")
         row["wall_seconds"] = summary.get("wall_seconds")
+        row.update({k: summary[k] for k in ("setup_seconds", "train_seconds", "first_in_process") if k in summary})
         if summary.get("status") == "stopped":  # the failure policy ended it: no final metrics
             row["status"], error = "stopped", error or summary.get("stop_reason", "")
         if select == "val":
@@ -130,14 +132,31 @@ def cell_table(rows: list[dict[str, Any]], axes: list[str], select: str = "last"
         metrics.append("uncalibrated_accuracy")
     metrics += [f"diag_{k}" for k in DIAGNOSTIC_KEYS if any(_has(r, f"diag_{k}") for r in rows)]
     unfinished = any(_has(r, "latest_accuracy") for r in rows)
-    header = keys + ["seeds"] + metrics + ["wall s (mean)"] + ([UNFINISHED] if unfinished else [])
+    header = keys + ["seeds"] + metrics + [TRAIN, WALL] + ([UNFINISHED] if unfinished else [])
     body = []
     for group, members in groups.items():
         done = [r for r in members if _has(r, "accuracy")]
-        wall = _numbers(done, "wall_seconds")
         body.append([*group, f"{len(done)}/{len(members)}", *(format_mean_std(_numbers(done, m), digits=2 if m.startswith("diag_") else 4) for m in metrics),
-                     f"{sum(wall) / len(wall):.1f}" if wall else "-"] + ([_latest(members)] if unfinished else []))
+                     _mean(done, "train_seconds", 2), _mean(done, "wall_seconds", 1) + (FIRST if _first(done) else "")]
+                    + ([_latest(members)] if unfinished else []))
     return header, body
+
+
+TRAIN, WALL = "train s (mean)", "wall s (mean)"
+FIRST = " *"  # marks a wall time that holds a process's one-off start-up
+TIME_CAPTION = "train s: the rounds' own seconds (train_seconds); wall s: the whole run, its set-up included"
+FIRST_CAPTION = ("*: a process's first run (in a sweep, a worker's first) among the seeds, whose set-up holds the "
+                 "process's one-off imports and warm-up, seconds its later runs do not pay")
+
+
+def _mean(rows: list[dict[str, Any]], key: str, digits: int) -> str:
+    values = _numbers(rows, key)
+    return f"{sum(values) / len(values):.{digits}f}" if values else "-"
+
+
+def _first(rows: list[dict[str, Any]]) -> bool:
+    """Whether a run among ``rows`` was the first of its process."""
+    return any(r.get("first_in_process") is True for r in rows)
 
 
 UNFINISHED = "unfinished runs: accuracy at their last round"
@@ -157,6 +176,9 @@ def table_caption(rows: list[dict[str, Any]], select: str = "last") -> str:
     """What the per-cell table's numbers are (:func:`cell_table`), without a final full stop."""
     caption = STD_CAPTION + ("; selected accuracy: test accuracy at the round of best validation "
                              "accuracy" if select == "val" else "")
+    caption += "; " + TIME_CAPTION
+    if _first([r for r in rows if _has(r, "accuracy")]):
+        caption += "; " + FIRST_CAPTION
     if any(r.get("headline") == "balanced_accuracy" for r in rows):
         caption += "; headline metric: balanced accuracy (mean recall over the classes, FLamby's metric)"
     if any(_has(r, "latest_accuracy") for r in rows):

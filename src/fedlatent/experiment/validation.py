@@ -1,6 +1,8 @@
-"""Every check of a run's configuration that needs neither its data nor a run folder, written once:
-``fedlatent run`` makes them before it reads any data or creates any folder, and ``fedlatent check``
-makes exactly these.
+"""Every check of a run's configuration before it trains, written once: ``fedlatent run`` makes
+those that need no data (:func:`validate`) before it reads any data or creates any folder, and those
+that need the data (:func:`check_fit`) once it has built them, still before its folder exists;
+``fedlatent check`` makes exactly these, the second on the data's outline
+(:func:`validate_data`: labels and counts, not the decoded samples).
 
 The keys themselves (names, types, choices, ranges) are checked when the configuration is loaded
 (:func:`fedlatent.config.from_dict`); here, what depends on several sections at once: the method and
@@ -10,21 +12,29 @@ layers), on the model's shape built on the meta device from the data set's decla
 (the ``shape`` trait of a data set: known from the configuration alone). A data set that declares no
 shape (its images' size is read from its files) has that last check made once its data are read,
 still before the run's folder exists.
+
+What needs the data: the data set's files and their layout, the partition (more clients, classes
+or samples than the data hold: :func:`fedlatent.data.federation.outline` makes the partition from
+the labels as the run does), the model's keys where the data set declares no shape, the clients a
+round samples against ``train.min_clients``.
 """
 from __future__ import annotations
 
 import dataclasses
 import importlib.util
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from fedlatent.backends import vectorized
 from fedlatent.config import DataConfig, RunConfig
+from fedlatent.data.federation import outline
 from fedlatent.data.registry import DATASETS
+from fedlatent.data.types import Federation, Outline, ServerView
 from fedlatent.errors import ConfigError
 from fedlatent.experiment import tracking
 from fedlatent.federated import compiled, devices, precision
+from fedlatent.federated.round import sample_clients
 from fedlatent.methods import check_model, resolve
 from fedlatent.methods.parts import MethodSpec
 from fedlatent.models import build_model
@@ -71,13 +81,42 @@ def validate(config: RunConfig) -> MethodSpec:
     return spec
 
 
-def validate_study(study: Study, where: str = "") -> None:
-    """Every runnable cell of ``study`` validated as its run validates it (:func:`validate`): what
-    ``fedlatent check`` and a sweep do before anything runs; the first failure names its cell."""
+def validate_data(config: RunConfig, spec: MethodSpec) -> None:
+    """The checks of :func:`check_fit` on the data's outline (:func:`fedlatent.data.federation.outline`,
+    which refuses what building the federation refuses): what ``fedlatent check`` makes of the data,
+    reading their labels and counts, not their samples."""
+    check_fit(config, spec, outline(config.data, config.data_seed))
+
+
+def check_fit(config: RunConfig, spec: MethodSpec, data: Federation | ServerView | Outline) -> None:
+    """What the data decide of a run: the model's keys where the data set declares no shape
+    (:func:`check_model_fit`), the clients a round samples (where their number is known before a
+    Flower census) against ``train.min_clients``. A run checks its built federation, ``check`` its outline."""
+    if declared_shape(config.data) is None and data.input_shape is not None:
+        check_model_fit(config, spec, data.input_shape, data.num_classes)
+    if data.num_clients is not None:
+        sampled = len(sample_clients(config.seed, 0, data.num_clients, config.train.participation))
+        if config.train.min_clients > sampled:
+            raise ConfigError(f"train.min_clients = {config.train.min_clients}: more than the {sampled} clients "
+                              f"sampled per round")
+
+
+def validate_study(study: Study, where: str = "", *, data: bool = True) -> None:
+    """Every runnable cell of ``study`` validated as its run validates it (:func:`validate`, and with
+    ``data`` :func:`validate_data`): what ``fedlatent check`` and a sweep do before anything runs;
+    the first failure names its cell. Cells that share their data read them once; cells that share
+    their ``[data]`` and data seed share one outline (one partition made)."""
+    read: dict[Any, Any] = {}
+    outlines: dict[str, Outline] = {}
     for cell in study.cells:
         if not cell.unavailable:
             try:
-                validate(cell.config)
+                spec = validate(cell.config)
+                if data:
+                    key = repr((cell.config.data, cell.config.data_seed))
+                    if key not in outlines:
+                        outlines[key] = outline(cell.config.data, cell.config.data_seed, read)
+                    check_fit(cell.config, spec, outlines[key])
             except ConfigError as err:
                 raise ConfigError(f"{where}cell {cell.name}: {err}") from None
 

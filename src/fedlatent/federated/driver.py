@@ -147,13 +147,17 @@ def finish(s: Run) -> dict[str, Any]:
 
 def play_rounds(s: Run, rounds: range, out: Path, play: Callable[[int], dict[str, Any]],
                 finish: Callable[[], dict[str, Any]], *, since: float,
-                progress: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+                progress: Callable[[dict[str, Any]], None] | None = None,
+                rounds_start: Callable[[], None] | None = None) -> dict[str, Any]:
     """The round loop: ``play`` each round (:func:`play_round`, as the backend calls it), its metrics
     line appended to ``out/metrics.jsonl`` with the seconds elapsed since ``since`` (a
     ``perf_counter`` value; a resumed run's earlier seconds taken off it), the state checkpointed
     (paced by :class:`~fedlatent.federated.state.Checkpoints`: files written while the next round
     trains, the last completed round's on disk however the loop is left), ``progress`` told; then
-    ``finish`` (:func:`finish`), whose result is returned."""
+    ``finish`` (:func:`finish`), whose result is returned. ``rounds_start`` is told when the loop
+    starts: the end of the run's set-up (data, model, the process's one-off imports)."""
+    if rounds_start:
+        rounds_start()
     with Checkpoints(out / "checkpoints") as checkpoints, (out / "metrics.jsonl").open("a") as sink:
         for rnd in rounds:
             line = play(rnd)

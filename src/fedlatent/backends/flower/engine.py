@@ -74,18 +74,22 @@ def quiet_engine() -> Iterator[None]:
 
 def run(config: RunConfig, data: ServerView, spec: MethodSpec, out: Path, *, resume: bool = False,
         progress: Callable[[dict[str, Any]], None] | None = None, grid: Grid | None = None,
-        partition: Callable[[np.ndarray], None] | None = None) -> tuple[dict[str, Any], float]:
+        partition: Callable[[np.ndarray], None] | None = None,
+        rounds_start: Callable[[], None] | None = None) -> tuple[dict[str, Any], float]:
     """Train as :func:`fedlatent.backends.simulation.run` does, through Flower: on ``grid`` when
     given, else on the simulation engine; return the final evaluation and the wall seconds.
-    ``partition`` is told the nodes' training samples per client × class (:func:`.server_app.serve`)."""
+    ``partition`` is told the nodes' training samples per client × class and ``rounds_start`` when
+    the rounds start (:func:`.server_app.serve`)."""
     if grid is not None:
-        return serve(grid, config, data, spec, out, resume=resume, progress=progress, partition=partition)
+        return serve(grid, config, data, spec, out, resume=resume, progress=progress, partition=partition,
+                     rounds_start=rounds_start)
     result: dict[str, Any] = {}
     server_app = ServerApp()
 
     @server_app.main()
     def main(grid: Grid, context: Context) -> None:
-        result["value"] = serve(grid, config, data, spec, out, resume=resume, progress=progress, partition=partition)
+        result["value"] = serve(grid, config, data, spec, out, resume=resume, progress=progress, partition=partition,
+                                rounds_start=rounds_start)
 
     with quiet_engine():
         run_simulation(server_app, client_app.app, num_supernodes=num_supernodes(config, data),

@@ -323,11 +323,13 @@ def _unserved(missing: list[int] | None) -> str:
 def serve(grid: Grid, config: RunConfig, data: ServerView, spec: MethodSpec, out: Path, *,
           resume: bool = False, progress: Callable[[dict[str, Any]], None] | None = None,
           warn: Callable[[str], None] = _warn,
-          partition: Callable[[np.ndarray], None] | None = None) -> tuple[dict[str, Any], float]:
+          partition: Callable[[np.ndarray], None] | None = None,
+          rounds_start: Callable[[], None] | None = None) -> tuple[dict[str, Any], float]:
     """Train for ``config.train.rounds`` rounds through ``grid``, writing metrics and checkpoints
     under ``out`` as the embedded backend does; return the final evaluation and the wall seconds
     (including the part before a resume). ``data`` is the server's view of the data (no client's);
-    ``partition`` is told the census's training samples per client × class."""
+    ``partition`` is told the census's training samples per client × class; ``rounds_start``, when
+    the rounds start (after the census and the set-up)."""
     clock = time.perf_counter()
     torch.set_num_threads(config.train.threads)
     s = ServerRun(grid, config, data, spec, warn)
@@ -347,7 +349,8 @@ def serve(grid: Grid, config: RunConfig, data: ServerView, spec: MethodSpec, out
                                           torch.device(config.train.device))
         s.diagnostics.start(start)
     final = driver.play_rounds(s, range(start, config.train.rounds), out, lambda rnd: driver.play_round(s, rnd),
-                               lambda: driver.finish(s), since=clock - before, progress=progress)
+                               lambda: driver.finish(s), since=clock - before, progress=progress,
+                               rounds_start=rounds_start)
     return final, before + time.perf_counter() - clock
 
 

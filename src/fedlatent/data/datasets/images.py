@@ -6,13 +6,14 @@ resized to ``data.image_size``. Every reader's result goes through the decoded-i
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Sequence
 
 import numpy as np
 
 from fedlatent.config import DataConfig
 from fedlatent.data.cache import decoded as cached
 from fedlatent.data.registry import register_dataset
-from fedlatent.data.sources import Pool, check_root
+from fedlatent.data.sources import Labels, Pool, check_root
 from fedlatent.data.types import ImageSet
 
 
@@ -38,6 +39,16 @@ def _with_test(train: ImageSet, test: ImageSet | None) -> Pool:
                 None if test is None else test.y.astype(np.int64), num_classes=_classes(train))
 
 
+def _listed(cfg: DataConfig, folder: Path, names: Sequence[str] | None, what: str) -> Labels:
+    """An image-folder tree's labels from its listing, no image decoded but the first where
+    ``data.image_size`` is unset (its size is the samples' shape)."""
+    r = _readers()
+    train, test, classes = r.list_image_folder(folder, class_names=names, what=what)
+    side = cfg.image_size or int(r.read_images(train[0][:1], None, what).shape[-1])
+    return Labels(train[1], None if test is None else test[1], max(len(classes), int(train[1].max()) + 1),
+                  input_shape=(3, side, side))
+
+
 def _grouped(images: ImageSet) -> Pool:
     return Pool(images.x, images.y.astype(np.int64), None, None,
                 num_classes=_classes(images), groups=images.domain, group_names=list(images.domain_names))
@@ -56,19 +67,32 @@ def _cifar(cfg: DataConfig, what: str) -> Pool:
                               lambda: r.read_image_folder(folder, size, class_names=names, what=what)))
 
 
-@register_dataset("cifar10", reads=("root", "image_size"), shape=lambda cfg: ((3, cfg.side(), cfg.side()), 10))
+def _cifar_labels(cfg: DataConfig, what: str) -> Labels | Pool:
+    """CIFAR's labels: a tree's listing; the python files hold labels and images in one pickle per
+    batch, so they are read whole (from the decoded-image cache when it holds them)."""
+    r = _readers()
+    kind, folder = r.cifar_source(_root(cfg), what)
+    if kind == "pickles":
+        return _cifar(cfg, what)
+    return _listed(cfg, folder, r.CIFAR10_CLASSES if what == "cifar10" else r.CIFAR100_CLASSES, what)
+
+
+@register_dataset("cifar10", reads=("root", "image_size"), shape=lambda cfg: ((3, cfg.side(), cfg.side()), 10),
+                  labels=lambda cfg: _cifar_labels(cfg, "cifar10"))
 def _cifar10(cfg: DataConfig, seed: int) -> Pool:
     """CIFAR-10: the python pickles (root/cifar-10-batches-py/) or an image-folder tree (root/train/<class>/)."""
     return _cifar(cfg, "cifar10")
 
 
-@register_dataset("cifar100", reads=("root", "image_size"), shape=lambda cfg: ((3, cfg.side(), cfg.side()), 100))
+@register_dataset("cifar100", reads=("root", "image_size"), shape=lambda cfg: ((3, cfg.side(), cfg.side()), 100),
+                  labels=lambda cfg: _cifar_labels(cfg, "cifar100"))
 def _cifar100(cfg: DataConfig, seed: int) -> Pool:
     """CIFAR-100: the python pickles (root/cifar-100-python/) or an image-folder tree (root/train/<class>/)."""
     return _cifar(cfg, "cifar100")
 
 
-@register_dataset("image_folder", reads=("root", "image_size", "test_fraction"))
+@register_dataset("image_folder", reads=("root", "image_size", "test_fraction"),
+                  labels=lambda cfg: _listed(cfg, _root(cfg), None, "image_folder"))
 def _image_folder(cfg: DataConfig, seed: int) -> Pool:
     """Any image-folder tree root/train/<class>/ (+ root/test/<class>/; without it a held-out
     test_fraction); classes = the sorted folder names of train/."""

@@ -39,6 +39,21 @@ def read_image_folder(root: Path | str, image_size: int | None = None, *,
 
     ``class_names`` fixes the label order (a folder name outside it is an error); without it the
     classes are the sorted folder names of ``train/``. ``image_size`` (None: as stored) resizes."""
+    train, test, names = list_image_folder(root, class_names=class_names, what=what)
+    train_set = ImageSet(read_images(train[0], image_size, what), train[1], names)
+    if test is None:
+        return train_set, None
+    size = image_size if image_size is not None else int(train_set.x.shape[-1])
+    return train_set, ImageSet(read_images(test[0], size, what, resize=image_size is not None), test[1], names)
+
+
+Listing = tuple[list[Path], np.ndarray]  # image files and their labels
+
+
+def list_image_folder(root: Path | str, *, class_names: Sequence[str] | None = None,
+                      what: str = "image_folder") -> tuple[Listing, Listing | None, list[str]]:
+    """The images :func:`read_image_folder` reads, listed and labelled but not decoded — train,
+    test (None when absent) and the class names — with the same refusals of a malformed tree."""
     root = Path(root).expanduser()
     train_dir = root / "train"
     if not train_dir.is_dir():
@@ -52,22 +67,18 @@ def read_image_folder(root: Path | str, image_size: int | None = None, *,
         if name not in index:
             raise DataError(f"{what}: {train_dir / name}: '{name}' is not a class of {what} "
                             f"(its classes: {', '.join(names[:12])}{', …' if len(names) > 12 else ''})")
-    train = _split(train_dir, index, names, image_size, what)
+    train = _listing(train_dir, index, what)
     test_dir = root / "test"
     if not test_dir.is_dir():
-        return train, None
+        return train, None, names
     for folder in _subfolders(test_dir):
         if folder.name not in train_classes:
             raise DataError(f"{what}: {folder}: class '{folder.name}' has no folder in {train_dir}")
-    size = image_size if image_size is not None else int(train.x.shape[-1])
-    test = _split(test_dir, index, names, size, what, resize=image_size is not None)
-    return train, test
+    return train, _listing(test_dir, index, what), names
 
 
-def _split(folder: Path, index: dict[str, int], names: list[str], size: int | None, what: str,
-           resize: bool = True) -> ImageSet:
-    """Every image of ``folder/<class>/`` labelled by ``index``. With ``resize`` False, ``size`` is the
-    size every image must already have."""
+def _listing(folder: Path, index: dict[str, int], what: str) -> Listing:
+    """Every image of ``folder/<class>/``, labelled by ``index``."""
     paths: list[Path] = []
     labels: list[int] = []
     for class_folder in _subfolders(folder):
@@ -76,8 +87,7 @@ def _split(folder: Path, index: dict[str, int], names: list[str], size: int | No
         labels += [index[class_folder.name]] * len(found)
     if not paths:
         raise DataError(f"{what}: {folder} holds no images in its class folders")
-    x = read_images(paths, size, what, resize=resize)
-    return ImageSet(x, np.array(labels, dtype=np.int64), list(names))
+    return paths, np.array(labels, dtype=np.int64)
 
 
 def read_domains(root: Path | str, image_size: int) -> ImageSet:

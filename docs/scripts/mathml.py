@@ -6,9 +6,9 @@ MathML natively).
 ``<span class="arithmatex">\\(...\\)</span>`` (inline) or ``<div class="arithmatex">\\[...\\]</div>``
 (display); latex2mathml converts the LaTeX. It does not raise on everything it cannot convert: an
 unknown command such as ``\\arg`` comes out verbatim, ``\\operatorname{arg\\,min}`` drops the operator's
-name (an empty ``<mo/>``), and a bare ``&`` or ``<`` comes out unescaped. Each of these is reported as a
-warning naming the page and the formula, which fails the build under ``strict: true``; the formula
-is then left as LaTeX.
+name (an empty ``<mo/>``), ``\\frac{a}`` makes a fraction of one part, an unbalanced brace passes, and a
+bare ``&`` or ``<`` comes out unescaped. Each of these is reported as a warning naming the page and the
+formula, which fails the build under ``strict: true``; the formula is then left as LaTeX.
 """
 from __future__ import annotations
 
@@ -24,6 +24,10 @@ log = logging.getLogger("mkdocs.hooks.mathml")
 
 FORMULA = re.compile(r'<(span|div) class="arithmatex">(.*?)</\1>', re.S)
 DELIMITERS = {"span": ("\\(", "\\)"), "div": ("\\[", "\\]")}
+MATHML = "{http://www.w3.org/1998/Math/MathML}"
+# the elements that take a fixed number of children in MathML (fraction, root, scripts): fewer means a
+# missing argument
+ARITY = {"mfrac": 2, "mroot": 2, "msub": 2, "msup": 2, "munder": 2, "mover": 2, "msubsup": 3, "munderover": 3}
 
 
 class UnconvertibleFormula(ValueError):
@@ -32,6 +36,9 @@ class UnconvertibleFormula(ValueError):
 
 def to_mathml(latex: str, display: bool) -> str:
     """The MathML of ``latex`` (no delimiters), or :class:`UnconvertibleFormula` saying why not."""
+    unescaped = re.sub(r"\\.", "", latex)  # \{ and \} are characters, not groups
+    if unescaped.count("{") != unescaped.count("}"):
+        raise UnconvertibleFormula("unbalanced braces")  # latex2mathml closes or prints them silently
     try:
         mathml = convert(latex, display="block" if display else "inline")
     except Exception as error:  # the converter raises bare exceptions of its own for bad LaTeX
@@ -43,8 +50,12 @@ def to_mathml(latex: str, display: bool) -> str:
         tree = ET.fromstring(mathml)
     except ET.ParseError as error:
         raise UnconvertibleFormula(f"not well-formed MathML ({error}): a bare & or < in the LaTeX?") from error
-    if any(not (mo.text or "").strip() and len(mo) == 0 for mo in tree.iter("{http://www.w3.org/1998/Math/MathML}mo")):
+    if any(not (mo.text or "").strip() and len(mo) == 0 for mo in tree.iter(f"{MATHML}mo")):
         raise UnconvertibleFormula("an operator lost its name (e.g. \\operatorname{arg\\,min}): write it plainer")
+    for element in tree.iter():
+        name = element.tag.removeprefix(MATHML)
+        if name in ARITY and len(element) != ARITY[name]:
+            raise UnconvertibleFormula(f"<{name}> of {len(element)} parts, not {ARITY[name]}: an argument missing?")
     return mathml
 
 

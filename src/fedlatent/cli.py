@@ -12,6 +12,9 @@ from pathlib import Path
 
 from fedlatent.errors import RunStopped, UserInputError
 
+STACK_HELP = ("cells that differ only in seeds or partition train as one lockstep stack: auto (on a CUDA device, "
+              "as many as fit its memory; none on a CPU), off, or at most N cells a stack")
+
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="fedlatent", description=__doc__.split("\n")[0])
@@ -43,6 +46,7 @@ def _parser() -> argparse.ArgumentParser:
     sweep = sub.add_parser("sweep", help="run every cell of a study file (resumable) and tabulate")
     sweep.add_argument("study", help="TOML study file: a base config and a grid")
     sweep.add_argument("--jobs", type=_positive, default=1, help="runs at once, in worker processes")
+    sweep.add_argument("--stack", default="auto", metavar="auto|off|N", help=STACK_HELP)
     sweep.add_argument("--out", help="sweep directory (default runs/<study file name>)")
     sweep.add_argument("--no-figures", action="store_true",
                        help="the runs draw no figures of their own (fedlatent report draws the study's)")
@@ -63,6 +67,7 @@ def _parser() -> argparse.ArgumentParser:
     repro.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
                        help="override one key in every run (repeatable), e.g. --set train.device='\"cuda\"'")
     repro.add_argument("--jobs", type=_positive, default=1, help="runs at once, in worker processes")
+    repro.add_argument("--stack", default="auto", metavar="auto|off|N", help=STACK_HELP)
     repro.add_argument("--out", help="sweep directory (default runs/reproduce/<name>[-<tier>])")
     bench = sub.add_parser("bench", help="time whole runs on each backend against a bare PyTorch loop")
     bench.add_argument("--quick", action="store_true", help="fewer rounds and repetitions (about a minute)")
@@ -128,9 +133,10 @@ def _partition(args: argparse.Namespace) -> None:
 def _sweep(args: argparse.Namespace) -> None:
     from fedlatent.experiment.study import load_study  # validates every cell before any run starts
     study = load_study(args.study)
+    from fedlatent.experiment.stacking import parse_stack
     from fedlatent.experiment.sweep import run_sweep
     out = Path(args.out) if args.out else Path("runs") / Path(args.study).stem
-    run_sweep(study, out, jobs=args.jobs, figures=not args.no_figures)
+    run_sweep(study, out, jobs=args.jobs, figures=not args.no_figures, stack=parse_stack(args.stack))
     print(f"\n{(out / 'results.md').read_text()}\n(all runs: {out / 'results.csv'})")
 
 
@@ -143,6 +149,7 @@ def _report(args: argparse.Namespace) -> None:
 
 def _reproduce(args: argparse.Namespace) -> None:
     from fedlatent.experiment import reproduce
+    from fedlatent.experiment.stacking import parse_stack
     if args.list or not args.name:
         print(reproduce.listing())
         return
@@ -150,7 +157,8 @@ def _reproduce(args: argparse.Namespace) -> None:
     if args.quick and args.tier not in ("full", "quick"):
         raise UserInputError(f"reproduce: --quick and --tier {args.tier} name two tiers; give one")
     out = Path(args.out) if args.out else Path("runs") / "reproduce" / (args.name + ("" if tier == "full" else f"-{tier}"))
-    print(reproduce.reproduce(args.name, out, tier=tier, jobs=args.jobs, data_root=args.data_root,
+    print(reproduce.reproduce(args.name, out, tier=tier, jobs=args.jobs, stack=parse_stack(args.stack),
+                              data_root=args.data_root,
                               only=reproduce.parse_only(args.only), overrides=args.overrides))
 
 

@@ -250,13 +250,13 @@ def folder_rows(study: Study, folder: Path) -> list[dict]:
     return rows
 
 
-def reproduce(name: str, out: Path, *, tier: str = "full", jobs: int = 1, data_root: str | None = None,
-              only: dict[str, list[str]] | None = None, overrides: Sequence[str] = ()) -> str:
+def reproduce(name: str, out: Path, *, tier: str = "full", jobs: int = 1, stack: int | str = "auto",
+              data_root: str | None = None, only: dict[str, list[str]] | None = None, overrides: Sequence[str] = ()) -> str:
     """Run a spec (its available cells; see :func:`load_spec` for the options) into ``out`` and write
     ``out/comparison.md`` and its figure ``out/comparison.png``; return the text."""
     study = load_spec(name, tier=tier, data_root=data_root, only=only, overrides=overrides)
     write_record(out, name, tier, data_root, only, overrides)
-    rows = run_sweep(study, out, jobs=jobs)
+    rows = run_sweep(study, out, jobs=jobs, stack=stack)
     caption = ("fedlatent: mean ± sample std (ddof = 1) over seeds, last round"
                + (", model selected by validation accuracy" if study.select == "val" else "")
                + "; paper: as published (± its std where given).")

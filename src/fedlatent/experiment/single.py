@@ -22,6 +22,7 @@ import numpy as np
 
 from fedlatent.analysis.tables import partition_overview, partition_table
 from fedlatent.backends import auto, simulation, vectorized
+from fedlatent.backends.simulation import Trainer
 from fedlatent.config import RunConfig, to_toml
 from fedlatent.data.federation import build_federation, counts_table, server_view
 from fedlatent.data.registry import DATASETS
@@ -173,13 +174,16 @@ def partition_teller(config: RunConfig, out: Path, name: str, figures: FigureWor
 
 
 def run(config: RunConfig, out: str | Path | None = None, *, resume: bool = False, progress: bool = False,
-        echo=print, figures: bool = True, figures_in_background: bool = True, grid: Any = None) -> dict[str, Any]:
+        echo=print, figures: bool = True, figures_in_background: bool = True, grid: Any = None,
+        trainer: Trainer | None = None) -> dict[str, Any]:
     """Run ``config`` and return the summary (the content of ``summary.json``); the figures are
     drawn by the figure process while the run trains (:mod:`fedlatent.experiment.figures`;
     ``figures_in_background=False``: in-process;
     ``figures=False``: none, e.g. for the runs of a sweep, whose report draws its own; the run's
     files are the same, less ``plots/``; ``fedlatent report`` draws curves from them).
-    ``grid``: a Flower deployment's grid for ``backend = "flower"`` (else its simulation engine)."""
+    ``grid``: a Flower deployment's grid for ``backend = "flower"`` (else its simulation engine);
+    ``trainer``: who trains the clients of an embedded run (the stack of a study's runs,
+    :class:`fedlatent.backends.stacked.Cohort`), instead of its backend's own."""
     started = time.perf_counter()
     first = next(_RUNS_IN_PROCESS) == 0
     out = Path(out) if out is not None else default_out(config)
@@ -201,11 +205,18 @@ def run(config: RunConfig, out: str | Path | None = None, *, resume: bool = Fals
             return _run_in(config, out, data, spec, Clock(started, first), resume=resume, progress=progress,
                            echo=echo,
                            figures=FigureWorker(out, background=figures_in_background) if figures else NoFigures(),
-                           backend_args={"grid": grid} if grid is not None else {}, track=tracked.log_round)
+                           backend_args=_backend_args(config, grid, trainer), track=tracked.log_round)
     except UserInputError:
         if created and not (out / "metrics.jsonl").is_file():  # found before training: leave nothing behind
             shutil.rmtree(out, ignore_errors=True)
         raise
+
+
+def _backend_args(config: RunConfig, grid: Any, trainer: Trainer | None) -> dict[str, Any]:
+    """The backend's own arguments: Flower's grid, or the trainer of an embedded run."""
+    if trainer is not None and config.backend not in TRAINERS:
+        raise ConfigError(f"backend = {config.backend!r}: its clients train on its own nodes, not in a stack of runs")
+    return {**({"grid": grid} if grid is not None else {}), **({"trainer": trainer} if trainer is not None else {})}
 
 
 def _run_in(config: RunConfig, out: Path, data: Federation | ServerView, spec: MethodSpec, clock: Clock, *,
@@ -242,7 +253,8 @@ def _train(config: RunConfig, out: Path, data: Federation | ServerView, spec: Me
 
     backend_started = time.perf_counter()
     try:
-        traced = {"trainer": TermTrace(TRAINERS[config.backend], out)} if spec.trace else {}
+        trainer = backend_args.pop("trainer", None) or TRAINERS.get(config.backend)
+        traced = {"trainer": TermTrace(trainer, out) if spec.trace else trainer} if trainer is not None else {}
         final, wall = BACKENDS[config.backend](config, data, spec, out, resume=resume, progress=on_line,
                                                rounds_start=clock.rounds_start, **traced, **backend_args)
     except RunStopped as stop:

@@ -1,4 +1,5 @@
-"""Run every cell of a study into its own run directory, resumably, ``jobs`` at a time.
+"""Run every cell of a study into its own run directory, resumably, ``jobs`` at a time; cells that
+train alike stacked into one lockstep stack where ``stack`` allows (:mod:`fedlatent.experiment.stacking`).
 
 A finished run (``summary.json`` present) is skipped; an unfinished one continues from its last
 checkpoint (``run(..., resume=True)`` gives the uninterrupted run's numbers). With ``jobs > 1``
@@ -22,6 +23,7 @@ from typing import Any, Callable
 from fedlatent.config import RunConfig, to_toml
 from fedlatent.errors import UserInputError
 from fedlatent.experiment.single import as_started, run
+from fedlatent.experiment.stacking import run_stack, stacks
 from fedlatent.experiment.store import progress, run_row, write_tables
 from fedlatent.experiment.study import Cell, Study
 from fedlatent.experiment.validation import validate_study
@@ -109,12 +111,22 @@ def _say(text: str) -> None:
     print(text, flush=True)
 
 
+def run_unit(configs: list[RunConfig], outs: list[str], figures: bool = True) -> list[str]:
+    """Run one cell (:func:`run_cell`) or a stack of cells (:func:`~fedlatent.experiment.stacking.run_stack`);
+    each cell's "" on success, else its error's one line."""
+    if len(configs) == 1:
+        return [run_cell(configs[0], outs[0], figures)]
+    return run_stack(configs, outs, figures)
+
+
 def run_sweep(study: Study, out: str | Path, *, jobs: int = 1, echo: Callable[[str], None] | None = _say,
-              figures: bool = True) -> list[dict[str, Any]]:
+              figures: bool = True, stack: int | str = "auto") -> list[dict[str, Any]]:
     """Run the study's available cells under ``out/<cell name>``; return the tidy rows. Every cell is
     first validated as its run would validate it (:func:`~fedlatent.experiment.validation.validate_study`),
     so that a bad cell stops the sweep before any folder or training (``figures=False``: the runs
-    draw no figures of their own, see ``fedlatent sweep --no-figures``)."""
+    draw no figures of their own, see ``fedlatent sweep --no-figures``). Cells that may train as
+    one lockstep stack do so as ``stack`` allows (:mod:`fedlatent.experiment.stacking`); ``jobs``
+    stacks (or lone cells) run at once, in worker processes."""
     out = Path(out)
     configs = {cell.name: tagged(cell.config, cell.labels, out.name) for cell in study.cells}
     validate_study(study)  # every runnable cell as its run checks it, before any folder or training
@@ -162,24 +174,37 @@ def run_sweep(study: Study, out: str | Path, *, jobs: int = 1, echo: Callable[[s
             beat.end(cell.name)
         finish(cell, status, error, started)
 
+    by_name = {cell.name: cell for cell in todo}
+    units = [[by_name[name] for name in unit] for unit in stacks({c.name: configs[c.name] for c in todo}, stack)]
+    if echo and any(len(unit) > 1 for unit in units):
+        echo("stacked: " + "; ".join(", ".join(c.name for c in unit) for unit in units if len(unit) > 1))
+
+    def arguments(unit: list[Cell]) -> tuple[list[RunConfig], list[str], bool]:
+        return [configs[c.name] for c in unit], [str(out / c.name) for c in unit], figures
+
+    def begin(unit: list[Cell]) -> list[tuple[Cell, str, float]]:
+        return [(cell, *starting(cell)) for cell in unit]
+
+    def end(begun: list[tuple[Cell, str, float]], errors: list[str]) -> None:
+        for (cell, status, started), error in zip(begun, errors):
+            ending(cell, status, error, started)
+
     try:
         if jobs <= 1:
-            for cell in todo:
-                status, started = starting(cell)
-                ending(cell, status, run_cell(configs[cell.name], str(out / cell.name), figures), started)
+            for unit in units:
+                begun = begin(unit)
+                end(begun, run_unit(*arguments(unit)))
         else:
             with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
-                pending: dict[Future, tuple[Cell, str, float]] = {}
-                queue = list(todo)
+                pending: dict[Future, list[tuple[Cell, str, float]]] = {}
+                queue = list(units)
                 while queue or pending:
                     while queue and len(pending) < jobs:
-                        cell = queue.pop(0)
-                        pending[pool.submit(run_cell, configs[cell.name], str(out / cell.name), figures)] = \
-                            (cell, *starting(cell))
+                        unit = queue.pop(0)
+                        pending[pool.submit(run_unit, *arguments(unit))] = begin(unit)
                     finished, _ = wait(pending, return_when=FIRST_COMPLETED)
                     for future in finished:
-                        cell, status, started = pending.pop(future)
-                        ending(cell, status, future.result(), started)
+                        end(pending.pop(future), future.result())
     finally:
         if beat:
             beat.close()

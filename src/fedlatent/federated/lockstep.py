@@ -105,6 +105,7 @@ class _Stack:
         self.trainable = trainable
         self.optimizer = update.restore(rule, [self.params[n] for n in trainable], trainable, saved, stacked=True)
         # Ditto's (λ/2)‖w − w̄‖²: its gradient λ(w − w̄) is added to the loss gradient directly
+        # (``anchor``: one state for every client, or already stacked, one row per client)
         self.pull = pull
         self.anchor = {n: anchor[n].to(device).expand_as(self.params[n]) for n in trainable} if pull else {}
         # parts' after-step moves (Part.lockstep_drift): p −= lr·d after each optimiser step
@@ -537,6 +538,18 @@ def lockstep_update(ws: Workspace, global_state: Tensors, datas: list[Split], sp
     return _train_together(ws, [global_state] * len(rcs), datas, spec, rcs, s, generators)
 
 
+def lockstep_runs(ws: Workspace, global_states: list[Tensors], datas: list[Split], spec: MethodSpec,
+                  rcs: list[ClientRound], s: LocalSettings, generators: list[torch.Generator]) -> list[Upload]:
+    """Train clients of several runs at once, client c from ``global_states[c]`` (its run's global
+    state: one object for the clients of one run) — the cells of a study stacked
+    (:mod:`fedlatent.backends.stacked`). The runs share ``spec`` and ``s``; a client's numbers are
+    those of its run trained alone, up to floating-point rounding. Partial personalisation trains
+    in two phases around the trainer and is not stacked across runs."""
+    if spec.personalization.kind == "partial":
+        raise ValueError("partial personalisation is not trained across runs")
+    return _train_together(ws, global_states, datas, spec, rcs, s, generators)
+
+
 def _train_together(ws: Workspace, starts: list[Tensors], datas: list[Split], spec: MethodSpec,
                     rcs: list[ClientRound], s: LocalSettings, generators: list[torch.Generator]) -> list[Upload]:
     """Train client c of ``rcs`` from ``starts[c]`` (one object for all when they start from the
@@ -602,8 +615,10 @@ def _train_together(ws: Workspace, starts: list[Tensors], datas: list[Split], sp
                               arithmetic=s.precision, scale=scales(PERSONAL_AMP)[0])
         personal_forward = _own_forward(ws.personal, taps)
     elif ditto:
-        personal_stack = _Stack([prefixed(rc.state, PERSONAL) or starts[0] for rc in rcs], names, trainable,
-                                device, rule, kept(PERSONAL_OPTIM), anchor=starts[0],
+        # each client pulled towards its own start (the runs of a stack start from their own global states)
+        anchor = starts[0] if same_start else {n: torch.stack([st[n] for st in starts]) for n in trainable}
+        personal_stack = _Stack([prefixed(rc.state, PERSONAL) or start for rc, start in zip(rcs, starts)], names,
+                                trainable, device, rule, kept(PERSONAL_OPTIM), anchor=anchor,
                                 pull=spec.personalization.lam, arithmetic=s.precision, scales=scales(PERSONAL_AMP))
     frozen: _Shared | _Frozen | None = None
     if any(p.needs_global_out for p in personal_parts + spec.parts):

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from fedlatent.errors import ConfigError
+from fedlatent.errors import ConfigError, not_allowed, unknown_key
 
 
 def _key(default: Any, doc: str, *, choices: Iterable[str] | None = None,
@@ -274,7 +274,8 @@ def _coerce(key: str, value: Any, tp: Any, meta: dict) -> Any:
     if tp is float:
         value = float(value)
     if meta.get("choices") and value not in meta["choices"]:
-        raise ConfigError(f"{key} = {value!r}: allowed values are {', '.join(meta['choices'])}")
+        raise ConfigError(not_allowed(f"{key} = {value!r}: allowed values are {', '.join(meta['choices'])}", value,
+                                      meta["choices"]))
     low, high = meta.get("low"), meta.get("high")
     if low is not None and (value < low or (meta.get("low_open") and value == low)):
         bound = f"> {low}" if meta.get("low_open") else f">= {low}"
@@ -291,7 +292,7 @@ def _build_section(name: str, cls: type, raw: Any) -> Any:
     unknown = sorted(set(raw) - set(fields))
     open_section = any(f.name == "options" for f in dataclasses.fields(cls))
     if unknown and not open_section:
-        raise ConfigError(f"unknown key {name}.{unknown[0]}; known keys of [{name}]: {', '.join(fields)}")
+        raise ConfigError(unknown_key(f"{name}.{unknown[0]}", fields, f"[{name}]"))
     values = {k: _coerce(f"{name}.{k}", v, fields[k].type, dict(fields[k].metadata))
               for k, v in raw.items() if k in fields}
     if open_section:  # checked against the chosen component's own keys by the registries' checks
@@ -306,7 +307,7 @@ def from_dict(raw: dict) -> RunConfig:
     """Build and validate a :class:`RunConfig` from a parsed TOML document."""
     unknown = sorted(set(raw) - set(SECTIONS))
     if unknown:
-        raise ConfigError(f"unknown key {unknown[0]}; known top-level keys: {', '.join(SECTIONS)}")
+        raise ConfigError(unknown_key(unknown[0], SECTIONS, "the top level"))
     top = {f.name: f for f in dataclasses.fields(RunConfig)}
     kwargs: dict[str, Any] = {}
     for name, value in raw.items():
@@ -372,7 +373,8 @@ def _check_names(key: str, names: list[str], allowed: Iterable[str], noun: str) 
     allowed = tuple(allowed)
     unknown = [n for n in names if n not in allowed]
     if unknown:
-        raise ConfigError(f"{key}: {unknown[0]!r} is not a {noun}; allowed values are {', '.join(allowed)}")
+        raise ConfigError(not_allowed(f"{key}: {unknown[0]!r} is not a {noun}; allowed values are {', '.join(allowed)}",
+                                      unknown[0], allowed))
     if len(set(names)) != len(names):
         raise ConfigError(f"{key} = {names!r}: names a {noun} twice")
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from fedlatent.config import RunConfig, to_dict
-from fedlatent.errors import ConfigError
+from fedlatent.errors import ConfigError, not_allowed, unknown_key
 from fedlatent.methods.head import check_head
 from fedlatent.methods.parts import HEAD_INITS, Calibration, HeadPolicy, MethodSpec, Part, Personalization
 from fedlatent.models.base import FedModel
@@ -71,14 +71,13 @@ def _validated(where: str, given: dict[str, Any], defaults: dict[str, Any]) -> d
         if key == "name":
             continue
         if key not in defaults:
-            raise ConfigError(f"unknown key {where}.{key}; known keys of '{given.get('name')}': "
-                              f"{', '.join(k for k in defaults) or '(none)'}")
+            raise ConfigError(unknown_key(f"{where}.{key}", defaults, f"'{given.get('name')}'"))
         default = defaults[key]
         if not same_kind(value, default):
             raise ConfigError(f"{where}.{key} = {value!r}: expected {type(default).__name__} like {default!r}")
         if key in CHOICES and value not in CHOICES[key]:
-            raise ConfigError(f"{where}.{key} = {value!r}: allowed values are "
-                              f"{', '.join(c for c in CHOICES[key] if c)}")
+            raise ConfigError(not_allowed(f"{where}.{key} = {value!r}: allowed values are "
+                                          f"{', '.join(c for c in CHOICES[key] if c)}", value, CHOICES[key]))
         if isinstance(default, (int, float)) and not isinstance(default, bool) and value < 0:
             raise ConfigError(f"{where}.{key} = {value!r}: must be >= 0")
         out[key] = float(value) if isinstance(default, float) else value
@@ -88,7 +87,8 @@ def _validated(where: str, given: dict[str, Any], defaults: dict[str, Any]) -> d
 def build_part(table: dict[str, Any], where: str = "terms") -> Part:
     name = table.get("name")
     if name not in PARTS:
-        raise ConfigError(f"{where}.name = {name!r}: unknown part; known: {', '.join(sorted(PARTS))}")
+        raise ConfigError(not_allowed(f"{where}.name = {name!r}: unknown part; known: {', '.join(sorted(PARTS))}",
+                                      name, PARTS))
     return PARTS[name].build(_validated(where, table, PARTS[name].defaults))
 
 
@@ -96,7 +96,8 @@ def resolve(algorithm: dict[str, Any], terms: list[dict[str, Any]] = ()) -> Meth
     """The method a configuration names: a preset with its keys, plus any extra ``[[terms]]``."""
     name = algorithm.get("name", "fedavg")
     if name not in PRESETS:
-        raise ConfigError(f"algorithm.name = {name!r}: unknown; known: {', '.join(sorted(PRESETS))}")
+        raise ConfigError(not_allowed(f"algorithm.name = {name!r}: unknown; known: {', '.join(sorted(PRESETS))}",
+                                      name, PRESETS))
     entry = PRESETS[name]
     opts = _validated("algorithm", algorithm, {**COMMON_KEYS, **entry.defaults})
     spec: MethodSpec = entry.build(opts)
@@ -116,12 +117,14 @@ def resolved_keys(algorithm: dict[str, Any], terms: list[dict[str, Any]] = ()) -
     what identifies a method in a run's summary, so runs of the same preset stay comparable."""
     name = algorithm.get("name", "fedavg")
     if name not in PRESETS:
-        raise ConfigError(f"algorithm.name = {name!r}: unknown; known: {', '.join(sorted(PRESETS))}")
+        raise ConfigError(not_allowed(f"algorithm.name = {name!r}: unknown; known: {', '.join(sorted(PRESETS))}",
+                                      name, PRESETS))
     keys = {"name": name, **_validated("algorithm", algorithm, {**COMMON_KEYS, **PRESETS[name].defaults})}
     resolved_terms = []
     for i, t in enumerate(terms):
         if t.get("name") not in PARTS:
-            raise ConfigError(f"terms[{i}].name = {t.get('name')!r}: unknown part; known: {', '.join(sorted(PARTS))}")
+            raise ConfigError(not_allowed(f"terms[{i}].name = {t.get('name')!r}: unknown part; known: "
+                                          f"{', '.join(sorted(PARTS))}", t.get("name"), PARTS))
         resolved_terms.append({"name": t["name"], **_validated(f"terms[{i}]", t, PARTS[t["name"]].defaults)})
     return {**keys, "terms": resolved_terms}
 

@@ -6,6 +6,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import numpy as np
@@ -127,6 +128,31 @@ def test_methods_and_config_listings(capsys) -> None:
     assert main(["config"]) == 0
     listing = capsys.readouterr().out
     assert "[train]" in listing and "participation" in listing
+
+
+def test_config_listing_is_toml_that_loads_as_the_defaults(capsys, tmp_path: Path) -> None:
+    """`fedlatent config` prints TOML (no Python literals): read back by load_config, the defaults."""
+    from fedlatent.config import load_config, to_dict
+    assert main(["config"]) == 0
+    listed = tmp_path / "listed.toml"
+    listed.write_text(capsys.readouterr().out)
+    assert tomllib.loads(listed.read_text())["data"]["normalize"] is True
+    assert to_dict(load_config(listed)) == to_dict(load_config(None))
+
+
+def test_each_block_of_the_methods_listing_is_toml(capsys) -> None:
+    """Every preset's [algorithm] block and every part's [[terms]] block of `fedlatent methods`
+    loads with tomllib and holds exactly its name and keys at their defaults."""
+    from fedlatent.methods.registry import COMMON_KEYS, PARTS, PRESETS, resolved_keys
+    assert main(["methods"]) == 0
+    tables = [tomllib.loads(block) for block in capsys.readouterr().out.strip().split("\n\n")]
+    presets = {t["algorithm"]["name"]: t["algorithm"] for t in tables if "name" in t.get("algorithm", {})}
+    parts = {t["terms"][0]["name"]: t["terms"][0] for t in tables if "terms" in t}
+    assert presets == {n: {"name": n, **e.defaults} for n, e in PRESETS.items()}
+    assert parts == {n: {"name": n, **e.defaults} for n, e in PARTS.items()}
+    assert [t["algorithm"] for t in tables if "algorithm" in t and "name" not in t["algorithm"]] == [COMMON_KEYS]
+    for table in presets.values():
+        assert resolved_keys(table)["name"] == table["name"]  # a block is a valid [algorithm] as printed
 
 
 def _env() -> dict[str, str]:

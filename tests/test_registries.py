@@ -114,7 +114,7 @@ def test_fedlatent_config_lists_the_registered_names(capsys) -> None:
     assert main(["config"]) == 0
     text = capsys.readouterr().out
     assert "model.arch:" in text and "data.dataset:" in text and "data.partition:" in text
-    assert "  vgg13 " in text and "[projector, norm='batch']" in text and "  dirichlet " in text
+    assert "  vgg13 " in text and '[projector, norm = "batch"]' in text and "  dirichlet " in text
 
 
 def test_cli_refuses_an_unknown_model_with_exit_2(tmp_path, capsys) -> None:

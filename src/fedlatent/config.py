@@ -449,7 +449,8 @@ def to_dict(config: RunConfig) -> dict:
     return data
 
 
-def _toml_value(value: Any) -> str:
+def toml_value(value: Any) -> str:
+    """``value`` (bool, number, string, list, table) as a TOML value (``tomllib`` reads it back equal)."""
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, (int, float)):
@@ -459,9 +460,9 @@ def _toml_value(value: Any) -> str:
             "\\" + c if c in '"\\' else f"\\u{ord(c):04x}" if (ord(c) < 0x20 and c != "\t") or ord(c) == 0x7F
             else c for c in value) + '"'
     if isinstance(value, (list, tuple)):
-        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+        return "[" + ", ".join(toml_value(v) for v in value) + "]"
     if isinstance(value, dict):  # an inline table, its keys quoted
-        return "{" + ", ".join(f"{_toml_value(str(k))} = {_toml_value(v)}" for k, v in value.items()) + "}"
+        return "{" + ", ".join(f"{toml_value(str(k))} = {toml_value(v)}" for k, v in value.items()) + "}"
     raise TypeError(f"cannot write {type(value).__name__} to TOML")
 
 
@@ -472,35 +473,39 @@ def to_toml(config: RunConfig) -> str:
     data = to_dict(config)
     if config.tracking == TrackingConfig():
         del data["tracking"]
-    lines = [f"{k} = {_toml_value(v)}" for k, v in data.items() if not isinstance(v, (dict, list))]
+    lines = [f"{k} = {toml_value(v)}" for k, v in data.items() if not isinstance(v, (dict, list))]
     for name, value in data.items():
         if isinstance(value, dict):
-            lines += ["", f"[{name}]"] + [f"{k} = {_toml_value(v)}" for k, v in value.items()]
+            lines += ["", f"[{name}]"] + [f"{k} = {toml_value(v)}" for k, v in value.items()]
     for term in data["terms"]:
-        lines += ["", "[[terms]]"] + [f"{k} = {_toml_value(v)}" for k, v in term.items()]
+        lines += ["", "[[terms]]"] + [f"{k} = {toml_value(v)}" for k, v in term.items()]
     return "\n".join(lines) + "\n"
 
 
 def describe() -> str:
-    """Every key with its default and documentation (for ``fedlatent run --help-config`` and the README)."""
+    """Every key with its default and documentation, as TOML that :func:`load_config` reads back as
+    the defaults (for ``fedlatent config``); the registered names as comments."""
     rows = []
     for top in dataclasses.fields(RunConfig):
         if top.name in ("seed", "backend"):
-            rows.append(f"{top.name} = {top.default!r}  # {top.metadata['doc']}")
+            rows.append(f"{top.name} = {toml_value(top.default)}  # {top.metadata['doc']}")
     hints = typing.get_type_hints(RunConfig)
-    for name in ("data", "model", "train", "server", "eval", "diagnostics", "flower", "tracking"):
+    for name in ("data", "model", "train", "algorithm", "server", "eval", "diagnostics", "flower", "tracking"):
         rows.append(f"\n[{name}]")
+        if name == "algorithm":
+            rows.append('name = "fedavg"  # a method preset and its keys (fedlatent methods lists them)')
+            continue
         for f in dataclasses.fields(hints[name]):
             if f.name == "options":
                 continue
             default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
             choices = f" ({' | '.join(f.metadata['choices'])})" if f.metadata.get("choices") else ""
-            rows.append(f"{f.name} = {default!r}  # {f.metadata['doc']}{choices}")
+            rows.append(f"{f.name} = {toml_value(default)}  # {f.metadata['doc']}{choices}")
     rows += ["\n# registered names and the keys each reads (own keys with their defaults)"]
     rows += [describe_more() for describe_more in _DESCRIBERS]
     return "\n".join(rows)
 
 
 __all__ = ["RunConfig", "DataConfig", "ModelConfig", "TrainConfig", "ServerConfig", "EvalConfig",
-           "DiagnosticsConfig", "FlowerConfig", "TrackingConfig", "load_config", "read_toml", "from_dict", "to_dict", "to_toml", "apply_overrides", "describe",
+           "DiagnosticsConfig", "FlowerConfig", "TrackingConfig", "load_config", "read_toml", "from_dict", "to_dict", "to_toml", "toml_value", "apply_overrides", "describe",
            "add_check", "ConfigError"]

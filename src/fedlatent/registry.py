@@ -20,6 +20,7 @@ import pkgutil
 from dataclasses import dataclass, field
 from typing import Any, Callable, cast
 
+from fedlatent.config import toml_value
 from fedlatent.errors import ConfigError, not_allowed, unknown_key
 
 
@@ -95,11 +96,12 @@ class Registry:
         return self._entries[name]
 
     def describe(self) -> str:
-        """One line per entry: name, doc, the keys it reads (for ``fedlatent config``)."""
-        rows = [f"{self.section}.{self.key}:"]
+        """One comment line per entry: name, doc, the keys it reads and its own keys with their
+        defaults (for ``fedlatent config``, whose output is TOML)."""
+        rows = [f"# {self.section}.{self.key}:"]
         for e in self.entries():
-            keys = list(e.reads) + [f"{k}={v.default!r}" for k, v in e.keys.items()]
-            rows.append(f"  {e.name:14s} {e.doc}" + (f"  [{', '.join(keys)}]" if keys else ""))
+            keys = list(e.reads) + [f"{k} = {toml_value(v.default)}" for k, v in e.keys.items()]
+            rows.append(f"#   {e.name:14s} {e.doc}" + (f"  [{', '.join(keys)}]" if keys else ""))
         return "\n".join(rows)
 
 

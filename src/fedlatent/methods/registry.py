@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from fedlatent.config import RunConfig, to_dict
+from fedlatent.config import RunConfig, to_dict, toml_value
 from fedlatent.errors import ConfigError, not_allowed, unknown_key
 from fedlatent.methods.head import check_head
 from fedlatent.methods.parts import HEAD_INITS, Calibration, HeadPolicy, MethodSpec, Part, Personalization
@@ -78,7 +78,8 @@ def _validated(where: str, given: dict[str, Any], defaults: dict[str, Any]) -> d
         if key in CHOICES and value not in CHOICES[key]:
             raise ConfigError(not_allowed(f"{where}.{key} = {value!r}: allowed values are "
                                           f"{', '.join(c for c in CHOICES[key] if c)}", value, CHOICES[key]))
-        if isinstance(default, (int, float)) and not isinstance(default, bool) and value < 0:
+        # a negative default (FedUV's λ = -1: C/4) may be written as `fedlatent methods` lists it
+        if isinstance(default, (int, float)) and not isinstance(default, bool) and value < 0 and value != default:
             raise ConfigError(f"{where}.{key} = {value!r}: must be >= 0")
         out[key] = float(value) if isinstance(default, float) else value
     return out
@@ -197,10 +198,19 @@ def check_model(spec: MethodSpec, model: FedModel) -> None:
 
 
 def catalogue() -> str:
-    """Every preset and part with its keys and defaults (for ``fedlatent methods``)."""
-    rows = ["presets (algorithm.name):"]
-    rows += [f"  {n:12s} {e.doc}  keys: {e.defaults or '-'}" for n, e in sorted(PRESETS.items())]
-    rows += ["parts ([[terms]] name):"]
-    rows += [f"  {n:12s} {e.doc}  keys: {e.defaults or '-'}" for n, e in sorted(PARTS.items())]
-    rows += [f"keys every preset accepts: {COMMON_KEYS}"]
-    return "\n".join(rows)
+    """Every preset and part with its keys at their defaults (for ``fedlatent methods``), as TOML
+    blocks separated by blank lines: each one, copied into a configuration, chooses that preset
+    (``[algorithm]``) or adds that part (``[[terms]]``)."""
+    blocks = ["# method presets: [algorithm], its keys at their defaults"]
+    blocks += [_block("[algorithm]", n, e) for n, e in sorted(PRESETS.items())]
+    blocks += ["# parts: [[terms]], added to any preset"]
+    blocks += [_block("[[terms]]", n, e) for n, e in sorted(PARTS.items())]
+    blocks += ["\n".join(['# keys every preset accepts, in [algorithm] beside name ("" = the preset\'s own choice)',
+                          "[algorithm]", *(f"{k} = {toml_value(v)}" for k, v in COMMON_KEYS.items())])]
+    return "\n\n".join(blocks)
+
+
+def _block(header: str, name: str, entry: Entry) -> str:
+    """One preset's or part's TOML table: its doc as a comment, its name and keys."""
+    return "\n".join([f"# {name}: {entry.doc}" if entry.doc else f"# {name}", header, f"name = {toml_value(name)}",
+                      *(f"{k} = {toml_value(v)}" for k, v in entry.defaults.items())])

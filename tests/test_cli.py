@@ -62,6 +62,51 @@ def test_out_holding_a_run_needs_resume(digits_config: Path, tmp_path: Path, cap
     assert main(args + ["--resume"]) == 0
 
 
+def test_runs_of_different_settings_get_default_folders_of_their_own(digits_config: Path, tmp_path: Path, capsys,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """The default folder ends in a digest of the settings: a changed setting runs beside the first
+    run; the same configuration names the same folder, so --resume finds it (and, the run being
+    complete, leaves it as it is)."""
+    monkeypatch.chdir(tmp_path)
+    args = ["run", str(digits_config), "--set", "train.rounds=1", "--no-progress", "--no-figures"]
+    assert main(args) == 0
+    assert main([*args, "--set", "train.lr=0.1"]) == 0
+    folders = sorted((tmp_path / "runs").iterdir())
+    assert len(folders) == 2 and all(f.name.startswith("digits-iid-fedavg-seed0-") for f in folders)
+    assert all((f / "summary.json").is_file() for f in folders)
+    capsys.readouterr()
+    assert main(args) == 2                                       # the same configuration: its own folder
+    assert "--resume" in _one_error_line(capsys.readouterr().err)
+    assert main([*args, "--resume"]) == 0
+    assert "already complete: 1 rounds" in capsys.readouterr().out
+
+
+def test_resume_of_a_complete_run_leaves_it_untouched(digits_config: Path, tmp_path: Path, capsys) -> None:
+    out = tmp_path / "run"
+    args = ["run", str(digits_config), "--set", "train.rounds=1", "--no-figures", "--out", str(out)]
+    assert main([*args, "--no-progress"]) == 0
+    before = {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in sorted(out.rglob("*")) if p.is_file()}
+    capsys.readouterr()
+    assert main([*args, "--resume", "--progress"]) == 0
+    captured = capsys.readouterr()
+    assert f"already complete: 1 rounds; summary at {out / 'summary.json'}" in captured.out
+    assert "round" not in captured.err                         # no progress bar: nothing to train
+    assert {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in sorted(out.rglob("*")) if p.is_file()} == before
+
+
+def test_resume_with_another_configuration_names_every_key_that_differs(digits_config: Path, tmp_path: Path,
+                                                                         capsys) -> None:
+    out = tmp_path / "run"
+    args = ["run", str(digits_config), "--no-progress", "--no-figures", "--out", str(out)]
+    assert main([*args, "--set", "train.rounds=1"]) == 0
+    capsys.readouterr()
+    assert main([*args, "--set", "train.rounds=2", "--set", "train.lr=0.1", "--set", 'data.partition="shards"',
+                 "--resume"]) == 2
+    line = _one_error_line(capsys.readouterr().err)
+    assert line.endswith(f"differs from the one in {out / 'config.toml'}: "
+                         'data.partition "iid" → "shards", train.rounds 1 → 2, train.lr 0.05 → 0.1'), line
+
+
 @pytest.mark.parametrize("overrides,key", [
     (["train.epochs=3"], "train.epochs"),
     (["data.alpha=0"], "data.alpha"),
@@ -153,6 +198,22 @@ def test_each_block_of_the_methods_listing_is_toml(capsys) -> None:
     assert [t["algorithm"] for t in tables if "algorithm" in t and "name" not in t["algorithm"]] == [COMMON_KEYS]
     for table in presets.values():
         assert resolved_keys(table)["name"] == table["name"]  # a block is a valid [algorithm] as printed
+
+
+def test_a_run_logged_to_a_file_writes_plain_progress_lines(digits_config: Path, tmp_path: Path) -> None:
+    """stdout and stderr to a file (not a terminal): no progress bar's carriage-return frames, one
+    plain line every tenth of the rounds (here every round of 3) instead."""
+    log = tmp_path / "log.txt"
+    src = str(Path(__file__).resolve().parents[1] / "src")
+    with log.open("w") as sink:
+        done = subprocess.run([sys.executable, "-m", "fedlatent.cli", "run", str(digits_config), "--set", "train.rounds=3",
+                               "--no-figures", "--out", str(tmp_path / "run")], stdout=sink, stderr=sink,
+                              env={**_env(), "PYTHONPATH": src}, timeout=300)
+    text = log.read_text()
+    assert done.returncode == 0, text
+    assert "\r" not in text
+    assert [line.split(",")[0] for line in text.splitlines() if ": round " in line] == \
+        [f"fedavg on digits: round {r}/3" for r in (1, 2, 3)]
 
 
 def _env() -> dict[str, str]:

@@ -28,7 +28,9 @@ from fedlatent.data.types import Federation, ServerView
 from fedlatent.errors import ConfigError, UserInputError
 from fedlatent.experiment.figures import CurvesPacing, FigureWorker, NoFigures, start_process
 from fedlatent.experiment import tracking
+from fedlatent.experiment.folders import check_same_config, completed, default_out
 from fedlatent.experiment.machine import cpu_model
+from fedlatent.experiment.progress import progress as show_progress
 from fedlatent.experiment.trace import TermTrace
 from fedlatent.experiment.validation import check_model_fit, declared_shape, validate
 from fedlatent.experiment.writable import check_folder, nearest_existing
@@ -57,17 +59,6 @@ def fedlatent_version() -> str:
         return version("fedlatent")
     except PackageNotFoundError:
         return "0+unknown"
-
-
-def partition_tag(config: RunConfig) -> str:
-    """The partition in a few characters: ``iid``, ``dirichlet0.05``, ``shards2``, ``given``."""
-    d = config.data
-    return {"dirichlet": f"dirichlet{d.alpha:g}", "shards": f"shards{d.classes_per_client}"}.get(d.partition, d.partition)
-
-
-def default_out(config: RunConfig) -> Path:
-    """``runs/<dataset>-<partition>-<algorithm>-seed<seed>``, e.g. ``runs/digits-dirichlet0.05-fedavg-seed0``."""
-    return Path("runs") / f"{config.data.dataset}-{partition_tag(config)}-{config.algorithm['name']}-seed{config.seed}"
 
 
 def identity(config: RunConfig) -> dict[str, Any]:
@@ -159,21 +150,27 @@ def partition_teller(config: RunConfig, out: Path, name: str, figures: FigureWor
     return tell
 
 
-def run(config: RunConfig, out: str | Path | None = None, *, resume: bool = False, progress: bool = False,
+def run(config: RunConfig, out: str | Path | None = None, *, resume: bool = False, progress: bool | str = False,
         echo=print, figures: bool = True, figures_in_background: bool = True, grid: Any = None) -> dict[str, Any]:
     """Run ``config`` and return the summary (the content of ``summary.json``); the figures are
     drawn by the figure process while the run trains (:mod:`fedlatent.experiment.figures`;
     ``figures_in_background=False``: in-process;
     ``figures=False``: none, e.g. for the runs of a sweep, whose report draws its own; the run's
     files are the same, less ``plots/``; ``fedlatent report`` draws curves from them).
-    ``grid``: a Flower deployment's grid for ``backend = "flower"`` (else its simulation engine)."""
+    ``grid``: a Flower deployment's grid for ``backend = "flower"`` (else its simulation engine).
+    ``progress``: True or ``"bar"``, ``"lines"``, ``"auto"`` (:func:`fedlatent.experiment.progress.progress`).
+    Resuming a run that completed every round returns its summary and leaves its folder as it is."""
     started = time.perf_counter()
     out = Path(out) if out is not None else default_out(config)
     check_out(out, resume=resume, create_parents=not out.is_absolute() and out.parts[:1] == ("runs",))
     if resume:
         config = as_started(config, out / "config.toml")
-        if (out / "config.toml").read_text() != to_toml(config):
-            raise ConfigError(f"--resume: the configuration differs from the one in {out / 'config.toml'}")
+        check_same_config(config, out / "config.toml")
+        done = completed(config, out)
+        if done is not None:  # nothing to train: the run is left as it is
+            if echo:
+                echo(f"already complete: {done['rounds_completed']} rounds; summary at {out / 'summary.json'}")
+            return done
     if figures and figures_in_background:
         start_process()  # before the data are loaded
     data, spec = prepare(config)
@@ -193,7 +190,7 @@ def run(config: RunConfig, out: str | Path | None = None, *, resume: bool = Fals
 
 
 def _run_in(config: RunConfig, out: Path, data: Federation | ServerView, spec: MethodSpec, started: float, *,
-            resume: bool, progress: bool, echo, figures: FigureWorker | NoFigures, backend_args: dict[str, Any],
+            resume: bool, progress: bool | str, echo, figures: FigureWorker | NoFigures, backend_args: dict[str, Any],
             track: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
     """The run in its (existing) directory: partition, training, summary; the figures are on disk
     when it returns or raises. ``track``: told each metrics line (the experiment trackers). The
@@ -212,10 +209,10 @@ def _run_in(config: RunConfig, out: Path, data: Federation | ServerView, spec: M
 
 
 def _train(config: RunConfig, out: Path, data: Federation | ServerView, spec: MethodSpec, started: float, *,
-           resume: bool, progress: bool, echo, figures: FigureWorker | NoFigures,
+           resume: bool, progress: bool | str, echo, figures: FigureWorker | NoFigures,
            backend_args: dict[str, Any], track: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
     """Hand the rounds to the backend; summarise how they ended (a stopped run too)."""
-    bar = _progress_bar(config) if progress else None
+    bar = show_progress(progress, config.train.rounds, f"{config.algorithm['name']} on {config.data.dataset}")
     curves = CurvesPacing(figures, config.train.rounds)  # kept current while the run trains
 
     def on_line(line: dict[str, Any]) -> None:
@@ -268,29 +265,6 @@ def headline_metric(dataset: str) -> str:
     """The metric a data set reports and compares by: its ``headline`` trait (Fed-ISIC2019:
     ``balanced_accuracy``, FLamby's metric), else ``accuracy``."""
     return DATASETS.get(dataset).traits.get("headline", "accuracy")
-
-
-class _Bar:
-    """A tqdm bar over rounds showing the latest loss and accuracy."""
-
-    def __init__(self, total: int, desc: str) -> None:
-        from tqdm.auto import tqdm
-        self.bar = tqdm(total=total, desc=desc, unit="round", dynamic_ncols=True)
-
-    def update_line(self, line: dict[str, Any]) -> None:
-        self.bar.n = line["round"]
-        shown = {"loss": f"{line['train_loss']:.3f}" if line["train_loss"] is not None else "-"}
-        if "test_accuracy" in line:
-            shown["acc"] = f"{line['test_accuracy']:.3f}"
-        self.bar.set_postfix(shown)
-        self.bar.refresh()
-
-    def close(self) -> None:
-        self.bar.close()
-
-
-def _progress_bar(config: RunConfig) -> _Bar:
-    return _Bar(config.train.rounds, f"{config.algorithm['name']} on {config.data.dataset}")
 
 
 def run_on_grid(grid: Any, config_path: str, overrides: list[str], out: str | None, resume: bool) -> dict[str, Any]:

@@ -253,7 +253,8 @@ def _summarize(config: RunConfig, spec: MethodSpec, out: Path, ending: dict[str,
     curves.finish(metrics[-1]["round"] if metrics else 0)
     summary = {**ending, "rounds_completed": len(metrics),
                "clients_dropped": [dict(d, round=m["round"]) for m in metrics for d in m.get("dropped", [])],
-               "seed": config.seed, "method": spec.name, "backend": config.backend, "dataset": config.data.dataset,
+               "seed": config.seed, "method": spec.name, "personalized": spec.personalizes,
+               "backend": config.backend, "dataset": config.data.dataset,
                "headline": headline_metric(config.data.dataset),
                "identity": identity(config),
                "wall_seconds": wall, "fedlatent_version": fedlatent_version(), "machine": cpu_model()}

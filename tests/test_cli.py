@@ -112,6 +112,7 @@ def test_resume_with_another_configuration_names_every_key_that_differs(digits_c
 @pytest.mark.parametrize("overrides,key", [
     (["train.epochs=3"], "train.epochs"),
     (["data.alpha=0"], "data.alpha"),
+    (["data.num_clients=0"], "data.num_clients"),                   # no magic 0: "auto" or a count
     (["algorithm.name=fedprox", "algorithm.mux=0.1"], "algorithm.mux"),
     (["algorithm.name=nosuch"], "algorithm.name"),
 ])

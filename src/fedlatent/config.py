@@ -21,13 +21,17 @@ from fedlatent.errors import ConfigError, not_allowed, unknown_key
 
 
 def _key(default: Any, doc: str, *, choices: Iterable[str] | None = None,
-         low: float | None = None, high: float | None = None, low_open: bool = False) -> Any:
-    """A config field with its documentation and the values it allows."""
+         low: float | None = None, high: float | None = None, low_open: bool = False, auto: str = "") -> Any:
+    """A config field with its documentation and the values it allows (``auto``: what the value
+    ``"auto"`` means, for a number that may also be left to the data)."""
     meta = {"doc": doc, "choices": tuple(choices) if choices else None, "low": low, "high": high,
-            "low_open": low_open}
+            "low_open": low_open, "auto": auto}
     if isinstance(default, (list, dict)):
         return field(default_factory=lambda: type(default)(default), metadata=meta)
     return field(default=default, metadata=meta)
+
+
+DEFAULT_CLIENTS = 10  # data.num_clients = "auto" on a pool whose data name no clients of their own
 
 
 @dataclass
@@ -39,8 +43,9 @@ class DataConfig:
                           "below; 'given' = the data set's own clients)")
     alpha: float = _key(0.5, "Dirichlet concentration (label skew; smaller = more skewed)",
                         low=0.0, low_open=True)
-    num_clients: int = _key(0, "number of clients; 0 = the data's own (one per domain for partition = "
-                            "'domains', a data set's own clients), else 10", low=0)
+    num_clients: int | str = _key("auto", "number of clients, or 'auto': the data's own (one per domain for "
+                                  "partition = 'domains', a data set's own clients), else 10", low=1,
+                                  auto="the data's own count, else 10")
     classes_per_client: int = _key(2, "classes per client for partition = 'shards'", low=1)
     min_size: int = _key(10, "Dirichlet: smallest client size accepted (the seeds' retry rule)", low=0)
     balance: bool = _key(True, "Dirichlet: stop giving a class to clients holding >= N/n samples")
@@ -82,9 +87,9 @@ class DataConfig:
                      low=-1, high=2**32 - 1)
     options: dict = _key({}, "keys a data set or partition declares for itself (written flat in [data])")
 
-    def clients(self, default: int = 10) -> int:
-        """``num_clients``, or ``default`` when it is 0 (a pool split into clients the data does not name)."""
-        return self.num_clients or default
+    def clients(self, default: int = DEFAULT_CLIENTS) -> int:
+        """``num_clients``, or ``default`` when it is ``"auto"`` (a pool split into clients the data does not name)."""
+        return default if self.num_clients == "auto" else int(self.num_clients)
 
     def side(self, default: int = 32) -> int:
         """``image_size``, or ``default`` when it is 0 (the data set's own size)."""
@@ -264,13 +269,17 @@ def _type_name(tp: Any) -> str:
 
 def _coerce(key: str, value: Any, tp: Any, meta: dict) -> Any:
     """Check one value against its field's type and allowed range; return it in that type."""
+    if meta.get("auto"):  # a number, or "auto"
+        if value == "auto":
+            return value
+        tp = tp.split(" | ")[0]
     tp = {"int": int, "float": float, "str": str, "bool": bool, "list": list, "dict": dict}.get(tp, tp)
     ok = (isinstance(value, bool) if tp is bool else
           isinstance(value, int) and not isinstance(value, bool) if tp is int else
           isinstance(value, (int, float)) and not isinstance(value, bool) if tp is float else
           isinstance(value, tp))
     if not ok:
-        raise ConfigError(f"{key} = {value!r}: expected {_type_name(tp)}")
+        raise ConfigError(f"{key} = {value!r}: expected {_type_name(tp)}" + (_auto(meta) if meta.get("auto") else ""))
     if tp is float:
         value = float(value)
     if meta.get("choices") and value not in meta["choices"]:
@@ -279,10 +288,15 @@ def _coerce(key: str, value: Any, tp: Any, meta: dict) -> Any:
     low, high = meta.get("low"), meta.get("high")
     if low is not None and (value < low or (meta.get("low_open") and value == low)):
         bound = f"> {low}" if meta.get("low_open") else f">= {low}"
-        raise ConfigError(f"{key} = {value!r}: must be {bound}" + (f" and <= {high}" if high is not None else ""))
+        raise ConfigError(f"{key} = {value!r}: must be {bound}" + (f" and <= {high}" if high is not None else "")
+                          + (_auto(meta) if meta.get("auto") else ""))
     if high is not None and value > high:
         raise ConfigError(f"{key} = {value!r}: must be <= {high}")
     return value
+
+
+def _auto(meta: dict) -> str:
+    return f", or \"auto\" ({meta['auto']}; also when the key is left out)"
 
 
 def _build_section(name: str, cls: type, raw: Any) -> Any:

@@ -170,6 +170,17 @@ def test_argument_errors_exit_2(capsys) -> None:
     assert info.value.code == 2
 
 
+@pytest.mark.parametrize("command", [[], ["run"], ["check"], ["partition"], ["sweep"], ["report"], ["reproduce"],
+                                     ["bench"], ["cache"], ["methods"], ["config"]])
+def test_help_shows_no_markup(command: list[str], capsys) -> None:
+    """argparse prints help strings as they are: no reStructuredText/Markdown backticks."""
+    with pytest.raises(SystemExit) as info:
+        main([*command, "--help"])
+    assert info.value.code == 0
+    shown = capsys.readouterr().out
+    assert "usage: fedlatent" in shown and "`" not in shown
+
+
 def test_methods_and_config_listings(capsys) -> None:
     assert main(["methods"]) == 0
     assert "fedprox" in capsys.readouterr().out

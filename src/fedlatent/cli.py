@@ -14,7 +14,8 @@ from fedlatent.errors import RunStopped, UserInputError
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="fedlatent", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="fedlatent", description="Federated learning on heterogeneous clients. "
+                                     "Exit codes: 0 success, 2 invalid input (one line), 1 anything else.")
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="train one configuration and print its result table")
     run.add_argument("config", help="TOML run configuration")

@@ -99,7 +99,7 @@ def _run(args: argparse.Namespace) -> None:
     from fedlatent.analysis.tables import summary_table
     from fedlatent.experiment import default_out, run
     out = Path(args.out) if args.out else default_out(config)
-    shown = "bar" if args.progress else None if args.no_progress else "auto"
+    shown: bool | str = "bar" if args.progress else False if args.no_progress else "auto"
     summary = run(config, out, resume=args.resume, progress=shown, figures=not args.no_figures)
     print(f"\n{summary['method']} on {summary['dataset']} ({out}):")
     print(summary_table(summary))

@@ -6,6 +6,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import numpy as np
@@ -44,6 +45,8 @@ def test_run_exits_0_and_prints_the_result_table(digits_config: Path, tmp_path: 
     assert float(rows["balanced_accuracy"]) == pytest.approx(summary["final"]["balanced_accuracy"], abs=5e-5)
     assert rows["rounds_completed"] == "2"
     assert summary["rounds_completed"] == 2
+    assert summary["personalized"] is False and "personali" not in printed       # FedAvg: the global model
+    assert "test_loss" in printed                                                 # the final loss is the test set's
     # the partition table was printed too: 10 clients and a total of the 1437 training samples
     assert any(line.split()[:1] == ["total"] and line.split()[-1] == "1437" for line in printed.splitlines())
 
@@ -61,9 +64,55 @@ def test_out_holding_a_run_needs_resume(digits_config: Path, tmp_path: Path, cap
     assert main(args + ["--resume"]) == 0
 
 
+def test_runs_of_different_settings_get_default_folders_of_their_own(digits_config: Path, tmp_path: Path, capsys,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """The default folder ends in a digest of the settings: a changed setting runs beside the first
+    run; the same configuration names the same folder, so --resume finds it (and, the run being
+    complete, leaves it as it is)."""
+    monkeypatch.chdir(tmp_path)
+    args = ["run", str(digits_config), "--set", "train.rounds=1", "--no-progress", "--no-figures"]
+    assert main(args) == 0
+    assert main([*args, "--set", "train.lr=0.1"]) == 0
+    folders = sorted((tmp_path / "runs").iterdir())
+    assert len(folders) == 2 and all(f.name.startswith("digits-iid-fedavg-seed0-") for f in folders)
+    assert all((f / "summary.json").is_file() for f in folders)
+    capsys.readouterr()
+    assert main(args) == 2                                       # the same configuration: its own folder
+    assert "--resume" in _one_error_line(capsys.readouterr().err)
+    assert main([*args, "--resume"]) == 0
+    assert "already complete: 1 rounds" in capsys.readouterr().out
+
+
+def test_resume_of_a_complete_run_leaves_it_untouched(digits_config: Path, tmp_path: Path, capsys) -> None:
+    out = tmp_path / "run"
+    args = ["run", str(digits_config), "--set", "train.rounds=1", "--no-figures", "--out", str(out)]
+    assert main([*args, "--no-progress"]) == 0
+    before = {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in sorted(out.rglob("*")) if p.is_file()}
+    capsys.readouterr()
+    assert main([*args, "--resume", "--progress"]) == 0
+    captured = capsys.readouterr()
+    assert f"already complete: 1 rounds; summary at {out / 'summary.json'}" in captured.out
+    assert "round" not in captured.err                         # no progress bar: nothing to train
+    assert {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in sorted(out.rglob("*")) if p.is_file()} == before
+
+
+def test_resume_with_another_configuration_names_every_key_that_differs(digits_config: Path, tmp_path: Path,
+                                                                         capsys) -> None:
+    out = tmp_path / "run"
+    args = ["run", str(digits_config), "--no-progress", "--no-figures", "--out", str(out)]
+    assert main([*args, "--set", "train.rounds=1"]) == 0
+    capsys.readouterr()
+    assert main([*args, "--set", "train.rounds=2", "--set", "train.lr=0.1", "--set", 'data.partition="shards"',
+                 "--resume"]) == 2
+    line = _one_error_line(capsys.readouterr().err)
+    assert line.endswith(f"differs from the one in {out / 'config.toml'}: "
+                         'data.partition "iid" → "shards", train.rounds 1 → 2, train.lr 0.05 → 0.1'), line
+
+
 @pytest.mark.parametrize("overrides,key", [
     (["train.epochs=3"], "train.epochs"),
     (["data.alpha=0"], "data.alpha"),
+    (["data.num_clients=0"], "data.num_clients"),                   # no magic 0: "auto" or a count
     (["algorithm.name=fedprox", "algorithm.mux=0.1"], "algorithm.mux"),
     (["algorithm.name=nosuch"], "algorithm.name"),
 ])
@@ -121,12 +170,64 @@ def test_argument_errors_exit_2(capsys) -> None:
     assert info.value.code == 2
 
 
+@pytest.mark.parametrize("command", [[], ["run"], ["check"], ["partition"], ["sweep"], ["report"], ["reproduce"],
+                                     ["bench"], ["cache"], ["methods"], ["config"]])
+def test_help_shows_no_markup(command: list[str], capsys) -> None:
+    """argparse prints help strings as they are: no reStructuredText/Markdown backticks."""
+    with pytest.raises(SystemExit) as info:
+        main([*command, "--help"])
+    assert info.value.code == 0
+    shown = capsys.readouterr().out
+    assert "usage: fedlatent" in shown and "`" not in shown
+
+
 def test_methods_and_config_listings(capsys) -> None:
     assert main(["methods"]) == 0
     assert "fedprox" in capsys.readouterr().out
     assert main(["config"]) == 0
     listing = capsys.readouterr().out
     assert "[train]" in listing and "participation" in listing
+
+
+def test_config_listing_is_toml_that_loads_as_the_defaults(capsys, tmp_path: Path) -> None:
+    """`fedlatent config` prints TOML (no Python literals): read back by load_config, the defaults."""
+    from fedlatent.config import load_config, to_dict
+    assert main(["config"]) == 0
+    listed = tmp_path / "listed.toml"
+    listed.write_text(capsys.readouterr().out)
+    assert tomllib.loads(listed.read_text())["data"]["normalize"] is True
+    assert to_dict(load_config(listed)) == to_dict(load_config(None))
+
+
+def test_each_block_of_the_methods_listing_is_toml(capsys) -> None:
+    """Every preset's [algorithm] block and every part's [[terms]] block of `fedlatent methods`
+    loads with tomllib and holds exactly its name and keys at their defaults."""
+    from fedlatent.methods.registry import COMMON_KEYS, PARTS, PRESETS, resolved_keys
+    assert main(["methods"]) == 0
+    tables = [tomllib.loads(block) for block in capsys.readouterr().out.strip().split("\n\n")]
+    presets = {t["algorithm"]["name"]: t["algorithm"] for t in tables if "name" in t.get("algorithm", {})}
+    parts = {t["terms"][0]["name"]: t["terms"][0] for t in tables if "terms" in t}
+    assert presets == {n: {"name": n, **e.defaults} for n, e in PRESETS.items()}
+    assert parts == {n: {"name": n, **e.defaults} for n, e in PARTS.items()}
+    assert [t["algorithm"] for t in tables if "algorithm" in t and "name" not in t["algorithm"]] == [COMMON_KEYS]
+    for table in presets.values():
+        assert resolved_keys(table)["name"] == table["name"]  # a block is a valid [algorithm] as printed
+
+
+def test_a_run_logged_to_a_file_writes_plain_progress_lines(digits_config: Path, tmp_path: Path) -> None:
+    """stdout and stderr to a file (not a terminal): no progress bar's carriage-return frames, one
+    plain line every tenth of the rounds (here every round of 3) instead."""
+    log = tmp_path / "log.txt"
+    src = str(Path(__file__).resolve().parents[1] / "src")
+    with log.open("w") as sink:
+        done = subprocess.run([sys.executable, "-m", "fedlatent.cli", "run", str(digits_config), "--set", "train.rounds=3",
+                               "--no-figures", "--out", str(tmp_path / "run")], stdout=sink, stderr=sink,
+                              env={**_env(), "PYTHONPATH": src}, timeout=300)
+    text = log.read_text()
+    assert done.returncode == 0, text
+    assert "\r" not in text
+    assert [line.split(",")[0] for line in text.splitlines() if ": round " in line] == \
+        [f"fedavg on digits: round {r}/3" for r in (1, 2, 3)]
 
 
 def _env() -> dict[str, str]:

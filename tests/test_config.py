@@ -30,7 +30,7 @@ def test_defaults_load_and_match_the_documented_contract() -> None:
     assert (config.seed, config.backend) == (0, "auto")
     assert (config.data.dataset, config.data.partition, config.data.alpha, config.data.clients(),
             config.data.root) == ("digits", "iid", 0.5, 10, "data")
-    assert config.data.num_clients == 0  # unset: the data's own count (one per domain), else 10
+    assert config.data.num_clients == "auto"  # unset: the data's own count (one per domain), else 10
     assert config.model.arch == "mlp"
     t = config.train
     assert (t.rounds, t.local_epochs, t.batch_size, t.lr, t.momentum, t.weight_decay, t.participation) == \
@@ -65,6 +65,16 @@ def test_file_values_are_read(digits_config: Path) -> None:
 
 
 # ---------------------------------------------------------------- overrides
+
+def test_num_clients_is_a_count_or_auto() -> None:
+    """Left out, data.num_clients is "auto": the data's own count, else (a pool) DEFAULT_CLIENTS."""
+    from fedlatent.config import DEFAULT_CLIENTS
+    assert load_config(None).data.num_clients == "auto"
+    assert load_config(None).data.clients() == DEFAULT_CLIENTS == 10
+    assert load_config(None, ['data.num_clients="auto"']).data.clients() == 10
+    assert load_config(None, ["data.num_clients=auto"]).data.num_clients == "auto"   # a bare word on --set
+    assert load_config(None, ["data.num_clients=7"]).data.clients() == 7
+
 
 def test_overrides_parse_toml_values() -> None:
     config = load_config(None, [
@@ -217,6 +227,8 @@ BAD = [
     (["colour=1"], "colour"),                                # unknown top-level key
     (["train.epochs=3"], "train.epochs"),                    # unknown key
     (["data.num_client=3"], "data.num_client"),
+    (["data.num_clients=0"], 'data.num_clients = 0: must be >= 1, or "auto"'),  # no magic 0
+    (['data.num_clients="some"'], 'data.num_clients = \'some\': expected an integer, or "auto"'),
     (["train.rounds=\"ten\""], "train.rounds"),              # wrong type
     (["train.rounds=2.5"], "train.rounds"),
     (["train.lr=true"], "train.lr"),

@@ -553,7 +553,7 @@ def test_the_nodes_tell_the_number_of_clients_when_the_data_fix_it(tmp_path):
     _solid_tree(tmp_path / "tree", {"art": {"dog": 6, "house": 5}, "photo": {"dog": 5, "house": 6},
                                     "sketch": {"dog": 7, "house": 4}})
     extra = ['data.dataset="domains"', 'data.partition="domains"', f'data.root="{tmp_path / "tree"}"',
-             "data.num_clients=0", "train.rounds=1", 'eval.personalized="never"']
+             "data.num_clients=auto", "train.rounds=1", 'eval.personalized="never"']
     summary = run_experiment(config("flower", extra), tmp_path / "run", echo=None, grid=InProcessGrid(3))
     assert summary["status"] == "completed"
     assert json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[0])["clients"] == [0, 1, 2]

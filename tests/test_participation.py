@@ -47,7 +47,7 @@ def test_every_whole_number_of_clients_is_reachable_as_m_over_n() -> None:
         assert [clients_per_round(n, m / 100) for m in range(1, 101)] == [max(1, m * n // 100) for m in range(1, 101)]
 
 
-def _digits(n: int, rho: float, backend: str, *extra: str) -> fedlatent.RunConfig:
+def _digits(n: int | str, rho: float, backend: str, *extra: str) -> fedlatent.RunConfig:
     return fedlatent.load_config(None, ['data.dataset="digits"', 'data.partition="iid"', f"data.num_clients={n}",
                                         'model.arch="mlp"', "model.hidden=[8]", "train.rounds=2",
                                         f"train.participation={rho}", "eval.every=2", 'eval.personalized="never"',
@@ -69,10 +69,10 @@ def test_embedded_backends_aggregate_that_many_clients_a_round(backend, n, rho, 
     assert [len(r) for r in rounds] == [expected, expected]
 
 
-def test_the_count_is_of_the_clients_the_data_has_when_num_clients_is_0(tmp_path) -> None:
-    """data.num_clients = 0 (the data's own count; 10 for a pool like digits): ρ applies to the
-    clients built, not to the 0 in the configuration."""
-    fedlatent.run(_digits(0, 0.35, "simulation"), tmp_path / "run")
+def test_the_count_is_of_the_clients_the_data_has_when_num_clients_is_auto(tmp_path) -> None:
+    """data.num_clients = "auto" (the data's own count; 10 for a pool like digits): ρ applies to the
+    clients built."""
+    fedlatent.run(_digits("auto", 0.35, "simulation"), tmp_path / "run")
     assert [len(r) for r in _clients_per_round(tmp_path / "run")] == [3, 3]
 
 

@@ -30,8 +30,14 @@ from fedlatent.registry import Key, Registry
     (['model.arch="cnn"', "model.projector=64"], "model.projector = 64 is not read by model.arch = 'cnn'"),
     (['model.arch="resnet18"', 'model.norm="layer"'], "model.norm = 'layer': allowed values are batch, group"),
     (['model.arch="resnet18"', "model.norm=2"], "model.norm = 2: expected str"),
-    (['model.norm="group"'], "unknown key model.norm; known keys of model.arch = 'mlp': hidden"),
-    (["model.hiden=[3]"], "unknown key model.hiden"),
+    (['model.norm="group"'], "unknown key model.norm; known keys of [model]: arch, hidden, softmax_output, weights"),
+    (["model.hiden=[3]"], "unknown key model.hiden; did you mean model.hidden? known keys of [model]: arch, hidden"),
+    (['data.partion="iid"'], "unknown key data.partion; did you mean data.partition? known keys of [data]: dataset, "
+                             "partition, num_clients, test_fraction"),
+    (["data.alpah=0.1"], "unknown key data.alpah; did you mean data.alpha? known keys of [data]: dataset"),
+    (['data.partition="dirichelt"'], "allowed values are dirichlet, domains, given, iid, shards; did you mean "
+                                     "'dirichlet'?"),
+    (['model.arch="resnet18"', 'model.norm="grup"'], "allowed values are batch, group; did you mean 'group'?"),
     (['data.dataset="synthetic"', 'data.partition="shards"'], "comes with its own clients (use data.partition = "
                                                               "one of given, iid)"),
     (['data.partition="given"'], "data set 'digits' is a pool to partition (use one of dirichlet, domains, iid, shards)"),
@@ -108,7 +114,7 @@ def test_fedlatent_config_lists_the_registered_names(capsys) -> None:
     assert main(["config"]) == 0
     text = capsys.readouterr().out
     assert "model.arch:" in text and "data.dataset:" in text and "data.partition:" in text
-    assert "  vgg13 " in text and "[projector, norm='batch']" in text and "  dirichlet " in text
+    assert "  vgg13 " in text and '[projector, norm = "batch"]' in text and "  dirichlet " in text
 
 
 def test_cli_refuses_an_unknown_model_with_exit_2(tmp_path, capsys) -> None:
@@ -122,8 +128,8 @@ def test_cli_refuses_an_unknown_model_with_exit_2(tmp_path, capsys) -> None:
 
 @pytest.mark.parametrize("overrides,where", [
     (["train.foo=1"], ("train.foo", "[train]")),
-    (["data.foo=1"], ("data.foo", "data.dataset = 'digits' with data.partition = 'iid'")),
-    (["model.foo=1"], ("model.foo", "model.arch = 'mlp'")),
+    (["data.foo=1"], ("data.foo", "[data]")),
+    (["model.foo=1"], ("model.foo", "[model]")),
     (["algorithm.foo=1"], ("algorithm.foo", "'fedavg'")),
     (['terms=[{name="uniformity", foo=1}]'], ("terms[0].foo", "'uniformity'")),
 ])

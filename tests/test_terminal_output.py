@@ -79,6 +79,27 @@ def test_per_client_results_up_to_20_clients_are_every_client() -> None:
     assert "per client" not in summary_table({"final": {"accuracy": 0.5}})
 
 
+def test_a_run_that_does_not_personalise_labels_its_per_client_values_as_the_global_model() -> None:
+    final = {"accuracy": 0.9, "loss": 0.3, "personalized_accuracy": 0.8, "personalized_accuracy_std": 0.1,
+             "majority_baseline_accuracy": 0.5, "per_client": _per_client(3)}
+    globally = summary_table({"final": final, "personalized": False})
+    labels = [line.split()[0] for line in globally.splitlines() if line.split()]
+    assert "client_accuracy" in labels and "client_accuracy_std" in labels and "test_loss" in labels
+    assert "personali" not in globally and "per client (the global model on its test split)" in globally
+    personal = summary_table({"final": final, "personalized": True})
+    assert "personalized_accuracy" in personal and "its personalised model" in personal
+    assert "note:" not in globally + personal                  # 0.8 is above the baseline 0.5
+
+
+@pytest.mark.parametrize("personalized,why", [(False, "one global model cannot"), (True, "have not yet learned")])
+def test_a_mean_accuracy_below_the_majority_baseline_is_explained(personalized: bool, why: str) -> None:
+    final = {"accuracy": 0.1, "personalized_accuracy": 0.1, "majority_baseline_accuracy": 0.87}
+    notes = [line for line in summary_table({"final": final, "personalized": personalized}).splitlines()
+             if line.startswith("note:")]
+    assert len(notes) == 1
+    assert "0.1000 is below their majority-class baseline 0.8700" in notes[0] and why in notes[0]
+
+
 def test_a_1000_client_run_prints_fewer_than_40_lines_before_its_result(tmp_path: Path, capsys) -> None:
     out = tmp_path / "run"
     assert main(["run", str(DITTO_SYNTHETIC), *THOUSAND, "--set", "train.rounds=1", "--set", "train.local_epochs=1",

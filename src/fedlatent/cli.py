@@ -17,7 +17,8 @@ STACK_HELP = ("cells that differ only in seeds or partition train as one lockste
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="fedlatent", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="fedlatent", description="Federated learning on heterogeneous clients. "
+                                     "Exit codes: 0 success, 2 invalid input (one line), 1 anything else.")
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="train one configuration and print its result table")
     run.add_argument("config", help="TOML run configuration")
@@ -25,7 +26,11 @@ def _parser() -> argparse.ArgumentParser:
                      help="override one key (repeatable), e.g. --set train.rounds=5")
     run.add_argument("--out", help="run directory (default runs/<dataset>-<partition>-<algorithm>-seed<seed>)")
     run.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
-    run.add_argument("--no-progress", action="store_true", help="no progress bar")
+    shown = run.add_mutually_exclusive_group()
+    shown.add_argument("--progress", action="store_true",
+                       help="a progress bar even where stderr is not a terminal (default: the bar on a terminal, "
+                       "else a plain line every tenth of the rounds)")
+    shown.add_argument("--no-progress", action="store_true", help="neither the bar nor the lines")
     run.add_argument("--no-figures", action="store_true",
                      help="draw no figures (plots/): the run's other files are the same")
     check = sub.add_parser("check", help="validate a configuration or a spec as run and sweep do before training "
@@ -101,7 +106,8 @@ def _run(args: argparse.Namespace) -> None:
     from fedlatent.analysis.tables import summary_table
     from fedlatent.experiment import default_out, run
     out = Path(args.out) if args.out else default_out(config)
-    summary = run(config, out, resume=args.resume, progress=not args.no_progress, figures=not args.no_figures)
+    shown: bool | str = "bar" if args.progress else False if args.no_progress else "auto"
+    summary = run(config, out, resume=args.resume, progress=shown, figures=not args.no_figures)
     print(f"\n{summary['method']} on {summary['dataset']} ({out}):")
     print(summary_table(summary))
     dropped = summary.get("clients_dropped", [])

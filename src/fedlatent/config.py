@@ -17,17 +17,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from fedlatent.errors import ConfigError
+from fedlatent.errors import ConfigError, not_allowed, unknown_key
 
 
 def _key(default: Any, doc: str, *, choices: Iterable[str] | None = None,
-         low: float | None = None, high: float | None = None, low_open: bool = False) -> Any:
-    """A config field with its documentation and the values it allows."""
+         low: float | None = None, high: float | None = None, low_open: bool = False, auto: str = "") -> Any:
+    """A config field with its documentation and the values it allows (``auto``: what the value
+    ``"auto"`` means, for a number that may also be left to the data)."""
     meta = {"doc": doc, "choices": tuple(choices) if choices else None, "low": low, "high": high,
-            "low_open": low_open}
+            "low_open": low_open, "auto": auto}
     if isinstance(default, (list, dict)):
         return field(default_factory=lambda: type(default)(default), metadata=meta)
     return field(default=default, metadata=meta)
+
+
+DEFAULT_CLIENTS = 10  # data.num_clients = "auto" on a pool whose data name no clients of their own
 
 
 @dataclass
@@ -39,8 +43,9 @@ class DataConfig:
                           "below; 'given' = the data set's own clients)")
     alpha: float = _key(0.5, "Dirichlet concentration (label skew; smaller = more skewed)",
                         low=0.0, low_open=True)
-    num_clients: int = _key(0, "number of clients; 0 = the data's own (one per domain for partition = "
-                            "'domains', a data set's own clients), else 10", low=0)
+    num_clients: int | str = _key("auto", "number of clients, or 'auto': the data's own (one per domain for "
+                                  "partition = 'domains', a data set's own clients), else 10", low=1,
+                                  auto="the data's own count, else 10")
     classes_per_client: int = _key(2, "classes per client for partition = 'shards'", low=1)
     min_size: int = _key(10, "Dirichlet: smallest client size accepted (the seeds' retry rule)", low=0)
     balance: bool = _key(True, "Dirichlet: stop giving a class to clients holding >= N/n samples")
@@ -82,9 +87,9 @@ class DataConfig:
                      low=-1, high=2**32 - 1)
     options: dict = _key({}, "keys a data set or partition declares for itself (written flat in [data])")
 
-    def clients(self, default: int = 10) -> int:
-        """``num_clients``, or ``default`` when it is 0 (a pool split into clients the data does not name)."""
-        return self.num_clients or default
+    def clients(self, default: int = DEFAULT_CLIENTS) -> int:
+        """``num_clients``, or ``default`` when it is ``"auto"`` (a pool split into clients the data does not name)."""
+        return default if self.num_clients == "auto" else int(self.num_clients)
 
     def side(self, default: int = 32) -> int:
         """``image_size``, or ``default`` when it is 0 (the data set's own size)."""
@@ -268,24 +273,34 @@ def _type_name(tp: Any) -> str:
 
 def _coerce(key: str, value: Any, tp: Any, meta: dict) -> Any:
     """Check one value against its field's type and allowed range; return it in that type."""
+    if meta.get("auto"):  # a number, or "auto"
+        if value == "auto":
+            return value
+        tp = tp.split(" | ")[0]
     tp = {"int": int, "float": float, "str": str, "bool": bool, "list": list, "dict": dict}.get(tp, tp)
     ok = (isinstance(value, bool) if tp is bool else
           isinstance(value, int) and not isinstance(value, bool) if tp is int else
           isinstance(value, (int, float)) and not isinstance(value, bool) if tp is float else
           isinstance(value, tp))
     if not ok:
-        raise ConfigError(f"{key} = {value!r}: expected {_type_name(tp)}")
+        raise ConfigError(f"{key} = {value!r}: expected {_type_name(tp)}" + (_auto(meta) if meta.get("auto") else ""))
     if tp is float:
         value = float(value)
     if meta.get("choices") and value not in meta["choices"]:
-        raise ConfigError(f"{key} = {value!r}: allowed values are {', '.join(meta['choices'])}")
+        raise ConfigError(not_allowed(f"{key} = {value!r}: allowed values are {', '.join(meta['choices'])}", value,
+                                      meta["choices"]))
     low, high = meta.get("low"), meta.get("high")
     if low is not None and (value < low or (meta.get("low_open") and value == low)):
         bound = f"> {low}" if meta.get("low_open") else f">= {low}"
-        raise ConfigError(f"{key} = {value!r}: must be {bound}" + (f" and <= {high}" if high is not None else ""))
+        raise ConfigError(f"{key} = {value!r}: must be {bound}" + (f" and <= {high}" if high is not None else "")
+                          + (_auto(meta) if meta.get("auto") else ""))
     if high is not None and value > high:
         raise ConfigError(f"{key} = {value!r}: must be <= {high}")
     return value
+
+
+def _auto(meta: dict) -> str:
+    return f", or \"auto\" ({meta['auto']}; also when the key is left out)"
 
 
 def _build_section(name: str, cls: type, raw: Any) -> Any:
@@ -295,7 +310,7 @@ def _build_section(name: str, cls: type, raw: Any) -> Any:
     unknown = sorted(set(raw) - set(fields))
     open_section = any(f.name == "options" for f in dataclasses.fields(cls))
     if unknown and not open_section:
-        raise ConfigError(f"unknown key {name}.{unknown[0]}; known keys of [{name}]: {', '.join(fields)}")
+        raise ConfigError(unknown_key(f"{name}.{unknown[0]}", fields, f"[{name}]"))
     values = {k: _coerce(f"{name}.{k}", v, fields[k].type, dict(fields[k].metadata))
               for k, v in raw.items() if k in fields}
     if open_section:  # checked against the chosen component's own keys by the registries' checks
@@ -310,7 +325,7 @@ def from_dict(raw: dict) -> RunConfig:
     """Build and validate a :class:`RunConfig` from a parsed TOML document."""
     unknown = sorted(set(raw) - set(SECTIONS))
     if unknown:
-        raise ConfigError(f"unknown key {unknown[0]}; known top-level keys: {', '.join(SECTIONS)}")
+        raise ConfigError(unknown_key(unknown[0], SECTIONS, "the top level"))
     top = {f.name: f for f in dataclasses.fields(RunConfig)}
     kwargs: dict[str, Any] = {}
     for name, value in raw.items():
@@ -376,7 +391,8 @@ def _check_names(key: str, names: list[str], allowed: Iterable[str], noun: str) 
     allowed = tuple(allowed)
     unknown = [n for n in names if n not in allowed]
     if unknown:
-        raise ConfigError(f"{key}: {unknown[0]!r} is not a {noun}; allowed values are {', '.join(allowed)}")
+        raise ConfigError(not_allowed(f"{key}: {unknown[0]!r} is not a {noun}; allowed values are {', '.join(allowed)}",
+                                      unknown[0], allowed))
     if len(set(names)) != len(names):
         raise ConfigError(f"{key} = {names!r}: names a {noun} twice")
 
@@ -451,7 +467,8 @@ def to_dict(config: RunConfig) -> dict:
     return data
 
 
-def _toml_value(value: Any) -> str:
+def toml_value(value: Any) -> str:
+    """``value`` (bool, number, string, list, table) as a TOML value (``tomllib`` reads it back equal)."""
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, (int, float)):
@@ -461,9 +478,9 @@ def _toml_value(value: Any) -> str:
             "\\" + c if c in '"\\' else f"\\u{ord(c):04x}" if (ord(c) < 0x20 and c != "\t") or ord(c) == 0x7F
             else c for c in value) + '"'
     if isinstance(value, (list, tuple)):
-        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+        return "[" + ", ".join(toml_value(v) for v in value) + "]"
     if isinstance(value, dict):  # an inline table, its keys quoted
-        return "{" + ", ".join(f"{_toml_value(str(k))} = {_toml_value(v)}" for k, v in value.items()) + "}"
+        return "{" + ", ".join(f"{toml_value(str(k))} = {toml_value(v)}" for k, v in value.items()) + "}"
     raise TypeError(f"cannot write {type(value).__name__} to TOML")
 
 
@@ -474,35 +491,39 @@ def to_toml(config: RunConfig) -> str:
     data = to_dict(config)
     if config.tracking == TrackingConfig():
         del data["tracking"]
-    lines = [f"{k} = {_toml_value(v)}" for k, v in data.items() if not isinstance(v, (dict, list))]
+    lines = [f"{k} = {toml_value(v)}" for k, v in data.items() if not isinstance(v, (dict, list))]
     for name, value in data.items():
         if isinstance(value, dict):
-            lines += ["", f"[{name}]"] + [f"{k} = {_toml_value(v)}" for k, v in value.items()]
+            lines += ["", f"[{name}]"] + [f"{k} = {toml_value(v)}" for k, v in value.items()]
     for term in data["terms"]:
-        lines += ["", "[[terms]]"] + [f"{k} = {_toml_value(v)}" for k, v in term.items()]
+        lines += ["", "[[terms]]"] + [f"{k} = {toml_value(v)}" for k, v in term.items()]
     return "\n".join(lines) + "\n"
 
 
 def describe() -> str:
-    """Every key with its default and documentation (for ``fedlatent run --help-config`` and the README)."""
+    """Every key with its default and documentation, as TOML that :func:`load_config` reads back as
+    the defaults (for ``fedlatent config``); the registered names as comments."""
     rows = []
     for top in dataclasses.fields(RunConfig):
         if top.name in ("seed", "backend"):
-            rows.append(f"{top.name} = {top.default!r}  # {top.metadata['doc']}")
+            rows.append(f"{top.name} = {toml_value(top.default)}  # {top.metadata['doc']}")
     hints = typing.get_type_hints(RunConfig)
-    for name in ("data", "model", "train", "server", "eval", "diagnostics", "flower", "tracking"):
+    for name in ("data", "model", "train", "algorithm", "server", "eval", "diagnostics", "flower", "tracking"):
         rows.append(f"\n[{name}]")
+        if name == "algorithm":
+            rows.append('name = "fedavg"  # a method preset and its keys (fedlatent methods lists them)')
+            continue
         for f in dataclasses.fields(hints[name]):
             if f.name == "options":
                 continue
             default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
             choices = f" ({' | '.join(f.metadata['choices'])})" if f.metadata.get("choices") else ""
-            rows.append(f"{f.name} = {default!r}  # {f.metadata['doc']}{choices}")
+            rows.append(f"{f.name} = {toml_value(default)}  # {f.metadata['doc']}{choices}")
     rows += ["\n# registered names and the keys each reads (own keys with their defaults)"]
     rows += [describe_more() for describe_more in _DESCRIBERS]
     return "\n".join(rows)
 
 
 __all__ = ["RunConfig", "DataConfig", "ModelConfig", "TrainConfig", "ServerConfig", "EvalConfig",
-           "DiagnosticsConfig", "FlowerConfig", "TrackingConfig", "load_config", "read_toml", "from_dict", "to_dict", "to_toml", "apply_overrides", "describe",
+           "DiagnosticsConfig", "FlowerConfig", "TrackingConfig", "load_config", "read_toml", "from_dict", "to_dict", "to_toml", "toml_value", "apply_overrides", "describe",
            "add_check", "ConfigError"]

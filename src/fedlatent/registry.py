@@ -20,7 +20,8 @@ import pkgutil
 from dataclasses import dataclass, field
 from typing import Any, Callable, cast
 
-from fedlatent.errors import ConfigError
+from fedlatent.config import toml_value
+from fedlatent.errors import ConfigError, not_allowed, unknown_key
 
 
 @dataclass(frozen=True)
@@ -90,16 +91,17 @@ class Registry:
         """The entry called ``name``, or one :class:`ConfigError` line listing the allowed values."""
         self._discover()
         if name not in self._entries:
-            raise ConfigError(f"{self.section}.{self.key} = {name!r}: unknown; allowed values are "
-                              f"{', '.join(self.names())}")
+            raise ConfigError(not_allowed(f"{self.section}.{self.key} = {name!r}: unknown; allowed values are "
+                                          f"{', '.join(self.names())}", name, self.names()))
         return self._entries[name]
 
     def describe(self) -> str:
-        """One line per entry: name, doc, the keys it reads (for ``fedlatent config``)."""
-        rows = [f"{self.section}.{self.key}:"]
+        """One comment line per entry: name, doc, the keys it reads and its own keys with their
+        defaults (for ``fedlatent config``, whose output is TOML)."""
+        rows = [f"# {self.section}.{self.key}:"]
         for e in self.entries():
-            keys = list(e.reads) + [f"{k}={v.default!r}" for k, v in e.keys.items()]
-            rows.append(f"  {e.name:14s} {e.doc}" + (f"  [{', '.join(keys)}]" if keys else ""))
+            keys = list(e.reads) + [f"{k} = {toml_value(v.default)}" for k, v in e.keys.items()]
+            rows.append(f"#   {e.name:14s} {e.doc}" + (f"  [{', '.join(keys)}]" if keys else ""))
         return "\n".join(rows)
 
 
@@ -117,7 +119,8 @@ def _check_value(where: str, value: Any, key: Key) -> Any:
     if not same_kind(value, default):
         raise ConfigError(f"{where} = {value!r}: expected {type(default).__name__} like {default!r}")
     if key.choices and value not in key.choices:
-        raise ConfigError(f"{where} = {value!r}: allowed values are {', '.join(map(str, key.choices))}")
+        raise ConfigError(not_allowed(f"{where} = {value!r}: allowed values are {', '.join(map(str, key.choices))}",
+                                      value, key.choices))
     return float(value) if isinstance(default, float) else value
 
 
@@ -126,14 +129,18 @@ def check_section(cfg: Any, chosen: list[tuple[Registry, Entry]]) -> dict[str, A
 
     A field some entry of these registries reads is *specific*: set to a non-default value while
     no chosen entry reads it, it is refused (it would be silently ignored). Keys in
-    ``cfg.options`` must be declared by a chosen entry and match its type and allowed values;
-    the result holds every chosen entry's own keys, defaults filled in."""
+    ``cfg.options`` must be declared by a chosen entry and match its type and allowed values (an
+    unknown one is told with the keys the section takes with these entries: its fields that are
+    not specific or that they read, and their own keys); the result holds every chosen entry's own
+    keys, defaults filled in."""
     section = chosen[0][0].section
     who = " with ".join(f"{r.section}.{r.key} = '{e.name}'" for r, e in chosen)
     reads = {k for _, e in chosen for k in e.reads}
     own = {k: key for _, e in chosen for k, key in e.keys.items()}
     allowed = ", ".join(sorted(reads | set(own))) or "none"
     specific = {k for r in {id(r): r for r, _ in chosen}.values() for e in r.entries() for k in e.reads}
+    fields = [f.name for f in dataclasses.fields(cfg) if f.name != "options"]
+    taken = [k for k in fields if k not in specific or k in reads] + list(own)  # the section's keys with these entries
     for f in dataclasses.fields(cfg):
         if f.name not in specific or f.name in reads:
             continue
@@ -144,7 +151,7 @@ def check_section(cfg: Any, chosen: list[tuple[Registry, Entry]]) -> dict[str, A
     resolved = {k: key.default for k, key in own.items()}
     for k, value in getattr(cfg, "options", {}).items():
         if k not in own:
-            raise ConfigError(f"unknown key {section}.{k}; known keys of {who}: {allowed}")
+            raise ConfigError(unknown_key(f"{section}.{k}", taken, f"[{section}]", also=fields))
         resolved[k] = _check_value(f"{section}.{k}", value, own[k])
     return resolved
 

@@ -290,7 +290,7 @@ def test_test_per_class_holds_out_n_per_domain_and_class(tmp_path: Path) -> None
 def test_domains_partition_without_num_clients_gives_one_client_per_domain(tmp_path: Path) -> None:
     where = _domains_tree(tmp_path, DOMAINS)
     config = load_config(None, ["data.dataset='domains'", "data.partition='domains'", f"data.root='{tmp_path}'"])
-    assert config.data.num_clients == 0
+    assert config.data.num_clients == "auto"
     federation = build_federation(config.data, config.data_seed)
     assert len(federation.clients) == 3
     assert [{where[i][0] for i in _split_ids(c.train)} for c in federation.clients] == [{d} for d in sorted(DOMAINS)]

@@ -81,23 +81,53 @@ def per_client_table(rows: list[dict[str, Any]]) -> str:
                       clients(worst)])
 
 
+# what a run that does not personalise prints for the per-client keys of summary.json: the global
+# model on each client's test split (the keys stay those of the summary contract)
+GLOBAL_ON_CLIENTS = {"personalized_accuracy": "client_accuracy", "personalized_accuracy_std": "client_accuracy_std",
+                     "personalized_accuracy_worst": "client_accuracy_worst",
+                     "personalized_balanced_accuracy": "client_balanced_accuracy"}
+
+
 def summary_table(summary: dict[str, Any]) -> str:
-    """The final result of one run as a two-column table; a personalised run's per-client results
-    below it (:func:`per_client_table`)."""
+    """The final result of one run as a two-column table; a note when the clients' mean accuracy is
+    below the majority-class baseline (:func:`majority_note`); a personalised run's per-client
+    results below it (:func:`per_client_table`). A run that does not personalise
+    (``summary["personalized"]`` false) labels the per-client values as the global model's."""
     final = summary.get("final", {})
+    personal = summary.get("personalized", True)  # summaries written before the key: as they were printed
     keys = ["accuracy", "balanced_accuracy", "loss", "uncalibrated_accuracy", "personalized_accuracy",
             "personalized_accuracy_std", "personalized_accuracy_worst", "personalized_balanced_accuracy",
             "majority_baseline_accuracy"]
-    rows = [[k, final[k]] for k in keys if k in final]
+    labels = {"loss": "test_loss", **({} if personal else GLOBAL_ON_CLIENTS)}
+    rows = [[labels.get(k, k), final[k]] for k in keys if k in final]
     rows += [["headline", summary.get("headline", "accuracy")],  # the metric the data set is compared by
              ["rounds_completed", summary.get("rounds_completed")],
              ["wall_seconds", float(summary.get("wall_seconds", 0.0))]]
     rows += [[k, float(summary[k])] for k in ("setup_seconds", "train_seconds") if summary.get(k) is not None]
     table = format_table(["metric", "value"], rows)
+    note = majority_note(final, personal)
+    if note:
+        table += f"\n{note}"
     per_client = final.get("per_client")
     if not per_client:
         return table
-    return f"{table}\n\nper client (its personalised model on its test split):\n{per_client_table(per_client)}"
+    model = "its personalised model" if personal else "the global model"
+    return f"{table}\n\nper client ({model} on its test split):\n{per_client_table(per_client)}"
+
+
+def majority_note(final: dict[str, Any], personal: bool) -> str:
+    """One line when the clients' mean accuracy is below their majority-class baseline (each client
+    always answering its most frequent training class, scored on its test split), saying why that
+    can happen; else ``""``."""
+    accuracy, baseline = final.get("personalized_accuracy"), final.get("majority_baseline_accuracy")
+    if accuracy is None or baseline is None or accuracy >= baseline:
+        return ""
+    why = ("the personal models have not yet learned past the clients' label skew (more rounds or local "
+           "epochs, another train.lr)" if personal else
+           "one global model cannot follow each client's own label skew, which the baseline uses; a "
+           "personalising method (fedlatent methods: ditto, fedrep, ...) can")
+    return (f"note: the clients' mean accuracy {accuracy:.4f} is below their majority-class baseline {baseline:.4f} "
+            f"(each client always answering its most frequent training class): {why}")
 
 
 def mean_std(values: list[float]) -> tuple[float, float]:

@@ -201,6 +201,6 @@ def run(config: RunConfig, federation: Federation, spec: MethodSpec, out: Path, 
     metrics_path = out / "metrics.jsonl"
     write_atomically(metrics_path, "".join(line + "\n" for line in driver.metrics_upto(metrics_path, start)))
     final = driver.play_rounds(s, range(start, config.train.rounds), out, lambda rnd: run_round(s, rnd),
-                               lambda: finish(s), since=clock - before, progress=progress,
+                               lambda last: finish(s, last), since=clock - before, progress=progress,
                                rounds_start=rounds_start)
     return final, before + time.perf_counter() - clock

@@ -107,9 +107,9 @@ def _federation(cfg: DataConfig, source: Pool | GivenClients | Labels, seed: int
 
 
 def _fixed_count(cfg: DataConfig) -> int | None:
-    """The number of clients a pool's partition makes: ``data.num_clients`` (10 when unset), but
-    one per domain for a partition by domains (``needs_groups``), left to the data when unset."""
-    if not cfg.num_clients and PARTITIONS.get(cfg.partition).traits.get("needs_groups"):
+    """The number of clients a pool's partition makes: ``data.num_clients`` (10 when ``"auto"``), but
+    one per domain for a partition by domains (``needs_groups``), left to the data when ``"auto"``."""
+    if cfg.num_clients == "auto" and PARTITIONS.get(cfg.partition).traits.get("needs_groups"):
         return None
     return cfg.clients()
 

@@ -120,7 +120,7 @@ def _data(config: RunConfig) -> str:
 
 
 def _clients(config: RunConfig) -> str:
-    clients = str(config.data.num_clients) if config.data.num_clients else "the data's own"
+    clients = "the data's own" if config.data.num_clients == "auto" else str(config.data.num_clients)
     share = config.train.participation
     return clients + (f", {share:g} of them per round" if share < 1 else "")
 

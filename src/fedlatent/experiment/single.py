@@ -30,7 +30,9 @@ from fedlatent.data.types import Federation, ServerView
 from fedlatent.errors import ConfigError, UserInputError
 from fedlatent.experiment.figures import CurvesPacing, FigureWorker, NoFigures, start_process
 from fedlatent.experiment import tracking
+from fedlatent.experiment.folders import check_same_config, completed, default_out
 from fedlatent.experiment.machine import cpu_model
+from fedlatent.experiment.progress import progress as show_progress
 from fedlatent.experiment.trace import TermTrace
 from fedlatent.experiment.validation import check_fit, validate
 from fedlatent.experiment.writable import check_folder, nearest_existing
@@ -61,17 +63,6 @@ def fedlatent_version() -> str:
         return version("fedlatent")
     except PackageNotFoundError:
         return "0+unknown"
-
-
-def partition_tag(config: RunConfig) -> str:
-    """The partition in a few characters: ``iid``, ``dirichlet0.05``, ``shards2``, ``given``."""
-    d = config.data
-    return {"dirichlet": f"dirichlet{d.alpha:g}", "shards": f"shards{d.classes_per_client}"}.get(d.partition, d.partition)
-
-
-def default_out(config: RunConfig) -> Path:
-    """``runs/<dataset>-<partition>-<algorithm>-seed<seed>``, e.g. ``runs/digits-dirichlet0.05-fedavg-seed0``."""
-    return Path("runs") / f"{config.data.dataset}-{partition_tag(config)}-{config.algorithm['name']}-seed{config.seed}"
 
 
 def identity(config: RunConfig) -> dict[str, Any]:
@@ -173,7 +164,7 @@ def partition_teller(config: RunConfig, out: Path, name: str, figures: FigureWor
     return tell
 
 
-def run(config: RunConfig, out: str | Path | None = None, *, resume: bool = False, progress: bool = False,
+def run(config: RunConfig, out: str | Path | None = None, *, resume: bool = False, progress: bool | str = False,
         echo=print, figures: bool = True, figures_in_background: bool = True, grid: Any = None,
         trainer: Trainer | None = None) -> dict[str, Any]:
     """Run ``config`` and return the summary (the content of ``summary.json``); the figures are
@@ -183,15 +174,21 @@ def run(config: RunConfig, out: str | Path | None = None, *, resume: bool = Fals
     files are the same, less ``plots/``; ``fedlatent report`` draws curves from them).
     ``grid``: a Flower deployment's grid for ``backend = "flower"`` (else its simulation engine);
     ``trainer``: who trains the clients of an embedded run (the stack of a study's runs,
-    :class:`fedlatent.backends.stacked.Cohort`), instead of its backend's own."""
+    :class:`fedlatent.backends.stacked.Cohort`), instead of its backend's own.
+    ``progress``: True or ``"bar"``, ``"lines"``, ``"auto"`` (:func:`fedlatent.experiment.progress.progress`).
+    Resuming a run that completed every round returns its summary and leaves its folder as it is."""
     started = time.perf_counter()
     first = next(_RUNS_IN_PROCESS) == 0
     out = Path(out) if out is not None else default_out(config)
     check_out(out, resume=resume, create_parents=not out.is_absolute() and out.parts[:1] == ("runs",))
     if resume:
         config = as_started(config, out / "config.toml")
-        if (out / "config.toml").read_text() != to_toml(config):
-            raise ConfigError(f"--resume: the configuration differs from the one in {out / 'config.toml'}")
+        check_same_config(config, out / "config.toml")
+        done = completed(config, out)
+        if done is not None:  # nothing to train: the run is left as it is
+            if echo:
+                echo(f"already complete: {done['rounds_completed']} rounds; summary at {out / 'summary.json'}")
+            return done
     if figures and figures_in_background:
         start_process()  # before the data are loaded
     data, spec = prepare(config)
@@ -220,7 +217,7 @@ def _backend_args(config: RunConfig, grid: Any, trainer: Trainer | None) -> dict
 
 
 def _run_in(config: RunConfig, out: Path, data: Federation | ServerView, spec: MethodSpec, clock: Clock, *,
-            resume: bool, progress: bool, echo, figures: FigureWorker | NoFigures, backend_args: dict[str, Any],
+            resume: bool, progress: bool | str, echo, figures: FigureWorker | NoFigures, backend_args: dict[str, Any],
             track: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
     """The run in its (existing) directory: partition, training, summary; the figures are on disk
     when it returns or raises. ``track``: told each metrics line (the experiment trackers). The
@@ -239,10 +236,10 @@ def _run_in(config: RunConfig, out: Path, data: Federation | ServerView, spec: M
 
 
 def _train(config: RunConfig, out: Path, data: Federation | ServerView, spec: MethodSpec, clock: Clock, *,
-           resume: bool, progress: bool, echo, figures: FigureWorker | NoFigures,
+           resume: bool, progress: bool | str, echo, figures: FigureWorker | NoFigures,
            backend_args: dict[str, Any], track: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
     """Hand the rounds to the backend; summarise how they ended (a stopped run too)."""
-    bar = _progress_bar(config) if progress else None
+    bar = show_progress(progress, config.train.rounds, f"{config.algorithm['name']} on {config.data.dataset}")
     curves = CurvesPacing(figures, config.train.rounds)  # kept current while the run trains
 
     def on_line(line: dict[str, Any]) -> None:
@@ -306,7 +303,8 @@ def _summarize(config: RunConfig, spec: MethodSpec, out: Path, ending: dict[str,
     curves.finish(metrics[-1]["round"] if metrics else 0)
     summary = {**ending, "rounds_completed": len(metrics),
                "clients_dropped": [dict(d, round=m["round"]) for m in metrics for d in m.get("dropped", [])],
-               "seed": config.seed, "method": spec.name, "backend": config.backend, "dataset": config.data.dataset,
+               "seed": config.seed, "method": spec.name, "personalized": spec.personalizes,
+               "backend": config.backend, "dataset": config.data.dataset,
                "headline": headline_metric(config.data.dataset),
                "identity": identity(config),
                "wall_seconds": wall, **clock.split(metrics), "fedlatent_version": fedlatent_version(),
@@ -319,29 +317,6 @@ def headline_metric(dataset: str) -> str:
     """The metric a data set reports and compares by: its ``headline`` trait (Fed-ISIC2019:
     ``balanced_accuracy``, FLamby's metric), else ``accuracy``."""
     return DATASETS.get(dataset).traits.get("headline", "accuracy")
-
-
-class _Bar:
-    """A tqdm bar over rounds showing the latest loss and accuracy."""
-
-    def __init__(self, total: int, desc: str) -> None:
-        from tqdm.auto import tqdm
-        self.bar = tqdm(total=total, desc=desc, unit="round", dynamic_ncols=True)
-
-    def update_line(self, line: dict[str, Any]) -> None:
-        self.bar.n = line["round"]
-        shown = {"loss": f"{line['train_loss']:.3f}" if line["train_loss"] is not None else "-"}
-        if "test_accuracy" in line:
-            shown["acc"] = f"{line['test_accuracy']:.3f}"
-        self.bar.set_postfix(shown)
-        self.bar.refresh()
-
-    def close(self) -> None:
-        self.bar.close()
-
-
-def _progress_bar(config: RunConfig) -> _Bar:
-    return _Bar(config.train.rounds, f"{config.algorithm['name']} on {config.data.dataset}")
 
 
 def run_on_grid(grid: Any, config_path: str, overrides: list[str], out: str | None, resume: bool) -> dict[str, Any]:

@@ -52,7 +52,7 @@ from pathlib import Path
 from typing import Any
 
 from fedlatent.config import RunConfig, from_dict
-from fedlatent.errors import ConfigError
+from fedlatent.errors import ConfigError, unknown_key
 from fedlatent.methods import resolve
 
 TIERS = ("quick", "cpu")  # the reduced versions a study may carry, each a table of TIER_KEYS
@@ -242,7 +242,7 @@ def parse_study(raw: dict, folder: Path, *, tier: str = "full", where: str = "st
     raw = with_configs(raw, tier=tier, where=where)
     unknown = sorted(set(raw) - STUDY_KEYS)
     if unknown:
-        raise ConfigError(f"{where}: unknown key {unknown[0]}; known keys: {', '.join(sorted(STUDY_KEYS))}")
+        raise ConfigError(f"{where}: {unknown_key(unknown[0], sorted(STUDY_KEYS), 'a study')}")
     quick = tier != "full"
     q = raw.get(tier, {}) if quick else {}
     if quick and not q:

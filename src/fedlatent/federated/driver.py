@@ -126,11 +126,14 @@ def calibrated(s: Run, state: Tensors) -> tuple[Tensors, int]:
                              generator), sum(nbytes(st) for st in stats.values()))
 
 
-def finish(s: Run) -> dict[str, Any]:
+def finish(s: Run, last: dict[str, Any] | None = None) -> dict[str, Any]:
     """The final evaluation: the global model (after calibration when the method has one) and the
-    clients' personalised reports; the model is left holding the final weights."""
+    clients' personalised reports; the model is left holding the final weights. ``last``: the
+    metrics line of the round played last in this process; when it is the final round's, its
+    evaluation is of the same global model (a round's calibration comes before its evaluation)
+    and is reused rather than computed again."""
     final: dict[str, Any] = {}
-    before = evaluate_global(s)
+    before = _evaluation(last) if last is not None and last["round"] == s.config.train.rounds else evaluate_global(s)
     state = s.server.global_state
     if s.spec.calibration.kind != "none":
         state, final["bytes_calibration_up"] = calibrated(s, state)
@@ -145,8 +148,13 @@ def finish(s: Run) -> dict[str, Any]:
     return final
 
 
+def _evaluation(line: dict[str, Any]) -> dict[str, float]:
+    """What :func:`evaluate_global` put in a metrics line: the ``test_*`` values and ``val_accuracy``."""
+    return {k: v for k, v in line.items() if k.startswith("test_") or k == "val_accuracy"}
+
+
 def play_rounds(s: Run, rounds: range, out: Path, play: Callable[[int], dict[str, Any]],
-                finish: Callable[[], dict[str, Any]], *, since: float,
+                finish: Callable[[dict[str, Any] | None], dict[str, Any]], *, since: float,
                 progress: Callable[[dict[str, Any]], None] | None = None,
                 rounds_start: Callable[[], None] | None = None) -> dict[str, Any]:
     """The round loop: ``play`` each round (:func:`play_round`, as the backend calls it), its metrics
@@ -154,10 +162,12 @@ def play_rounds(s: Run, rounds: range, out: Path, play: Callable[[int], dict[str
     ``perf_counter`` value; a resumed run's earlier seconds taken off it), the state checkpointed
     (paced by :class:`~fedlatent.federated.state.Checkpoints`: files written while the next round
     trains, the last completed round's on disk however the loop is left), ``progress`` told; then
-    ``finish`` (:func:`finish`), whose result is returned. ``rounds_start`` is told when the loop
-    starts: the end of the run's set-up (data, model, the process's one-off imports)."""
+    ``finish`` (:func:`finish`) told the last line played (None when no round was), whose result is
+    returned. ``rounds_start`` is told when the loop starts: the end of the run's set-up (data, model,
+    the process's one-off imports)."""
     if rounds_start:
         rounds_start()
+    line: dict[str, Any] | None = None
     with Checkpoints(out / "checkpoints") as checkpoints, (out / "metrics.jsonl").open("a") as sink:
         for rnd in rounds:
             line = play(rnd)
@@ -170,7 +180,7 @@ def play_rounds(s: Run, rounds: range, out: Path, play: Callable[[int], dict[str
                              last=rnd + 1 == rounds.stop)
             if progress:
                 progress(line)
-        return finish()
+        return finish(line)
 
 
 def metrics_upto(path: Path, last_round: int) -> list[str]:

@@ -280,6 +280,12 @@ class MethodSpec:
     def all_parts(self) -> list[Part]:
         return self.parts + self.personalization.parts
 
+    @property
+    def personalizes(self) -> bool:
+        """Whether each client is evaluated on a model of its own (personal, partly its own, fine-tuned,
+        or with its own FFC head: ``federated.personal.client_model``), not on the global one."""
+        return self.personalization.kind != "none" or (self.calibration.kind == "ffc" and self.calibration.personal)
+
 
 def _with_client_axis(out: ModelOutput | None) -> ModelOutput | None:
     if out is None:

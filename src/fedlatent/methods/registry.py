@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from fedlatent.config import RunConfig, to_dict
-from fedlatent.errors import ConfigError
+from fedlatent.config import RunConfig, to_dict, toml_value
+from fedlatent.errors import ConfigError, not_allowed, unknown_key
 from fedlatent.methods.head import check_head
 from fedlatent.methods.parts import HEAD_INITS, Calibration, HeadPolicy, MethodSpec, Part, Personalization
 from fedlatent.models.base import FedModel
@@ -71,15 +71,15 @@ def _validated(where: str, given: dict[str, Any], defaults: dict[str, Any]) -> d
         if key == "name":
             continue
         if key not in defaults:
-            raise ConfigError(f"unknown key {where}.{key}; known keys of '{given.get('name')}': "
-                              f"{', '.join(k for k in defaults) or '(none)'}")
+            raise ConfigError(unknown_key(f"{where}.{key}", defaults, f"'{given.get('name')}'"))
         default = defaults[key]
         if not same_kind(value, default):
             raise ConfigError(f"{where}.{key} = {value!r}: expected {type(default).__name__} like {default!r}")
         if key in CHOICES and value not in CHOICES[key]:
-            raise ConfigError(f"{where}.{key} = {value!r}: allowed values are "
-                              f"{', '.join(c for c in CHOICES[key] if c)}")
-        if isinstance(default, (int, float)) and not isinstance(default, bool) and value < 0:
+            raise ConfigError(not_allowed(f"{where}.{key} = {value!r}: allowed values are "
+                                          f"{', '.join(c for c in CHOICES[key] if c)}", value, CHOICES[key]))
+        # a negative default (FedUV's λ = -1: C/4) may be written as `fedlatent methods` lists it
+        if isinstance(default, (int, float)) and not isinstance(default, bool) and value < 0 and value != default:
             raise ConfigError(f"{where}.{key} = {value!r}: must be >= 0")
         out[key] = float(value) if isinstance(default, float) else value
     return out
@@ -88,7 +88,8 @@ def _validated(where: str, given: dict[str, Any], defaults: dict[str, Any]) -> d
 def build_part(table: dict[str, Any], where: str = "terms") -> Part:
     name = table.get("name")
     if name not in PARTS:
-        raise ConfigError(f"{where}.name = {name!r}: unknown part; known: {', '.join(sorted(PARTS))}")
+        raise ConfigError(not_allowed(f"{where}.name = {name!r}: unknown part; known: {', '.join(sorted(PARTS))}",
+                                      name, PARTS))
     return PARTS[name].build(_validated(where, table, PARTS[name].defaults))
 
 
@@ -96,7 +97,8 @@ def resolve(algorithm: dict[str, Any], terms: list[dict[str, Any]] = ()) -> Meth
     """The method a configuration names: a preset with its keys, plus any extra ``[[terms]]``."""
     name = algorithm.get("name", "fedavg")
     if name not in PRESETS:
-        raise ConfigError(f"algorithm.name = {name!r}: unknown; known: {', '.join(sorted(PRESETS))}")
+        raise ConfigError(not_allowed(f"algorithm.name = {name!r}: unknown; known: {', '.join(sorted(PRESETS))}",
+                                      name, PRESETS))
     entry = PRESETS[name]
     opts = _validated("algorithm", algorithm, {**COMMON_KEYS, **entry.defaults})
     spec: MethodSpec = entry.build(opts)
@@ -116,12 +118,14 @@ def resolved_keys(algorithm: dict[str, Any], terms: list[dict[str, Any]] = ()) -
     what identifies a method in a run's summary, so runs of the same preset stay comparable."""
     name = algorithm.get("name", "fedavg")
     if name not in PRESETS:
-        raise ConfigError(f"algorithm.name = {name!r}: unknown; known: {', '.join(sorted(PRESETS))}")
+        raise ConfigError(not_allowed(f"algorithm.name = {name!r}: unknown; known: {', '.join(sorted(PRESETS))}",
+                                      name, PRESETS))
     keys = {"name": name, **_validated("algorithm", algorithm, {**COMMON_KEYS, **PRESETS[name].defaults})}
     resolved_terms = []
     for i, t in enumerate(terms):
         if t.get("name") not in PARTS:
-            raise ConfigError(f"terms[{i}].name = {t.get('name')!r}: unknown part; known: {', '.join(sorted(PARTS))}")
+            raise ConfigError(not_allowed(f"terms[{i}].name = {t.get('name')!r}: unknown part; known: "
+                                          f"{', '.join(sorted(PARTS))}", t.get("name"), PARTS))
         resolved_terms.append({"name": t["name"], **_validated(f"terms[{i}]", t, PARTS[t["name"]].defaults)})
     return {**keys, "terms": resolved_terms}
 
@@ -194,10 +198,19 @@ def check_model(spec: MethodSpec, model: FedModel) -> None:
 
 
 def catalogue() -> str:
-    """Every preset and part with its keys and defaults (for ``fedlatent methods``)."""
-    rows = ["presets (algorithm.name):"]
-    rows += [f"  {n:12s} {e.doc}  keys: {e.defaults or '-'}" for n, e in sorted(PRESETS.items())]
-    rows += ["parts ([[terms]] name):"]
-    rows += [f"  {n:12s} {e.doc}  keys: {e.defaults or '-'}" for n, e in sorted(PARTS.items())]
-    rows += [f"keys every preset accepts: {COMMON_KEYS}"]
-    return "\n".join(rows)
+    """Every preset and part with its keys at their defaults (for ``fedlatent methods``), as TOML
+    blocks separated by blank lines: each one, copied into a configuration, chooses that preset
+    (``[algorithm]``) or adds that part (``[[terms]]``)."""
+    blocks = ["# method presets: [algorithm], its keys at their defaults"]
+    blocks += [_block("[algorithm]", n, e) for n, e in sorted(PRESETS.items())]
+    blocks += ["# parts: [[terms]], added to any preset"]
+    blocks += [_block("[[terms]]", n, e) for n, e in sorted(PARTS.items())]
+    blocks += ["\n".join(['# keys every preset accepts, in [algorithm] beside name ("" = the preset\'s own choice)',
+                          "[algorithm]", *(f"{k} = {toml_value(v)}" for k, v in COMMON_KEYS.items())])]
+    return "\n\n".join(blocks)
+
+
+def _block(header: str, name: str, entry: Entry) -> str:
+    """One preset's or part's TOML table: its doc as a comment, its name and keys."""
+    return "\n".join([f"# {name}: {entry.doc}" if entry.doc else f"# {name}", header, f"name = {toml_value(name)}",
+                      *(f"{k} = {toml_value(v)}" for k, v in entry.defaults.items())])

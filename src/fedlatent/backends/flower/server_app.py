@@ -349,7 +349,7 @@ def serve(grid: Grid, config: RunConfig, data: ServerView, spec: MethodSpec, out
                                           torch.device(config.train.device))
         s.diagnostics.start(start)
     final = driver.play_rounds(s, range(start, config.train.rounds), out, lambda rnd: driver.play_round(s, rnd),
-                               lambda: driver.finish(s), since=clock - before, progress=progress,
+                               lambda last: driver.finish(s, last), since=clock - before, progress=progress,
                                rounds_start=rounds_start)
     return final, before + time.perf_counter() - clock
 

@@ -31,10 +31,10 @@ def _shards(cfg: DataConfig, labels: np.ndarray, groups: np.ndarray | None, seed
 @register_partition("domains", needs_groups=True)
 def _domains(cfg: DataConfig, labels: np.ndarray, groups: np.ndarray | None, seed: int) -> list[np.ndarray]:
     """One client per natural domain (each keeps its own domain's held-out test split); data.num_clients
-    may be left unset (0)."""
+    may be left "auto"."""
     assert groups is not None  # the registry's check admits only data sets with domains
     parts = P.by_group(groups)
-    if cfg.num_clients and cfg.num_clients != len(parts):
+    if cfg.num_clients != "auto" and cfg.num_clients != len(parts):
         raise ConfigError(f"data.num_clients = {cfg.num_clients}: partition 'domains' gives one "
                           f"client per domain, {len(parts)} here")
     return parts

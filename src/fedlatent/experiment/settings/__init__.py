@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from fedlatent.config import RunConfig, from_dict, load_config
-from fedlatent.errors import ConfigError
+from fedlatent.errors import ConfigError, unknown_key
 from fedlatent.experiment.check import show
 from fedlatent.methods import flat_settings
 from fedlatent.experiment.study import CONFIGS
@@ -96,7 +96,7 @@ def load(name: str) -> Table:
     raw = tomllib.loads(path.read_text(encoding="utf-8"))
     unknown = sorted(set(raw) - TABLE_KEYS)
     if unknown:
-        raise ConfigError(f"{path.name}: unknown key {unknown[0]}; known: {', '.join(sorted(TABLE_KEYS))}")
+        raise ConfigError(f"{path.name}: {unknown_key(unknown[0], sorted(TABLE_KEYS), 'a settings table')}")
     entries = [_entry(e, f"{path.name}: setting {i}") for i, e in enumerate(raw.get("setting", []))]
     return Table(name, raw["paper"], raw["seed_file"], raw["specs"], entries, raw.get("not_settings", {}),
                  raw.get("configs", {}), raw.get("excluded", {}))

@@ -90,7 +90,9 @@ def last_value(run: dict[str, Any], metric: str) -> float | None:
 def table(study: Study, rows: list[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
     span = window(rows)
     metric = study.metric
+    personal = metric == "personalized_accuracy"  # beside it, as fedlatent reproduce shows it: the majority-class rate
     header = [*rows[0]["labels"], "paper (%)", f"fedlatent {metric}, last round reached (%)",
+              *(["majority baseline (%)"] if personal else []),
               "test accuracy, mean of rounds " + (f"{span[0]}-{span[1]}" if span else "-") + " (%)",
               "rounds reached / planned", "seeds", "status"]
     body = []
@@ -106,7 +108,9 @@ def table(study: Study, rows: list[dict[str, Any]]) -> tuple[list[str], list[lis
                 means.append(sum(values) / len(values))
         reached = sorted(max(r["curve"], default=0) for r in row["runs"])
         rounds = str(reached[0]) if reached[0] == reached[-1] else f"{reached[0]}-{reached[-1]}"
-        body.append([*row["labels"].values(), paper_text, format_mean_std(lasts, 100, 2), format_mean_std(means, 100, 2),
+        majority = [r["majority_baseline_accuracy"] for r in row["runs"] if r.get("majority_baseline_accuracy") is not None]
+        body.append([*row["labels"].values(), paper_text, format_mean_std(lasts, 100, 2),
+                     *([format_mean_std(majority, 100, 2)] if personal else []), format_mean_std(means, 100, 2),
                      f"{rounds} / {row['planned']}", ", ".join(r["seed"] for r in row["runs"]),
                      ", ".join(sorted({r["status"] for r in row["runs"]}))])
     return header, body

@@ -33,11 +33,13 @@ def _table_module() -> Any:
     return module
 
 
-def _rows(markdown: str) -> dict[str, list[str]]:
-    """The table's body lines by their first two cells (setting/method)."""
-    rows = [[c.strip() for c in line.strip().strip("|").split("|")] for line in markdown.splitlines()
-            if line.startswith("| ") and not line.startswith("| setting")]
-    return {f"{r[0]}/{r[1]}": r for r in rows}
+def _rows(markdown: str) -> dict[str, dict[str, str]]:
+    """The table's body lines by their first two cells (setting/method), each cell by its header
+    (the start of it: ``paper``, ``fedlatent``, ``majority``, ``test accuracy``, ``rounds``, ``seeds``, ``status``)."""
+    header, *rows = [[c.strip() for c in line.strip().strip("|").split("|")] for line in markdown.splitlines()
+                     if line.startswith("| ")]
+    short = [h.split()[0] for h in header]
+    return {f"{r[0]}/{r[1]}": dict(zip(short, r)) for r in rows}
 
 
 def _archive(tmp_path: Path) -> Path:
@@ -92,9 +94,10 @@ def test_the_full_scale_script_runs_every_step_writes_its_table_and_resumes(tmp_
         rows = _rows(page)
         assert set(rows) == set(expected), step
         for key, row in rows.items():
-            assert expected[key] is None or row[2] == expected[key]
-            assert row[3] != "-" and row[5] == "1 / 1" and row[7] == "finished"
-            assert row[6] == ("2021" if step.startswith("ditto") else "0")
+            assert expected[key] is None or row["paper"] == expected[key]
+            assert row["fedlatent"] != "-" and row["rounds"] == "1 / 1" and row["status"] == "finished"
+            assert row["seeds"] == ("2021" if step.startswith("ditto") else "0")
+            assert ("majority" in row) == step.startswith("ditto")  # personalised: the majority-class rate beside
         assert "abc1234" in page and "cpu" in page and "mean of rounds 1-1" in page
         per_round = (results / f"{step}.csv").read_text().splitlines()
         assert per_round[0].startswith("run,setting,method,seed,round,") and len(per_round) == 1 + len(expected)
@@ -134,10 +137,10 @@ def test_the_table_compares_every_row_over_the_same_last_five_rounds(tmp_path: P
     page = table.write_step(folder, tmp_path / "results", "2026-11-27", table.commit()).read_text()
     table.write_step(folder, tmp_path / "results", "2026-11-28", "def5678")
     assert "mean of rounds 2-6 (%)" in page and "Updated 2026-11-27 on commit abc1234, cpu" in page
-    rows = _rows(page)
-    assert rows["cifar10-a0.01/fedavg"][2:] == ["34.70", "8.00", "4.00", "8 / 100", "0", "unfinished"]
-    assert rows["cifar10-a0.01/feduv-mu0.5-lamC4"][2:] == ["37.70", "26.00", "24.00", "6 / 100", "0", "unfinished"]
-    assert rows["cifar10-a0.01/moon-mu1"][2:] == ["35.70", "-", "-", "0 / 100", "0", "not run"]
+    rows = {key: list(row.values())[2:] for key, row in _rows(page).items()}
+    assert rows["cifar10-a0.01/fedavg"] == ["34.70", "8.00", "4.00", "8 / 100", "0", "unfinished"]
+    assert rows["cifar10-a0.01/feduv-mu0.5-lamC4"] == ["37.70", "26.00", "24.00", "6 / 100", "0", "unfinished"]
+    assert rows["cifar10-a0.01/moon-mu1"] == ["35.70", "-", "-", "0 / 100", "0", "not run"]
     history = json.loads((tmp_path / "results" / "feduv_a0.01.json").read_text())
     assert [h["commit"] for h in history] == ["abc1234", "def5678"]
     assert history[0]["rounds_reached"]["cifar10-a0.01/fedavg"] == [8]

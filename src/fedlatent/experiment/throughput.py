@@ -32,7 +32,7 @@ from fedlatent.data.compact import Images, uint8_channel_stats
 from fedlatent.data.types import ClientData, Federation, Split
 from fedlatent.experiment import timing
 from fedlatent.methods import resolve
-from fedlatent.models import FedModel, build_model
+from fedlatent.models import FedModel
 from fedlatent.models.flops import per_sample_flops
 
 CLIENTS, CLASSES, BATCH, SHAPE = 10, 10, 128, (3, 32, 32)
@@ -184,12 +184,13 @@ def measure(*, device: str = "cpu", samples: int | None = None, reps: int | None
     batch = min(BATCH, samples)  # a client of fewer images takes them in one batch; the bare loop likewise
     named = torch.device(device)
     resolved = resolve_precision(precision, device)
-    images, labels = random_images(CLIENTS, samples)
     config = run_config(device, precision)
-    fedlatent = FedlatentRounds(config, federation(images, labels, CLIENTS))
-    model = build_model(config.model, SHAPE, CLASSES, "cifar-shaped")
+    images, labels = random_images(CLIENTS, samples, config.seed)
+    fed = federation(images, labels, CLIENTS)
+    fedlatent = FedlatentRounds(config, fed)
+    model = simulation.make_model(config, fed, resolve(config.algorithm, config.terms))  # fedlatent's initial weights
     forward, backward = per_sample_flops(model, SHAPE)
-    bare = BareLoop(model, images, labels, batch=CLIENTS * batch, precision=resolved, device=named)
+    bare = BareLoop(model, images, labels, batch=CLIENTS * batch, precision=resolved, device=named, seed=config.seed)
     times = timing.bracketed(bare, {FEDLATENT: fedlatent}, reps, ("wall",), progress=progress)
     return {"machine": timing.machine(device), "clients": CLIENTS, "samples_per_client": samples,
             "batch_per_client": batch, "total_batch": CLIENTS * batch, "images": len(labels),

@@ -13,7 +13,7 @@
 #                             paper's widths, 10 clients, 100 rounds × 10 local epochs; seed 0)
 #      feddecorr              FedDecorr Table 1's CIFAR-10 rows, α = 0.05, 0.1, 0.5 and IID: FedAvg ±
 #                             FedDecorr (spec feddecorr_table1; MobileNetV2, 100 rounds × 10 local
-#                             epochs); seed 0 of the spec's 0-2 (one seed of 8 rows is already ~4·10⁹
+#                             epochs); seed 0 of the spec's 0-2 (one seed of 8 rows is already ~4·10⁸
 #                             sample passes)
 #      ditto_table1, ditto_table2  the Ditto + MMD paper's CIFAR-10 rows, α = 0.1, 0.5, 5 (specs
 #                             ditto_table1: each constraint alone; ditto_table2: Ditto + a constraint;

@@ -1,14 +1,18 @@
-"""``benchmarks/full_scale_cifar10.sh``, the script a GPU session runs once in its few minutes of
-device time: checked here on a CPU in its smoke mode (``SMOKE=1``: a few images a class and one
-round) on a generated archive of the shared CIFAR-10 archive's layout, so that a broken script is
-found before a device's minutes are spent on it."""
+"""``benchmarks/full_scale_cifar10.sh`` and ``benchmarks/gpu_lease.sh``, the scripts a lease of a
+device runs in its few minutes: checked here on a CPU in their smoke mode (``SMOKE=1``: a few images
+a class, one round, each step's first setting and seed) on a generated archive of the shared
+CIFAR-10 archive's layout, so that a broken script is found before a device's minutes are spent on
+it; and the table writer ``benchmarks/full_scale_table.py`` on runs stopped at different rounds."""
 from __future__ import annotations
 
+import importlib.util
+import json
 import os
 import subprocess
 import sys
 import tarfile
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -19,7 +23,23 @@ from fedlatent.data.readers import CIFAR10_CLASSES
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "full_scale_cifar10.sh"
 
-pytestmark = pytest.mark.slow
+
+def _table_module() -> Any:
+    """``benchmarks/full_scale_table.py``, imported from its file (benchmarks/ is not a package)."""
+    spec = importlib.util.spec_from_file_location("full_scale_table", ROOT / "benchmarks" / "full_scale_table.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _rows(markdown: str) -> dict[str, dict[str, str]]:
+    """The table's body lines by their first two cells (setting/method), each cell by its header
+    (the start of it: ``paper``, ``fedlatent``, ``majority``, ``test accuracy``, ``rounds``, ``seeds``, ``status``)."""
+    header, *rows = [[c.strip() for c in line.strip().strip("|").split("|")] for line in markdown.splitlines()
+                     if line.startswith("| ")]
+    short = [h.split()[0] for h in header]
+    return {f"{r[0]}/{r[1]}": dict(zip(short, r)) for r in rows}
 
 
 def _archive(tmp_path: Path) -> Path:
@@ -37,21 +57,110 @@ def _archive(tmp_path: Path) -> Path:
     return archive
 
 
-def test_the_full_scale_script_extracts_decodes_trains_both_steps_and_compares(tmp_path: Path) -> None:
-    fedlatent = tmp_path / "fedlatent"  # the command the script calls, as this interpreter runs it
+def _fedlatent(tmp_path: Path) -> dict[str, str]:
+    """The environment the scripts run under here: the command as this interpreter runs it, on this
+    checkout's sources, a cache folder of the test's own."""
+    fedlatent = tmp_path / "fedlatent"
     fedlatent.write_text(f'#!/bin/sh\nexec "{sys.executable}" -m fedlatent.cli "$@"\n')
     fedlatent.chmod(0o755)
-    out = tmp_path / "out"
-    env = {**os.environ, "SMOKE": "1", "DEVICE": "cpu", "JOBS": "1", "BUDGET": "600", "FEDLATENT": str(fedlatent),
-           "FEDLATENT_CACHE_DIR": str(tmp_path / "cache"), "MPLBACKEND": "Agg"}
+    return {**os.environ, "SMOKE": "1", "DEVICE": "cpu", "JOBS": "1", "FEDLATENT": str(fedlatent),
+            "PYTHON": sys.executable, "PYTHONPATH": str(ROOT / "src"), "COMMIT": "abc1234",
+            "FEDLATENT_CACHE_DIR": str(tmp_path / "cache"), "MPLBACKEND": "Agg", "OMP_NUM_THREADS": "1"}
+
+
+@pytest.mark.slow
+def test_the_full_scale_script_runs_every_step_writes_its_table_and_resumes(tmp_path: Path) -> None:
+    out, results = tmp_path / "out", tmp_path / "results"
+    env = {**_fedlatent(tmp_path), "BUDGET": "1200", "RESULTS": str(results)}
     done = subprocess.run(["bash", str(SCRIPT), str(_archive(tmp_path)), str(out)], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=600)
+                          capture_output=True, text=True, timeout=1200)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert (out / "cifar10-jpeg" / "train" / "airplane" / "0000.jpg").is_file()
     assert any((tmp_path / "cache").iterdir())  # decoded once, into the cache asked for
-    for step, column in (("feduv_a0.01", "cifar10-a0.01"), ("feduv_a1", "cifar10-a1")):
-        comparison = (out / step / "comparison.md").read_text()
-        for method, paper in (("fedavg", "34.70" if column.endswith("0.01") else "72.40"),
-                              ("feduv-mu0.5-lamC4", "37.70" if column.endswith("0.01") else "75.30")):
-            line = next(l for l in comparison.splitlines() if l.startswith(f"| {column} | {method} |"))
-            assert f"| {paper} |" in line and line.rstrip().endswith("| 1 | ran |")
+    papers: dict[str, dict[str, str | None]] = {"feduv_a0.01": {"cifar10-a0.01/fedavg": "34.70", "cifar10-a0.01/fedprox-mu0.001": "35.50",
+                              "cifar10-a0.01/moon-mu1": "35.70", "cifar10-a0.01/feduv-mu0.5-lamC4": "37.70"},
+              "feduv_a1": {"cifar10-a1/fedavg": "72.40", "cifar10-a1/fedprox-mu0.001": "73.50",
+                           "cifar10-a1/moon-mu1": "74.70", "cifar10-a1/feduv-mu0.5-lamC4": "75.30"},
+              "feddecorr": {"cifar10-a0.05/fedavg": "64.85 ± 2.01", "cifar10-a0.05/fedavg+decorr": "73.06 ± 0.81"},
+              "ditto_table1": {"cifar10-a0.1/fedavg": "71.22", "cifar10-a0.1/cosine": "84.21",
+                               "cifar10-a0.1/mmdd": "83.79", "cifar10-a0.1/mkmmd_every1": "84.14",
+                               "cifar10-a0.1/mkmmd_every20": "84.44"},
+              "ditto_table2": {"cifar10-a0.1/fedavg": None, "cifar10-a0.1/ditto": None, "cifar10-a0.1/ditto+cosine": None,
+                               "cifar10-a0.1/ditto+mmdd": None, "cifar10-a0.1/ditto+mkmmd_every1": None,
+                               "cifar10-a0.1/ditto+mkmmd_every20": None}}
+    for step, expected in papers.items():
+        assert (out / step / "comparison.md").is_file()
+        page = (results / f"{step}.md").read_text()
+        rows = _rows(page)
+        assert set(rows) == set(expected), step
+        for key, row in rows.items():
+            assert expected[key] is None or row["paper"] == expected[key]
+            assert row["fedlatent"] != "-" and row["rounds"] == "1 / 1" and row["status"] == "finished"
+            assert row["seeds"] == ("2021" if step.startswith("ditto") else "0")
+            assert ("majority" in row) == step.startswith("ditto")  # personalised: the majority-class rate beside
+        assert "abc1234" in page and "cpu" in page and "mean of rounds 1-1" in page
+        per_round = (results / f"{step}.csv").read_text().splitlines()
+        assert per_round[0].startswith("run,setting,method,seed,round,") and len(per_round) == 1 + len(expected)
+        assert len(json.loads((results / f"{step}.json").read_text())) == 1
+    # the same command again: every run is kept, the tables note a second update
+    again = subprocess.run(["bash", str(SCRIPT), str(tmp_path / "cifar10-jpeg.tar.gz"), str(out)], cwd=ROOT,
+                           env={**env, "STEPS": "feduv_a0.01"}, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-2000:]
+    assert "4 of 4 runs finished already" in again.stdout and "feduv_a1:" not in again.stdout
+    assert len(json.loads((results / "feduv_a0.01.json").read_text())) == 2
+
+
+def test_an_unknown_step_is_refused(tmp_path: Path) -> None:
+    done = subprocess.run(["bash", str(SCRIPT), "missing.tar.gz", str(tmp_path / "out")], cwd=ROOT,
+                          env={**_fedlatent(tmp_path), "STEPS": "feduv_a0.01 feduv_a2"}, capture_output=True, text=True)
+    assert done.returncode == 2 and "unknown step 'feduv_a2'" in done.stderr
+
+
+def _metrics(run: Path, accuracies: list[float]) -> None:
+    run.mkdir(parents=True)
+    (run / "metrics.jsonl").write_text("".join(json.dumps({"round": r, "test_accuracy": a, "train_loss": 1.0}) + "\n"
+                                               for r, a in enumerate(accuracies, start=1)))
+
+
+def test_the_table_compares_every_row_over_the_same_last_five_rounds(tmp_path: Path, monkeypatch) -> None:
+    """Runs stopped by the budget at rounds 8 and 6, one not started: the window is rounds 2-6 for
+    both started rows (means by hand), the last values are those of rounds 8 and 6."""
+    from fedlatent.experiment.reproduce import load_spec, write_record
+    table = _table_module()
+    folder = tmp_path / "feduv_a0.01"
+    only = {"setting": ["cifar10-a0.01"], "method": ["fedavg", "moon-mu1", "feduv-mu0.5-lamC4"]}
+    write_record(folder, "feduv_supp_table2", "full", None, only, ['train.device="cpu"'])
+    cells = {c.labels["method"]: c.name for c in load_spec("feduv_supp_table2", only=only).cells}
+    _metrics(folder / cells["fedavg"], [r / 100 for r in range(1, 9)])  # rounds 1-8: 0.01 ... 0.08
+    _metrics(folder / cells["feduv-mu0.5-lamC4"], [0.2 + r / 100 for r in range(1, 7)])  # rounds 1-6
+    monkeypatch.setenv("COMMIT", "abc1234")
+    page = table.write_step(folder, tmp_path / "results", "2026-11-27", table.commit()).read_text()
+    table.write_step(folder, tmp_path / "results", "2026-11-28", "def5678")
+    assert "mean of rounds 2-6 (%)" in page and "Updated 2026-11-27 on commit abc1234, cpu" in page
+    rows = {key: list(row.values())[2:] for key, row in _rows(page).items()}
+    assert rows["cifar10-a0.01/fedavg"] == ["34.70", "8.00", "4.00", "8 / 100", "0", "unfinished"]
+    assert rows["cifar10-a0.01/feduv-mu0.5-lamC4"] == ["37.70", "26.00", "24.00", "6 / 100", "0", "unfinished"]
+    assert rows["cifar10-a0.01/moon-mu1"] == ["35.70", "-", "-", "0 / 100", "0", "not run"]
+    history = json.loads((tmp_path / "results" / "feduv_a0.01.json").read_text())
+    assert [h["commit"] for h in history] == ["abc1234", "def5678"]
+    assert history[0]["rounds_reached"]["cifar10-a0.01/fedavg"] == [8]
+    per_round = (tmp_path / "results" / "feduv_a0.01.csv").read_text().splitlines()
+    assert len(per_round) == 1 + 8 + 6 and per_round[0] == "run,setting,method,seed,round,test_accuracy,train_loss"
+
+
+@pytest.mark.slow
+def test_the_lease_script_benches_then_runs_the_steps_and_a_second_lease_resumes(tmp_path: Path) -> None:
+    out = tmp_path / "lease"
+    env = {**_fedlatent(tmp_path), "BUDGET": "900", "STEPS": "feduv_a0.01", "SCRATCH": str(tmp_path / "scratch")}
+    command = ["bash", str(ROOT / "benchmarks" / "gpu_lease.sh"), str(out), str(_archive(tmp_path))]
+    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    for precision in ("auto", "fp32"):
+        text = (out / f"bench_{precision}.txt").read_text()
+        assert "| fedlatent (vectorized) | fp32" in text and json.loads((out / f"bench_{precision}.json").read_text())
+    assert (out / "runs" / "feduv_a0.01" / "comparison.md").is_file() and not (out / "runs" / "cifar10-jpeg").exists()
+    assert "| cifar10-a0.01 | moon-mu1 | 35.70 |" in (out / "tables" / "feduv_a0.01.md").read_text()
+    assert "commit abc1234" in (out / "environment.txt").read_text() and (out / "lease.log").is_file()
+    again = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-2000:]
+    assert "bench (auto): kept from an earlier lease" in again.stdout and "4 of 4 runs finished already" in again.stdout

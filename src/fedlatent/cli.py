@@ -78,9 +78,17 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--quick", action="store_true", help="fewer rounds and repetitions (about a minute)")
     bench.add_argument("--json", metavar="PATH", help="also write the raw timings as JSON")
     bench.add_argument("--reps", type=_positive, help="timed repetitions of every workload (default: per workload)")
-    bench.add_argument("--workloads", default="abcd", type=_letters, help="a subset of the letters abcd")
+    bench.add_argument("--workloads", type=_letters, help="a subset of the letters abcd (default all)")
     bench.add_argument("--threads", type=_positive, default=1, help="torch intra-op threads (default 1)")
     bench.add_argument("--device", default="cpu", help="torch device every run trains on (default cpu; e.g. cuda)")
+    bench.add_argument("--throughput", action="store_true",
+                       help="instead of the workloads: training samples/s and TFLOP/s of the paper-width FedUV CNN, "
+                       "10 clients in lockstep, beside a bare centralised loop written for speed")
+    bench.add_argument("--samples", type=_positive,
+                       help="--throughput: training images per client (default 5000 on an accelerator, 32 on a CPU)")
+    bench.add_argument("--precision", choices=("auto", "fp32", "bf16", "fp16"),
+                       help="--throughput: train.precision of fedlatent's side and the bare loop's autocast "
+                       "(default auto: bf16 on CUDA with bf16, fp32 elsewhere)")
     cache = sub.add_parser("cache", help="list (or --clear) the decoded-image cache")
     cache.add_argument("--clear", action="store_true", help="delete every entry")
     sub.add_parser("methods", help="list the method presets and parts with their keys")
@@ -171,6 +179,7 @@ def _reproduce(args: argparse.Namespace) -> None:
 def _bench(args: argparse.Namespace) -> None:
     import torch
 
+    from fedlatent.experiment import timing
     from fedlatent.experiment.bench import bench
     from fedlatent.federated import devices
     if args.json and not Path(args.json).resolve().parent.is_dir():  # found now, not after minutes of timing
@@ -178,9 +187,21 @@ def _bench(args: argparse.Namespace) -> None:
     reason = devices.refusal(args.device)
     if reason:
         raise UserInputError(f"--device {args.device}: {reason}")
+    echo = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
     torch.set_num_threads(args.threads)
-    print(bench(quick=args.quick, reps=args.reps, only=args.workloads, json_path=args.json, device=args.device,
-                echo=lambda line: print(line, file=sys.stderr, flush=True)))
+    if args.throughput:
+        if args.workloads or args.quick:
+            raise UserInputError("--throughput times its own workload: leave out --workloads and --quick")
+        from fedlatent.experiment import throughput
+        result = throughput.measure(device=args.device, samples=args.samples, reps=args.reps,
+                                    precision=args.precision or "auto", progress=lambda line: echo(f"    {line}"))
+        timing.dump(args.json, result)
+        print(throughput.table(result))
+        return
+    if args.samples or args.precision:
+        raise UserInputError("--samples and --precision belong to --throughput")
+    print(bench(quick=args.quick, reps=args.reps, only=args.workloads or "abcd", json_path=args.json,
+                device=args.device, echo=echo))
 
 
 def _cache(args: argparse.Namespace) -> None:

@@ -32,8 +32,8 @@
 # DATA (where the archive is extracted, default OUT), RESULTS (default results/real_images/full_scale),
 # FEDLATENT (the command, default fedlatent), PYTHON (runs the table script, default python),
 # SMOKE=1 (a few images a class, one round, each step's first setting and seed: to check the script on a CPU).
-# train.precision = "auto" (bf16 on a CUDA device that has it) is set where the configuration has the
-# key (fedlatent config lists it); without it the runs train in float32.
+# The runs train at train.precision's default, "auto": bf16 on a CUDA device that has it (recorded in
+# each run's config.toml).
 set -euo pipefail
 archive=${1:-../shared/data/cifar10-jpeg.tar.gz}
 out=${2:-runs/full_scale}
@@ -54,9 +54,6 @@ done
 mkdir -p "$out" "$data"
 [ -d "$data/cifar10-jpeg" ] || tar xzf "$archive" -C "$data"
 extra=(--set "train.device=\"$device\"" --set 'backend="vectorized"')
-if "$fedlatent" config | awk '/^\[/{t = ($0 == "[train]")} t && /^precision =/{found = 1} END{exit !found}'; then
-  extra+=(--set 'train.precision="auto"')  # only once the key exists (until then: float32)
-fi
 smoke=0
 if [ "${SMOKE:-0}" = 1 ]; then
   smoke=1

@@ -81,15 +81,10 @@ def test_the_fedlatent_side_holds_compact_images_with_crop_and_flip() -> None:
     assert torch.equal(fed.clients[3].train.x.data, torch.from_numpy(images[21:28]))
 
 
-def test_precision_resolves_and_reaches_the_run_configuration_where_it_exists(monkeypatch) -> None:
-    assert tp.resolve_precision("auto", "cpu") == "fp32" and tp.resolve_precision("fp16", "cpu") == "fp16"
-    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
-    assert tp.resolve_precision("auto", "cuda") == "bf16"
-    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: False)
-    assert tp.resolve_precision("auto", "cuda:0") == "fp32"
-    config = tp.run_config("cpu", "bf16")  # loads whether or not train.precision exists yet
+def test_the_precision_reaches_the_run_configuration() -> None:
+    config = tp.run_config("cpu", "bf16")
     assert config.model.width == "paper" and config.train.batch_size == tp.BATCH
-    assert getattr(config.train, "precision", "bf16") == "bf16"
+    assert config.train.precision == "bf16"
 
 
 def test_a_tiny_throughput_run_prints_the_table_and_writes_the_json(tmp_path, capsys) -> None:

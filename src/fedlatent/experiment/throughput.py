@@ -17,7 +17,6 @@ matrix products), so TFLOP/s = samples/s × FLOP/sample.
 """
 from __future__ import annotations
 
-import dataclasses
 from typing import Any, Callable, cast
 
 import numpy as np
@@ -26,11 +25,12 @@ from torch import Tensor
 from torch.nn import functional as F
 
 from fedlatent.backends import simulation, vectorized
-from fedlatent.config import RunConfig, TrainConfig, load_config
+from fedlatent.config import RunConfig, load_config
 from fedlatent.data.augment import Augmentation
 from fedlatent.data.compact import Images, uint8_channel_stats
 from fedlatent.data.types import ClientData, Federation, Split
 from fedlatent.experiment import timing
+from fedlatent.federated import precision as precisions
 from fedlatent.methods import resolve
 from fedlatent.models import FedModel
 from fedlatent.models.flops import per_sample_flops
@@ -47,19 +47,6 @@ def defaults(device: str) -> tuple[int, int]:
     repetitions on an accelerator; 32 and 2 on a CPU, where the paper-width CNN trains ~25 samples/s
     on one core (about a minute and a half in all)."""
     return (32, 2) if torch.device(device).type == "cpu" else (5000, 5)
-
-
-def resolve_precision(precision: str, device: str) -> str:
-    """``auto`` → bf16 on a CUDA device that supports it, fp32 elsewhere; the others as named."""
-    if precision != "auto":
-        return precision
-    named = torch.device(device)
-    return "bf16" if named.type == "cuda" and torch.cuda.is_bf16_supported() else "fp32"
-
-
-def has_precision_key() -> bool:
-    """Whether the run configuration has ``train.precision`` (until it does, fedlatent trains in fp32)."""
-    return "precision" in {f.name for f in dataclasses.fields(TrainConfig)}
 
 
 def sync(device: torch.device) -> None:
@@ -87,13 +74,11 @@ def federation(images: np.ndarray, labels: np.ndarray, clients: int) -> Federati
 
 def run_config(device: str, precision: str) -> RunConfig:
     """FedAvg on the paper-width CNN, trained on ``device``; no evaluation within the timed rounds;
-    ``train.precision`` set where the configuration has it."""
+    in ``precision`` (``train.precision``)."""
     keys = ['model.arch="cnn"', 'model.width="paper"', f"train.batch_size={BATCH}", f"train.lr={LR}",
             f"train.momentum={MOMENTUM}", f"train.weight_decay={WEIGHT_DECAY}", f'train.device="{device}"',
             'backend="vectorized"', "train.rounds=100000", "eval.every=100000"]
-    if has_precision_key():  # remove this guard once train.precision is merged
-        keys.append(f'train.precision="{precision}"')
-    return load_config(None, keys)
+    return load_config(None, [*keys, f'train.precision="{precision}"'])
 
 
 class FedlatentRounds:
@@ -183,7 +168,7 @@ def measure(*, device: str = "cpu", samples: int | None = None, reps: int | None
     reps = reps or defaults(device)[1]
     batch = min(BATCH, samples)  # a client of fewer images takes them in one batch; the bare loop likewise
     named = torch.device(device)
-    resolved = resolve_precision(precision, device)
+    resolved = precisions.resolve(precision, device)
     config = run_config(device, precision)
     images, labels = random_images(CLIENTS, samples, config.seed)
     fed = federation(images, labels, CLIENTS)
@@ -195,7 +180,7 @@ def measure(*, device: str = "cpu", samples: int | None = None, reps: int | None
     return {"machine": timing.machine(device), "clients": CLIENTS, "samples_per_client": samples,
             "batch_per_client": batch, "total_batch": CLIENTS * batch, "images": len(labels),
             "model": "cnn, width paper (64/128/256)", "reps": reps,
-            "precision": {FEDLATENT: resolved if has_precision_key() else "fp32", BARE: resolved},
+            "precision": {FEDLATENT: resolved, BARE: resolved},
             "flop_per_sample": forward + backward, "flop_forward": forward, "flop_backward": backward,
             "seconds": {FEDLATENT: times[FEDLATENT]["wall_abs"], BARE: times[timing.BASELINE]["wall_abs"]},
             "time_ratio": times[FEDLATENT]["wall"]}

@@ -290,6 +290,12 @@ def test_a_config_error_of_clients_trained_together_is_the_user_s(
     assert capsys.readouterr().err.strip() == "fedlatent: error: algorithm.x = 1: refused by the clients"
 
 
+def _killed_before_its_summary(out: Path) -> None:
+    """``out`` as a run killed after its last checkpoint, before its summary (a completed run's
+    --resume leaves it as it is, checkpoints unread)."""
+    (out / "summary.json").unlink()
+
+
 def test_truncated_newest_checkpoint_resumes_from_the_previous_one(reference: Path, tmp_path: Path, capsys,
                                                                    checkpoint_every_round) -> None:
     """The issue's third command: a damaged newest global.safetensors."""
@@ -297,6 +303,7 @@ def test_truncated_newest_checkpoint_resumes_from_the_previous_one(reference: Pa
     assert _run(out) == 0
     newest = out / "checkpoints" / "round00003" / "global.safetensors"
     newest.write_bytes(newest.read_bytes()[:100])
+    _killed_before_its_summary(out)
     capsys.readouterr()
     assert _run(out, "--resume") == 0
     err = capsys.readouterr().err.strip().splitlines()
@@ -315,6 +322,7 @@ def test_a_short_run_s_only_checkpoint_truncated_resumes_from_the_initial_state(
     (only,) = checkpoint_store.round_folders(out / "checkpoints")
     damaged = only / "global.safetensors"
     damaged.write_bytes(damaged.read_bytes()[:100])
+    _killed_before_its_summary(out)
     capsys.readouterr()
     assert _run(out, "--resume") == 0
     lines = capsys.readouterr().err.strip().splitlines()
@@ -332,6 +340,7 @@ def test_no_intact_checkpoint_at_all_starts_again(reference: Path, tmp_path: Pat
     assert _run(out) == 0
     for folder in checkpoint_store.round_folders(out / "checkpoints"):
         (folder / "clients.safetensors").write_bytes(b"")
+    _killed_before_its_summary(out)
     capsys.readouterr()
     assert _run(out, "--resume") == 0
     lines = capsys.readouterr().err.strip().splitlines()

@@ -241,9 +241,9 @@ def test_a_run_asks_for_the_curves_when_due_and_after_its_last_line(tmp_path, mo
     config = load_config(DIGITS, ["train.rounds=3", "data.num_clients=3", 'backend="simulation"'])
     single.run(config, tmp_path / "run", echo=None)
     assert asked == [("partition", 0, False, None), *[("curves", n, False, 3) for n in lines]]
-    asked.clear()  # a resumed run with nothing left to train still draws them, once
+    asked.clear()  # a completed run resumed is left as it is: nothing drawn again
     single.run(config, tmp_path / "run", echo=None, resume=True)
-    assert asked == [("partition", 3, True, None), ("curves", 3, True, 3)]
+    assert asked == []
 
 
 def test_a_run_without_figures_writes_everything_else(tmp_path) -> None:

@@ -250,8 +250,12 @@ def _train(config: RunConfig, out: Path, data: Federation | ServerView, spec: Me
 
     backend_started = time.perf_counter()
     try:
-        trainer = backend_args.pop("trainer", None) or TRAINERS.get(config.backend)
-        traced = {"trainer": TermTrace(trainer, out) if spec.trace else trainer} if trainer is not None else {}
+        traced = {}  # the backend's own trainer unless a stack's, or the trace, wraps it
+        trainer = backend_args.pop("trainer", None)
+        if spec.trace:
+            traced["trainer"] = TermTrace(trainer or TRAINERS[config.backend], out)
+        elif trainer is not None:
+            traced["trainer"] = trainer
         final, wall = BACKENDS[config.backend](config, data, spec, out, resume=resume, progress=on_line,
                                                rounds_start=clock.rounds_start, **traced, **backend_args)
     except RunStopped as stop:

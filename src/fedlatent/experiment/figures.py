@@ -26,6 +26,7 @@ import json
 import os
 import signal
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -106,6 +107,7 @@ class FigureProcess:
 
 
 _process: FigureProcess | None = None
+_IN_PROCESS = threading.Lock()  # one run's figures drawn in this process at a time
 
 
 def shared_process() -> FigureProcess:
@@ -167,9 +169,10 @@ class FigureWorker:
                 return
             _discard(process)
             print("fedlatent: the figure process failed; drawing the figures in-process", file=sys.stderr)
-        renderer = render.Renderer(self.run_dir)
-        for request in distinct(self.requests):
-            renderer.draw(request["figure"], request["options"])
+        with _IN_PROCESS:  # the runs of a stack close in threads of their own; matplotlib's state is shared
+            renderer = render.Renderer(self.run_dir)
+            for request in distinct(self.requests):
+                renderer.draw(request["figure"], request["options"])
 
 
 class NoFigures:

@@ -123,8 +123,10 @@ def run_stack(configs: list[RunConfig], outs: list[str], figures: bool = True) -
     else its error's one line (as :func:`fedlatent.experiment.sweep.run_cell`)."""
     torch.set_num_threads(configs[0].train.threads)
     cohort = Cohort(len(configs))
+    # each run's figures drawn in this process when it ends (the figure process serves one run at a time)
     results = cohort.play([partial(run, config, Path(out), resume=(Path(out) / "config.toml").is_file(), echo=None,
-                                   figures=figures, trainer=cohort.trainer) for config, out in zip(configs, outs)])
+                                   figures=figures, figures_in_background=False, trainer=cohort.trainer)
+                           for config, out in zip(configs, outs)])
     return [_error(result) for result in results]
 
 

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from fedlatent.config import ConfigError, load_config, to_dict
-from fedlatent.experiment import reproduce
-from fedlatent.experiment.study import CONFIGS as RESOLVED
-from fedlatent.experiment.study import parse_study, with_configs
+from fedlatent.experiment.studies import reproduce
+from fedlatent.experiment.studies.study import CONFIGS as RESOLVED
+from fedlatent.experiment.studies.study import parse_study, with_configs
 from fedlatent.methods import resolve
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
@@ -319,7 +319,7 @@ def test_an_installed_wheel_carries_the_configs_and_resolves_them(tmp_path: Path
     assert shipped and shipped <= names
     zipfile.ZipFile(wheel).extractall(tmp_path / "site")
     (tmp_path / "work").mkdir()
-    probe = ("from fedlatent.experiment import reproduce, study; "
+    probe = ("from fedlatent.experiment.studies import reproduce, study; "
              "print(study.CONFIGS.resolve()); print(reproduce.load_spec('feduv_table1').cells[0].config.data.dataset)")
     out = subprocess.run([sys.executable, "-c", probe], check=True, capture_output=True, text=True,
                          cwd=tmp_path / "work", env={"PYTHONPATH": str(tmp_path / "site"), "PATH": ""}).stdout.split()

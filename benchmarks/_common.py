@@ -1,8 +1,8 @@
 """Shared pieces of the benchmark scripts: workloads, thread settings, the operator census.
 
 The timing (alternating sides, ratios to a bracketing baseline, tables) and the CIFAR-shaped arrays
-are ``fedlatent bench``'s, imported from :mod:`fedlatent.experiment.timing` and
-:mod:`fedlatent.experiment.bench`; nothing of the library is copied here.
+are ``fedlatent bench``'s, imported from :mod:`fedlatent.experiment.tooling.timing` and
+:mod:`fedlatent.experiment.tooling.bench`; nothing of the library is copied here.
 """
 from __future__ import annotations
 
@@ -20,8 +20,8 @@ from fedlatent.backends import simulation
 from fedlatent.config import RunConfig, load_config
 from fedlatent.data.federation import build_federation
 from fedlatent.data.types import Federation
-from fedlatent.experiment.bench import cifar_shaped_npz
-from fedlatent.experiment.timing import (BASELINE, Clock, bracketed, dump, machine, median, quartiles,
+from fedlatent.experiment.tooling.bench import cifar_shaped_npz
+from fedlatent.experiment.tooling.timing import (BASELINE, Clock, bracketed, dump, machine, median, quartiles,
                                          table, timed)
 from fedlatent.federated.lockstep import lockstep_update
 

@@ -28,7 +28,7 @@ import _common as C  # noqa: E402
 from fedlatent.backends import simulation  # noqa: E402
 from fedlatent.federated.lockstep import unsupported  # noqa: E402
 from fedlatent.config import load_config  # noqa: E402
-from fedlatent.experiment.single import run  # noqa: E402
+from fedlatent.experiment.runner.single import run  # noqa: E402
 from fedlatent.methods import PRESETS, resolve  # noqa: E402
 
 DIGITS = ['data.dataset="digits"', 'data.partition="iid"', "data.num_clients=4", 'model.arch="mlp"',

@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import flower_handwritten  # noqa: E402
 import fedlatent  # noqa: E402
-from fedlatent.experiment.timing import machine  # noqa: E402
+from fedlatent.experiment.tooling.timing import machine  # noqa: E402
 
 CONFIG = Path(__file__).resolve().parents[1] / "configs" / "digits_fedavg.toml"
 

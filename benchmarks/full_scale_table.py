@@ -7,7 +7,7 @@ the runs finished, the global model's test accuracy at the last round where they
 mean test accuracy over the last five rounds that **every** row of the step has reached (so the
 rows are compared over the same rounds), the rounds reached of the planned, the seeds, and the
 status. The study, its rows and each run's state come from ``fedlatent reproduce``'s own record
-(``experiment.reproduce.recorded_study`` / ``folder_rows``, ``experiment.store``). Each call also
+(``experiment.studies.reproduce.recorded_study`` / ``folder_rows``, ``experiment.studies.store``). Each call also
 appends (device, commit, date, rounds reached) to ``OUT/<step>.json``, the step's history across
 leases of a device, which the page lists.
 
@@ -25,10 +25,10 @@ from pathlib import Path
 from typing import Any
 
 from fedlatent.analysis.tables import format_mean_std, markdown_table
-from fedlatent.experiment.reproduce import folder_rows, recorded_study
-from fedlatent.experiment.store import read_metrics, write_csv
-from fedlatent.experiment.study import Study
-from fedlatent.experiment.timing import machine
+from fedlatent.experiment.studies.reproduce import folder_rows, recorded_study
+from fedlatent.experiment.studies.store import read_metrics, write_csv
+from fedlatent.experiment.studies.study import Study
+from fedlatent.experiment.tooling.timing import machine
 
 WINDOW = 5  # rounds averaged
 

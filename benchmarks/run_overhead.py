@@ -4,13 +4,13 @@ The workload is the peers' digits one (``configs/digits_fedavg.toml``: MLP 64-12
 clients, 20 rounds, evaluation on the test set every round), on the simulation backend
 (``fedlatent bench`` times both backends). The bare side is what one would write
 by hand in the same process: the same initial weights and batch order, 20 FedAvg rounds
-(``fedlatent.experiment.bench.plain_round``), test accuracy after each. The fedlatent side is
+(``fedlatent.experiment.tooling.bench.plain_round``), test accuracy after each. The fedlatent side is
 ``fedlatent.run`` into a fresh folder: partition table, metrics, checkpoints, summary and both
 figures, which a forked child draws beside the training. A second side draws them in-process,
 to show what that child saves, and a third draws none (``run(..., figures=False)``, the CLI's
 ``--no-figures``), so that the figures' share of the run is a measured row; A/A is a second bare
 loop (the noise floor). Ratios are wall time
-over the mean of the bare loops right before and after each side (``fedlatent.experiment.timing.bracketed``); wall
+over the mean of the bare loops right before and after each side (``fedlatent.experiment.tooling.timing.bracketed``); wall
 time, because the figure child's CPU time is not the run's process time.
 
     python benchmarks/run_overhead.py --quick        # ~30 s
@@ -34,8 +34,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _common as C  # noqa: E402
 import fedlatent  # noqa: E402
 from fedlatent.backends import simulation  # noqa: E402
-from fedlatent.experiment.bench import plain_round  # noqa: E402
-from fedlatent.experiment.single import run as run_experiment  # noqa: E402
+from fedlatent.experiment.tooling.bench import plain_round  # noqa: E402
+from fedlatent.experiment.runner.single import run as run_experiment  # noqa: E402
 from fedlatent.methods import resolve  # noqa: E402
 from fedlatent.models import build_model  # noqa: E402
 

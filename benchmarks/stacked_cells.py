@@ -18,8 +18,8 @@ from pathlib import Path
 
 import torch
 
-from fedlatent.experiment.study import parse_study
-from fedlatent.experiment.sweep import run_sweep
+from fedlatent.experiment.studies.study import parse_study
+from fedlatent.experiment.studies.sweep import run_sweep
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -50,8 +50,8 @@ def crash_at_round_2(monkeypatch: pytest.MonkeyPatch):
 @pytest.fixture(scope="module")
 def no_figures():
     """No figures for the runs of a module (``pytestmark = pytest.mark.usefixtures("no_figures")``)."""
-    from fedlatent.experiment import single
-    from fedlatent.experiment.figures import NoFigures
+    from fedlatent.experiment.runner import single
+    from fedlatent.experiment.runner.figures import NoFigures
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(single, "FigureWorker", lambda *args, **kwargs: NoFigures())

@@ -16,7 +16,7 @@ from fedlatent.backends import auto
 from fedlatent.config import to_toml
 from fedlatent.data.federation import build_federation
 from fedlatent.errors import ConfigError
-from fedlatent.experiment import single
+from fedlatent.experiment.runner import single
 from fedlatent.federated.round import clients_per_round
 from fedlatent.methods import resolve
 from fedlatent.models.base import FedModel

@@ -381,7 +381,7 @@ def test_keys_the_model_cannot_satisfy_are_refused_by_prepare(overrides: list[st
     ended the run as a success with every client dropped."""
     from fedlatent import load_config
     from fedlatent.errors import ConfigError
-    from fedlatent.experiment import single
+    from fedlatent.experiment.runner import single
 
     with pytest.raises(ConfigError, match=re.escape(message)):
         single.prepare(load_config(DIGITS, overrides))
@@ -389,7 +389,7 @@ def test_keys_the_model_cannot_satisfy_are_refused_by_prepare(overrides: list[st
 
 def test_a_depth_the_model_has_passes_prepare_with_its_layers_resolved() -> None:
     from fedlatent import load_config
-    from fedlatent.experiment import single
+    from fedlatent.experiment.runner import single
 
     _, spec = single.prepare(load_config(DIGITS, ["algorithm.name=ditto_cosine", "algorithm.depth=2",
                                                   "model.hidden=[32, 16]"]))

@@ -13,7 +13,7 @@ import fedlatent
 from fedlatent.backends import simulation
 from fedlatent.cli import main
 from fedlatent.data.federation import build_federation
-from fedlatent.experiment import bench, timing
+from fedlatent.experiment.tooling import bench, timing
 from fedlatent.methods import resolve
 from fedlatent.models import build_model
 

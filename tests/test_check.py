@@ -9,9 +9,8 @@ from pathlib import Path
 import pytest
 
 from fedlatent.cli import main
-from fedlatent.config import load_config
-from fedlatent.experiment import reproduce
-from fedlatent.experiment.check import show
+from fedlatent.config import load_config, show_value
+from fedlatent.experiment.studies import reproduce
 from fedlatent.methods import flat_settings
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
@@ -36,7 +35,7 @@ def test_a_config_prints_every_resolved_key_and_makes_nothing(empty_cwd: Path, c
     assert main(["check", str(path), "--no-data"]) == 0
     settings = _settings(capsys.readouterr().out)
     expected = flat_settings(load_config(path))
-    assert settings == {k: show(v) for k, v in expected.items()}  # every key, values as resolved
+    assert settings == {k: show_value(v) for k, v in expected.items()}  # every key, values as resolved
     assert (settings["model.stem"], settings["train.batch_size"], settings["algorithm.lam"]) == ("imagenet_nopool", "128", "25.0")
     assert settings["algorithm.hinge"] == "hinge"  # a preset default the file does not write
     assert list(empty_cwd.iterdir()) == [] and not (empty_cwd.parent / "cache").exists()
@@ -113,8 +112,8 @@ def test_the_backends_the_schema_declares_are_the_ones_a_run_has() -> None:
 
     from fedlatent.config import load_config
     from fedlatent.errors import ConfigError
-    from fedlatent.experiment.single import BACKENDS
-    from fedlatent.experiment.validation import BACKEND_NAMES, validate
+    from fedlatent.experiment.runner.single import BACKENDS
+    from fedlatent.experiment.runner.validation import BACKEND_NAMES, validate
 
     assert set(BACKEND_NAMES) == {"auto", *BACKENDS}
     config = dataclasses.replace(load_config(None, []), backend="ray")

@@ -13,7 +13,7 @@ from safetensors.torch import load_file
 import fedlatent
 from fedlatent import load_config
 from fedlatent.data.federation import build_federation, counts_table
-from fedlatent.experiment.reproduce import load_spec
+from fedlatent.experiment.studies.reproduce import load_spec
 from tests.data.clinical_files import write_isic, write_rxrx1
 from tests.models.test_weights import _published
 

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from fedlatent.config import ConfigError, load_config, to_dict
-from fedlatent.experiment import reproduce
-from fedlatent.experiment.study import CONFIGS as RESOLVED
-from fedlatent.experiment.study import parse_study, with_configs
+from fedlatent.experiment.studies import reproduce
+from fedlatent.experiment.studies.study import CONFIGS as RESOLVED
+from fedlatent.experiment.studies.study import parse_study, with_configs
 from fedlatent.methods import resolve
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
@@ -304,7 +304,8 @@ def test_the_resolver_finds_the_shipped_configs_from_another_working_directory(t
 @pytest.mark.slow
 def test_an_installed_wheel_carries_the_configs_and_resolves_them(tmp_path: Path) -> None:
     """A non-editable install (wheel unpacked into a folder that is not the checkout) holds every shipped
-    config as package data, and a spec's config labels resolve there from another working directory."""
+    config, spec and settings table as package data, and a spec's config labels resolve there from
+    another working directory."""
     root = tmp_path / "checkout"  # a copy, so that the build leaves nothing in the working tree
     for part in ("src", "configs"):
         shutil.copytree(CONFIGS.parent / part, root / part, symlinks=True,
@@ -319,8 +320,11 @@ def test_an_installed_wheel_carries_the_configs_and_resolves_them(tmp_path: Path
     assert shipped and shipped <= names
     zipfile.ZipFile(wheel).extractall(tmp_path / "site")
     (tmp_path / "work").mkdir()
-    probe = ("from fedlatent.experiment import reproduce, study; "
-             "print(study.CONFIGS.resolve()); print(reproduce.load_spec('feduv_table1').cells[0].config.data.dataset)")
+    probe = ("from fedlatent.experiment.studies import reproduce, settings, study; "
+             "print(study.CONFIGS.resolve()); print(reproduce.load_spec('feduv_table1').cells[0].config.data.dataset); "
+             "print(len(reproduce.spec_names()), ','.join(settings.names()))")
     out = subprocess.run([sys.executable, "-c", probe], check=True, capture_output=True, text=True,
                          cwd=tmp_path / "work", env={"PYTHONPATH": str(tmp_path / "site"), "PATH": ""}).stdout.split()
-    assert out == [str((tmp_path / "site" / "fedlatent" / "configs").resolve()), "stl10"]
+    tables = ",".join(p.stem for p in sorted((RESOLVED.parent / "experiment" / "studies" / "settings").glob("*.toml")))
+    assert out == [str((tmp_path / "site" / "fedlatent" / "configs").resolve()), "stl10",
+                   str(len(reproduce.spec_names())), tables]  # the specs and settings tables shipped too

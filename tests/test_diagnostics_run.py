@@ -187,7 +187,7 @@ def test_cli_rejects_a_bad_diagnostic_with_exit_2(capsys):
 
 @pytest.mark.slow
 def test_report_over_runs_draws_their_diagnostics(pair, tmp_path):
-    from fedlatent.experiment.report import report
+    from fedlatent.experiment.studies.report import report
     plain, diag = pair
     names = {p.name for p in report([plain, diag], tmp_path / "report")}
     assert {"accuracy.png", "diag_spectrum.png", "diag_significant.png"} <= names

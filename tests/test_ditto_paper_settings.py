@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 import fedlatent
-from fedlatent.experiment.reproduce import load_spec
+from fedlatent.experiment.studies.reproduce import load_spec
 from fedlatent.methods import resolved_keys
 
 ROOT = Path(__file__).resolve().parents[1]

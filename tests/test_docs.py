@@ -18,7 +18,7 @@ from fedlatent.methods import PARTS, PRESETS
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
 MKDOCS_YML = ROOT / "mkdocs.yml"
-SPECS = ROOT / "src" / "fedlatent" / "experiment" / "specs"
+SPECS = ROOT / "src" / "fedlatent" / "experiment" / "studies" / "specs"
 
 
 def _keys_script():

@@ -20,7 +20,7 @@ from safetensors.torch import load_file
 from fedlatent.backends import simulation
 from fedlatent.cli import main
 from fedlatent.errors import ConfigError
-from fedlatent.experiment import single
+from fedlatent.experiment.runner import single
 from fedlatent.federated import state as checkpoint_store
 from fedlatent.federated.lockstep import lockstep_update
 

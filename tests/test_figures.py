@@ -17,7 +17,7 @@ from PIL import Image
 
 from fedlatent import cli, load_config
 from fedlatent.analysis import plots, render
-from fedlatent.experiment import figures, single
+from fedlatent.experiment.runner import figures, single
 
 DIGITS = Path(__file__).resolve().parents[1] / "configs" / "digits_fedavg.toml"
 

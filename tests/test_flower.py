@@ -320,7 +320,7 @@ def test_auto_never_picks_flower(tmp_path):
 
 def test_flower_backend_without_flower_is_a_config_error(tmp_path, monkeypatch):
     """Without the extra, backend = "flower" is refused in one line before any work (exit 2)."""
-    from fedlatent.experiment import validation
+    from fedlatent.experiment.runner import validation
     real = validation.importlib.util.find_spec
     monkeypatch.setattr(validation.importlib.util, "find_spec", lambda name, *a: None if name == "flwr" else real(name, *a))
     with pytest.raises(ConfigError, match=r"backend = 'flower': Flower is not installed; pip install 'fedlatent\[flower\]'"):

@@ -125,7 +125,7 @@ def _metrics(run: Path, accuracies: list[float]) -> None:
 def test_the_table_compares_every_row_over_the_same_last_five_rounds(tmp_path: Path, monkeypatch) -> None:
     """Runs stopped by the budget at rounds 8 and 6, one not started: the window is rounds 2-6 for
     both started rows (means by hand), the last values are those of rounds 8 and 6."""
-    from fedlatent.experiment.reproduce import load_spec, write_record
+    from fedlatent.experiment.studies.reproduce import load_spec, write_record
     table = _table_module()
     folder = tmp_path / "feduv_a0.01"
     only = {"setting": ["cifar10-a0.01"], "method": ["fedavg", "moon-mu1", "feduv-mu0.5-lamC4"]}

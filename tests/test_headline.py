@@ -6,8 +6,8 @@ import json
 from pathlib import Path
 
 from fedlatent.analysis.tables import summary_table
-from fedlatent.experiment.single import headline_metric
-from fedlatent.experiment.store import cell_table, run_row
+from fedlatent.experiment.runner.single import headline_metric
+from fedlatent.experiment.studies.store import cell_table, run_row
 
 
 def test_headline_by_data_set_trait() -> None:
@@ -44,7 +44,7 @@ def test_cell_table_puts_balanced_accuracy_first_when_it_is_the_headline(tmp_pat
 
 
 def test_reproduce_compares_a_balanced_headline_by_balanced_accuracy() -> None:
-    from fedlatent.experiment.reproduce import comparison, load_spec
+    from fedlatent.experiment.studies.reproduce import comparison, load_spec
     study = load_spec("ditto_table1")
     rows = [{"setting": "isic2019", "method": "fedavg", "seed": "2021", "status": "done", "headline": "balanced_accuracy",
              "personalized_accuracy": 0.9, "personalized_balanced_accuracy": 0.5, "majority_baseline_accuracy": 0.3},

@@ -16,7 +16,7 @@ from fedlatent.backends import simulation
 from fedlatent.cli import main
 from fedlatent.config import ConfigError
 from fedlatent.data.federation import build_federation
-from fedlatent.experiment.single import run
+from fedlatent.experiment.runner.single import run
 from fedlatent.federated import precision
 from fedlatent.federated.lockstep import lockstep_update
 from fedlatent.federated.round import plan_round
@@ -165,7 +165,7 @@ def test_a_device_without_bf16_is_refused(monkeypatch: pytest.MonkeyPatch) -> No
 
 
 def test_flower_on_a_gpu_leaves_auto_to_its_nodes() -> None:
-    from fedlatent.experiment.single import resolve_precision
+    from fedlatent.experiment.runner.single import resolve_precision
     config = _digits()
     assert resolve_precision(dataclasses.replace(config, backend="flower")).train.precision == "fp32"
     on_gpu = dataclasses.replace(config, backend="flower", train=dataclasses.replace(config.train, device="cuda"))

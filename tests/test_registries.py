@@ -136,7 +136,7 @@ def test_cli_refuses_an_unknown_model_with_exit_2(tmp_path, capsys) -> None:
 def test_an_unknown_key_reads_the_same_wherever_it_is_declared(overrides: list[str], where: tuple[str, str]) -> None:
     """Sections, a data set's and a model's own keys, a method's and a part's keys: one wording,
     the key in full and whose keys are known."""
-    from fedlatent.experiment.validation import validate
+    from fedlatent.experiment.runner.validation import validate
 
     key, owner = where
     with pytest.raises(ConfigError) as info:

@@ -16,9 +16,9 @@ from fedlatent.analysis.compare import Compared, baseline_label, sign, verdict
 from fedlatent.analysis.study_plots import comparison_figure
 from fedlatent.config import to_toml
 from fedlatent.errors import UserInputError
-from fedlatent.experiment import page, reproduce
-from fedlatent.experiment.report import report
-from fedlatent.experiment.sweep import write_manifest
+from fedlatent.experiment.studies import page, reproduce
+from fedlatent.experiment.studies.report import report
+from fedlatent.experiment.studies.sweep import write_manifest
 
 
 def _row(ours: list[float], paper: float | None = 70.0, std: float | None = None, **labels: str) -> Compared:

@@ -163,7 +163,7 @@ def test_wall_time_is_split_into_set_up_and_training(short_run, tmp_path: Path,
     whether the run was its process's first (whose set-up holds the process's warm-up)."""
     import itertools
 
-    from fedlatent.experiment import single
+    from fedlatent.experiment.runner import single
     monkeypatch.setattr(single, "_RUNS_IN_PROCESS", itertools.count())  # as in a fresh process
     config = load_config(DIGITS_CONFIG, ["train.rounds=2"])
     first = fedlatent.run(config, tmp_path / "first")

@@ -1,4 +1,4 @@
-"""The papers' settings tables (``src/fedlatent/experiment/settings/*.toml``): every cell of each
+"""The papers' settings tables (``src/fedlatent/experiment/studies/settings/*.toml``): every cell of each
 paper's specs and every shipped config of it holds the table's value for every key it sets, each key a
 cell sets away from fedlatent's defaults is declared, no entry is stale, a wrong value is caught, and
 configs/AUDIT.md's generated sections are up to date."""
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from fedlatent.errors import ConfigError
-from fedlatent.experiment import settings
+from fedlatent.experiment.studies import settings
 
 AUDIT = Path(__file__).resolve().parents[1] / "configs" / "AUDIT.md"
 
@@ -44,7 +44,7 @@ def test_entries_need_their_source_or_their_reason() -> None:
 
 def test_audit_md_sections_are_generated_from_the_tables() -> None:
     text = AUDIT.read_text(encoding="utf-8")
-    assert settings.update_audit(text) == text, "run: python -m fedlatent.experiment.settings"
+    assert settings.update_audit(text) == text, "run: python -m fedlatent.experiment.studies.settings"
     assert "| `train.lr` | setting: isic2019; method: fedavg | `0.0001` | ditto-mmd.txt:262 |" in text
 
 

@@ -1,4 +1,4 @@
-"""Several runs in one lockstep stack (``backends.stacked``, ``experiment.stacking``): each run's
+"""Several runs in one lockstep stack (``backends.stacked``, ``experiment.studies.stacking``): each run's
 rounds equal the run trained alone — in float64 to 1e-9 — and a stacked sweep gives each cell its
 own folder and the numbers of the unstacked sweep, also when killed and resumed."""
 from __future__ import annotations
@@ -20,9 +20,9 @@ from fedlatent.backends.stacked import Cohort
 from fedlatent.config import load_config
 from fedlatent.data.federation import build_federation
 from fedlatent.errors import UserInputError
-from fedlatent.experiment.stacking import parse_stack, stack_key, stacks
-from fedlatent.experiment.study import load_study
-from fedlatent.experiment.sweep import run_sweep
+from fedlatent.experiment.studies.stacking import parse_stack, stack_key, stacks
+from fedlatent.experiment.studies.study import load_study
+from fedlatent.experiment.studies.sweep import run_sweep
 from fedlatent.federated.lockstep import lockstep_update
 from fedlatent.methods import resolve
 

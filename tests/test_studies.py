@@ -13,11 +13,11 @@ import pytest
 
 from fedlatent.cli import main
 from fedlatent.errors import ConfigError
-from fedlatent.experiment import reproduce
-from fedlatent.experiment.report import report
-from fedlatent.experiment.store import selected_accuracy
-from fedlatent.experiment.study import load_study, parse_study
-from fedlatent.experiment.sweep import run_sweep
+from fedlatent.experiment.studies import reproduce
+from fedlatent.experiment.studies.report import report
+from fedlatent.experiment.studies.store import selected_accuracy
+from fedlatent.experiment.studies.study import load_study, parse_study
+from fedlatent.experiment.studies.sweep import run_sweep
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -347,7 +347,7 @@ def test_unfinished_runs_show_apart_at_the_last_round_they_reached(tmp_path: Pat
     """Runs without a summary (a killed sweep, a time budget run out) are kept out of the finished
     mean and shown apart: their last whole metrics line's test accuracy, the rounds they reached;
     a line the kill cut short is skipped."""
-    from fedlatent.experiment.store import UNFINISHED, cell_table, run_row
+    from fedlatent.experiment.studies.store import UNFINISHED, cell_table, run_row
 
     def fake_run(name: str, accuracies: list[float], finished: bool, cut: bool = False) -> Path:
         run_dir = tmp_path / name
@@ -377,7 +377,7 @@ def test_unfinished_runs_show_apart_at_the_last_round_they_reached(tmp_path: Pat
 def test_a_sweep_tells_how_far_its_running_cells_are(tmp_path: Path, digits_config: Path, monkeypatch) -> None:
     """Between the finished-run lines, a line per running cell every HEARTBEAT_S seconds: its round
     of the planned rounds and its latest test accuracy (as metrics.jsonl has them)."""
-    from fedlatent.experiment import sweep
+    from fedlatent.experiment.studies import sweep
 
     monkeypatch.setattr(sweep, "HEARTBEAT_S", 0.02)
     study = parse_study({"base": str(digits_config), "set": {"train.rounds": 30, "data.num_clients": 4}}, tmp_path)
@@ -395,7 +395,7 @@ def test_a_sweep_tells_how_far_its_running_cells_are(tmp_path: Path, digits_conf
 def test_the_table_shows_training_seconds_and_marks_a_process_first_run(tmp_path: Path) -> None:
     """The per-cell table shows the training seconds beside the wall seconds, and marks (and its
     caption explains) a cell whose runs include a process's first, whose set-up holds the warm-up."""
-    from fedlatent.experiment.store import FIRST_CAPTION, TRAIN, WALL, cell_table, run_row, table_caption
+    from fedlatent.experiment.studies.store import FIRST_CAPTION, TRAIN, WALL, cell_table, run_row, table_caption
 
     def fake_run(name: str, wall: float, train: float, first: bool) -> dict:
         run_dir = tmp_path / name

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from fedlatent.analysis.study_plots import band_figure, method_styles, split_term
-from fedlatent.experiment.report import method_axis, report
+from fedlatent.experiment.studies.report import method_axis, report
 
 TABLE1_METHODS = ["fedavg", "fedavg+decorr", "fedprox", "fedprox+decorr", "fedavgm", "fedavgm+decorr", "moon",
                   "moon+decorr"]

@@ -14,7 +14,7 @@ import fedlatent
 from fedlatent import load_config
 from fedlatent.data.federation import build_federation
 from fedlatent.errors import ConfigError
-from fedlatent.experiment import single
+from fedlatent.experiment.runner import single
 from fedlatent.federated.state import Checkpoints
 from fedlatent.federated.client import batches
 

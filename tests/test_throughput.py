@@ -12,7 +12,7 @@ from fedlatent.cli import main
 from fedlatent.config import load_config
 from fedlatent.data.augment import Augmentation
 from fedlatent.data.compact import Images
-from fedlatent.experiment import throughput as tp
+from fedlatent.experiment.tooling import throughput as tp
 from fedlatent.models import build_model
 
 

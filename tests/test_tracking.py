@@ -16,9 +16,10 @@ from fedlatent import load_config
 from fedlatent.cli import main
 from fedlatent.config import describe, from_dict, to_toml
 from fedlatent.errors import ConfigError
-from fedlatent.experiment import run, tracking
-from fedlatent.experiment.study import load_study
-from fedlatent.experiment.sweep import run_sweep
+from fedlatent.experiment import run
+from fedlatent.experiment.runner import tracking
+from fedlatent.experiment.studies.study import load_study
+from fedlatent.experiment.studies.sweep import run_sweep
 
 pytestmark = pytest.mark.usefixtures("no_figures")
 
@@ -280,7 +281,7 @@ OPEN_STORE = """
 import sys, time
 from pathlib import Path
 import mlflow, fedlatent
-from fedlatent.experiment import tracking
+from fedlatent.experiment.runner import tracking
 tmp, name = Path(sys.argv[1]), sys.argv[2]
 uri = f"sqlite:///{tmp}/mlflow.db"
 config = fedlatent.load_config(None, ['tracking.backends=["mlflow"]', f'tracking.mlflow_uri="{uri}"'])

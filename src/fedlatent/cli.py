@@ -127,7 +127,7 @@ def _run(args: argparse.Namespace) -> None:
 
 
 def _check(args: argparse.Namespace) -> None:
-    from fedlatent.experiment.check import check
+    from fedlatent.experiment.studies.check import check
     print(check(args.target, tier=args.tier, overrides=args.overrides, data=not args.no_data))
 
 
@@ -145,25 +145,25 @@ def _partition(args: argparse.Namespace) -> None:
 
 
 def _sweep(args: argparse.Namespace) -> None:
-    from fedlatent.experiment.study import load_study  # validates every cell before any run starts
+    from fedlatent.experiment.studies.study import load_study  # validates every cell before any run starts
     study = load_study(args.study)
-    from fedlatent.experiment.stacking import parse_stack
-    from fedlatent.experiment.sweep import run_sweep
+    from fedlatent.experiment.studies.stacking import parse_stack
+    from fedlatent.experiment.studies.sweep import run_sweep
     out = Path(args.out) if args.out else Path("runs") / Path(args.study).stem
     run_sweep(study, out, jobs=args.jobs, figures=not args.no_figures, stack=parse_stack(args.stack))
     print(f"\n{(out / 'results.md').read_text()}\n(all runs: {out / 'results.csv'})")
 
 
 def _report(args: argparse.Namespace) -> None:
-    from fedlatent.experiment.report import report
+    from fedlatent.experiment.studies.report import report
     out = Path(args.out) if args.out else Path(args.dirs[0]) / "report"
     for path in report([Path(d) for d in args.dirs], out):
         print(f"wrote {path}")
 
 
 def _reproduce(args: argparse.Namespace) -> None:
-    from fedlatent.experiment import reproduce
-    from fedlatent.experiment.stacking import parse_stack
+    from fedlatent.experiment.studies import reproduce
+    from fedlatent.experiment.studies.stacking import parse_stack
     if args.list or not args.name:
         print(reproduce.listing())
         return
@@ -179,8 +179,8 @@ def _reproduce(args: argparse.Namespace) -> None:
 def _bench(args: argparse.Namespace) -> None:
     import torch
 
-    from fedlatent.experiment import timing
-    from fedlatent.experiment.bench import bench
+    from fedlatent.experiment.tooling import timing
+    from fedlatent.experiment.tooling.bench import bench
     from fedlatent.federated import devices
     if args.json and not Path(args.json).resolve().parent.is_dir():  # found now, not after minutes of timing
         raise UserInputError(f"--json {args.json}: its folder does not exist")
@@ -192,7 +192,7 @@ def _bench(args: argparse.Namespace) -> None:
     if args.throughput:
         if args.workloads or args.quick:
             raise UserInputError("--throughput times its own workload: leave out --workloads and --quick")
-        from fedlatent.experiment import throughput
+        from fedlatent.experiment.tooling import throughput
         result = throughput.measure(device=args.device, samples=args.samples, reps=args.reps,
                                     precision=args.precision or "auto", progress=lambda line: echo(f"    {line}"))
         timing.dump(args.json, result)

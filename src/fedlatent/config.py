@@ -11,6 +11,7 @@ component declares for itself are kept in its section's ``options``.
 from __future__ import annotations
 
 import dataclasses
+import json
 import tomllib
 import typing
 from dataclasses import dataclass, field
@@ -482,6 +483,18 @@ def toml_value(value: Any) -> str:
     if isinstance(value, dict):  # an inline table, its keys quoted
         return "{" + ", ".join(f"{toml_value(str(k))} = {toml_value(v)}" for k, v in value.items()) + "}"
     raise TypeError(f"cannot write {type(value).__name__} to TOML")
+
+
+def show_value(value: Any) -> str:
+    """A value as TOML writes it, strings unquoted: ``true``, ``0.001``, ``1e-05``, ``[64, 128]`` — how
+    ``fedlatent check`` prints a setting and a tracker records it as a parameter."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return value
+    if isinstance(value, (int, float)):
+        return repr(value)
+    return json.dumps(value, ensure_ascii=False)
 
 
 def to_toml(config: RunConfig) -> str:

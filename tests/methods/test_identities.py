@@ -11,7 +11,7 @@ import torch
 from safetensors.torch import load_file
 
 import fedlatent
-import fedlatent.experiment.single as experiment
+import fedlatent.experiment.runner.single as experiment
 from fedlatent.backends.simulation import make_model
 
 pytestmark = pytest.mark.slow

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import fedlatent
-import fedlatent.experiment.single as experiment
+import fedlatent.experiment.runner.single as experiment
 from fedlatent.methods import PRESETS
 
 pytestmark = pytest.mark.slow

@@ -1,6 +1,6 @@
 """Draw one of a run's figures from the files the run has written (``partition.json``,
 ``metrics.jsonl``, ``diagnostics.jsonl``), so that any process can draw it: the run itself, or the
-child process that draws its figures beside the training (``fedlatent.experiment.figures``), which
+child process that draws its figures beside the training (``fedlatent.experiment.runner.figures``), which
 keeps one :class:`Renderer` for the whole run so that the learning curves, redrawn as the run
 asks for them, stay open between drawings."""
 from __future__ import annotations
@@ -28,7 +28,7 @@ class Renderer:
 
     def __init__(self, run_dir: Path, curves: LearningCurves | None = None) -> None:
         """``curves``: an earlier run's learning curves to draw this run's on (a process drawing
-        run after run, :mod:`fedlatent.experiment.figures`): with the same planned rounds and
+        run after run, :mod:`fedlatent.experiment.runner.figures`): with the same planned rounds and
         axis limits, this run's first drawing is a blit onto their background, not a full draw
         (~30 ms of text layout); the pixels are the same either way."""
         self.run_dir = run_dir

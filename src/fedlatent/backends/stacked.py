@@ -2,7 +2,7 @@
 method and the local settings (seeds, Dirichlet α at the same number of clients) train their
 clients together, each run keeping its own server, clients' states, metrics, checkpoints and folder.
 
-Each run is an ordinary embedded run (``experiment.single.run`` on the simulation or vectorized
+Each run is an ordinary embedded run (``experiment.runner.single.run`` on the simulation or vectorized
 backend) played in a thread of its own, whose trainer is :meth:`Cohort.trainer`: a round's client
 half waits until every run of the cohort still training has asked for its own, then one call of
 the lockstep trainer (:func:`fedlatent.federated.lockstep.lockstep_runs`) trains them all — each

@@ -11,7 +11,7 @@ fields they read (and keys of their own). Traits tell how they combine:
 - partition ``for_pools = False``: it cannot split a labelled pool (``given``);
 - data set ``required``: fields that must be set (e.g. ``path`` for ``arrays``).
 - data set ``shape``: ``cfg -> (input shape, classes)`` where the configuration alone fixes them,
-  so that the model's keys are checked before any data are read (:mod:`fedlatent.experiment.validation`).
+  so that the model's keys are checked before any data are read (:mod:`fedlatent.experiment.runner.validation`).
 - data set ``labels``: ``cfg -> Labels | Pool``, a pool's labels read more cheaply than its samples
   (an image tree's listing), from which ``fedlatent check`` makes the run's partition
   (:func:`fedlatent.data.federation.outline`); without it the check reads what the loader reads.

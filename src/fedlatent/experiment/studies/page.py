@@ -18,13 +18,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import fedlatent
 from fedlatent.analysis.compare import TIE_PP, TOLERANCE_PP, Verdict
 from fedlatent.config import RunConfig, load_config
 from fedlatent.errors import UserInputError
-from fedlatent.experiment import reproduce
-from fedlatent.experiment.study import Study
-from fedlatent.experiment.machine import cpu_model
+from fedlatent.experiment.studies import reproduce
+from fedlatent.experiment.studies.study import Study
+from fedlatent.experiment.runner.machine import cpu_model
 
 STYLE = """
 body { font: 15px/1.45 system-ui, -apple-system, "Segoe UI", sans-serif; color: #222; margin: 0 auto;
@@ -94,7 +93,7 @@ def _distinct(values: Iterable[str]) -> str:
 def commit() -> str | None:
     """The short commit of the fedlatent checkout this package is imported from; None for an
     installed package or when git is missing or fails."""
-    package = Path(fedlatent.__file__).resolve().parent
+    package = Path(__file__).resolve().parents[2]  # src/fedlatent: studies/ → experiment/ → fedlatent/
     try:
         done = subprocess.run(["git", "-C", str(package), "rev-parse", "--show-prefix", "--short", "HEAD"],
                               capture_output=True, text=True, timeout=10, check=True)

@@ -10,7 +10,7 @@ training, aggregation; no evaluation). The bare loop (:class:`BareLoop`) trains 
 the same images pooled, one epoch per timing, at the same total batch (10 × 128 = 1280): the
 images on the device as uint8, crop + flip on the device, channels_last and autocast to bf16 (or
 fp16) on CUDA when the precision resolves to it, fp32 contiguous on a CPU, torch's SGD with
-momentum. The sides alternate (:func:`~fedlatent.experiment.timing.bracketed`, one warm-up of each
+momentum. The sides alternate (:func:`~fedlatent.experiment.tooling.timing.bracketed`, one warm-up of each
 first: CUDA context, cuDNN, allocator), every timing ends on ``torch.cuda.synchronize``. FLOP per
 sample is :func:`fedlatent.models.flops.per_sample_flops` (forward + backward, convolutions and
 matrix products), so TFLOP/s = samples/s × FLOP/sample.
@@ -29,7 +29,7 @@ from fedlatent.config import RunConfig, load_config
 from fedlatent.data.augment import Augmentation
 from fedlatent.data.compact import Images, uint8_channel_stats
 from fedlatent.data.types import ClientData, Federation, Split
-from fedlatent.experiment import timing
+from fedlatent.experiment.tooling import timing
 from fedlatent.federated import precision as precisions
 from fedlatent.methods import resolve
 from fedlatent.models import FedModel

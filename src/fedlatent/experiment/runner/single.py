@@ -28,14 +28,14 @@ from fedlatent.data.federation import build_federation, counts_table, server_vie
 from fedlatent.data.registry import DATASETS
 from fedlatent.data.types import Federation, ServerView
 from fedlatent.errors import ConfigError, UserInputError
-from fedlatent.experiment.figures import CurvesPacing, FigureWorker, NoFigures, start_process
-from fedlatent.experiment import tracking
-from fedlatent.experiment.folders import check_same_config, completed, default_out
-from fedlatent.experiment.machine import cpu_model
-from fedlatent.experiment.progress import progress as show_progress
-from fedlatent.experiment.trace import TermTrace
-from fedlatent.experiment.validation import check_fit, validate
-from fedlatent.experiment.writable import check_folder, nearest_existing
+from fedlatent.experiment.runner.figures import CurvesPacing, FigureWorker, NoFigures, start_process
+from fedlatent.experiment.runner import tracking
+from fedlatent.experiment.runner.folders import check_same_config, completed, default_out
+from fedlatent.experiment.runner.machine import cpu_model
+from fedlatent.experiment.runner.progress import progress as show_progress
+from fedlatent.experiment.runner.trace import TermTrace
+from fedlatent.experiment.runner.validation import check_fit, validate
+from fedlatent.experiment.runner.writable import check_folder, nearest_existing
 from fedlatent.federated import precision
 from fedlatent.federated.failures import RunStopped
 from fedlatent.federated.state import write_atomically
@@ -75,10 +75,10 @@ def identity(config: RunConfig) -> dict[str, Any]:
 
 
 def prepare(config: RunConfig) -> tuple[Federation | ServerView, MethodSpec]:
-    """Check everything that needs no data (:func:`fedlatent.experiment.validation.validate`), then
+    """Check everything that needs no data (:func:`fedlatent.experiment.runner.validation.validate`), then
     build the federation — on Flower only the server's view of the data
     (:func:`~fedlatent.data.federation.server_view`; the nodes build their clients) — and check what
-    needs it (:func:`~fedlatent.experiment.validation.check_fit`): what ``fedlatent check`` checks."""
+    needs it (:func:`~fedlatent.experiment.runner.validation.check_fit`): what ``fedlatent check`` checks."""
     spec = validate(config)
     build = server_view if config.backend == "flower" else build_federation
     data = build(config.data, config.data_seed)
@@ -168,14 +168,14 @@ def run(config: RunConfig, out: str | Path | None = None, *, resume: bool = Fals
         echo=print, figures: bool = True, figures_in_background: bool = True, grid: Any = None,
         trainer: Trainer | None = None) -> dict[str, Any]:
     """Run ``config`` and return the summary (the content of ``summary.json``); the figures are
-    drawn by the figure process while the run trains (:mod:`fedlatent.experiment.figures`;
+    drawn by the figure process while the run trains (:mod:`fedlatent.experiment.runner.figures`;
     ``figures_in_background=False``: in-process;
     ``figures=False``: none, e.g. for the runs of a sweep, whose report draws its own; the run's
     files are the same, less ``plots/``; ``fedlatent report`` draws curves from them).
     ``grid``: a Flower deployment's grid for ``backend = "flower"`` (else its simulation engine);
     ``trainer``: who trains the clients of an embedded run (the stack of a study's runs,
     :class:`fedlatent.backends.stacked.Cohort`), instead of its backend's own.
-    ``progress``: True or ``"bar"``, ``"lines"``, ``"auto"`` (:func:`fedlatent.experiment.progress.progress`).
+    ``progress``: True or ``"bar"``, ``"lines"``, ``"auto"`` (:func:`fedlatent.experiment.runner.progress.progress`).
     Resuming a run that completed every round returns its summary and leaves its folder as it is."""
     started = time.perf_counter()
     first = next(_RUNS_IN_PROCESS) == 0

@@ -5,7 +5,7 @@ Runs that differ only in seed form a group (a sweep's cells, from its ``sweep.js
 run directories, the same method, data set and partition in ``summary.json``). Tables give mean ±
 std over seeds per group; plots show each group's mean over seeds with a min–max band, a panel per
 setting (the axes other than the method) and a colour per method. A folder ``fedlatent reproduce``
-wrote is also compared with the paper, row by row (:mod:`fedlatent.experiment.page`).
+wrote is also compared with the paper, row by row (:mod:`fedlatent.experiment.studies.page`).
 """
 from __future__ import annotations
 
@@ -19,9 +19,9 @@ from typing import Any
 from fedlatent.analysis.diagnostic_plots import plot_diagnostics
 from fedlatent.analysis.study_plots import band_plot, per_client_plot
 from fedlatent.errors import UserInputError
-from fedlatent.experiment import reproduce
-from fedlatent.experiment.page import Reproduced, run_facts, write_page
-from fedlatent.experiment.store import cell_table, read_metrics, run_row, table_caption, write_tables
+from fedlatent.experiment.studies import reproduce
+from fedlatent.experiment.studies.page import Reproduced, run_facts, write_page
+from fedlatent.experiment.studies.store import cell_table, read_metrics, run_row, table_caption, write_tables
 
 
 @dataclass

@@ -1,5 +1,5 @@
 """Run every cell of a study into its own run directory, resumably, ``jobs`` at a time; cells that
-train alike stacked into one lockstep stack where ``stack`` allows (:mod:`fedlatent.experiment.stacking`).
+train alike stacked into one lockstep stack where ``stack`` allows (:mod:`fedlatent.experiment.studies.stacking`).
 
 A finished run (``summary.json`` present) is skipped; an unfinished one continues from its last
 checkpoint (``run(..., resume=True)`` gives the uninterrupted run's numbers). With ``jobs > 1``
@@ -22,15 +22,15 @@ from typing import Any, Callable
 
 from fedlatent.config import RunConfig, to_toml
 from fedlatent.errors import UserInputError
-from fedlatent.experiment.single import as_started, run
-from fedlatent.experiment.stacking import run_stack, stacks
-from fedlatent.experiment.store import progress, run_row, write_tables
-from fedlatent.experiment.study import Cell, Study
-from fedlatent.experiment.validation import validate_study
+from fedlatent.experiment.runner.single import as_started, run
+from fedlatent.experiment.studies.stacking import run_stack, stacks
+from fedlatent.experiment.studies.store import progress, run_row, write_tables
+from fedlatent.experiment.studies.study import Cell, Study
+from fedlatent.experiment.studies.preflight import validate_study
 
 
 def run_cell(config: RunConfig, out: str, figures: bool = True) -> str:
-    """Run (or continue) one cell (``figures``: see :func:`fedlatent.experiment.single.run`);
+    """Run (or continue) one cell (``figures``: see :func:`fedlatent.experiment.runner.single.run`);
     returns "" on success, else the error's one-line message."""
     import torch
     torch.set_num_threads(config.train.threads)
@@ -112,7 +112,7 @@ def _say(text: str) -> None:
 
 
 def run_unit(configs: list[RunConfig], outs: list[str], figures: bool = True) -> list[str]:
-    """Run one cell (:func:`run_cell`) or a stack of cells (:func:`~fedlatent.experiment.stacking.run_stack`);
+    """Run one cell (:func:`run_cell`) or a stack of cells (:func:`~fedlatent.experiment.studies.stacking.run_stack`);
     each cell's "" on success, else its error's one line."""
     if len(configs) == 1:
         return [run_cell(configs[0], outs[0], figures)]
@@ -122,10 +122,10 @@ def run_unit(configs: list[RunConfig], outs: list[str], figures: bool = True) ->
 def run_sweep(study: Study, out: str | Path, *, jobs: int = 1, echo: Callable[[str], None] | None = _say,
               figures: bool = True, stack: int | str = "auto") -> list[dict[str, Any]]:
     """Run the study's available cells under ``out/<cell name>``; return the tidy rows. Every cell is
-    first validated as its run would validate it (:func:`~fedlatent.experiment.validation.validate_study`),
+    first validated as its run would validate it (:func:`~fedlatent.experiment.studies.preflight.validate_study`),
     so that a bad cell stops the sweep before any folder or training (``figures=False``: the runs
     draw no figures of their own, see ``fedlatent sweep --no-figures``). Cells that may train as
-    one lockstep stack do so as ``stack`` allows (:mod:`fedlatent.experiment.stacking`); ``jobs``
+    one lockstep stack do so as ``stack`` allows (:mod:`fedlatent.experiment.studies.stacking`); ``jobs``
     stacks (or lone cells) run at once, in worker processes."""
     out = Path(out)
     configs = {cell.name: tagged(cell.config, cell.labels, out.name) for cell in study.cells}

@@ -1,8 +1,8 @@
 """``fedlatent check CONFIG|SPEC``: validate a run configuration or a study (a ``reproduce`` spec by
 name, or a study file) without training or creating any folder — every check ``fedlatent run`` (or a
 sweep, for each cell of a study) makes before it trains: those that need no data
-(:func:`fedlatent.experiment.validation.validate`) and those on the data's outline, its labels and
-counts rather than its samples (:func:`fedlatent.experiment.validation.validate_data`; ``data=False``,
+(:func:`fedlatent.experiment.runner.validation.validate`) and those on the data's outline, its labels and
+counts rather than its samples (:func:`fedlatent.experiment.runner.validation.validate_data`; ``data=False``,
 ``--no-data``: without these, to read a spec's settings where its data are not) — and print its
 resolved settings.
 
@@ -15,31 +15,21 @@ input raises :class:`fedlatent.errors.UserInputError` (the CLI: one line, exit 2
 """
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from fedlatent.analysis.tables import markdown_table
-from fedlatent.config import SECTIONS, RunConfig, apply_overrides, from_dict, load_config, read_toml, to_dict
+from fedlatent.config import (SECTIONS, RunConfig, apply_overrides, from_dict, load_config, read_toml, show_value,
+                              to_dict)
 from fedlatent.errors import ConfigError, UserInputError
-from fedlatent.experiment import reproduce
-from fedlatent.experiment.study import Study, load_study
-from fedlatent.experiment.validation import validate, validate_data, validate_study
+from fedlatent.experiment.studies import reproduce
+from fedlatent.experiment.studies.study import Study, load_study
+from fedlatent.experiment.runner.validation import validate, validate_data
+from fedlatent.experiment.studies.preflight import validate_study
 from fedlatent.methods import flat_settings
 
-__all__ = ["check", "load_target", "show"]
-
-
-def show(value: Any) -> str:
-    """A value as TOML writes it, strings unquoted: ``true``, ``0.001``, ``1e-05``, ``[64, 128]``."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, str):
-        return value
-    if isinstance(value, (int, float)):
-        return repr(value)
-    return json.dumps(value, ensure_ascii=False)
+__all__ = ["check", "load_target"]
 
 
 def _is_config(path: Path) -> bool:
@@ -80,7 +70,7 @@ def load_target(target: str, *, tier: str = "full", overrides: Sequence[str] = (
 
 def _lines(settings: dict[str, Any]) -> list[str]:
     width = max((len(k) for k in settings), default=0)
-    return [f"{k:<{width}} = {show(v)}" for k, v in settings.items()]
+    return [f"{k:<{width}} = {show_value(v)}" for k, v in settings.items()]
 
 
 def config_text(config: RunConfig, target: str) -> str:
@@ -92,11 +82,11 @@ def study_text(study: Study, target: str) -> str:
     """The keys common to every cell, then a table of the cells and the keys that differ."""
     flats = [flat_settings(c.config) for c in study.cells]
     keys = list(dict.fromkeys(k for flat in flats for k in flat))
-    differ = [k for k in keys if len({show(f[k]) if k in f else None for f in flats}) > 1]
+    differ = [k for k in keys if len({show_value(f[k]) if k in f else None for f in flats}) > 1]
     common = {k: flats[0][k] for k in keys if k not in differ} if flats else {}
     blocked = any(c.unavailable for c in study.cells)
     header = ["cell", *differ, *(["not runnable yet"] if blocked else [])]
-    rows = [[c.name, *(show(f[k]) if k in f else "-" for k in differ), *([c.unavailable or ""] if blocked else [])]
+    rows = [[c.name, *(show_value(f[k]) if k in f else "-" for k in differ), *([c.unavailable or ""] if blocked else [])]
             for c, f in zip(study.cells, flats)]
     tier = "" if study.tier == "full" else f" ({study.tier} tier)"
     return "\n".join([f"{target}{tier}: {study.title or 'study'}: {len(study.cells)} valid cells; axes "

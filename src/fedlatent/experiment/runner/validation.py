@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
-from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -32,15 +31,12 @@ from fedlatent.data.federation import outline
 from fedlatent.data.registry import DATASETS
 from fedlatent.data.types import Federation, Outline, ServerView
 from fedlatent.errors import ConfigError
-from fedlatent.experiment import tracking
+from fedlatent.experiment.runner import tracking
 from fedlatent.federated import compiled, devices, precision
 from fedlatent.federated.round import sample_clients
 from fedlatent.methods import check_model, resolve
 from fedlatent.methods.parts import MethodSpec
 from fedlatent.models import build_model
-
-if TYPE_CHECKING:
-    from fedlatent.experiment.study import Study
 
 BACKEND_NAMES: tuple[str, ...] = next(f.metadata["choices"] for f in dataclasses.fields(RunConfig)
                                       if f.name == "backend")  # as the schema declares them
@@ -99,26 +95,6 @@ def check_fit(config: RunConfig, spec: MethodSpec, data: Federation | ServerView
         if config.train.min_clients > sampled:
             raise ConfigError(f"train.min_clients = {config.train.min_clients}: more than the {sampled} clients "
                               f"sampled per round")
-
-
-def validate_study(study: Study, where: str = "", *, data: bool = True) -> None:
-    """Every runnable cell of ``study`` validated as its run validates it (:func:`validate`, and with
-    ``data`` :func:`validate_data`): what ``fedlatent check`` and a sweep do before anything runs;
-    the first failure names its cell. Cells that share their data read them once; cells that share
-    their ``[data]`` and data seed share one outline (one partition made)."""
-    read: dict[Any, Any] = {}
-    outlines: dict[str, Outline] = {}
-    for cell in study.cells:
-        if not cell.unavailable:
-            try:
-                spec = validate(cell.config)
-                if data:
-                    key = repr((cell.config.data, cell.config.data_seed))
-                    if key not in outlines:
-                        outlines[key] = outline(cell.config.data, cell.config.data_seed, read)
-                    check_fit(cell.config, spec, outlines[key])
-            except ConfigError as err:
-                raise ConfigError(f"{where}cell {cell.name}: {err}") from None
 
 
 def declared_shape(data: DataConfig) -> Shape | None:

@@ -19,8 +19,8 @@ import torch
 from fedlatent.backends.stacked import Cohort
 from fedlatent.config import RunConfig, TrackingConfig, to_toml
 from fedlatent.errors import ConfigError, UserInputError
-from fedlatent.experiment.single import run
-from fedlatent.experiment.validation import declared_shape
+from fedlatent.experiment.runner.single import run
+from fedlatent.experiment.runner.validation import declared_shape
 from fedlatent.federated.lockstep import unsupported
 from fedlatent.federated.round import clients_per_round
 from fedlatent.methods import resolve
@@ -120,7 +120,7 @@ def client_bytes(config: RunConfig) -> int | None:
 
 def run_stack(configs: list[RunConfig], outs: list[str], figures: bool = True) -> list[str]:
     """Run (or continue) the cells ``configs`` into ``outs`` as one stack; each cell's "" on success,
-    else its error's one line (as :func:`fedlatent.experiment.sweep.run_cell`)."""
+    else its error's one line (as :func:`fedlatent.experiment.studies.sweep.run_cell`)."""
     torch.set_num_threads(configs[0].train.threads)
     cohort = Cohort(len(configs))
     # each run's figures drawn in this process when it ends (the figure process serves one run at a time)

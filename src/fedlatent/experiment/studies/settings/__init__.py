@@ -7,7 +7,7 @@ choice made and why.
 table maps to a cell, and lists each key whose value differs from the table, each key a cell sets
 away from fedlatent's defaults that the table does not declare, and each entry no cell uses.
 :func:`render` writes the table as the markdown section of ``configs/AUDIT.md`` between the markers
-``<!-- settings:NAME -->`` and ``<!-- /settings:NAME -->``; ``python -m fedlatent.experiment.settings``
+``<!-- settings:NAME -->`` and ``<!-- /settings:NAME -->``; ``python -m fedlatent.experiment.studies.settings``
 rewrites those sections in place.
 
 An entry applies to the cells whose labels match its ``where`` (axis = label or a list of labels; no
@@ -26,11 +26,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fedlatent.config import RunConfig, from_dict, load_config
+from fedlatent.config import RunConfig, from_dict, load_config, show_value
 from fedlatent.errors import ConfigError, unknown_key
-from fedlatent.experiment.check import show
 from fedlatent.methods import flat_settings
-from fedlatent.experiment.study import CONFIGS
+from fedlatent.experiment.studies.study import CONFIGS
 
 __all__ = ["Entry", "Table", "expected", "load", "mismatches", "names", "render", "update_audit"]
 
@@ -118,17 +117,17 @@ def defaults(config: RunConfig) -> dict[str, Any]:
 
 
 def _same(a: Any, b: Any) -> bool:
-    return show(a) == show(b) if isinstance(a, (bool, str, list)) or isinstance(b, (bool, str, list)) else a == b
+    return show_value(a) == show_value(b) if isinstance(a, (bool, str, list)) or isinstance(b, (bool, str, list)) else a == b
 
 
 def compare(table: Table, labels: dict[str, str], config: RunConfig, what: str) -> list[str]:
     """The mismatches of one resolved cell against the table (one line each)."""
     flat, base, rules = flat_settings(config), defaults(config), expected(table, labels)
-    problems = [f"{what}: {key} = {show(flat.get(key, '<unset>'))}, the table says {show(e.value)} "
+    problems = [f"{what}: {key} = {show_value(flat.get(key, '<unset>'))}, the table says {show_value(e.value)} "
                 f"({e.source or 'not stated: ' + e.choice})" for key, e in rules.items() if not _same(flat.get(key), e.value)]
     undeclared = [k for k, v in flat.items() if k not in rules and k not in table.not_settings
                   and not (k in base and _same(base[k], v))]
-    problems += [f"{what}: {k} = {show(flat[k])} is set but not declared in settings/{table.name}.toml" for k in undeclared]
+    problems += [f"{what}: {k} = {show_value(flat[k])} is set but not declared in settings/{table.name}.toml" for k in undeclared]
     return problems
 
 
@@ -144,7 +143,7 @@ def _shipped(table: Table) -> list[tuple[str, dict[str, str]]]:
 
 def mismatches(table: Table) -> list[str]:
     """Every difference between the table and the cells of its specs and its configs (empty: they agree)."""
-    from fedlatent.experiment.reproduce import load_spec
+    from fedlatent.experiment.studies.reproduce import load_spec
     problems: list[str] = []
     used: set[int] = set()
     cells = [(f"{spec} {c.name}", {"spec": spec, **c.labels}, c.config) for spec in table.specs for c in load_spec(spec).cells]
@@ -168,14 +167,14 @@ def render(table: Table) -> str:
     'not stated' with the choice and why)."""
     seeds = [table.seed_file] if isinstance(table.seed_file, str) else table.seed_file
     texts = " and ".join(f"`../shared/papers/{f}`" for f in seeds)
-    rows = [f"### {table.paper}: settings (generated from `src/fedlatent/experiment/settings/{table.name}.toml`)", "",
+    rows = [f"### {table.paper}: settings (generated from `src/fedlatent/experiment/studies/settings/{table.name}.toml`)", "",
             f"Specs: {', '.join(f'`{s}`' for s in table.specs)}; configs: {len(table.configs)} files "
             f"({', '.join(sorted({n.split('/')[0] + '/' for n in table.configs}))}). Line numbers refer to "
             f"{texts}. `tests/test_settings.py` fails on any cell that differs.", "",
             "| key | cells | value | source | the paper's words, or the choice and why |", "|---|---|---|---|---|"]
     for e in table.entries:
         source, words = (e.source, e.says) if e.stated else ("not stated", f"{e.choice}: {e.why}")
-        rows.append(f"| `{e.key}` | {_where(e)} | `{show(e.value)}` | {source} | {words.replace('|', '/')} |")
+        rows.append(f"| `{e.key}` | {_where(e)} | `{show_value(e.value)}` | {source} | {words.replace('|', '/')} |")
     rows += ["", "Not the paper's settings: " + "; ".join(f"`{k}` ({v})" for k, v in table.not_settings.items()) + "."]
     rows += [f"Not compared: `{k}` ({v})." for k, v in table.excluded.items()]
     return "\n".join(rows)

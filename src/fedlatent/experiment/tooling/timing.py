@@ -26,7 +26,7 @@ BASELINE = "__baseline__"
 def machine(device: str = "cpu") -> dict[str, Any]:
     """What the figures were taken on (for the JSON beside them); ``device``: the torch device the
     runs trained on, named with its model when it is a CUDA device."""
-    from fedlatent.experiment.single import fedlatent_version
+    from fedlatent.experiment.runner.single import fedlatent_version
     named = torch.device(device)
     return {"torch": torch.__version__, "fedlatent": fedlatent_version(), "python": platform.python_version(),
             "cpu_count": os.cpu_count(), "threads": torch.get_num_threads(),

@@ -23,9 +23,9 @@ from types import TracebackType
 from typing import Any, Iterator, Protocol
 from urllib.parse import urlparse
 
-from fedlatent.config import RunConfig, to_toml
+from fedlatent.config import RunConfig, show_value, to_toml
 from fedlatent.errors import ConfigError, RunStopped
-from fedlatent.experiment.writable import check_folder
+from fedlatent.experiment.runner.writable import check_folder
 from fedlatent.federated.state import write_atomically
 from fedlatent.methods import flat_settings
 
@@ -140,7 +140,6 @@ class MlflowTracker:
         from mlflow.entities import Param
         from mlflow.tracking import MlflowClient
 
-        from fedlatent.experiment.check import show
         t = config.tracking
         self.artifacts = t.artifacts
         db = _sqlite_file(t.mlflow_uri)
@@ -153,7 +152,7 @@ class MlflowTracker:
             run = self.client.create_run(self._experiment(t.experiment, artifacts), run_name=run_dir.name,
                                          tags={**t.tags, "fedlatent.run_dir": str(run_dir.resolve())})
         self.run_id = run.info.run_id
-        params = [Param(_mlflow_key(k), show(v)) for k, v in parameters(config).items()]
+        params = [Param(_mlflow_key(k), show_value(v)) for k, v in parameters(config).items()]
         self.client.log_batch(self.run_id, params=params)
 
     def _experiment(self, name: str, artifact_location: str | None) -> str:

@@ -8,7 +8,7 @@ folder; skipped with a line when it or its data file is absent). Each side is a 
 ``fedlatent.experiment.run`` into a fresh folder (partition table, metrics, checkpoints, summary,
 figures); the floor is the FedAvg loop one would write by hand (:func:`bare_run`: the same initial
 weights, batches, sampled clients and evaluations). Sides alternate with the floor
-(:func:`~fedlatent.experiment.timing.bracketed`); (d) has no hand-written floor, so there the
+(:func:`~fedlatent.experiment.tooling.timing.bracketed`); (d) has no hand-written floor, so there the
 simulation run is the baseline. When the flower extra is installed, Flower's simulation engine
 (``backend = "flower"``) is a further side of the workloads in :data:`FLOWER_WORKLOADS`: its Ray
 start-up (~20 s) makes alternating it every repetition too long, so it runs once per workload,
@@ -34,9 +34,9 @@ from fedlatent.data.federation import build_federation
 from fedlatent.data.partition import dirichlet
 from fedlatent.data.types import Federation
 from fedlatent.errors import ConfigError
-from fedlatent.experiment import timing
-from fedlatent.experiment.single import prepare
-from fedlatent.experiment.single import run as run_experiment
+from fedlatent.experiment.tooling import timing
+from fedlatent.experiment.runner.single import prepare
+from fedlatent.experiment.runner.single import run as run_experiment
 from fedlatent.federated.client import batches
 from fedlatent.federated.round import sample_clients
 from fedlatent.methods import resolve

@@ -8,7 +8,7 @@ paper's number, fedlatent's mean ± std over seeds and, for personalised tables,
 baseline side by side.
 
 Variant labels ``{config = "feduv/cifar100_a0.01.toml"}`` take a shipped configuration's sections
-(``fedlatent.experiment.study.with_configs``), so a table's settings are written once, in the configs.
+(``fedlatent.experiment.studies.study.with_configs``), so a table's settings are written once, in the configs.
 """
 from __future__ import annotations
 
@@ -21,9 +21,9 @@ from fedlatent.analysis.compare import Compared, Verdict, baseline_label, verdic
 from fedlatent.analysis.tables import format_mean_std, markdown_table
 from fedlatent.config import apply_overrides, from_dict, read_toml, to_dict
 from fedlatent.errors import UserInputError
-from fedlatent.experiment.store import run_row
-from fedlatent.experiment.study import TIERS, Study, load_study
-from fedlatent.experiment.sweep import run_sweep
+from fedlatent.experiment.studies.store import run_row
+from fedlatent.experiment.studies.study import TIERS, Study, load_study
+from fedlatent.experiment.studies.sweep import run_sweep
 
 SPECS = Path(__file__).resolve().parent / "specs"
 

@@ -63,7 +63,7 @@ SELECT = ("last", "val")
 METRICS = ("accuracy", "balanced_accuracy", "personalized_accuracy")
 # The shipped configurations: package data (``fedlatent/configs``, in a checkout a link to the
 # repository's ``configs/``), so an installed package finds them from any working directory.
-CONFIGS = Path(__file__).parents[1] / "configs"
+CONFIGS = Path(__file__).parents[2] / "configs"  # studies/ → experiment/ → fedlatent/
 
 
 @dataclass

@@ -22,7 +22,7 @@ from fedlatent.federated.client import LocalSettings, Workspace, planned_steps
 from fedlatent.federated.lockstep import _Batches, _step_groups, lockstep_update
 from fedlatent.methods import resolve
 
-from tests.test_vectorized import _rounds
+from tests.test_vectorized import _rounds, image_clients_config
 
 MEAN, STD = [0.5, 0.4, 0.3], [0.2, 0.25, 0.3]
 AUGMENTATIONS = {"crop_flip": Augmentation(crop_flip=True),
@@ -136,15 +136,7 @@ def test_planned_pool_holds_images_compactly_and_is_kept_for_the_same_clients() 
 def _image_run(tmp_path, overrides: list[str], trainer, monkeypatch=None, streamed: bool = False):
     """Rounds of the small CNN on 3 clients of random uint8 CIFAR-shaped images (held compactly)
     with crop + flip; ``streamed``: the batches drawn client by client instead of planned."""
-    rng = np.random.default_rng(0)
-    arrays = {}
-    for i, n in enumerate([20, 13, 17]):  # unequal: short last batches, clients leaving early
-        arrays[f"client{i}_train_x"] = rng.standard_normal((n, 3, 32, 32), dtype=np.float32)
-        arrays[f"client{i}_train_y"] = rng.integers(0, 4, n).astype(np.int64)
-    np.savez(tmp_path / "images.npz", **arrays)
-    config = fedlatent.load_config(None, [
-        'data.dataset="arrays"', f'data.path="{tmp_path / "images.npz"}"', 'data.partition="given"',
-        'model.arch="cnn"', "train.batch_size=8", "train.lr=0.002", *overrides])
+    config = image_clients_config(tmp_path, [20, 13, 17], overrides)  # unequal: short batches, clients leaving early
     fed = build_federation(config.data, config.data_seed)
     gen = torch.Generator().manual_seed(1)
     for client in fed.clients:

@@ -351,6 +351,20 @@ def test_dropout_masks_are_per_client_bernoulli_and_follow_the_seed() -> None:
     assert lines_a[-1]["train_loss"] == pytest.approx(ref_lines[-1]["train_loss"], rel=0.1)
 
 
+def image_clients_config(tmp_path, sizes: list[int], overrides: list[str]):
+    """The small CNN on clients of ``sizes`` random CIFAR-shaped images (4 classes, given clients),
+    batch 8, lr 0.002, and ``overrides``."""
+    rng = np.random.default_rng(0)
+    arrays = {}
+    for i, n in enumerate(sizes):
+        arrays[f"client{i}_train_x"] = rng.standard_normal((n, 3, 32, 32), dtype=np.float32)
+        arrays[f"client{i}_train_y"] = rng.integers(0, 4, n).astype(np.int64)
+    np.savez(tmp_path / "images.npz", **arrays)
+    return fedlatent.load_config(None, [
+        'data.dataset="arrays"', f'data.path="{tmp_path / "images.npz"}"', 'data.partition="given"',
+        'model.arch="cnn"', "train.batch_size=8", "train.lr=0.002", *overrides])
+
+
 @pytest.mark.parametrize("algorithm,rounds", [({"name": "fedavg"}, 2), ({"name": "ditto_cosine", "lam": 0.1}, 1)])
 def test_cnn_with_batchnorm_matches_simulation(tmp_path, algorithm: dict, rounds: int) -> None:
     """The small CNN's BatchNorm running statistics are stacked and updated per client (global
@@ -359,15 +373,8 @@ def test_cnn_with_batchnorm_matches_simulation(tmp_path, algorithm: dict, rounds
     convolutions (oneDNN's and the native one, both in the simulation backend) differ by 4e-7
     after one round and 4e-4 after two, and vmap's grouped convolution rounds differently again,
     by an amount that depends on the CPU. At lr 0.002 the two backends agree to ~1e-5 here."""
-    rng = np.random.default_rng(0)
-    arrays = {}
-    for i, n in enumerate([24, 19, 30]):  # unequal: short last batches, clients leaving early
-        arrays[f"client{i}_train_x"] = rng.standard_normal((n, 3, 32, 32), dtype=np.float32)
-        arrays[f"client{i}_train_y"] = rng.integers(0, 4, n).astype(np.int64)
-    np.savez(tmp_path / "images.npz", **arrays)
-    config = fedlatent.load_config(None, [
-        'data.dataset="arrays"', f'data.path="{tmp_path / "images.npz"}"', 'data.partition="given"',
-        'model.arch="cnn"', f"train.rounds={rounds}", "train.batch_size=8", "train.lr=0.002"])
+    # unequal clients: short last batches, clients leaving early
+    config = image_clients_config(tmp_path, [24, 19, 30], [f"train.rounds={rounds}"])
     config.algorithm = dict(algorithm)
     _assert_same_run(config, atol=1e-4)
 

@@ -391,8 +391,8 @@ def test_a_figure_process_that_died_between_runs_is_replaced(tmp_path, capsys) -
 
 def test_the_figure_process_ends_when_its_parent_dies(tmp_path) -> None:
     """The parent is killed mid-run (no close): the figure process reads the end of its input and exits."""
-    script = (f"import os, sys; sys.path.insert(0, {str(Path(figures.__file__).parents[2])!r})\n"
-              "from fedlatent.experiment import figures\n"
+    script = (f"import os, sys; sys.path.insert(0, {str(Path(figures.__file__).parents[3])!r})\n"
+              "from fedlatent.experiment.runner import figures\n"
               f"worker = figures.FigureWorker(__import__('pathlib').Path({str(_run_files(tmp_path / 'run'))!r}))\n"
               "print(worker.process.pid, flush=True)\n"
               "os.kill(os.getpid(), 9)\n")

@@ -4,8 +4,8 @@ Cells stack when they differ only in what changes a client's data or starting we
 trains: the seed, the data seed, the partition (Dirichlet α, classes per client) — the same model,
 method and coefficients, local settings, number of clients and data set, on an embedded backend, with
 a method that trains in lockstep. ``--stack auto`` stacks on a CUDA device as many cells as an
-estimate of their memory lets fit in half of the device's free memory (on a CPU the cells' own
-backends are measured faster one after another: no stacking); ``--stack N`` stacks up to N cells
+estimate of their memory lets fit in half of the device's free memory (none on a CPU, where the
+cells' own backends already keep the cores busy; ``benchmarks/stacked_cells.py`` measures it); ``--stack N`` stacks up to N cells
 anywhere; ``off`` (or 1) never.
 """
 from __future__ import annotations

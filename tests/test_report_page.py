@@ -12,7 +12,9 @@ from pathlib import Path
 import pytest
 from matplotlib.container import BarContainer
 
-from fedlatent.analysis.compare import Compared, baseline_label, sign, verdict
+from fedlatent.analysis.compare import (DIRECTION_ONLY, DOES_NOT_HOLD, HOLDS, NOT_JUDGED, ONE_SEED, Compared,
+                                       baseline_label, paired_differences, paired_text, paired_verdict, sign,
+                                       verdict)
 from fedlatent.analysis.study_plots import comparison_figure
 from fedlatent.config import to_toml
 from fedlatent.errors import UserInputError
@@ -66,6 +68,44 @@ def test_direction_needs_a_baseline_row_with_both_numbers() -> None:
     assert (sign(0.5), sign(0.51), sign(-0.6)) == (0, 1, -1)
 
 
+@pytest.mark.parametrize("differences, direction, expected", [
+    ([3.0, 4.0, 5.0], 1, HOLDS),              # every seed up, mean 4 > std 1
+    ([-3.0, -4.0, -5.0], -1, HOLDS),          # the claim is "lower": every seed down
+    ([2.0, 2.0], 1, HOLDS),                   # std 0: any mean of the claimed sign exceeds it
+    ([0.5, 8.0, 0.5], 1, DIRECTION_ONLY),     # every seed up but mean 3 < std 4.33: the spread covers zero
+    ([3.0, 8.0, -1.0], 1, DIRECTION_ONLY),    # mean 3.33 > 0 with a seed against
+    ([4.0, 4.0, 0.0], 1, DIRECTION_ONLY),     # a tie at zero is no agreement
+    ([1.0, -1.0], 1, DOES_NOT_HOLD),          # mean exactly zero
+    ([-3.0, -4.0, -5.0], 1, DOES_NOT_HOLD),   # the mean has the wrong sign
+    ([2.0, 3.0], -1, DOES_NOT_HOLD),
+    ([9.0], 1, ONE_SEED),                     # one seed neither holds ...
+    ([-9.0], 1, ONE_SEED),                    # ... nor refutes
+    ([], 1, NOT_JUDGED),
+])
+def test_the_paired_verdict_rule(differences: list[float], direction: int, expected: str) -> None:
+    assert paired_verdict(differences, direction) == expected
+    assert paired_text(differences, direction).startswith(expected)
+
+
+def test_the_paired_verdict_text_and_its_bad_direction() -> None:
+    assert paired_text([3.0, 4.0, 5.0]) == "holds: +4.00 ± 1.00, 3/3 seeds +"
+    assert paired_text([-1.0, 2.0], -1) == "does not hold: +0.50 ± 2.12, 1/2 seeds −"
+    assert paired_text([9.0]) == "one seed: +9.00, 1/1 seeds +"
+    with pytest.raises(ValueError, match="direction"):
+        paired_verdict([1.0, 2.0], 0)
+
+
+def test_paired_differences_match_seeds_not_positions() -> None:
+    row = Compared({"method": "m"}, 72.0, None, [71.0, 75.0, 80.0], seeds=["2", "0", "1"])
+    base = Compared({"method": "b"}, 70.0, None, [70.0, 72.0], seeds=["0", "2"])  # seed 1 unfinished
+    assert paired_differences(row, base) == [5.0, -1.0]                          # seeds 0 and 2
+    found = verdict(row, base, same_data=False)
+    assert found.paired == DIRECTION_ONLY and found.paired_text == "direction only: +2.00 ± 4.24, 1/2 seeds +"
+    tie = verdict(row, Compared({"method": "b"}, 71.9, None, [70.0, 72.0], seeds=["0", "2"]), same_data=False)
+    assert tie.paired == NOT_JUDGED                                               # the paper: +0.1, no direction
+    assert verdict(row, None, same_data=False).paired == ""
+
+
 def test_the_baseline_row_is_the_method_without_its_term_else_fedavg_else_the_first() -> None:
     table1 = ["fedavg", "fedavg+decorr", "fedprox", "fedprox+decorr"]
     assert [baseline_label(x, table1) for x in table1] == [None, "fedavg", "fedavg", "fedprox"]
@@ -107,6 +147,12 @@ def test_verdicts_pair_each_row_with_its_baseline_row_of_the_same_setting() -> N
     decorr = found["cifar10-a0.05", "fedavg+decorr"]
     assert decorr.value is False and decorr.direction is True              # 70 vs 73.06 ± 0.81; +5 vs +8.21
     assert found["cifar10-iid", "fedavg+decorr"].direction is False        # +5 vs -0.20: the paper has none
+    assert decorr.paired == HOLDS                                          # +5 on each seed, the paper's +8.21
+    assert found["cifar10-iid", "fedavg+decorr"].paired == NOT_JUDGED      # the paper's -0.20 has no sign
+    uneven = _fake_rows(study, {"fedavg": [0.64, 0.65, 0.66], "fedavg+decorr": [0.74, 0.70, 0.63]})
+    compared = reproduce.compared_rows(study, uneven)
+    found = dict(zip([tuple(c.labels.values()) for c in compared], reproduce.verdicts(study, compared)))
+    assert found["cifar10-a0.05", "fedavg+decorr"].paired == DIRECTION_ONLY  # +10, +5, -3: seed 2 against
     quick = reproduce.load_spec("feddecorr_table1", tier="quick")
     assert {v.value for v in reproduce.verdicts(quick, reproduce.compared_rows(quick, _fake_rows(quick)))} == {None}
 
@@ -203,6 +249,8 @@ def test_report_html_is_self_contained_and_opens_with_what_was_run(tmp_path: Pat
     assert '<td class="yes">✓ +0.15 (within ±2.01)</td>' in compared
     assert '<td class="no">✗ -3.06 (outside ±1.00)</td>' in compared
     assert '<td class="yes">✓ agrees: ours +5.00, paper +8.21</td>' in compared
+    assert '<td class="yes">✓ holds: +5.00 ± 0.00, 3/3 seeds +</td>' in compared
+    assert "<strong>paired:</strong> holds 1." in compared
 
 
 def test_a_folder_reproduce_did_not_write_gets_no_comparison(tmp_path: Path) -> None:

@@ -8,23 +8,76 @@ Two questions, each asked only where it has an answer:
 - **direction**: does (row − its baseline row) have the sign of the paper's (row − baseline)?
   Differences within ± :data:`TIE_PP` count as no difference on both sides, so that a 0.02-point
   gap in the paper is not read as a direction. This is what a reduced tier can show.
+- **paired**: how strongly the per-seed paired differences (row − baseline row, cells of one seed
+  sharing the data) carry a claimed direction, by :func:`paired_verdict` — the one rule every
+  verdict of ``results/`` and the paired column of ``fedlatent report`` follow.
 
 Pure functions over numbers in percent, so that the rules are tested without runs.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from statistics import mean
+from collections.abc import Sequence
+from statistics import mean, stdev
 
 TOLERANCE_PP = 1.0  # percentage points: our mean within this of the paper's counts as reproduced
 TIE_PP = 0.5  # percentage points: a difference to the baseline row this small has no sign
+
+
+HOLDS = "holds"
+DIRECTION_ONLY = "direction only"
+DOES_NOT_HOLD = "does not hold"
+ONE_SEED = "one seed"
+NOT_JUDGED = "not judged"
+VERDICTS = (HOLDS, DIRECTION_ONLY, DOES_NOT_HOLD, ONE_SEED, NOT_JUDGED)
+
+
+def paired_verdict(differences: Sequence[float], direction: int = 1) -> str:
+    """The verdict on a claim that a method moves a metric in ``direction`` (+1 up, −1 down)
+    against its baseline, from the per-seed paired differences (method − baseline, one per seed):
+
+    - ``holds``: every difference has the claimed sign (a zero has none) and |mean| exceeds the
+      sample standard deviation (ddof = 1): the mean is more than one spread away from zero;
+    - ``direction only``: the mean has the claimed sign, but a seed disagrees (or ties at zero)
+      or the spread covers zero (|mean| ≤ std);
+    - ``does not hold``: the mean is zero or of the other sign;
+    - ``one seed``: a single difference, whatever its sign: one seed has no spread, so it can
+      neither hold nor refute a claim;
+    - ``not judged``: no paired seed at all.
+
+    There is no significance test: three seeds, the usual count here, give a t-test little power,
+    and "mean beyond one std with every seed agreeing" is a rule a reader can check by eye.
+    """
+    if direction not in (1, -1):
+        raise ValueError(f"direction must be +1 or -1, not {direction!r}")
+    if not differences:
+        return NOT_JUDGED
+    if len(differences) == 1:
+        return ONE_SEED
+    signed = [direction * d for d in differences]
+    centre = mean(signed)
+    if centre <= 0:
+        return DOES_NOT_HOLD
+    return HOLDS if min(signed) > 0 and centre > stdev(signed) else DIRECTION_ONLY
+
+
+def paired_text(differences: Sequence[float], direction: int = 1) -> str:
+    """The verdict with its numbers: ``holds: +4.00 ± 0.50, 3/3 seeds +``."""
+    found = paired_verdict(differences, direction)
+    if found == NOT_JUDGED:
+        return f"{NOT_JUDGED}: no paired seeds"
+    spread = f" ± {stdev(differences):.2f}" if len(differences) > 1 else ""
+    agree = sum(direction * d > 0 for d in differences)
+    return (f"{found}: {mean(differences):+.2f}{spread}, {agree}/{len(differences)} seeds "
+            f"{'+' if direction > 0 else '−'}")
 
 
 @dataclass(frozen=True)
 class Compared:
     """One row of a reproduced table, in percent: its labels (the seed aside), the paper's number
     (± its std, where given), ours per seed, the majority-class rate per seed (personalised
-    tables) and the runs' status."""
+    tables), the runs' status and the seed of each of ``ours`` (for pairing with the baseline row;
+    empty where not known)."""
 
     labels: dict[str, str]
     paper: float | None = None
@@ -32,6 +85,7 @@ class Compared:
     ours: list[float] = field(default_factory=list)
     majority: list[float] = field(default_factory=list)
     status: str = ""
+    seeds: list[str] = field(default_factory=list)
 
     @property
     def mean(self) -> float | None:
@@ -41,12 +95,15 @@ class Compared:
 
 @dataclass(frozen=True)
 class Verdict:
-    """A row's two answers (None: not asked, or a number missing) and a short text for each."""
+    """A row's answers (None: not asked, or a number missing) and a short text for each; ``paired``
+    is :func:`paired_verdict` in the paper's direction ("" where not asked)."""
 
     value: bool | None
     direction: bool | None
     value_text: str
     direction_text: str
+    paired: str = ""
+    paired_text: str = "-"
 
 
 def sign(delta: float, tie: float = TIE_PP) -> int:
@@ -79,10 +136,27 @@ def _direction(row: Compared, baseline: Compared | None, tie: float) -> tuple[bo
     return same, f"{'agrees' if same else 'differs'}: ours {ours:+.2f}, paper {paper:+.2f}"
 
 
+def paired_differences(row: Compared, baseline: Compared) -> list[float]:
+    """(row − baseline) per seed, over the seeds both rows finished, in seed order."""
+    base = dict(zip(baseline.seeds, baseline.ours))
+    return [value - base[seed] for seed, value in sorted(zip(row.seeds, row.ours)) if seed in base]
+
+
+def _paired(row: Compared, baseline: Compared | None, tie: float) -> tuple[str, str]:
+    if baseline is None or row.paper is None or baseline.paper is None:
+        return "", "-"
+    claimed = sign(row.paper - baseline.paper, tie)
+    if claimed == 0:
+        return NOT_JUDGED, f"{NOT_JUDGED}: the paper shows no difference (within ±{tie:g})"
+    differences = paired_differences(row, baseline)
+    return paired_verdict(differences, claimed), paired_text(differences, claimed)
+
+
 def verdict(row: Compared, baseline: Compared | None, *, same_data: bool, tolerance: float = TOLERANCE_PP,
             tie: float = TIE_PP) -> Verdict:
     """``row``'s verdict against the paper: its value (only when ``same_data``: the run used the
-    paper's data) and its direction relative to ``baseline`` (its baseline row, None for none)."""
+    paper's data), its direction relative to ``baseline`` (its baseline row, None for none) and the
+    paired verdict on the paper's direction."""
     value, value_text = _value(row, tolerance) if same_data else (None, "not asked (other data)")
     direction, direction_text = _direction(row, baseline, tie)
-    return Verdict(value, direction, value_text, direction_text)
+    return Verdict(value, direction, value_text, direction_text, *_paired(row, baseline, tie))

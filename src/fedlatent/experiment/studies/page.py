@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fedlatent.analysis.compare import TIE_PP, TOLERANCE_PP, Verdict
+from fedlatent.analysis.compare import DIRECTION_ONLY, DOES_NOT_HOLD, HOLDS, TIE_PP, TOLERANCE_PP, Verdict
 from fedlatent.config import RunConfig, load_config
 from fedlatent.errors import UserInputError
 from fedlatent.experiment.studies import reproduce
@@ -158,13 +158,20 @@ def _verdict_cells(found: Verdict) -> list[Cell]:
     """A verdict's two cells, marked and coloured by their answer."""
     css = {True: "yes", False: "no", None: "na"}
     mark = {True: "✓ ", False: "✗ ", None: ""}
+    paired = {HOLDS: True, DOES_NOT_HOLD: False}.get(found.paired)
     return [(mark[found.value] + found.value_text, css[found.value]),
-            (mark[found.direction] + found.direction_text, css[found.direction])]
+            (mark[found.direction] + found.direction_text, css[found.direction]),
+            (mark[paired] + found.paired_text, css[paired])]
 
 
 def _count(answers: list[bool | None]) -> str:
     asked = [a for a in answers if a is not None]
     return f"{sum(asked)} of {len(asked)} rows" if asked else "not asked"
+
+
+def _paired_count(answers: list[str]) -> str:
+    counts = Counter(a for a in answers if a)
+    return ", ".join(f"{answer} {counts[answer]}" for answer in sorted(counts)) if counts else "not asked"
 
 
 def comparison_section(found: Reproduced) -> str:
@@ -174,7 +181,8 @@ def comparison_section(found: Reproduced) -> str:
     header, body = reproduce.comparison_table(study, found.rows)
     answers = reproduce.verdicts(study, reproduce.compared_rows(study, found.rows))
     axis = reproduce.compared_axis(study)
-    header += ["value vs the paper's", f"direction vs the baseline row ({axis or 'none'})"]
+    header += ["value vs the paper's", f"direction vs the baseline row ({axis or 'none'})",
+               "paired verdict on the paper's direction"]
     body = [row + _verdict_cells(answer) for row, answer in zip(body, answers)]
     tier = "" if study.tier == "full" else f" ({study.tier} tier)"
     parts = [f"<h2>Compared with the paper: {html.escape(study.title)}{tier}</h2>",
@@ -184,9 +192,13 @@ def comparison_section(found: Reproduced) -> str:
              "<p class=\"note\">Value: our mean within the paper's ± std, or within ±"
              f"{TOLERANCE_PP:g} points where its std is smaller or not given (asked on the paper's data only). "
              "Direction: the sign of (row − its baseline row: the method without its added term, else fedavg, "
-             f"else the first row), ours against the paper's; differences within ±{TIE_PP:g} points count as none.</p>",
+             f"else the first row), ours against the paper's; differences within ±{TIE_PP:g} points count as none. "
+             "Paired verdict (fedlatent.analysis.compare.paired_verdict): (row − baseline row) seed by seed; "
+             f"{HOLDS} when every seed has the paper's sign and |mean| exceeds the std, {DIRECTION_ONLY} when "
+             f"only the mean has it, {DOES_NOT_HOLD} otherwise; one seed neither holds nor refutes.</p>",
              f"<p><strong>Value within:</strong> {_count([a.value for a in answers])}; "
-             f"<strong>direction agrees:</strong> {_count([a.direction for a in answers])}.</p>",
+             f"<strong>direction agrees:</strong> {_count([a.direction for a in answers])}; "
+             f"<strong>paired:</strong> {_paired_count([a.paired for a in answers])}.</p>",
              table(header, body), image(found.figure, f"{found.figure.name}: the paper's numbers and ours per row")]
     return "".join(parts)
 

@@ -136,12 +136,13 @@ def compared_rows(study: Study, rows: list[dict]) -> list[Compared]:
     for group, members in groups.items():
         entry = study.published_for(group) or {}
         done = [r for r in members if _value(r, metric) is not None]
-        values = [_value(r, metric) for r in done if _value(r, metric) == _value(r, metric)]
+        numbered = [r for r in done if _value(r, metric) == _value(r, metric)]  # NaN aside
+        values = [_value(r, metric) for r in numbered]
         status = members[0].get("error", "") if members[0]["status"] == "unavailable" else \
             ", ".join(sorted({r["status"] for r in members}))
         majority = [100 * r["majority_baseline_accuracy"] for r in done if "majority_baseline_accuracy" in r]
         compared.append(Compared(dict(group), entry.get("value"), entry.get("std"), [100 * v for v in values],
-                                 majority if personal else [], status))
+                                 majority if personal else [], status, [str(r.get("seed", "")) for r in numbered]))
     return compared
 
 
@@ -183,8 +184,8 @@ def compared_axis(study: Study) -> str | None:
 
 def verdicts(study: Study, compared: list[Compared]) -> list[Verdict]:
     """Each row's verdict (:func:`fedlatent.analysis.compare.verdict`) against its baseline row: the
-    row with the same labels but the baseline's on :func:`compared_axis`. Values are compared on
-    the full tier only, which runs on the paper's data."""
+    row with the same labels but the baseline's on :func:`compared_axis`, paired seed by seed for
+    the paired verdict. Values are compared on the full tier only, which runs on the paper's data."""
     axis = compared_axis(study)
     labels = next((a.labels for a in study.axes if a.name == axis), [])
     by_labels = {tuple(row.labels.items()): row for row in compared}

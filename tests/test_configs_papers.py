@@ -130,6 +130,18 @@ def test_spherefed_tinyimagenet_uses_groupnorm_and_ccvr_doubles_its_virtual_feat
         assert (calibration.kind, calibration.virtual_per_class, calibration.lr) == ("ccvr", 1000, 1e-5)
 
 
+@pytest.mark.parametrize("tier, setting", [("full", "cifar100-a0.1"), ("cpu", "cifar10-a0.1"),
+                                           ("quick", "digits-a0.1")])
+def test_spherefed_table2_alpha_0_1_cells_take_table_16s_rate_in_every_tier(tier: str, setting: str) -> None:
+    """Table 16: FedAvg + Ours at lr 0.5, 0.5, 1.0, 0.5 (IID, α = 0.5, α = 0.1, TinyImageNet); a
+    reduced tier's cell that stands for the α = 0.1 column takes 1.0 too."""
+    rates = {(c.labels["setting"], c.labels["method"]): c.config.train.lr
+             for c in reproduce.load_spec("spherefed_table2", tier=tier).cells}
+    assert rates[setting, "fedavg+ours"] == 1.0
+    assert rates[setting, "fedavg"] == 0.1
+    assert {lr for (s, m), lr in rates.items() if m == "fedavg+ours" and s != setting} <= {0.5}
+
+
 # each config ↔ (spec, the cell's labels running the paper's own method on it)
 def _pairs() -> list[tuple[str, str, dict[str, str]]]:
     pairs = []

@@ -29,7 +29,8 @@ Parts take part per client: :meth:`~fedlatent.methods.parts.Part.begin` and
 per-client weight decay from ``rc.extra_weight_decay``), loss terms through their lockstep form
 (:meth:`~fedlatent.methods.parts.Part.lockstep_loss`: FedProx, FedUV, FedDecorr, FedDyn, FedProto,
 MOON, the feature-drift constraints), after-step moves through
-:meth:`~fedlatent.methods.parts.Part.lockstep_drift` (SCAFFOLD); the frozen global model runs once
+:meth:`~fedlatent.methods.parts.Part.lockstep_drift` (SCAFFOLD: a link of the update rule's
+chain, as Ditto's pull and FedDyn's decay are); the frozen global model runs once
 per step for the group, MOON's previous local models stacked under ``vmap``; Ditto with its
 constraints, MMD-D's deep kernels trained together. Layers kept per client (FedRep, LG-FedAvg):
 each client starts from its own weights (stacked: the round-start models and the weights a term
@@ -87,8 +88,9 @@ def unsupported(spec: MethodSpec) -> str | None:
 
 class _Stack:
     """C models' weights on a leading client axis with their optimiser (:mod:`fedlatent.losses.update`:
-    the rule every trainer uses; its state per client row, from the clients' kept states ``saved``),
-    trained in ``arithmetic`` (``train.precision``; fp16: a loss scale per client row, from their
+    the rule every trainer uses, a chain with the method's links — FedDyn's per-row ``extra_decay``,
+    Ditto's ``pull`` towards ``anchor``, SCAFFOLD's ``drift``, the ``frozen`` weights' mask; its
+    state per client row, from the clients' kept states ``saved``), trained in ``arithmetic`` (``train.precision``; fp16: a loss scale per client row, from their
     kept ``scales``)."""
 
     def __init__(self, states: list[Tensors], names: list[str], trainable: list[str], device: torch.device,

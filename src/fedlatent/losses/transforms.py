@@ -15,7 +15,8 @@ decay's coefficient instead of being a link of its own.
 ``rows``: the stack rows a step trains (None: all; a slice; an index tensor): the links pick
 their per-row settings with it, the caller picks the state's rows (:func:`pick_rows`).
 ``again``: some of these rows step again after this step (a lazily made momentum buffer is kept
-only then).
+only then). The links run under the caller's ``torch.no_grad()`` (one for the whole step:
+:meth:`fedlatent.losses.update.LocalOptimizer.step`).
 """
 from __future__ import annotations
 
@@ -103,13 +104,12 @@ class DittoPull(_Stateless):
         self.lam, self.anchor, self.fused = lam, anchor, fused
 
     def update(self, step: Step, state: None, params: list[Tensor], rows: Rows, again: bool) -> tuple[Step, None]:
-        with torch.no_grad():
-            if self.fused:
-                away = torch._foreach_sub(params, [row_pick(a, rows) for a in self.anchor])
-                step.direction = list(torch._foreach_add(step.given(), away, alpha=self.lam))
-            else:
-                step.direction = [g if g is None else g + self.lam * (p - a)
-                                  for g, p, a in zip(step.direction, params, self.anchor)]
+        if self.fused:
+            away = torch._foreach_sub(params, [row_pick(a, rows) for a in self.anchor])
+            step.direction = list(torch._foreach_add(step.given(), away, alpha=self.lam))
+        else:
+            step.direction = [g if g is None else g + self.lam * (p - a)
+                              for g, p, a in zip(step.direction, params, self.anchor)]
         return step, None
 
 
@@ -161,8 +161,7 @@ class AddDecayedWeights(_Stateless):
 
     def update(self, step: Step, state: None, params: list[Tensor], rows: Rows, again: bool) -> tuple[Step, None]:
         decay = _decay(self.weight_decay, row_pick(self.extra, rows), params)
-        with torch.no_grad():
-            step.direction = _plus_decay(step.direction, params, decay)
+        step.direction = _plus_decay(step.direction, params, decay)
         return step, None
 
 
@@ -199,9 +198,8 @@ class Momentum:
             if again and rows is None and not _separate(d):
                 d = [t.clone(memory_format=torch.contiguous_format) for t in d]
             return step, {"momentum_buffer": d if again else None}
-        with torch.no_grad():
-            torch._foreach_mul_(bufs, self.momentum)
-            torch._foreach_add_(bufs, d)
+        torch._foreach_mul_(bufs, self.momentum)
+        torch._foreach_add_(bufs, d)
         step.direction = list(bufs)
         return step, state
 
@@ -223,22 +221,21 @@ class ScaleByAdam:
         beta1, beta2 = BETAS
         g = step.given()
         exp_avg, exp_avg_sq, count = state["exp_avg"], state["exp_avg_sq"], state[STEP]
-        with torch.no_grad():
-            torch._foreach_lerp_(exp_avg, g, 1 - beta1)
-            torch._foreach_mul_(exp_avg_sq, beta2)
-            torch._foreach_addcmul_(exp_avg_sq, g, g, value=1 - beta2)
-            count = count + 1
-            step.direction = list(exp_avg)
-            if isinstance(count, int):
-                bc2 = 1 - beta2 ** count
-                denom = torch._foreach_sqrt(exp_avg_sq)
-                torch._foreach_div_(denom, bc2 ** 0.5)
-                torch._foreach_add_(denom, EPS)
-                step.denom, step.bias = list(denom), 1 - beta1 ** count
-            else:
-                root = (1 - beta2 ** count).sqrt()
-                step.denom = [(v.sqrt() / _per_row(root, p).to(p.dtype)).add_(EPS) for p, v in zip(params, exp_avg_sq)]
-                step.bias = 1 - beta1 ** count
+        torch._foreach_lerp_(exp_avg, g, 1 - beta1)
+        torch._foreach_mul_(exp_avg_sq, beta2)
+        torch._foreach_addcmul_(exp_avg_sq, g, g, value=1 - beta2)
+        count = count + 1
+        step.direction = list(exp_avg)
+        if isinstance(count, int):
+            bc2 = 1 - beta2 ** count
+            denom = torch._foreach_sqrt(exp_avg_sq)
+            torch._foreach_div_(denom, bc2 ** 0.5)
+            torch._foreach_add_(denom, EPS)
+            step.denom, step.bias = list(denom), 1 - beta1 ** count
+        else:
+            root = (1 - beta2 ** count).sqrt()
+            step.denom = [(v.sqrt() / _per_row(root, p).to(p.dtype)).add_(EPS) for p, v in zip(params, exp_avg_sq)]
+            step.bias = 1 - beta1 ** count
         return step, {"exp_avg": exp_avg, "exp_avg_sq": exp_avg_sq, STEP: count}
 
 
@@ -283,24 +280,24 @@ class ScaleByLr(_Stateless):
 
 
 def apply(step: Step) -> None:
-    """Apply a chain's :class:`Step` to its targets in place, with torch.optim's operations."""
+    """Apply a chain's :class:`Step` to its targets in place, with torch.optim's operations (under
+    ``torch.no_grad()`` where the targets are leaves that require gradients)."""
     params = step.targets
-    with torch.no_grad():
-        if isinstance(step.shrink, list):
-            for p, f in zip(params, step.shrink):
-                p.mul_(f)
-        elif step.shrink is not None:
-            torch._foreach_mul_(params, step.shrink)
-        direction = step.given()
-        if step.denom is None:
-            torch._foreach_add_(params, direction, alpha=step.factor)  # type: ignore[arg-type]
-        elif isinstance(step.factor, list):
-            for p, size, m, den in zip(params, step.factor, direction, step.denom):
-                p.sub_(size * m / den)
-        else:
-            torch._foreach_addcdiv_(params, direction, step.denom, value=step.factor)
-        if step.correction is not None:
-            torch._foreach_add_(step.correction_targets, step.correction, alpha=step.correction_factor)
+    if isinstance(step.shrink, list):
+        for p, f in zip(params, step.shrink):
+            p.mul_(f)
+    elif step.shrink is not None:
+        torch._foreach_mul_(params, step.shrink)
+    direction = step.given()
+    if step.denom is None:
+        torch._foreach_add_(params, direction, alpha=step.factor)  # type: ignore[arg-type]
+    elif isinstance(step.factor, list):
+        for p, size, m, den in zip(params, step.factor, direction, step.denom):
+            p.sub_(size * m / den)
+    else:
+        torch._foreach_addcdiv_(params, direction, step.denom, value=step.factor)
+    if step.correction is not None:
+        torch._foreach_add_(step.correction_targets, step.correction, alpha=step.correction_factor)
 
 
 # the state's rows -----------------------------------------------------------------------------------

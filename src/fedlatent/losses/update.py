@@ -139,11 +139,12 @@ class LocalOptimizer:
         if extra_decay is not None and extra_decay is not self._extra:  # another FedDyn α_k: the chain anew
             self._extra = extra_decay
             self.chain = chain_of(self.rule, replace(self.links, extra_decay=extra_decay), self.lazy)
-        picked = tx.pick_rows(self.state, rows)
-        step, new = self.chain.update(tx.Step(list(grads), params), picked, params, rows, again)
-        self.state = tx.put_rows(self.state, new, picked, rows, self.count)
-        self._own = _slot_state(self.state)
-        tx.apply(step)
+        with torch.no_grad():
+            picked = tx.pick_rows(self.state, rows)
+            step, new = self.chain.update(tx.Step(list(grads), params), picked, params, rows, again)
+            self.state = tx.put_rows(self.state, new, picked, rows, self.count)
+            self._own = _slot_state(self.state)
+            tx.apply(step)
 
     def snapshot(self) -> Any:
         """A copy of the state as it is, for :meth:`restore_rows`."""

@@ -29,7 +29,8 @@ Parts take part per client: :meth:`~fedlatent.methods.parts.Part.begin` and
 per-client weight decay from ``rc.extra_weight_decay``), loss terms through their lockstep form
 (:meth:`~fedlatent.methods.parts.Part.lockstep_loss`: FedProx, FedUV, FedDecorr, FedDyn, FedProto,
 MOON, the feature-drift constraints), after-step moves through
-:meth:`~fedlatent.methods.parts.Part.lockstep_drift` (SCAFFOLD); the frozen global model runs once
+:meth:`~fedlatent.methods.parts.Part.lockstep_drift` (SCAFFOLD: a link of the update rule's
+chain, as Ditto's pull and FedDyn's decay are); the frozen global model runs once
 per step for the group, MOON's previous local models stacked under ``vmap``; Ditto with its
 constraints, MMD-D's deep kernels trained together. Layers kept per client (FedRep, LG-FedAvg):
 each client starts from its own weights (stacked: the round-start models and the weights a term
@@ -48,7 +49,7 @@ import time
 from collections import defaultdict
 from collections.abc import Iterator
 from itertools import accumulate
-from typing import Callable, NamedTuple, cast
+from typing import Any, Callable, NamedTuple, cast
 
 import torch
 from torch import Tensor
@@ -87,14 +88,15 @@ def unsupported(spec: MethodSpec) -> str | None:
 
 class _Stack:
     """C models' weights on a leading client axis with their optimiser (:mod:`fedlatent.losses.update`:
-    the rule every trainer uses; its state per client row, from the clients' kept states ``saved``),
-    trained in ``arithmetic`` (``train.precision``; fp16: a loss scale per client row, from their
+    the rule every trainer uses, a chain with the method's links — FedDyn's per-row ``extra_decay``,
+    Ditto's ``pull`` towards ``anchor``, SCAFFOLD's ``drift``, the ``frozen`` weights' mask; its
+    state per client row, from the clients' kept states ``saved``), trained in ``arithmetic`` (``train.precision``; fp16: a loss scale per client row, from their
     kept ``scales``)."""
 
     def __init__(self, states: list[Tensors], names: list[str], trainable: list[str], device: torch.device,
                  rule: Rule, saved: list[Tensors], anchor: Tensors | None = None, pull: float = 0.0,
                  drift: Tensors | None = None, extra_decay: Tensor | None = None, arithmetic: str = "fp32",
-                 scales: list[Tensors] | None = None) -> None:
+                 scales: list[Tensors] | None = None, frozen: list[str] | None = None) -> None:
         # weights and buffers (BatchNorm statistics: the forward updates them in place, per client);
         # clients that all start from one state: that state broadcast, one copy per tensor
         if all(st is states[0] for st in states):
@@ -103,15 +105,18 @@ class _Stack:
         else:
             self.params = {n: torch.stack([s[n] for s in states]).to(device) for n in names}
         self.trainable = trainable
-        self.optimizer = update.restore(rule, [self.params[n] for n in trainable], trainable, saved, stacked=True)
-        # Ditto's (λ/2)‖w − w̄‖²: its gradient λ(w − w̄) is added to the loss gradient directly
-        # (``anchor``: one state for every client, or already stacked, one row per client)
-        self.pull = pull
-        self.anchor = {n: anchor[n].to(device).expand_as(self.params[n]) for n in trainable} if pull else {}
-        # parts' after-step moves (Part.lockstep_drift): p −= lr·d after each optimiser step
-        self.drift = {n: d.to(device) for n, d in drift.items()} if drift else {}
-        # parts' per-client weight decay on top of train.weight_decay (rc.extra_weight_decay: FedDyn's α_k)
-        self.extra_decay = extra_decay
+        # the frozen weights: the chain's mask drops them before anything reads them (passed whole)
+        self.frozen = [self.params[n] for n in frozen or []]
+        self.optimizer = update.restore(rule, [self.params[n] for n in trainable] + self.frozen, trainable, saved,
+                                        stacked=True, links=update.Links(
+            # FedDyn's α_k (rc.extra_weight_decay) on top of train.weight_decay
+            extra_decay=extra_decay if extra_decay is not None else 0.0,
+            # Ditto's (λ/2)‖w − w̄‖²: λ(w − w̄) joins the loss gradient (``anchor``: one state for
+            # every client, or already stacked, one row per client)
+            pull=pull, anchor=[anchor[n].to(device).expand_as(self.params[n]) for n in trainable] if pull else None,
+            # parts' after-step moves (Part.lockstep_drift, SCAFFOLD's c − c_i): p −= lr·d after each step
+            correction=[drift[n].to(device) for n in trainable] if drift else None,
+            mask=[True] * len(trainable) + [False] * len(self.frozen)))
         self.arithmetic, self.device = arithmetic, device
         self.scale = LossScale.restore(scales or [{}] * len(states), True, device) \
             if precision.scales_loss(arithmetic) else None
@@ -128,10 +133,11 @@ class _Stack:
 
     def step(self, group: Group, loss_fn: Callable[[dict[str, Tensor]], Tensor], lr: float, first: bool,
              again: bool) -> None:
-        """One optimiser step of the clients in ``group`` (None: all) on ``loss_fn(params).sum()``:
-        with a pull, the gradient includes λ(p − w̄); with a drift, p −= lr·drift afterwards
-        (outside the optimiser's state). ``first``: the group's first step of the round (its
-        clients all take their steps in lockstep); ``again``: some of them step again after it."""
+        """One optimiser step of the clients in ``group`` (None: all) on ``loss_fn(params).sum()``,
+        through the update rule's chain (Ditto's pull and SCAFFOLD's correction among its links;
+        ``lr``: the round's rate, which the chain holds). ``first``: the group's first step of the
+        round (its clients all take their steps in lockstep); ``again``: some of them step again
+        after it."""
         def pick(t: Tensor) -> Tensor:
             return _rows(t, group)
 
@@ -149,44 +155,27 @@ class _Stack:
             if not bool(finite.any()):
                 return
             kept = None if bool(finite.all()) else self._snapshot()
+        self.optimizer.step(leaves + self.frozen, [*grads, *[None] * len(self.frozen)], rows=group, first=first,
+                            again=again)
         with torch.no_grad():
-            if self.pull:
-                grads = torch._foreach_add(grads, torch._foreach_sub(leaves, [pick(self.anchor[n]) for n in self.trainable]),
-                                           alpha=self.pull)
-        extra = pick(self.extra_decay) if self.extra_decay is not None else 0.0
-        self.optimizer.step(leaves, list(grads), extra_decay=extra, rows=group, first=first, again=again)
-        with torch.no_grad():
-            if self.drift:
-                torch._foreach_add_(leaves, [pick(self.drift[n]) for n in self.trainable], alpha=-lr)
             if isinstance(group, Tensor):  # all of the above acted on the group's copies: write them back
                 for n in self.params:
                     self.params[n].index_copy_(0, group, params[n])
             if kept is not None:
                 self._restore(kept, _stack_rows(group, ~finite))
 
-    def _snapshot(self) -> tuple[Tensors, dict[str, list[Tensor]], Tensor | int]:
+    def _snapshot(self) -> tuple[Tensors, Any]:
         """The weights and optimiser state as they are (a copy), for :meth:`_restore`."""
-        opt = self.optimizer
-        steps = opt.steps.clone() if isinstance(opt.steps, Tensor) else opt.steps
-        return ({n: p.detach().clone() for n, p in self.params.items()},
-                {k: [t.clone() for t in v] for k, v in opt.slots.items()}, steps)
+        return {n: p.detach().clone() for n, p in self.params.items()}, self.optimizer.snapshot()
 
-    def _restore(self, kept: tuple[Tensors, dict[str, list[Tensor]], Tensor | int], rows: Tensor) -> None:
+    def _restore(self, kept: tuple[Tensors, Any], rows: Tensor) -> None:
         """Put the stack rows ``rows`` back as :meth:`_snapshot` saw them: their step skipped (fp16's
         non-finite gradients); an optimiser slot the step created is zero there, as it was."""
-        params, slots, steps = kept
-        opt = self.optimizer
+        params, state = kept
         with torch.no_grad():
             for n, p in self.params.items():
                 p.index_copy_(0, rows, params[n].index_select(0, rows))
-            for k, now in opt.slots.items():
-                for i, whole in enumerate(now):
-                    if k in slots:
-                        whole.index_copy_(0, rows, slots[k][i].index_select(0, rows))
-                    else:
-                        whole.index_fill_(0, rows, 0)
-            if isinstance(opt.steps, Tensor) and isinstance(steps, Tensor):
-                opt.steps.index_copy_(0, rows, steps.index_select(0, rows))
+        self.optimizer.restore_rows(state, rows)
 
 
 class _Own:
@@ -205,11 +194,12 @@ class _Own:
         own = dict(module.named_parameters())
         self.views = WithClientAxis({**own, **dict(module.named_buffers())})
         self.leaves = [own[n] for n in trainable]
-        self.optimizer = update.restore(rule, self.leaves, trainable, [saved], stacked=False)
-        self.pull = pull
-        self.anchor = [anchor[n].to(device) for n in trainable] if pull else []
-        self.drift = [drift[n][0].to(device) for n in trainable] if drift else []
-        self.extra_decay = extra_decay
+        self.frozen = [p for n, p in own.items() if n not in set(trainable)]  # the chain's mask drops them
+        self.optimizer = update.restore(rule, self.leaves + self.frozen, trainable, [saved], stacked=False,
+                                        links=update.Links(
+            extra_decay=extra_decay, pull=pull, anchor=[anchor[n].to(device) for n in trainable] if pull else None,
+            fused=False, correction=[drift[n][0].to(device) for n in trainable] if drift else None,
+            mask=[True] * len(self.leaves) + [False] * len(self.frozen)))
         self.arithmetic, self.device = arithmetic, device
         self.scale = LossScale.restore([scale or {}], False, device) if precision.scales_loss(arithmetic) else None
 
@@ -221,8 +211,8 @@ class _Own:
 
     def step(self, group: Group, loss_fn: Callable[[dict[str, Tensor]], Tensor], lr: float, first: bool,
              again: bool) -> None:
-        """One optimiser step on ``loss_fn`` of the module's weights (with a client axis of 1); fp16:
-        skipped when the unscaled gradients are not finite."""
+        """One optimiser step on ``loss_fn`` of the module's weights (with a client axis of 1), through
+        the update rule's chain; fp16: skipped when the unscaled gradients are not finite."""
         with precision.autocast(self.arithmetic, self.device):
             loss = loss_fn(self.views)
         if self.scale is None:
@@ -233,13 +223,7 @@ class _Own:
             self.scale.update(finite)
             if not bool(finite):
                 return
-        with torch.no_grad():
-            if self.pull:
-                grads = [g if g is None else g + self.pull * (p - a) for g, p, a in zip(grads, self.leaves, self.anchor)]
-        self.optimizer.step(self.leaves, grads, extra_decay=self.extra_decay)
-        if self.drift:
-            with torch.no_grad():
-                torch._foreach_add_(self.leaves, self.drift, alpha=-lr)
+        self.optimizer.step(self.leaves + self.frozen, [*grads, *[None] * len(self.frozen)])
 
 
 def _own_forward(run: Callable[..., ModelOutput], taps: tuple[str, ...]) -> Callable[[dict[str, Tensor], Tensor], ModelOutput]:
@@ -573,6 +557,7 @@ def _train_together(ws: Workspace, starts: list[Tensors], datas: list[Split], sp
     own_params = list(model.named_parameters())
     param_names = [n for n, _ in own_params]
     trainable = [n for n, q in own_params if q.requires_grad]
+    fixed = [n for n, q in own_params if not q.requires_grad]  # frozen weights (a fixed head)
     ditto = spec.personalization.kind == "ditto"
     personal_parts = spec.personalization.parts if ditto else []
     same_start = all(st is starts[0] for st in starts)
@@ -600,7 +585,7 @@ def _train_together(ws: Workspace, starts: list[Tensors], datas: list[Split], sp
         global_stack = _Stack(starts, names, trainable, device, rule, kept(OPTIM),
                               drift=_drift(spec.parts, rcs, trainable),
                               extra_decay=torch.tensor(decay, device=device) if any(decay) else None,
-                              arithmetic=s.precision, scales=scales(AMP))
+                              arithmetic=s.precision, scales=scales(AMP), frozen=fixed)
     # after begin: a part may resolve its taps from rc.model.tap_names (feature-drift depth)
     taps = tuple(sorted(frozenset().union(*(p.taps for p in personal_parts + spec.parts))))
     forward = _own_forward(model if ws.forward is None else ws.forward, taps) if one else _stacked(model, taps)
@@ -619,7 +604,8 @@ def _train_together(ws: Workspace, starts: list[Tensors], datas: list[Split], sp
         anchor = starts[0] if same_start else {n: torch.stack([st[n] for st in starts]) for n in trainable}
         personal_stack = _Stack([prefixed(rc.state, PERSONAL) or start for rc, start in zip(rcs, starts)], names,
                                 trainable, device, rule, kept(PERSONAL_OPTIM), anchor=anchor,
-                                pull=spec.personalization.lam, arithmetic=s.precision, scales=scales(PERSONAL_AMP))
+                                pull=spec.personalization.lam, arithmetic=s.precision, scales=scales(PERSONAL_AMP),
+                                frozen=fixed)
     frozen: _Shared | _Frozen | None = None
     if any(p.needs_global_out for p in personal_parts + spec.parts):
         frozen = _Shared(ws.global_copy, starts[0], taps) if same_start else _Frozen(ws.global_copy, starts, taps, device)

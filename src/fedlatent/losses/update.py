@@ -1,28 +1,31 @@
 """The update rule, written once for every trainer: SGD (momentum, weight decay), Adam and AdamW on
-a list of weights, with the per-weight state kept in named slots. A pure function of tensors (no
-config, no I/O), beside the losses so that every layer above uses it: the client trainer (local and
-Ditto's personal model) and the MMD-D deep kernels' training (:mod:`fedlatent.losses.mmd_d`).
+a list of weights, as a chain of gradient transformations (:mod:`fedlatent.losses.transforms`)
+with the method's links around it — Ditto's pull, FedDyn's α_k, SCAFFOLD's correction, the
+frozen-layer mask — and its state kept in named slots. A pure function of tensors (no config, no
+I/O), beside the losses so that every layer above uses it: the client trainer (local and Ditto's
+personal model) and the MMD-D deep kernels' training (:mod:`fedlatent.losses.mmd_d`).
 
-The trainer applies it to one model's parameters or to stacked parameters with a leading client
-axis, where a client's own extra weight decay (FedDyn's α_k) and
-its own Adam step count are per-row values. The arithmetic is torch.optim's (``SGD`` with dampening 0
-and no Nesterov; ``Adam``/``AdamW`` with β = (0.9, 0.999), ε = 1e-8, the defaults), in the same order,
-so that a one-client update equals torch's to the bit. A state kept across rounds
-(``train.optimizer_state = "kept"``) is stored in the client's state under a prefix, one entry per
-weight and slot (``<prefix><weight>.<slot>``) and the Adam step count (``<prefix>step``), the same
-for every trainer, so a run may resume on another backend.
+:meth:`LocalOptimizer.step` is the one "gradients → chain → apply" point. The trainer applies it
+to one model's parameters or to stacked parameters with a leading client axis, where a client's own
+extra weight decay (FedDyn's α_k) and its own Adam step count are per-row values. The arithmetic is
+torch.optim's (``SGD`` with dampening 0 and no Nesterov; ``Adam``/``AdamW`` with β = (0.9, 0.999),
+ε = 1e-8, the defaults), in the same order, so that a one-client update equals torch's to the bit.
+A state kept across rounds (``train.optimizer_state = "kept"``) is stored in the client's state
+under a prefix, one entry per weight and slot (``<prefix><weight>.<slot>``) and the Adam step count
+(``<prefix>step``), the same for every trainer, so a run may resume on another backend.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Any
 
 import torch
 from torch import Tensor
 
-BETAS = (0.9, 0.999)  # torch.optim.Adam's defaults
-EPS = 1e-8
+from fedlatent.losses import transforms as tx
+from fedlatent.losses.transforms import STEP, Rows
+
 SLOTS = {"sgd": ("momentum_buffer",), "adam": ("exp_avg", "exp_avg_sq"), "adamw": ("exp_avg", "exp_avg_sq")}
-STEP = "step"  # the Adam step count's entry under the prefix
 
 
 @dataclass(frozen=True)
@@ -42,127 +45,116 @@ class Rule:
         return SLOTS[self.kind]
 
 
+@dataclass(frozen=True)
+class Links:
+    """The method's links around the rule for a round (each absent by default): FedDyn's α_k as
+    extra weight decay (a number, or per row); Ditto's pull λ towards ``anchor`` (per weight;
+    ``fused``: the stack's arithmetic, see :class:`~fedlatent.losses.transforms.DittoPull`);
+    SCAFFOLD's correction c − c_i per weight; the frozen-layer mask over the weights given (the
+    rule's state then covers only the trainable ones)."""
+
+    extra_decay: Tensor | float = 0.0
+    pull: float = 0.0
+    anchor: list[Tensor] | None = None
+    fused: bool = True
+    correction: list[Tensor] | None = None
+    mask: list[bool] | None = None
+
+
+def chain_of(rule: Rule, links: Links | None = None, lazy: bool = False) -> tx.Link:
+    """The chain of ``rule`` with ``links``: [Ditto's pull] → the rule on the weights with a
+    gradient (L2 decay with FedDyn's α_k → momentum | Adam's scaling → AdamW's decay) →
+    [SCAFFOLD's correction] → −lr, inside the frozen-layer mask where a weight is frozen.
+    ``lazy``: SGD's momentum buffers made when a step needs them (stacked clients)."""
+    links = links or Links()
+    extra = links.extra_decay
+    core: list[tx.Link] = []
+    if rule.kind != "adamw" and (rule.weight_decay or isinstance(extra, Tensor) or extra):
+        core.append(tx.AddDecayedWeights(rule.weight_decay, extra))
+    if rule.kind == "sgd":
+        if rule.momentum:
+            core.append(tx.Momentum(rule.momentum, lazy))
+    else:
+        core.append(tx.ScaleByAdam())
+        if rule.kind == "adamw":
+            core.append(tx.DecoupledWeightDecay(rule.weight_decay, extra))
+    outer: list[tx.Link] = []
+    if links.pull:
+        outer.append(tx.DittoPull(links.pull, links.anchor or [], links.fused))
+    outer.append(tx.Present(tx.chain(*core)))
+    if links.correction is not None:
+        outer.append(tx.ScaffoldCorrection(links.correction))
+    outer.append(tx.ScaleByLr(rule.lr))
+    whole = tx.chain(*outer)
+    if links.mask is not None and not all(links.mask):
+        return tx.Masked(whole, links.mask)
+    return whole
+
+
 class LocalOptimizer:
-    """One rule's state for a list of weights (one client's, or stacked clients' with a leading
-    axis): each slot zero at the start (the first step then computes what torch's optimisers do on
-    theirs), or loaded from a kept state; the Adam step count, a number or, per client, a tensor.
-    With ``lazy``, fresh SGD momentum buffers are made only when some client steps again after its
-    first step (stacked clients that take one step a round never need theirs)."""
+    """One rule's chain and its state for a list of weights (one client's, or stacked clients' with
+    a leading axis): each slot zero at the start (the first step then computes what torch's
+    optimisers do on theirs), or loaded from a kept state (``slots``); the Adam step count, a
+    number or, per client, a tensor. With ``lazy``, fresh SGD momentum buffers are made only when
+    some client steps again after its first step (stacked clients that take one step a round never
+    need theirs)."""
 
     def __init__(self, rule: Rule, params: list[Tensor], slots: dict[str, list[Tensor]] | None = None,
-                 steps: Tensor | int = 0, lazy: bool = False) -> None:
-        self.rule = rule
-        self.lazy = lazy and rule.kind == "sgd" and slots is None
-        self.template = params  # the shapes a lazy buffer takes
-        if slots is None:
-            slots = {} if self.lazy else {s: [torch.zeros_like(p) for p in params] for s in rule.slots()}
-        self.slots = slots
-        self.steps = steps
+                 steps: Tensor | int = 0, lazy: bool = False, links: Links | None = None) -> None:
+        self.rule, self.links = rule, links or Links()
+        self.lazy = lazy and slots is None
+        self.count = len(params[0]) if params and self.lazy else 0  # stack rows, for lazily made buffers
+        self.chain = chain_of(rule, self.links, self.lazy)
+        self.state = self.chain.init(params)
+        self._own = _slot_state(self.state)  # the rule's state: its slots (and Adam's count), updated in place
+        if self._own is not None:
+            if slots is not None:
+                self._own.update(slots)
+            if STEP in self._own:
+                self._own[STEP] = steps
+        self._extra = self.links.extra_decay
 
-    def step(self, params: list[Tensor], grads: list[Tensor | None], extra_decay: Tensor | float = 0.0,
-             rows: Tensor | slice | None = None, first: bool = False, again: bool = True) -> None:
-        """One update of ``params`` in place from ``grads``. ``extra_decay``: weight decay added to
-        the rule's (a per-client (C,) tensor for stacked weights); ``rows``: the rows of the
+    @property
+    def slots(self) -> dict[str, list[Tensor]]:
+        """The per-weight state made so far, by slot (a lazy optimiser's buffers once made)."""
+        own = self._own or {}
+        return {k: v for k, v in own.items() if k != STEP and v is not None}
+
+    @property
+    def steps(self) -> Tensor | int:
+        """Adam's step count: a number, or per client a (C,) tensor."""
+        return (self._own or {}).get(STEP, 0)
+
+    def step(self, params: list[Tensor], grads: list[Tensor | None], extra_decay: Tensor | float | None = None,
+             rows: Rows = None, first: bool = False, again: bool = True) -> None:
+        """The one "gradients → chain → apply" point: one update of ``params`` in place from
+        ``grads``. ``extra_decay``: weight decay added to the rule's for this step (a per-client
+        (C,) tensor for stacked weights; by default the links' own); ``rows``: the rows of the
         stacked state that ``params`` are (None: all; a slice: views, updated in place; an index
         tensor: copies, written back). A weight without a gradient (None: unused by the loss) is
-        left as it is, its state too, as torch's optimisers leave it. ``first``: the clients' first
-        step of the round, ``again``: some of them step again (a lazy optimiser's hints; its first
-        step may keep ``grads`` as its momentum buffers: the caller does not use them afterwards)."""
-        r = self.rule
-        if self.lazy and r.momentum:
-            if first:  # b = d, torch's first momentum step, the buffers kept only if needed
-                self._first_sgd(params, grads, extra_decay, rows, again)
-                return
-            if not self.slots:  # zero buffers: the general step then is torch's first step too
-                self.slots = {"momentum_buffer": [torch.zeros_like(p) for p in self.template]}
-        slots = {k: [_rows(t, rows) for t in v] for k, v in self.slots.items()}
-        used = [i for i, g in enumerate(grads) if g is not None]
-        if len(used) < len(grads):
-            params = [params[i] for i in used]
-            slots = {k: [v[i] for i in used] for k, v in slots.items()}
-        given = [g for g in grads if g is not None]
+        left as it is, its state too, as torch's optimisers leave it. ``again``: some of these
+        clients step again (a lazy optimiser's hint: it may keep ``grads`` as its momentum buffers,
+        which the caller does not use afterwards); ``first``, their first step of the round, needs
+        no handling: fresh buffers are zero, and a lazy optimiser's are made at the first step."""
+        if extra_decay is not None and extra_decay is not self._extra:  # another FedDyn α_k: the chain anew
+            self._extra = extra_decay
+            self.chain = chain_of(self.rule, replace(self.links, extra_decay=extra_decay), self.lazy)
         with torch.no_grad():
-            decay = _decay(r.weight_decay, extra_decay, params)
-            if r.kind == "sgd":
-                self._sgd(params, given, decay, slots)
-            else:
-                self._adam(params, given, decay, slots, rows)
-        if isinstance(rows, Tensor):
-            for k, v in slots.items():
-                for whole, part in zip(self.slots[k], v):
-                    whole.index_copy_(0, rows, part)
+            picked = tx.pick_rows(self.state, rows)
+            step, new = self.chain.update(tx.Step(list(grads), params), picked, params, rows, again)
+            self.state = tx.put_rows(self.state, new, picked, rows, self.count)
+            self._own = _slot_state(self.state)
+            tx.apply(step)
 
-    def _first_sgd(self, params: list[Tensor], grads: list[Tensor | None], extra_decay: Tensor | float,
-                   rows: Tensor | slice | None, again: bool) -> None:
-        """A lazy SGD-momentum step on fresh buffers (all zero): p −= lr·d, d then the buffers' rows
-        (for all rows: the tensors d themselves, which the trainer's gradients are, its own)."""
-        if any(g is None for g in grads):
-            raise ValueError("a lazy optimiser's weights all have gradients (stacked clients)")
-        given = [g for g in grads if g is not None]
+    def snapshot(self) -> Any:
+        """A copy of the state as it is, for :meth:`restore_rows`."""
+        return _clone(self.state)
+
+    def restore_rows(self, kept: Any, rows: Tensor) -> None:
+        """Put the stack rows ``rows`` of the state back as :meth:`snapshot` saw them (fp16's skipped
+        steps); a slot made since then is zero there, as it was."""
         with torch.no_grad():
-            d = _plus_decay(given, params, _decay(self.rule.weight_decay, extra_decay, params))
-            torch._foreach_add_(params, d, alpha=-self.rule.lr)
-            if not again:
-                return
-            if not self.slots and rows is None and _separate(d):
-                self.slots = {"momentum_buffer": d}  # the step's own gradients: they become the buffers
-                return
-            if not self.slots:
-                self.slots = {"momentum_buffer": [torch.zeros_like(p) for p in self.template]}
-            for whole, part in zip(self.slots["momentum_buffer"], d):
-                if isinstance(rows, Tensor):
-                    whole.index_copy_(0, rows, part)
-                else:
-                    _rows(whole, rows).copy_(part)
-
-    def _sgd(self, params: list[Tensor], grads: list[Tensor], decay: list | float, slots: dict[str, list[Tensor]]) -> None:
-        r = self.rule
-        d = _plus_decay(grads, params, decay)
-        if r.momentum:
-            bufs = slots["momentum_buffer"]
-            torch._foreach_mul_(bufs, r.momentum)
-            torch._foreach_add_(bufs, d)
-            d = bufs
-        torch._foreach_add_(params, d, alpha=-r.lr)
-
-    def _adam(self, params: list[Tensor], grads: list[Tensor], decay: list | float,
-              slots: dict[str, list[Tensor]], rows: Tensor | slice | None) -> None:
-        r = self.rule
-        beta1, beta2 = BETAS
-        if r.kind == "adamw":
-            if isinstance(decay, list):
-                for p, dec in zip(params, decay):
-                    p.mul_(1 - r.lr * dec)
-            elif decay:
-                torch._foreach_mul_(params, 1 - r.lr * decay)
-            g = list(grads)
-        else:
-            g = _plus_decay(grads, params, decay)
-        exp_avg, exp_avg_sq = slots["exp_avg"], slots["exp_avg_sq"]
-        torch._foreach_lerp_(exp_avg, g, 1 - beta1)
-        torch._foreach_mul_(exp_avg_sq, beta2)
-        torch._foreach_addcmul_(exp_avg_sq, g, g, value=1 - beta2)
-        if isinstance(self.steps, int):  # one count for all: torch's scalar arithmetic, to the bit
-            self.steps += 1
-            bc1, bc2 = 1 - beta1 ** self.steps, 1 - beta2 ** self.steps
-            denom = torch._foreach_sqrt(exp_avg_sq)
-            torch._foreach_div_(denom, bc2 ** 0.5)
-            torch._foreach_add_(denom, EPS)
-            torch._foreach_addcdiv_(params, exp_avg, denom, value=-(r.lr / bc1))
-            return
-        steps = self.steps
-        counts = _rows(steps, rows) + 1  # a count per client (kept states of different ages)
-        if isinstance(rows, Tensor):
-            steps.index_copy_(0, rows, counts)
-        elif rows is None:
-            self.steps = counts
-        else:
-            steps[rows] = counts
-        bias1: Tensor = 1 - beta1 ** counts
-        bias2: Tensor = 1 - beta2 ** counts
-        for p, m, v in zip(params, exp_avg, exp_avg_sq):
-            size, root = _per_row(r.lr / bias1, p), _per_row(bias2.sqrt(), p)
-            p.sub_(size.to(p.dtype) * m / ((v.sqrt() / root.to(p.dtype)).add_(EPS)))
+            _restore(self.state, kept, rows)
 
     # the state kept across rounds -----------------------------------------------------------------
     def save(self, names: list[str], prefix: str, client: int | None = None) -> dict[str, Tensor]:
@@ -184,59 +176,66 @@ def clear(state: dict[str, Tensor], prefix: str) -> None:
 
 
 def restore(rule: Rule, params: list[Tensor], names: list[str], saved: list[dict[str, Tensor]],
-            stacked: bool) -> LocalOptimizer:
+            stacked: bool, links: Links | None = None) -> LocalOptimizer:
     """The optimiser of ``params`` (one client's, or stacked: ``saved`` per client) starting from the
     clients' kept states ``saved`` (their entries under the prefix, prefix removed); a client with
-    none starts from zero slots and step 0. A kept state of another rule's slots (the optimiser
-    changed) is an error."""
+    none starts from zero slots and step 0. ``names``: the trainable weights' (those ``links.mask``
+    keeps). A kept state of another rule's slots (the optimiser changed) is an error."""
     if not any(saved):
         return LocalOptimizer(rule, params, steps=torch.zeros(len(saved), dtype=torch.float64) if stacked else 0,
-                              lazy=stacked)
+                              lazy=stacked, links=links)
     for own in saved:
         extra = {k.rsplit(".", 1)[1] for k in own if k != STEP} - set(rule.slots())
         if extra:
             raise ValueError(f"kept optimiser state holds {sorted(extra)}, not the state of '{rule.kind}'")
+    links = links or Links()
+    trained = params if links.mask is None else [p for p, m in zip(params, links.mask) if m]
     slots = {}
     for slot in rule.slots():
         per_param = []
-        for n, p in zip(names, params):
+        for n, p in zip(names, trained):
             rows = [own[f"{n}.{slot}"].to(p.device, p.dtype) if own else torch.zeros_like(p[0] if stacked else p)
                     for own in saved]
             per_param.append(torch.stack(rows) if stacked else rows[0].clone())
         slots[slot] = per_param
     counts = [int(own[STEP]) if STEP in own else 0 for own in saved]
     steps: Tensor | int = torch.tensor(counts, dtype=torch.float64) if stacked else counts[0]
-    return LocalOptimizer(rule, params, slots, steps)
+    return LocalOptimizer(rule, params, slots, steps, links=links)
 
 
-def _rows(t: Tensor, rows: Tensor | slice | None) -> Tensor:
-    if rows is None:
-        return t
-    return t[rows] if isinstance(rows, slice) else t.index_select(0, rows)
+def _slot_state(state: Any) -> dict | None:
+    """The rule's own state in a chain's state: the first dict (momentum's or Adam's)."""
+    if isinstance(state, dict):
+        return state
+    if isinstance(state, tuple):
+        for s in state:
+            found = _slot_state(s)
+            if found is not None:
+                return found
+    return None
 
 
-def _separate(tensors: list[Tensor]) -> bool:
-    """Whether each tensor is dense and has memory of its own, so that it may be updated in place
-    as a buffer: autograd may hand one tensor to two weights (the gradient of ``a + b``) or an
-    expanded view (the gradient of a sum)."""
-    return all(t.is_contiguous() for t in tensors) and len({t.data_ptr() for t in tensors}) == len(tensors)
+def _clone(state: Any) -> Any:
+    if isinstance(state, tuple):
+        return tuple(_clone(s) for s in state)
+    if isinstance(state, dict):
+        return {k: _clone(v) for k, v in state.items()}
+    if isinstance(state, list):
+        return [t.clone() for t in state]
+    return state.clone() if isinstance(state, Tensor) else state
 
 
-def _per_row(v: Tensor, p: Tensor) -> Tensor:
-    """A (C,) per-client value shaped to broadcast over stacked weights ``p`` (C, …)."""
-    return v.view(-1, *[1] * (p.dim() - 1))
-
-
-def _decay(base: float, extra: Tensor | float, params: list[Tensor]) -> list[Tensor] | float:
-    """The weight decay of each weight: a number for all, or per client (a (C,) ``extra``) shaped
-    per weight."""
-    if isinstance(extra, Tensor):
-        return [_per_row(extra + base, p).to(p.dtype) for p in params]
-    return base + extra
-
-
-def _plus_decay(grads: list[Tensor], params: list[Tensor], decay: list[Tensor] | float) -> list[Tensor]:
-    """g + wd·p (torch's L2 weight decay), the gradients themselves when there is none."""
-    if isinstance(decay, list):
-        return [g + p * wd for g, p, wd in zip(grads, params, decay)]
-    return list(torch._foreach_add(grads, params, alpha=decay)) if decay else list(grads)
+def _restore(now: Any, kept: Any, rows: Tensor) -> None:
+    if isinstance(now, tuple):
+        for n, k in zip(now, kept):
+            _restore(n, k, rows)
+    elif isinstance(now, dict):
+        for key, value in now.items():
+            if isinstance(value, list):
+                for i, whole in enumerate(value):
+                    if kept[key] is None:
+                        whole.index_fill_(0, rows, 0)
+                    else:
+                        whole.index_copy_(0, rows, kept[key][i].index_select(0, rows))
+            elif isinstance(value, Tensor) and isinstance(kept[key], Tensor):
+                value.index_copy_(0, rows, kept[key].index_select(0, rows))

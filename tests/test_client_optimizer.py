@@ -95,9 +95,9 @@ def test_a_lazy_first_step_keeps_momentum_buffers_of_its_own(shared: bool) -> No
     steps = [torch.randn(2, 3, dtype=torch.float64) for _ in range(3)]
     ours = [w.clone() for w in weights]
     optimizer = LocalOptimizer(Rule("sgd", 0.1, 0.9), ours, steps=torch.zeros(2, dtype=torch.float64), lazy=True)
-    for i, g in enumerate(steps):
+    for g in steps:
         grads = [g.clone()] * 2 if shared else [g.clone(), 2 * g]
-        optimizer.step(ours, grads, first=i == 0, again=True)
+        optimizer.step(ours, grads, again=True)
     buffers = optimizer.slots["momentum_buffer"]
     assert buffers[0].data_ptr() != buffers[1].data_ptr()
     for k, w in enumerate(weights):

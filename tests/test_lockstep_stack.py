@@ -50,7 +50,7 @@ def test_stack_steps_equal_torch_per_client(schedule, kind: str, momentum: float
             group = slice(members[0], members[-1] + 1)
         else:
             group = torch.tensor(members)
-        stack.step(group, _loss(targets[members]), rule.lr, first=i == 0, again=any(last[c] > i for c in members))
+        stack.step(group, _loss(targets[members]), again=any(last[c] > i for c in members))
         for c in members:
             optims[c].zero_grad()
             _loss(targets[c])(models[c]).backward()

@@ -131,13 +131,10 @@ class _Stack:
         rows = {n: p.detach().to("cpu").unbind(0) for n, p in self.params.items()}
         return [dict(zip(rows, values)) for values in zip(*rows.values())]
 
-    def step(self, group: Group, loss_fn: Callable[[dict[str, Tensor]], Tensor], lr: float, first: bool,
-             again: bool) -> None:
+    def step(self, group: Group, loss_fn: Callable[[dict[str, Tensor]], Tensor], again: bool) -> None:
         """One optimiser step of the clients in ``group`` (None: all) on ``loss_fn(params).sum()``,
-        through the update rule's chain (Ditto's pull and SCAFFOLD's correction among its links;
-        ``lr``: the round's rate, which the chain holds). ``first``: the group's first step of the
-        round (its clients all take their steps in lockstep); ``again``: some of them step again
-        after it."""
+        through the update rule's chain (the round's rate, Ditto's pull and SCAFFOLD's correction
+        among its links); ``again``: some of them step again after it."""
         def pick(t: Tensor) -> Tensor:
             return _rows(t, group)
 
@@ -155,8 +152,7 @@ class _Stack:
             if not bool(finite.any()):
                 return
             kept = None if bool(finite.all()) else self._snapshot()
-        self.optimizer.step(leaves + self.frozen, [*grads, *[None] * len(self.frozen)], rows=group, first=first,
-                            again=again)
+        self.optimizer.step(leaves + self.frozen, [*grads, *[None] * len(self.frozen)], rows=group, again=again)
         with torch.no_grad():
             if isinstance(group, Tensor):  # all of the above acted on the group's copies: write them back
                 for n in self.params:
@@ -209,8 +205,7 @@ class _Own:
     def client_rows(self) -> list[Tensors]:
         return [state_to_cpu(self.module)]
 
-    def step(self, group: Group, loss_fn: Callable[[dict[str, Tensor]], Tensor], lr: float, first: bool,
-             again: bool) -> None:
+    def step(self, group: Group, loss_fn: Callable[[dict[str, Tensor]], Tensor], again: bool) -> None:
         """One optimiser step on ``loss_fn`` of the module's weights (with a client axis of 1), through
         the update rule's chain; fp16: skipped when the unscaled gradients are not finite."""
         with precision.autocast(self.arithmetic, self.device):
@@ -666,13 +661,13 @@ def _train_together(ws: Workspace, starts: list[Tensors], datas: list[Split], sp
                     out, y, params, group_global, global_out, s.num_classes, group_rcs, prev_out, group_present),
                     record)
 
-            first, again = steps[members[0]] == 1, any(steps[c] < total[c] for c in members)
-            global_stack.step(group, global_loss, s.lr, first, again)
+            again = any(steps[c] < total[c] for c in members)
+            global_stack.step(group, global_loss, again)
             if ditto:
                 personal_stack.step(group, _personal_loss(spec, personal_forward, global_out, taps, x, y, weights, s,
                                                           group_global, group_rcs,
                                                           _recorder(sums, seen, index, rows, "personal_")),
-                                    s.lr, first, again)
+                                    again)
             if spec.count_flops:
                 if per_sample is None:
                     per_sample = _sample_flops(ws, tuple(x.shape[2:]), frozen is not None, ditto)

@@ -126,7 +126,7 @@ class LocalOptimizer:
         return (self._own or {}).get(STEP, 0)
 
     def step(self, params: list[Tensor], grads: list[Tensor | None], extra_decay: Tensor | float | None = None,
-             rows: Rows = None, first: bool = False, again: bool = True) -> None:
+             rows: Rows = None, again: bool = True) -> None:
         """The one "gradients → chain → apply" point: one update of ``params`` in place from
         ``grads``. ``extra_decay``: weight decay added to the rule's for this step (a per-client
         (C,) tensor for stacked weights; by default the links' own); ``rows``: the rows of the
@@ -134,8 +134,8 @@ class LocalOptimizer:
         tensor: copies, written back). A weight without a gradient (None: unused by the loss) is
         left as it is, its state too, as torch's optimisers leave it. ``again``: some of these
         clients step again (a lazy optimiser's hint: it may keep ``grads`` as its momentum buffers,
-        which the caller does not use afterwards); ``first``, their first step of the round, needs
-        no handling: fresh buffers are zero, and a lazy optimiser's are made at the first step."""
+        which the caller does not use afterwards). A round's first step needs no flag: fresh buffers
+        are zero, and a lazy optimiser's are made at the first step."""
         if extra_decay is not None and extra_decay is not self._extra:  # another FedDyn α_k: the chain anew
             self._extra = extra_decay
             self.chain = chain_of(self.rule, replace(self.links, extra_decay=extra_decay), self.lazy)

@@ -44,6 +44,10 @@ def last_global_diagnostics(run_dir: Path) -> dict[str, float]:
     return found
 
 
+# SphereFed Table 1's columns in a run's summary (``diagnostics.which`` holding ``flops``)
+COST_KEYS = ("classifier_megabytes_per_client", "classifier_gflops")
+
+
 def selected_accuracy(metrics: list[dict[str, Any]]) -> tuple[float, int]:
     """Test accuracy and round of the round with the best validation accuracy (nan, 0 when the
     metrics lack per-round validation and test accuracy)."""
@@ -67,7 +71,8 @@ def run_row(run: str, labels: dict[str, str], status: str, run_dir: Path, select
         row["headline"] = summary.get("headline", "accuracy")
         row["rounds_completed"] = summary.get("rounds_completed")
         row["wall_seconds"] = summary.get("wall_seconds")
-        row.update({k: summary[k] for k in ("setup_seconds", "train_seconds", "first_in_process") if k in summary})
+        row.update({k: summary[k] for k in ("setup_seconds", "train_seconds", "first_in_process", *COST_KEYS)
+                    if k in summary})
         if summary.get("status") == "stopped":  # the failure policy ended it: no final metrics
             row["status"], error = "stopped", error or summary.get("stop_reason", "")
         if select == "val":

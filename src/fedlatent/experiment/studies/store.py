@@ -20,7 +20,7 @@ from fedlatent.analysis.tables import format_mean_std, latex_table, markdown_tab
 FINAL_KEYS = ("accuracy", "balanced_accuracy", "loss", "uncalibrated_accuracy", "personalized_accuracy",
               "personalized_accuracy_std", "personalized_accuracy_worst", "personalized_balanced_accuracy",
               "majority_baseline_accuracy")
-DIAGNOSTIC_KEYS = ("significant", "effective_rank", "uniformity")  # scalar diagnostics of the global model
+DIAGNOSTIC_KEYS = ("significant", "effective_rank", "uniformity", "layer_alignment_top")  # scalar diagnostics of the global model
 STD_CAPTION = ("mean ± sample standard deviation (ddof = 1) over seeds; accuracies of the last round "
                "(never the best round)")
 

@@ -22,7 +22,7 @@ from fedlatent.analysis.tables import format_mean_std, markdown_table
 from fedlatent.config import apply_overrides, from_dict, read_toml, to_dict
 from fedlatent.errors import UserInputError
 from fedlatent.experiment.studies.store import COST_KEYS, run_row
-from fedlatent.experiment.studies.study import TIERS, Study, load_study
+from fedlatent.experiment.studies.study import CONFIGS, TIERS, Study, load_study
 from fedlatent.experiment.studies.sweep import run_sweep
 
 SPECS = Path(__file__).resolve().parent / "specs"
@@ -88,7 +88,21 @@ def listing() -> str:
         lines.append(f"{name:20s} {study.title}  [{len(study.cells) - len(blocked)}/{len(study.cells)} runs "
                      f"runnable; {reduced}]")
         lines += [f"{'':20s}   not runnable yet: {r}" for r in reasons]
+    lines += [f"{'out of scope':20s} {row}" for row in not_runnable_rows()]
     return "\n".join(lines)
+
+
+def not_runnable_rows(audit: Path = CONFIGS / "AUDIT.md") -> list[str]:
+    """The papers' rows that the audit (``configs/AUDIT.md``) marks "not runnable", each as
+    "paper, row: what it is — why", the paper read from the section heading above it."""
+    rows, paper = [], ""
+    for line in audit.read_text(encoding="utf-8").splitlines():
+        if line.startswith("## "):
+            paper = line[3:].split(" (")[0]
+        cells = [c.strip() for c in line.strip().strip("|").split("|")] if line.startswith("|") else []
+        if len(cells) >= 4 and cells[-1].startswith("not runnable"):
+            rows.append(f"{paper} {cells[0]}: {cells[1]} — {cells[-1]}")
+    return rows
 
 
 def _value(row: dict, metric: str) -> float | None:

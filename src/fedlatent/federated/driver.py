@@ -163,12 +163,12 @@ def finish(s: Run, last: dict[str, Any] | None = None) -> dict[str, Any]:
     state = s.server.global_state
     if s.spec.calibration.kind != "none":
         state, final["bytes_calibration_up"] = calibrated(s, state)
+        final.update({f"uncalibrated_{k.removeprefix('test_')}": v for k, v in before.items()})
+        before = evaluate_global(s, state)
     if s.spec.count_flops:  # the final calibration's share of SphereFed Table 1's columns
         once = classifier_round(s, [], s.spec.calibration.kind != "none")
         final.update({f"classifier_calibration_{k.removeprefix('classifier_')}": v for k, v in once.items()},
                      classifier_clients=len(s.train_sizes))
-        final.update({f"uncalibrated_{k.removeprefix('test_')}": v for k, v in before.items()})
-        before = evaluate_global(s, state)
     final.update({k.removeprefix("test_"): v for k, v in before.items()})
     if s.config.eval.personalized != "never":
         rows = s.reports(state)

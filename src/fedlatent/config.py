@@ -179,7 +179,8 @@ class EvalConfig:
                              choices=("auto", "always", "never"))
 
 
-DIAGNOSTICS = ("collapse", "classifier", "alignment", "uniformity", "per_class", "tsne", "data", "flops")
+DIAGNOSTICS = ("collapse", "classifier", "alignment", "layer_alignment", "uniformity", "per_class", "tsne", "data",
+               "flops")
 
 
 @dataclass

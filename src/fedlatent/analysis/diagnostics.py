@@ -10,6 +10,15 @@
 - Classifier singular values (Son et al., FedUV, CVPR 2024, Fig. 1) and cross-client alignment of
   the classifier rows: for every pair of clients and every class, the cosine and the absolute
   norm difference of the two clients' weight vectors of that class, averaged.
+- Alignment of consecutive layers (FedDecorr, Appendix A.3, Assumption 2 and Fig. 6; Ji & Telgarsky
+  2018): for consecutive weight matrices W_i, W_{i+1} (the output of W_i feeds W_{i+1}), the
+  absolute inner product |⟨u_{i,k}, v_{i+1,k}⟩| of W_i's k-th left and W_{i+1}'s k-th right
+  singular vector; 1 when aligned, E|⟨u, v⟩| = Γ(d/2) / (√π Γ((d+1)/2)) for independent uniform
+  unit vectors in R^d (about √(2/(πd))). A convolution's weight (out, in, kh, kw) is read as the
+  matrix of its channels — W_i as (out, in·kh·kw), its left singular vectors in the output-channel
+  space; W_{i+1} as (out·kh·kw, in), its right ones in the input-channel space, the same space —
+  (fedlatent's reading: the paper states the assumption for linear layers); grouped (depthwise)
+  convolutions are skipped, a pair whose dimensions do not meet (a flatten between them) too.
 - Hyperspherical uniformity (Wang & Isola 2020, the quantity behind FedUV's L_U):
   log mean_{i<j} exp(−t‖ẑ_i − ẑ_j‖²) of the unit-normalised z (in [−4t, 0]; lower = more uniform).
 - Per-class accuracy; a seeded t-SNE (scikit-learn) of one class's features from several clients.
@@ -138,6 +147,48 @@ def classifier_alignment(weights: list[Tensor]) -> dict[str, float]:
 
 
 @in_float32
+def layer_matrices(model: torch.nn.Module) -> list[tuple[str, Tensor]]:
+    """The model's linear and (ungrouped) convolutional weights in module order, a FedModel's
+    ``classifier`` (registered before its encoder in some models) last: its place in the forward
+    pass. Convolutions keep their kernel axes; :func:`singular_alignment` reads them as matrices."""
+    layers = [(name, module.weight.detach()) for name, module in model.named_modules()
+              if isinstance(module, torch.nn.Linear) or (isinstance(module, torch.nn.Conv2d) and module.groups == 1)]
+    return sorted(layers, key=lambda layer: layer[0].split(".")[0] == "classifier")  # stable: the rest in order
+
+
+def _left(weight: Tensor) -> Tensor:
+    return weight.flatten(1)  # (out, in·kh·kw): the output channels' space on the left
+
+
+def _right(weight: Tensor) -> Tensor:
+    return weight.movedim(1, -1).reshape(-1, weight.shape[1])  # (out·kh·kw, in): the input channels' on the right
+
+
+@in_float32
+def singular_alignment(previous: Tensor, following: Tensor, k: int) -> list[float]:
+    """|⟨u_j, v_j⟩| for j < k: ``previous``'s j-th left and ``following``'s j-th right singular
+    vector (FedDecorr Assumption 2), both weights as :func:`layer_matrices` holds them; float64."""
+    u = torch.linalg.svd(_left(previous).double(), full_matrices=False)[0]
+    v = torch.linalg.svd(_right(following).double(), full_matrices=False)[2].T
+    k = min(k, u.shape[1], v.shape[1])
+    return (u[:, :k] * v[:, :k]).sum(0).abs().tolist()
+
+
+def consecutive_alignment(model: torch.nn.Module, k: int = 5) -> list[dict[str, Any]]:
+    """:func:`singular_alignment` of the first ``k`` singular-vector pairs of every two consecutive
+    layers of :func:`layer_matrices` whose dimensions meet (the second's input channels are the
+    first's outputs)."""
+    layers = layer_matrices(model)
+    return [{"layers": [a, b], "alignment": singular_alignment(wa, wb, k)}
+            for (a, wa), (b, wb) in zip(layers, layers[1:]) if wb.shape[1] == wa.shape[0]]
+
+
+def random_alignment(dim: int) -> float:
+    """E|⟨u, v⟩| of independent uniform unit vectors in R^dim: Γ(d/2) / (√π Γ((d+1)/2)), the
+    alignment of unrelated layers."""
+    return math.exp(math.lgamma(dim / 2) - math.lgamma((dim + 1) / 2)) / math.sqrt(math.pi)
+
+
 def hyperspherical_uniformity(z: Tensor, t: float = 2.0) -> float:
     """log mean_{i<j} exp(−t‖ẑ_i − ẑ_j‖²) of the unit-normalised rows ẑ of ``z`` (Wang & Isola
     2020, Eq. 4 with all pairs i < j); NaN for fewer than two rows. Computed in float64."""

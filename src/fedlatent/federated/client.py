@@ -89,6 +89,18 @@ def batch_count(num_samples: int, batch_size: int, drop_last: bool) -> int:
     return chunks - ((drop_last and last < batch_size) or (chunks > 1 and last == 1))
 
 
+def trained_samples(num_samples: int, steps: int, batch_size: int, drop_last: bool) -> int:
+    """How many samples ``steps`` local steps of :func:`_epochs` train on (a sample counted once per
+    epoch that holds it): whole epochs of the kept batches, then the first batches of the next, all
+    full (an epoch's short batch comes last)."""
+    per_epoch = batch_count(num_samples, batch_size, drop_last)
+    if not per_epoch or not num_samples:
+        return 0
+    epoch_samples = min(num_samples, per_epoch * batch_size)
+    whole, rest = divmod(steps, per_epoch)
+    return whole * epoch_samples + rest * batch_size
+
+
 def planned_steps(num_samples: int, s: LocalSettings) -> int:
     """How many local steps :func:`_epochs` yields for a training set of ``num_samples`` (known
     before drawing): ``s.steps`` when set (none without data), else ``s.epochs`` epochs of batches."""

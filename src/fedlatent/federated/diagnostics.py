@@ -19,7 +19,7 @@ sample of its z: uniformity (the rows of its split that the server's seeded subs
 pooled split picks, :func:`sample_plan`, from the holders' split sizes; pairwise distances are no
 sum) and t-SNE (at most ``tsne_samples`` features of the class). With ``clients`` on, every
 holder is also sent the selected clients' local models, since each is measured on the whole
-split. The classifier spectra, the alignment and the FLOPs read only weights and uploads.
+split. The classifier spectra, the alignments and the FLOPs read only weights and uploads.
 :class:`Diagnostics` drives both halves for the embedded backends, which play every client in
 one process; a backend whose holders are remote overrides where the client halves run
 (:meth:`Diagnostics.holder_statistics`, :meth:`Diagnostics.tsne_features`,
@@ -237,6 +237,11 @@ class Diagnostics:
         if "alignment" in self.which:
             align = dg.classifier_alignment([u.state[CLASSIFIER] for u in uploads])
             line.update({f"alignment_{k}": v for k, v in align.items()})
+        if "layer_alignment" in self.which:  # FedDecorr Assumption 2 (Fig. 6) on the global weights
+            model.load_state_dict(global_state)
+            pairs = dg.consecutive_alignment(model)
+            line["layer_alignment"] = pairs
+            line["layer_alignment_top"] = float(np.mean([p["alignment"][0] for p in pairs])) if pairs else None
         lines = [line]
         if self.cfg.clients:
             for upload in uploads:

@@ -19,9 +19,11 @@ from typing import Any, Callable, Protocol
 import numpy as np
 import torch
 
+from fedlatent.analysis import classifier_cost
 from fedlatent.config import RunConfig
 from fedlatent.data.types import GlobalData
 from fedlatent.federated.calibrate import apply_statistics, head_keys
+from fedlatent.federated.client import trained_samples
 from fedlatent.federated.evaluation import evaluate
 from fedlatent.federated.failures import ClientFailure
 from fedlatent.federated.personal import combine_reports
@@ -87,9 +89,12 @@ def play_round(s: Run, rnd: int) -> dict[str, Any]:
     for upload in result.uploads:
         if upload.client_id in states:
             s.client_states[upload.client_id] = states[upload.client_id]
-    if calibration_due(s.spec, rnd):
+    due = calibration_due(s.spec, rnd)
+    if due:
         s.server.global_state, result.metrics["bytes_calibration_up"] = calibrated(s, s.server.global_state)
     line: dict[str, Any] = {"round": rnd + 1, "lr": tasks[0].lr, **result.metrics}
+    if s.spec.count_flops:
+        line.update(classifier_round(s, result.uploads, due))
     if (rnd + 1) % cfg.eval.every == 0 or rnd + 1 == cfg.train.rounds:
         line.update(evaluate_global(s))
     line["time_round_s"] = time.perf_counter() - started
@@ -126,6 +131,27 @@ def calibrated(s: Run, state: Tensors) -> tuple[Tensors, int]:
                              generator), sum(nbytes(st) for st in stats.values()))
 
 
+def classifier_round(s: Run, uploads: list[Upload], calibrates: bool) -> dict[str, int]:
+    """The classifier's own cost in a round, counted as SphereFed's Table 1 counts it
+    (:mod:`fedlatent.analysis.classifier_cost`): ``classifier_bytes``, summed over the clients, and
+    ``classifier_flops`` of a learned head's training on the ``uploads``' samples and its average,
+    and of the calibration when ``calibrates``: ``W`` alone (no bias) in 32 bits, as the paper."""
+    classes, features = s.model.classifier.weight.shape
+    train = s.config.train
+    sent = flops = 0
+    if not s.spec.head.fixed and uploads:
+        samples = sum(trained_samples(u.num_samples, u.steps, train.batch_size, train.drop_last) for u in uploads)
+        sent = len(uploads) * classifier_cost.head_traffic(features, classes)
+        flops = classifier_cost.head_training(features, classes, samples, len(uploads))
+    if calibrates:
+        cal, clients = s.spec.calibration, len(s.train_sizes)
+        once = classifier_cost.calibration(cal.kind, features, classes, sum(s.train_sizes), clients,
+                                           virtual_per_class=cal.virtual_per_class, epochs=cal.epochs)
+        sent += clients * once.bytes_per_client
+        flops += once.flops
+    return {"classifier_bytes": sent, "classifier_flops": flops}
+
+
 def finish(s: Run, last: dict[str, Any] | None = None) -> dict[str, Any]:
     """The final evaluation: the global model (after calibration when the method has one) and the
     clients' personalised reports; the model is left holding the final weights. ``last``: the
@@ -139,6 +165,10 @@ def finish(s: Run, last: dict[str, Any] | None = None) -> dict[str, Any]:
         state, final["bytes_calibration_up"] = calibrated(s, state)
         final.update({f"uncalibrated_{k.removeprefix('test_')}": v for k, v in before.items()})
         before = evaluate_global(s, state)
+    if s.spec.count_flops:  # the final calibration's share of SphereFed Table 1's columns
+        once = classifier_round(s, [], s.spec.calibration.kind != "none")
+        final.update({f"classifier_calibration_{k.removeprefix('classifier_')}": v for k, v in once.items()},
+                     classifier_clients=len(s.train_sizes))
     final.update({k.removeprefix("test_"): v for k, v in before.items()})
     if s.config.eval.personalized != "never":
         rows = s.reports(state)

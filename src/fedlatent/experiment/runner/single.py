@@ -313,8 +313,20 @@ def _summarize(config: RunConfig, spec: MethodSpec, out: Path, ending: dict[str,
                "identity": identity(config),
                "wall_seconds": wall, **clock.split(metrics), "fedlatent_version": fedlatent_version(),
                "machine": cpu_model()}
+    if "classifier_clients" in ending.get("final", {}):
+        summary.update(classifier_columns(metrics, ending["final"]))
     write_atomically(out / "summary.json", json.dumps(summary, indent=1))
     return summary
+
+
+def classifier_columns(metrics: list[dict[str, Any]], final: dict[str, Any]) -> dict[str, float]:
+    """SphereFed Table 1's columns for this run (``diagnostics.which`` holding ``flops``): the
+    classifier's communication per client in MB (10⁶ bytes) and its FLOPs in G, the rounds' and
+    the final calibration's (:mod:`fedlatent.analysis.classifier_cost`)."""
+    sent = final["classifier_calibration_bytes"] + sum(m.get("classifier_bytes", 0) for m in metrics)
+    flops = final["classifier_calibration_flops"] + sum(m.get("classifier_flops", 0) for m in metrics)
+    return {"classifier_megabytes_per_client": sent / final["classifier_clients"] / 1e6,
+            "classifier_gflops": flops / 1e9}
 
 
 def headline_metric(dataset: str) -> str:

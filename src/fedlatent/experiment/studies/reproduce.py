@@ -21,8 +21,8 @@ from fedlatent.analysis.compare import Compared, Verdict, baseline_label, verdic
 from fedlatent.analysis.tables import format_mean_std, markdown_table
 from fedlatent.config import apply_overrides, from_dict, read_toml, to_dict
 from fedlatent.errors import UserInputError
-from fedlatent.experiment.studies.store import run_row
-from fedlatent.experiment.studies.study import TIERS, Study, load_study
+from fedlatent.experiment.studies.store import COST_KEYS, run_row
+from fedlatent.experiment.studies.study import CONFIGS, TIERS, Study, load_study
 from fedlatent.experiment.studies.sweep import run_sweep
 
 SPECS = Path(__file__).resolve().parent / "specs"
@@ -88,7 +88,21 @@ def listing() -> str:
         lines.append(f"{name:20s} {study.title}  [{len(study.cells) - len(blocked)}/{len(study.cells)} runs "
                      f"runnable; {reduced}]")
         lines += [f"{'':20s}   not runnable yet: {r}" for r in reasons]
+    lines += [f"{'out of scope':20s} {row}" for row in not_runnable_rows()]
     return "\n".join(lines)
+
+
+def not_runnable_rows(audit: Path = CONFIGS / "AUDIT.md") -> list[str]:
+    """The papers' rows that the audit (``configs/AUDIT.md``) marks "not runnable", each as
+    "paper, row: what it is — why", the paper read from the section heading above it."""
+    rows, paper = [], ""
+    for line in audit.read_text(encoding="utf-8").splitlines():
+        if line.startswith("## "):
+            paper = line[3:].split(" (")[0]
+        cells = [c.strip() for c in line.strip().strip("|").split("|")] if line.startswith("|") else []
+        if len(cells) >= 4 and cells[-1].startswith("not runnable"):
+            rows.append(f"{paper} {cells[0]}: {cells[1]} — {cells[-1]}")
+    return rows
 
 
 def _value(row: dict, metric: str) -> float | None:
@@ -161,13 +175,31 @@ def comparison_table(study: Study, rows: list[dict]) -> tuple[list[str], list[li
     keys = [a.name for a in study.axes if a.name != "seed"]
     header = keys + ["paper (%)", ours_header(study, rows)] + (["majority baseline (%)"] if personal else []) \
         + ["seeds", "status"]
+    costs = [(key, name, run_key) for (key, name), run_key in zip(COST_COLUMNS, COST_KEYS)
+             if any(key in e for e in study.published)]
+    for _, name, _ in costs:
+        header[-2:-2] = [f"paper {name}", f"fedlatent {name}"]
     body = []
     for row in compared_rows(study, rows):
         paper = "-" if row.paper is None else f"{row.paper:.2f}" + (f" ± {row.paper_std:.2f}"
                                                                      if row.paper_std is not None else "")
+        entry = study.published_for(tuple(row.labels.items())) or {}
+        members = [r for r in rows if all(r.get(k) == v for k, v in row.labels.items())]
+        measured = [[f"{entry[key]:.3g}" if key in entry else "-", _cost(members, run_key)] for key, _, run_key in costs]
         body.append([*row.labels.values(), paper, format_mean_std(row.ours, 1, 2)]
-                    + ([format_mean_std(row.majority, 1, 2)] if personal else []) + [str(len(row.ours)), row.status])
+                    + ([format_mean_std(row.majority, 1, 2)] if personal else [])
+                    + [cell for pair in measured for cell in pair] + [str(len(row.ours)), row.status])
     return header, body
+
+
+# SphereFed Table 1's cost columns: the [[published]] key and its header, read from the runs' COST_KEYS
+COST_COLUMNS = (("megabytes", "MB per client"), ("gflops", "GFLOPs"))
+
+
+def _cost(rows: list[dict], key: str) -> str:
+    """The runs' mean of a cost column (the same for every seed: a count, not a measurement)."""
+    values = [r[key] for r in rows if r.get(key) is not None]
+    return f"{sum(values) / len(values):.3g}" if values else "-"
 
 
 def comparison(study: Study, rows: list[dict]) -> str:

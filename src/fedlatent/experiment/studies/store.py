@@ -20,7 +20,7 @@ from fedlatent.analysis.tables import format_mean_std, latex_table, markdown_tab
 FINAL_KEYS = ("accuracy", "balanced_accuracy", "loss", "uncalibrated_accuracy", "personalized_accuracy",
               "personalized_accuracy_std", "personalized_accuracy_worst", "personalized_balanced_accuracy",
               "majority_baseline_accuracy")
-DIAGNOSTIC_KEYS = ("significant", "effective_rank", "uniformity")  # scalar diagnostics of the global model
+DIAGNOSTIC_KEYS = ("significant", "effective_rank", "uniformity", "layer_alignment_top")  # scalar diagnostics of the global model
 STD_CAPTION = ("mean ± sample standard deviation (ddof = 1) over seeds; accuracies of the last round "
                "(never the best round)")
 
@@ -42,6 +42,10 @@ def last_global_diagnostics(run_dir: Path) -> dict[str, float]:
         if record.get("model") == "global":
             found.update({f"diag_{k}": record[k] for k in DIAGNOSTIC_KEYS if record.get(k) is not None})
     return found
+
+
+# SphereFed Table 1's columns in a run's summary (``diagnostics.which`` holding ``flops``)
+COST_KEYS = ("classifier_megabytes_per_client", "classifier_gflops")
 
 
 def selected_accuracy(metrics: list[dict[str, Any]]) -> tuple[float, int]:
@@ -67,7 +71,8 @@ def run_row(run: str, labels: dict[str, str], status: str, run_dir: Path, select
         row["headline"] = summary.get("headline", "accuracy")
         row["rounds_completed"] = summary.get("rounds_completed")
         row["wall_seconds"] = summary.get("wall_seconds")
-        row.update({k: summary[k] for k in ("setup_seconds", "train_seconds", "first_in_process") if k in summary})
+        row.update({k: summary[k] for k in ("setup_seconds", "train_seconds", "first_in_process", *COST_KEYS)
+                    if k in summary})
         if summary.get("status") == "stopped":  # the failure policy ended it: no final metrics
             row["status"], error = "stopped", error or summary.get("stop_reason", "")
         if select == "val":

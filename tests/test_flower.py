@@ -110,6 +110,15 @@ def test_calibration_parity_through_messages(name, tmp_path, monkeypatch):
     assert flower["final"]["bytes_calibration_up"] == embedded["final"]["bytes_calibration_up"] > 0
 
 
+@pytest.mark.parametrize("method", ["fedavg", "fedrep", "spherefed"])
+def test_clipping_codec_parity_through_messages(method, tmp_path, monkeypatch):
+    """The update codec runs on the nodes as on the embedded backend: each client's update clipped
+    to privacy.clip_norm (below every update's norm) before it travels, the same weights every round
+    (the clients' own layers and a fixed head left out of the clip on both sides)."""
+    extra = [f'algorithm.name="{method}"', "data.local_test_fraction=0.2", "privacy.clip_norm=0.1"]
+    assert_parity(*run_both(tmp_path, monkeypatch, extra, grid=InProcessGrid(2)))
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("method", sorted(METHODS))
 def test_parity_on_the_simulation_engine(method, tmp_path, monkeypatch):

@@ -243,6 +243,13 @@ class TrackingConfig:
 
 
 @dataclass
+class PrivacyConfig:
+    clip_norm: float = _key(float("inf"), "each client's update w_k - w (every entry that travels) clipped to this "
+                            "L2 norm before aggregation (inf = no clipping: the plain update codec)",
+                            low=0.0, low_open=True)
+
+
+@dataclass
 class RunConfig:
     seed: int = _key(0, "seed of every random choice of the run (numpy's legacy generator, used by "
                      "the Dirichlet partition, takes 0 .. 2**32 - 1)", low=0, high=2**32 - 1)
@@ -259,6 +266,7 @@ class RunConfig:
     diagnostics: DiagnosticsConfig = field(default_factory=DiagnosticsConfig)
     flower: FlowerConfig = field(default_factory=FlowerConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    privacy: PrivacyConfig = field(default_factory=PrivacyConfig)
 
     @property
     def data_seed(self) -> int:
@@ -386,6 +394,8 @@ def _check_consistency(config: RunConfig) -> None:
         raise ConfigError(f"train.lr_milestones = {m!r}: expected increasing positive round numbers")
     _check_diagnostics(config.diagnostics)
     _check_tracking(config.tracking)
+    if config.privacy.clip_norm != config.privacy.clip_norm:
+        raise ConfigError("privacy.clip_norm = nan: must be > 0 (inf: no clipping)")
 
 
 def _check_names(key: str, names: list[str], allowed: Iterable[str], noun: str) -> None:
@@ -501,10 +511,13 @@ def show_value(value: Any) -> str:
 def to_toml(config: RunConfig) -> str:
     """Write the resolved configuration as TOML that :func:`load_config` reads back unchanged. A
     ``[tracking]`` section left at its defaults (no tracker) is not written: it changes no number,
-    and the run folders written before it existed stay resumable."""
+    and the run folders written before it existed stay resumable; nor is a ``[privacy]`` section at
+    its defaults (the plain update codec: today's numbers, bit for bit)."""
     data = to_dict(config)
     if config.tracking == TrackingConfig():
         del data["tracking"]
+    if config.privacy == PrivacyConfig():
+        del data["privacy"]
     lines = [f"{k} = {toml_value(v)}" for k, v in data.items() if not isinstance(v, (dict, list))]
     for name, value in data.items():
         if isinstance(value, dict):
@@ -522,7 +535,7 @@ def describe() -> str:
         if top.name in ("seed", "backend"):
             rows.append(f"{top.name} = {toml_value(top.default)}  # {top.metadata['doc']}")
     hints = typing.get_type_hints(RunConfig)
-    for name in ("data", "model", "train", "algorithm", "server", "eval", "diagnostics", "flower", "tracking"):
+    for name in ("data", "model", "train", "algorithm", "server", "eval", "diagnostics", "flower", "tracking", "privacy"):
         rows.append(f"\n[{name}]")
         if name == "algorithm":
             rows.append('name = "fedavg"  # a method preset and its keys (fedlatent methods lists them)')
@@ -539,5 +552,5 @@ def describe() -> str:
 
 
 __all__ = ["RunConfig", "DataConfig", "ModelConfig", "TrainConfig", "ServerConfig", "EvalConfig",
-           "DiagnosticsConfig", "FlowerConfig", "TrackingConfig", "load_config", "read_toml", "from_dict", "to_dict", "to_toml", "toml_value", "apply_overrides", "describe",
+           "DiagnosticsConfig", "FlowerConfig", "TrackingConfig", "PrivacyConfig", "load_config", "read_toml", "from_dict", "to_dict", "to_toml", "toml_value", "apply_overrides", "describe",
            "add_check", "ConfigError"]

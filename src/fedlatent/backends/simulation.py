@@ -31,7 +31,9 @@ from fedlatent.federated.diagnostics import Diagnostics
 from fedlatent.federated.evaluation import client_validation
 from fedlatent.federated.failures import ClientFailure, error_detail
 from fedlatent.federated.personal import client_report
-from fedlatent.federated.round import (ClientTask, checked_all, client_generators, client_round, local_settings, round_lr)
+from fedlatent.federated.codec import build_codec
+from fedlatent.federated.round import (ClientTask, checked_all, client_generators, client_round, encoded, local_settings,
+                                       round_lr)
 from fedlatent.federated.round import sample_clients as sample_clients  # the embedded backend's sampling
 from fedlatent.federated.server import Server
 from fedlatent.federated.state import write_atomically
@@ -93,7 +95,8 @@ class Setup:
 
     def train(self, tasks: list[ClientTask]) -> tuple[list[Upload | ClientFailure], dict[int, Tensors]]:
         """The client half of every task, on this backend's trainer: the outcomes (each client's own
-        non-finite check applied) and the selected clients' new states by id, the store untouched. A
+        non-finite check applied, then the run's update codec: the server's, both sides being in
+        this process) and the selected clients' new states by id, the store untouched. A
         ConfigError passes through: a key the clients cannot satisfy is the user's error, not theirs."""
         cfg, fed = self.config, self.federation
         selected = [t.client_id for t in tasks]
@@ -110,7 +113,8 @@ class Setup:
             outcomes = [ClientFailure(cid, "error", f"{error_detail(exc)} (clients {selected} trained together)", exc)
                         for cid in selected]
         states = {rc.client_id: rc.state for rc in rcs}
-        return checked_all(outcomes, states), states
+        return encoded(self.server.codec, checked_all(outcomes, states), tasks[0].global_state,
+                       self.server.untransmitted()), states
 
     def statistics(self, state: Tensors) -> dict[int, Tensors]:
         return {cid: calibrate.client_statistics(self.model, state, c.train, self.spec.calibration,
@@ -154,12 +158,13 @@ def setup(config: RunConfig, federation: Federation, spec: MethodSpec, trainer: 
 def initial_server(config: RunConfig, federation: GlobalData, spec: MethodSpec,
                    num_clients: int) -> tuple[FedModel, Server]:
     """The run's model on its device (in that device's layout, :func:`fedlatent.federated.devices.prepare`)
-    and the server of ``num_clients`` clients holding its initial weights (every backend's start;
-    torch's one-off optimiser import first, so that it is not counted in round 1)."""
+    and the server of ``num_clients`` clients holding its initial weights, with the run's update
+    codec (every backend's start; torch's one-off optimiser import first, so that it is not counted
+    in round 1)."""
     torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0)
     model = devices.prepare(make_model(config, federation, spec), config.train.device)
     server = Server(spec, state_to_cpu(model), [n for n, _ in model.named_parameters()], trainable_names(model),
-                    config.server, num_clients)
+                    config.server, num_clients, build_codec(config.privacy))
     return model, server
 
 

@@ -11,6 +11,7 @@ import torch
 from fedlatent.calibration.ccvr import class_statistics, pool_statistics, retrain_classifier, sample_virtual_features
 from fedlatent.calibration.ffc import ffc_solve, ffc_statistics
 from fedlatent.data.types import Split
+from fedlatent.federated.codec import UpdateCodec
 from fedlatent.methods.parts import Calibration, Tensors
 from fedlatent.models.base import FedModel
 
@@ -54,17 +55,20 @@ def client_statistics(model: FedModel, global_state: Tensors, train: Split, cal:
 
 
 def apply_statistics(global_state: Tensors, stats: list[Tensors], cal: Calibration, weight_key: str,
-                     bias_key: str | None, generator: torch.Generator) -> Tensors:
+                     bias_key: str | None, generator: torch.Generator, codec: UpdateCodec | None = None) -> Tensors:
     """The server half: the global state with its head calibrated from the clients' statistics
     (``stats`` in client-id order, so the sums do not depend on reply order). FFC:
     W* = (Σ V_k + λI)⁻¹ Σ U_k, bias set to 0; CCVR: per-class Gaussians pooled, virtual features
     sampled from ``generator``, the head retrained on them; centralised (SphereFed Sec. 5.3,
     Table 4's sanity check): the head retrained with SGD (``cal.epochs``, ``cal.lr``, batch 64) on the
     pooled real features, the upper bound FFC and CCVR are measured against. Both retrain with
-    ``cal.loss``: cross-entropy, or MSE (the paper's sanity check reports the better of the two)."""
+    ``cal.loss``: cross-entropy, or MSE (the paper's sanity check reports the better of the two).
+    FFC's sums are the run's update ``codec``'s :meth:`~fedlatent.federated.codec.UpdateCodec.total`
+    (the plain sums by default), the point where secure aggregation of them plugs in."""
     out = dict(global_state)
     if cal.kind == "ffc":
-        out[weight_key] = ffc_solve([(s["V"], s["U"]) for s in stats], ridge=cal.ridge).to(global_state[weight_key].dtype)
+        summed = (codec or UpdateCodec()).total(stats)
+        out[weight_key] = ffc_solve((summed["V"], summed["U"]), ridge=cal.ridge).to(global_state[weight_key].dtype)
         if bias_key:
             out[bias_key] = torch.zeros_like(global_state[bias_key])
         return out

@@ -120,7 +120,8 @@ def evaluate_global(s: Run, state: Tensors | None = None) -> dict[str, float]:
 
 
 def calibrated(s: Run, state: Tensors) -> tuple[Tensors, int]:
-    """``state`` with its head calibrated from the clients' statistics, combined in client-id order,
+    """``state`` with its head calibrated from the clients' statistics, combined in client-id order
+    (FFC's sums through the run's update codec),
     and the bytes of those statistics (what the clients upload for it: SphereFed's Table 1 "once" row)."""
     stats = s.statistics(state)
     missing = sorted(set(range(len(s.train_sizes))) - set(stats))
@@ -128,7 +129,7 @@ def calibrated(s: Run, state: Tensors) -> tuple[Tensors, int]:
         s.warn(f"calibration without client(s) {missing} (no statistics came back)")
     generator = torch.Generator().manual_seed(derive_seed(s.config.seed, CALIBRATION))
     return (apply_statistics(state, [stats[cid] for cid in sorted(stats)], s.spec.calibration, *head_keys(s.model),
-                             generator), sum(nbytes(st) for st in stats.values()))
+                             generator, s.server.codec), sum(nbytes(st) for st in stats.values()))
 
 
 def classifier_round(s: Run, uploads: list[Upload], calibrates: bool) -> dict[str, int]:

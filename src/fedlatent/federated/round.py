@@ -10,12 +10,16 @@ two halves travel only the task and the reply: the server never reads a client's
 a client knows nothing federation-wide but what its task says (``total_samples`` comes from a
 census of training-set sizes the clients report at start-up).
 
+The client half ends with the update codec (:func:`encoded`, ``federated.codec``): each upload, once
+the client has checked it, becomes the message the server combines.
+
 The embedded backends call both halves in one process and keep every client's state in their own
 store; a Flower backend calls them on either side of its messages.
 """
 from __future__ import annotations
 
 import math
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any, Callable, TypeVar
 
@@ -26,6 +30,7 @@ from fedlatent.config import RunConfig, TrainConfig
 from fedlatent.data.augment import Augmentation
 from fedlatent.data.types import Split
 from fedlatent.federated.client import LocalSettings, Workspace
+from fedlatent.federated.codec import UpdateCodec
 from fedlatent.federated.lockstep import local_update
 from fedlatent.federated import precision
 from fedlatent.federated.failures import (ClientFailure, RunStopped, all_finite, first_nonfinite, losses_finite,
@@ -232,3 +237,11 @@ def checked_all(outcomes: list[Upload | ClientFailure], states: dict[int, Tensor
         return outcomes
     return [checked(o, states[o.client_id], tensors_finite=finite) if isinstance(o, Upload) else o
             for o in outcomes]
+
+
+def encoded(codec: UpdateCodec, outcomes: list[Upload | ClientFailure], reference: Tensors,
+            withheld: Collection[str]) -> list[Upload | ClientFailure]:
+    """The client half's last step, after its own check (:func:`checked`, :func:`checked_all`):
+    each upload as the message it travels as (:meth:`UpdateCodec.encode` from the round's global
+    ``reference``; ``withheld``: the entries that never travel, :meth:`Server.untransmitted`)."""
+    return [codec.encode(o, reference, withheld) if isinstance(o, Upload) else o for o in outcomes]

@@ -2,15 +2,18 @@
 
 FedAvg weights clients by sample count over every parameter and buffer (BatchNorm statistics
 too), except the layers partial personalisation leaves with the clients (FedRep, LG-FedAvg). A
-part that ``owns_aggregation`` (FedNova, FedDyn) replaces the mean. The server optimiser then acts on the pseudo-gradient Δ = aggregate − w_old of the trainable parameters (FedOpt,
-Reddi et al. 2021); plain SGD with η = 1 takes the aggregate as it is, which is FedAvg.
+part that ``owns_aggregation`` (FedNova, FedDyn) replaces the mean; either takes its weighted sums
+through the run's update codec (``federated.codec``: the plain one is the weighted mean itself).
+The server optimiser then acts on the pseudo-gradient Δ = aggregate − w_old of the trainable
+parameters (FedOpt, Reddi et al. 2021); plain SGD with η = 1 takes the aggregate as it is, which
+is FedAvg.
 """
 from __future__ import annotations
 
 import torch
 
 from fedlatent.config import ServerConfig
-from fedlatent.methods.aggregation import weighted_mean
+from fedlatent.federated.codec import UpdateCodec
 from fedlatent.methods.parts import MethodSpec, Tensors, Upload
 
 OPT = "server_opt."  # server-state prefix of the optimiser's buffers
@@ -63,15 +66,22 @@ def resolve_server(cfg: ServerConfig, spec: MethodSpec) -> tuple[str, float]:
     return kind, lr
 
 
+def untransmitted_keys(spec: MethodSpec, parameters: list[str], trainable: list[str],
+                  keys: list[str]) -> tuple[list[str], list[str]]:
+    """The state keys that never travel, as the server and every client see them: the parameters
+    frozen at init (a fixed head) and the layers each client keeps to itself (FedRep, LG-FedAvg,
+    which stay at their initial global values on the server)."""
+    return [k for k in parameters if k not in set(trainable)], spec.personalization.local_keys(parameters, keys)
+
+
 class Server:
     """Holds the global model's state and the server state; turns uploads into the next model."""
 
     def __init__(self, spec: MethodSpec, global_state: Tensors, parameters: list[str], trainable: list[str],
-                 cfg: ServerConfig, num_clients: int) -> None:
+                 cfg: ServerConfig, num_clients: int, codec: UpdateCodec | None = None) -> None:
         self.spec = spec
-        self.frozen = [k for k in parameters if k not in set(trainable)]
-        # layers each client keeps to itself (FedRep, LG-FedAvg) stay at their initial global values
-        self.local = spec.personalization.local_keys(parameters, list(global_state))
+        self.frozen, self.local = untransmitted_keys(spec, parameters, trainable, list(global_state))
+        self.codec = codec or UpdateCodec()
         self.global_state = global_state
         self.trainable = trainable
         self.cfg = cfg
@@ -92,9 +102,10 @@ class Server:
         old = self.global_state
         aggregator = self.spec.aggregator
         if aggregator is not None:
-            new = aggregator.aggregate(old, uploads, self.state, set(self.trainable), self.num_clients)
+            new = aggregator.aggregate(old, uploads, self.state, set(self.trainable), self.num_clients,
+                                       self.codec.combine)
         else:
-            new = weighted_mean(uploads)
+            new = self.codec.combine(uploads, None, None)
         for key in self.frozen + self.local:  # a fixed head and the clients' own layers are not aggregated
             new[key] = old[key]
         new = server_step(self.kind, old, new, self.trainable, self.state, self.cfg, self.lr)

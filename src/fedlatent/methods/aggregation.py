@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from fedlatent.methods.parts import Tensors, Upload
+from fedlatent.methods.parts import Combine, Tensors, Upload
 
 
 def weighted_mean(uploads: list[Upload], keys: list[str] | None = None,
@@ -41,13 +41,16 @@ def weighted_mean(uploads: list[Upload], keys: list[str] | None = None,
     return out
 
 
-def split_mean(uploads: list[Upload], trainable: set[str], weights: list[float]) -> Tensors:
+def split_mean(uploads: list[Upload], trainable: set[str], weights: list[float],
+               combine: Combine | None = None) -> Tensors:
     """The uploads' states averaged with the coefficients ``weights`` over the ``trainable``
     tensors and by sample count over the rest (buffers), keys in the uploads' order (FedNova's and
-    FedDyn's starting point)."""
+    FedDyn's starting point); both sums through ``combine`` (the update codec's, default
+    :func:`weighted_mean`)."""
+    combine = combine or weighted_mean
     names = list(uploads[0].state)
-    means = {**weighted_mean(uploads, [n for n in names if n not in trainable]),
-             **weighted_mean(uploads, [n for n in names if n in trainable], weights)}
+    means = {**combine(uploads, [n for n in names if n not in trainable], None),
+             **combine(uploads, [n for n in names if n in trainable], weights)}
     return {n: means[n] for n in names}
 
 

@@ -18,7 +18,7 @@ import torch
 from torch import Tensor
 
 from fedlatent.methods.aggregation import split_mean
-from fedlatent.methods.parts import ClientRound, LockstepContext, MethodSpec, Part, Tensors, Upload
+from fedlatent.methods.parts import ClientRound, Combine, LockstepContext, MethodSpec, Part, Tensors, Upload
 from fedlatent.methods.registry import register_part, register_preset
 
 LAM, H = "feddyn.lambda.", "feddyn.h."
@@ -60,8 +60,8 @@ class FedDyn(Part):
         return deltas
 
     def aggregate(self, global_state: Tensors, uploads: list[Upload], server_state: Tensors,
-                  trainable: set[str], num_clients: int) -> Tensors:
-        out = split_mean(uploads, trainable, [1 / len(uploads)] * len(uploads))  # the plain mean
+                  trainable: set[str], num_clients: int, combine: Combine | None = None) -> Tensors:
+        out = split_mean(uploads, trainable, [1 / len(uploads)] * len(uploads), combine)  # the plain mean
         for name in (n for n in out if n in trainable):
             h = server_state.get(H + name, torch.zeros_like(global_state[name]))
             h = h + torch.stack([u.extras[self.name][name] for u in uploads]).sum(0) / num_clients

@@ -11,7 +11,7 @@ import math
 from typing import Any
 
 from fedlatent.methods.aggregation import split_mean
-from fedlatent.methods.parts import MethodSpec, Part, Tensors, Upload
+from fedlatent.methods.parts import Combine, MethodSpec, Part, Tensors, Upload
 from fedlatent.methods.registry import register_part, register_preset
 
 
@@ -28,17 +28,18 @@ class FedNova(Part):
     owns_aggregation = True
 
     def aggregate(self, global_state: Tensors, uploads: list[Upload], server_state: Tensors,
-                  trainable: set[str], num_clients: int) -> Tensors:
+                  trainable: set[str], num_clients: int, combine: Combine | None = None) -> Tensors:
         """w − τ_eff · Σ_i p_i (w − w_i) / a_i for the trainable tensors (the module's formula),
         computed as w − τ_eff · (Σ_i c_i · w − Σ_i c_i w_i) with c_i = p_i / a_i, the last sum one
-        :func:`weighted_mean` with those coefficients; the rest (buffers) the sample-weighted mean."""
+        :func:`weighted_mean` with those coefficients (through ``combine``, the update codec's);
+        the rest (buffers) the sample-weighted mean."""
         total = float(sum(u.num_samples for u in uploads))
         shares = [u.num_samples / total for u in uploads]
         factors = [normalising_factor(u.steps, u.momentum) for u in uploads]
         tau_eff = sum(p * a for p, a in zip(shares, factors))
         # a client without a step (a = 0) makes the model non-finite, as (w − w_i)/0 would
         coeffs = [p / a if a else math.inf for p, a in zip(shares, factors)]
-        rows = split_mean(uploads, trainable, coeffs)
+        rows = split_mean(uploads, trainable, coeffs, combine)
         pull = sum(coeffs)
         for name in (n for n in rows if n in trainable):
             w = global_state[name]

@@ -22,6 +22,10 @@ from fedlatent.models.base import FedModel, ModelOutput
 from fedlatent.losses.amp import in_float32
 
 Tensors = dict[str, Tensor]
+# the server's weighted sum of the uploads' states over some keys, with some coefficients (None: all
+# keys, the sample shares): the update codec's ``combine`` (federated.codec), by default the plain
+# ``methods.aggregation.weighted_mean``
+Combine = Callable[[list["Upload"], "list[str] | None", "list[float] | None"], Tensors]
 
 
 @dataclass
@@ -187,8 +191,9 @@ class Part:
         return {}
 
     def aggregate(self, global_state: Tensors, uploads: list[Upload], server_state: Tensors,
-                  trainable: set[str], num_clients: int) -> Tensors:
-        """Replace the weighted mean (only for a part with ``owns_aggregation``)."""
+                  trainable: set[str], num_clients: int, combine: Combine | None = None) -> Tensors:
+        """Replace the weighted mean (only for a part with ``owns_aggregation``), taking its sums
+        of the uploads' states through ``combine`` (the run's update codec; None: the plain mean)."""
         raise NotImplementedError
 
     def server_update(self, uploads: list[Upload], server_state: Tensors, num_clients: int) -> None:

@@ -44,14 +44,16 @@ from fedlatent.errors import ConfigError
 from fedlatent.federated import devices
 from fedlatent.federated.calibrate import client_statistics
 from fedlatent.federated.client import Workspace, state_to_cpu, workspace_for
+from fedlatent.federated.codec import UpdateCodec, build_codec
 from fedlatent.federated.diagnostics import (label_counts, mean_value_counts, mean_value_range, split_statistics,
                                              tsne_features, tsne_seed)
 from fedlatent.federated.evaluation import client_validation
 from fedlatent.federated.failures import ClientFailure, error_detail
 from fedlatent.federated.personal import client_report
-from fedlatent.federated.round import checked, client_update, local_settings, round_lr
+from fedlatent.federated.round import checked, client_update, encoded, local_settings, round_lr
+from fedlatent.federated.server import untransmitted_keys
 from fedlatent.methods import resolve
-from fedlatent.methods.parts import MethodSpec, Tensors
+from fedlatent.methods.parts import MethodSpec, Tensors, trainable_names
 from fedlatent.seeding import FINETUNE, derive_seed
 
 STATE = "client."  # Context.state record name prefix of a client's state
@@ -69,6 +71,8 @@ class Job:
     workspace: Workspace
     device: torch.device
     initial: Tensors  # the seeded initial model: the entries the server does not send (a fixed head, own layers)
+    codec: UpdateCodec  # the run's update codec: the client side of the server's
+    untransmitted: frozenset[str]  # the entries that never travel (a fixed head, own layers): not coded
 
 
 def served(node_config: dict[str, Any], num_clients: int) -> list[int]:
@@ -130,7 +134,10 @@ def job_for(config_toml: str, node_config: dict[str, Any], normalization: Tensor
         model = devices.prepare(make_model(config, federation, spec), device)
         ws = workspace_for(model, spec, config.train.compile)
         initial = state_to_cpu(model)
-        _BUILT[key] = Job(config, spec, federation, {}, ws, device, initial)
+        frozen, local = untransmitted_keys(spec, [n for n, _ in model.named_parameters()], trainable_names(model),
+                                           list(initial))
+        _BUILT[key] = Job(config, spec, federation, {}, ws, device, initial, build_codec(config.privacy),
+                          frozenset(frozen + local))
     job = _BUILT[key]
     if data_path:  # the node's own file holds its one client: client partition-id
         clients = {int(node_config["partition-id"]): job.federation.clients[0]}
@@ -181,8 +188,9 @@ def train(msg: Message, context: Context) -> Message:
     """A round of the node's selected clients, in turn: each task (the global model completed
     from the node's seeded initial model where the server withheld entries) with the client's
     state from the node's context (or the server's copy the first time a resumed run reaches it)
-    → its upload (without the entries the server withholds from uploads), the new state kept in
-    the context; a client that raises or is not finite keeps its old state."""
+    → its upload, checked and then encoded by the run's update codec (the message, without the
+    entries the server withholds from uploads), the new state kept in the context; a client that
+    raises or is not finite keeps its old state."""
     job = _job(msg, context)
     cfg = job.config
     outcomes: list[M.Outcome] = []
@@ -198,7 +206,7 @@ def train(msg: Message, context: Context) -> Message:
         try:
             upload, new_state = client_update(job.workspace, job.spec, task, job.clients[task.client_id].train,
                                               state, settings, cfg.seed)
-            outcome = checked(upload, new_state)
+            [outcome] = encoded(job.codec, [checked(upload, new_state)], task.global_state, job.untransmitted)
         except ConfigError as exc:  # the user's error: the server ends the run with it (exit 2)
             outcome = ClientFailure(task.client_id, "config", str(exc))
         except Exception as exc:  # any other error of the client's update is that client's failure

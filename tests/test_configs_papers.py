@@ -41,7 +41,7 @@ FEDUV_CIFAR100 = {  # FedUV (CVPR 2024) Sec. 4.1 and supplement Tables 2-3
     "model.arch": "resnet18", "model.projector": 512,  # ResNet-18 + 512 projector
     "model.stem": "imagenet_nopool",     # "removing the initial max-pooling layer" of the ImageNet ResNet
     "train.lr": 0.01, "train.momentum": 0.9, "train.weight_decay": 1e-5,  # SGD
-    "train.lr_schedule": "constant",     # the paper states lr 0.01 and no schedule (the release: cosine)
+    "train.lr_schedule": "cosine",       # the paper states lr 0.01 and no schedule: the release's cosine over the rounds
     "train.batch_size": 128,             # not stated: the release's default
     "train.local_epochs": 10, "train.rounds": 60, "train.participation": 1.0,  # E = 10, R = 60 on CIFAR-100
     "algorithm.name": "feduv", "algorithm.mu": 0.5, "algorithm.lam": 25.0,  # μ 0.5, λ = C/4 = 100/4
@@ -245,18 +245,45 @@ FEDUV_SPECS = ["feduv_table1", "feduv_table2", "feduv_table3", "feduv_table4", "
                "feduv_supp_table4", "feduv_supp_table5"]
 
 
+FEDUV_MAIN_TEXT = ["feduv_table1", "feduv_table2", "feduv_table3"]  # the tables with a FedProx row
+
+
 @pytest.mark.parametrize("spec", FEDUV_SPECS)
 def test_feduv_cells_carry_the_papers_network_schedule_and_fedprox(spec: str) -> None:
-    """Sec. 4.1: ResNets without the max-pool of the ImageNet stem, a constant lr 0.01; batch 128 (the
-    release's; not stated); FedProx μ 0.001 (supplement Tables 2-3, over the main text's 0.01) outside
-    the supplement's own μ sweep."""
+    """Sec. 4.1: ResNets without the max-pool of the ImageNet stem, lr 0.01; the release's batch 128 and
+    cosine over the rounds (neither stated); FedProx μ 0.01 in the main text's tables (feduv.txt:130),
+    the supplement's μ sweep (Tables 2-3) one row per μ, 0.001 the underlined one."""
+    fedprox = set()
     for cell in reproduce.load_spec(spec).cells:
         config = cell.config
         if config.model.arch in ("resnet18", "resnet50"):
             assert config.model.options["stem"] == "imagenet_nopool", cell.name
-        assert (config.train.batch_size, config.train.lr_schedule, config.train.lr) == (128, "constant", 0.01), cell.name
-        if config.algorithm["name"] == "fedprox" and spec != "feduv_supp_table2":
-            assert config.algorithm["mu"] == 0.001, cell.name
+        assert (config.train.batch_size, config.train.lr_schedule, config.train.lr, config.train.lr_min) == \
+            (128, "cosine", 0.01, 0.0), cell.name
+        if config.algorithm["name"] == "fedprox":
+            fedprox.add((cell.labels["method"], config.algorithm["mu"]))
+    if spec in FEDUV_MAIN_TEXT:
+        assert fedprox == {("fedprox", 0.01)}
+    elif spec == "feduv_supp_table2":
+        assert fedprox == {(f"fedprox-mu{mu:g}", mu) for mu in (0.001, 0.01, 0.1, 1.0)}
+    else:
+        assert not fedprox
+
+
+def test_feduv_supplement_tiers_run_its_underlined_fedprox_and_table_1s_cpu_tier_the_main_texts() -> None:
+    for tier in ("quick", "cpu"):
+        supp = {c.config.algorithm["mu"] for c in reproduce.load_spec("feduv_supp_table2", tier=tier).cells
+                if c.config.algorithm["name"] == "fedprox"}
+        assert supp == {0.001}, tier
+    main = {c.config.algorithm["mu"] for c in reproduce.load_spec("feduv_table1", tier="cpu").cells
+            if c.config.algorithm["name"] == "fedprox"}
+    assert main == {0.01}
+
+
+def test_feduv_configs_anneal_the_rate_by_the_releases_cosine_and_keep_constant_one_key_away() -> None:
+    for path in sorted((CONFIGS / "feduv").glob("*.toml")):
+        assert load_config(path).train.lr_schedule == "cosine", path.name
+        assert load_config(path, ['train.lr_schedule="constant"']).train.lr_schedule == "constant"
 
 
 def test_feddecorr_moon_rows_use_the_releases_projection_head() -> None:

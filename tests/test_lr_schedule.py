@@ -43,6 +43,20 @@ def test_constant_and_cosine_unchanged() -> None:
     assert round_lr(t, 5) == pytest.approx(0.01 + 0.045 * (1 + math.cos(math.pi / 2)))
 
 
+@pytest.mark.parametrize(("rounds", "lr_min"), [(100, 0.0), (60, 0.0), (7, 0.002)])
+def test_cosine_matches_torch_cosineannealinglr_stepped_once_a_round(rounds: int, lr_min: float) -> None:
+    """FedUV's release: CosineAnnealingLR(optimizer, T_max = rounds) (eta_min 0), round r trained at
+    get_last_lr(), step() after each round (train_fl.py); torch's scheduler works in Python floats (float64)."""
+    t = _train("train.lr_schedule=cosine", "train.lr=0.01", f"train.rounds={rounds}", f"train.lr_min={lr_min}")
+    opt = torch.optim.SGD([torch.zeros(1, dtype=torch.float64, requires_grad=True)], lr=0.01)
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=rounds, eta_min=lr_min)
+    for r in range(rounds):
+        assert round_lr(t, r) == pytest.approx(sched.get_last_lr()[0], rel=1e-12, abs=1e-15), r
+        opt.step()
+        sched.step()
+    assert round_lr(t, 0) == 0.01 and round_lr(t, rounds - 1) > lr_min
+
+
 @pytest.mark.parametrize("value", ["[0]", "[5, 3]", "[4, 4]", "[1.5]", '["a"]'])
 def test_bad_milestones_are_rejected(value: str) -> None:
     with pytest.raises(ConfigError, match="train.lr_milestones"):

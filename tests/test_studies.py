@@ -66,6 +66,26 @@ def test_terms_variants_overrides_and_published_matrix(tmp_path: Path) -> None:
     assert study.published_for((("terms", "decorrelation"), ("seed", "3")))["std"] == 0.1
 
 
+def test_a_tiers_only_may_be_a_list_of_tables_keeping_their_union(tmp_path: Path) -> None:
+    raw = {"base": {"train": {"rounds": 1}, "data": {"partition": "dirichlet"}},
+           "variants": {"method": {"fedavg": {"algorithm": {"name": "fedavg"}}, "prox": {"algorithm": {"name": "fedprox"}}}},
+           "grid": {"data.alpha": [0.1, 5.0], "seed": [0, 1]},
+           "quick": {"only": [{"data.alpha": "0.1", "method": "prox"}, {"data.alpha": "5", "seed": "1"}]}}
+    cells = {tuple(c.labels.values()) for c in parse_study(raw, tmp_path, tier="quick").cells}
+    assert cells == {("prox", "0.1", "0"), ("prox", "0.1", "1"), ("fedavg", "5", "1"), ("prox", "5", "1")}
+
+
+def test_ditto_table1_cpu_tier_adds_alpha_5_with_fedavg_and_each_constraint() -> None:
+    study = reproduce.load_spec("ditto_table1", tier="cpu")
+    groups = {(c.labels["setting"], c.labels["method"]) for c in study.cells}
+    assert groups == {("cifar10-a0.1", m) for m in ("cosine", "mmdd", "mkmmd_every20")} | \
+        {("cifar10-a5", m) for m in ("fedavg", "cosine", "mmdd", "mkmmd_every20")}
+    a5 = [c for c in study.cells if c.labels["setting"] == "cifar10-a5"]
+    assert {c.config.data.alpha for c in a5} == {5.0} and len(a5) == 12
+    assert {(c.config.data.train_per_class, c.config.data.test_per_class, c.config.train.rounds) for c in study.cells} == {(150, 100, 6)}
+    assert "α = 5" in study.budget
+
+
 @pytest.mark.parametrize("raw, needle", [
     ({"grid": {"train.lr": []}}, "grid.train.lr"),
     ({"grid": {"train.lr": [-1.0]}}, "train.lr"),

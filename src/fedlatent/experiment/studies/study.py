@@ -29,7 +29,7 @@ the matching ``[[overrides]]``. ``[[unavailable]]`` tables (``where = {axis = la
 ``also_quick = true``: a missing method rather than missing data), and ``[[published]]`` tables
 (``where``, ``value``, optional ``std``) hold a paper's numbers. ``[quick]`` (``base``, ``set``,
 ``grid``, ``variants`` replace or add to the full ones; ``only = {axis = [labels]}`` keeps some
-cells; ``compare = {axis = {quick label = paper label}}``) is the reduced version that
+cells, a list of such tables the cells any of them keeps; ``compare = {axis = {quick label = paper label}}``) is the reduced version that
 ``fedlatent reproduce --quick`` runs; ``[cpu]``, with the same keys and a ``budget`` line, is the
 real-data tier (``fedlatent reproduce --tier cpu``): the paper's data at a budget two CPU cores
 finish, with the budget stated beside every table it produces. A tier's ``[[TIER.overrides]]`` apply
@@ -265,7 +265,7 @@ def parse_study(raw: dict, folder: Path, *, tier: str = "full", where: str = "st
     cells, names = [], set()
     for combo in itertools.product(*[range(len(a.labels)) for a in axes]):
         labels = {a.name: a.labels[i] for a, i in zip(axes, combo)}
-        if not _matches(q.get("only", {}), labels):
+        if not _kept(q.get("only", {}), labels):
             continue
         doc = copy.deepcopy(base)
         for a, i in zip(axes, combo):
@@ -292,6 +292,11 @@ def parse_study(raw: dict, folder: Path, *, tier: str = "full", where: str = "st
     return Study(raw.get("title", raw.get("name", "")), axes, cells, select, metric,
                  _published(raw.get("published", []), where), q.get("compare", {}), q.get("note", ""),
                  raw.get("paper", ""), tier, q.get("budget", ""))
+
+
+def _kept(only: dict[str, Any] | list[dict[str, Any]], labels: dict[str, str]) -> bool:
+    """Whether a tier's ``only`` keeps a cell: one ``where`` table, or a list of them (their union)."""
+    return any(_matches(w, labels) for w in only) if isinstance(only, list) else _matches(only, labels)
 
 
 def _matches(where: dict[str, Any], labels: dict[str, str]) -> bool:

@@ -490,6 +490,15 @@ OPTIMIZERS = {  # the local optimisers' settings the table crosses with every pr
 }
 
 
+def test_kept_momentum_of_a_one_step_round_matches_simulation() -> None:
+    """SGD momentum kept across rounds when each client takes one step a round: the stacked clients'
+    buffers (made lazily) are kept for the next round, as the one-client trainer keeps its own."""
+    config = fedlatent.config.from_dict(fedlatent.config.apply_overrides(fedlatent.config.to_dict(_digits("fedavg")), [
+        "train.optimizer=sgd", "train.momentum=0.9", "train.optimizer_state=kept", "train.local_steps=1",
+        "train.rounds=3"]))
+    _assert_same_run(config, atol=1e-5, beta_atol=0.0, rel=1e-5)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("optimizer", sorted(OPTIMIZERS))
 @pytest.mark.parametrize("name", sorted(PRESETS))

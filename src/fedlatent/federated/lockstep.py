@@ -661,7 +661,8 @@ def _train_together(ws: Workspace, starts: list[Tensors], datas: list[Split], sp
                     out, y, params, group_global, global_out, s.num_classes, group_rcs, prev_out, group_present),
                     record)
 
-            again = any(steps[c] < total[c] for c in members)
+            # a buffer is needed again when a client steps again, or keeps its optimiser state for the next round
+            again = s.keep_optimizer or any(steps[c] < total[c] for c in members)
             global_stack.step(group, global_loss, again)
             if ditto:
                 personal_stack.step(group, _personal_loss(spec, personal_forward, global_out, taps, x, y, weights, s,

@@ -43,15 +43,25 @@ def _play(s) -> list[dict]:
     return [simulation.run_round(s, rnd) for rnd in range(s.config.train.rounds)]
 
 
-def _float64_rounds(configs, stacked: bool):
-    """Each config's setup and round lines, the runs stacked (a thread each) or each alone, in float64."""
+class _SecondAsksFirst(Cohort):
+    """A cohort whose lockstep calls take the waiting runs in the reverse of the order they asked:
+    as if the other run's thread had come first (which one does is thread timing)."""
+
+    def _train_pending(self) -> None:
+        self.pending.reverse()
+        super()._train_pending()
+
+
+def _float64_rounds(configs, stacked: bool, cohort_type: type[Cohort] = Cohort):
+    """Each config's setup and round lines, the runs stacked (a thread each, in a ``cohort_type``)
+    or each alone, in float64."""
     before = torch.get_default_dtype()
     torch.set_default_dtype(torch.float64)
     try:
         if not stacked:
             setups = [_setup(c, lockstep_update) for c in configs]
             return setups, [_play(s) for s in setups]
-        cohort = Cohort(len(configs))
+        cohort = cohort_type(len(configs))
         setups: list = [None] * len(configs)
 
         def member(i: int):
@@ -74,6 +84,9 @@ def _assert_equal_runs(configs) -> None:
     for a, b, la, lb in zip(alone, stacked, alone_lines, stacked_lines):
         for k, v in a.server.global_state.items():
             torch.testing.assert_close(b.server.global_state[k], v, atol=1e-9, rtol=1e-9, msg=k)
+        assert sorted(a.server.state) == sorted(b.server.state)
+        for k, v in a.server.state.items():  # SCAFFOLD's c, FedDyn's h, a server optimiser's slots
+            torch.testing.assert_close(b.server.state[k], v, atol=1e-9, rtol=1e-9, msg=k)
         for sa, sb in zip(a.client_states, b.client_states):
             assert sorted(sa) == sorted(sb)
             for k, v in sa.items():
@@ -98,6 +111,24 @@ def test_ditto_runs_stacked_pull_each_client_towards_its_own_run(digits_config: 
     base = small_config()
     configs = [dataclasses.replace(base, seed=seed) for seed in (0, 3)]
     _assert_equal_runs(configs)
+
+
+@pytest.mark.parametrize("method", ["scaffold", "feddyn"])
+def test_scaffold_and_feddyn_runs_stacked_equal_each_alone_whichever_asks_first(digits_config: Path,
+                                                                                method: str) -> None:
+    """Their parts' finish reads the trained weights off ``rc.model`` (SCAFFOLD's c_i, FedDyn's λ_k
+    and upload): every run's clients read the stack's, not their own run's idle model — whichever
+    run's thread asks first, the stack of both gives the same bits."""
+    base = load_config(digits_config, ["train.rounds=2", "model.hidden=[16]", "data.num_clients=4",
+                                       "train.local_steps=3", f"algorithm.name={method}"])
+    configs = [dataclasses.replace(base, seed=seed) for seed in (0, 1)]
+    _assert_equal_runs(configs)
+    first, _ = _float64_rounds(configs, stacked=True)
+    second, _ = _float64_rounds(configs, stacked=True, cohort_type=_SecondAsksFirst)
+    for a, b in zip(first, second):
+        for x, y in ((a.server.global_state, b.server.global_state), (a.server.state, b.server.state),
+                     *zip(a.client_states, b.client_states)):
+            assert sorted(x) == sorted(y) and all(torch.equal(x[k], y[k]) for k in x)
 
 
 def test_a_run_ending_early_stops_no_other(digits_config: Path) -> None:

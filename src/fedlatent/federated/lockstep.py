@@ -560,6 +560,9 @@ def _train_together(ws: Workspace, starts: list[Tensors], datas: list[Split], sp
         model.load_state_dict(starts[0])  # what begin may read off rc.model (shapes, devices)
     shared = {n: starts[0][n].to(device) for n in param_names} if same_start else None
     for rc, start in zip(rcs, starts):
+        # the parts read the model this call trains: begin its shapes, finish the trained weights
+        # (loaded below); a client of another stacked run came with its own run's idle model
+        rc.model = model
         rc.global_params = dict(shared) if shared is not None else {n: start[n].to(device) for n in param_names}
         for part in spec.parts + personal_parts:
             part.begin(rc)

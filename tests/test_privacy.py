@@ -7,6 +7,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -249,6 +251,18 @@ def test_a_bad_privacy_setting_exits_2_in_one_line_before_any_run_folder(case: s
     assert message in _exits_2(overrides, tmp_path, capsys)
 
 
-def test_a_private_run_without_the_accountant_names_the_extra(tmp_path: Path, capsys, monkeypatch) -> None:
-    monkeypatch.setattr(accounting, "available", lambda: False)
-    assert "fedlatent[privacy]" in _exits_2(PRIVATE, tmp_path, capsys)
+def test_without_the_extra_a_plain_run_works_and_a_private_one_names_it(tmp_path: Path) -> None:
+    """dp-accounting made unimportable in a fresh process: the package imports and runs without
+    it; a private run exits 2 in one line naming the extra, before any run folder."""
+    script = ("import sys; sys.modules['dp_accounting'] = None\n"
+              "from fedlatent.cli import main\n"
+              "sys.exit(main(sys.argv[1:]))\n")
+    env = {"PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1"}
+    base = [sys.executable, "-c", script, "run", str(CONFIG), "--no-progress", "--set", "train.rounds=1"]
+    plain = subprocess.run([*base, "--out", str(tmp_path / "plain")], capture_output=True, text=True, env=env)
+    assert plain.returncode == 0, plain.stderr
+    private = subprocess.run([*base, *[a for o in PRIVATE for a in ("--set", o)], "--out", str(tmp_path / "dp")],
+                             capture_output=True, text=True, env=env)
+    assert private.returncode == 2
+    assert private.stderr.strip().count("\n") == 0 and "fedlatent[privacy]" in private.stderr
+    assert not (tmp_path / "dp").exists()

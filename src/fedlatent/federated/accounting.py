@@ -16,8 +16,12 @@ rounds is the accountant's conversion of r times it (RDP adds under composition,
 from __future__ import annotations
 
 import importlib.util
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from dp_accounting import DpEvent
 
 EXTRA = "pip install 'fedlatent[privacy]'"
 
@@ -27,7 +31,7 @@ def available() -> bool:
     return importlib.util.find_spec("dp_accounting") is not None
 
 
-def round_event(num_clients: int, per_round: int, noise_multiplier: float):  # -> dp_accounting.DpEvent
+def round_event(num_clients: int, per_round: int, noise_multiplier: float) -> DpEvent:
     """One round's ``DpEvent``: the Gaussian of multiplier σ/2 (replace-one sensitivity 2C of the sum
     of updates clipped to C, noise σC), on a sample of ``per_round`` of ``num_clients`` clients
     without replacement — the Gaussian alone when every client takes part."""

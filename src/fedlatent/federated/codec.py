@@ -140,7 +140,8 @@ class GaussianCodec(ClipCodec):
                  accountant: Accountant | None = None) -> None:
         super().__init__(clip_norm)
         if not (noise_multiplier >= 0 and math.isfinite(clip_norm)):
-            raise ValueError(f"noise_multiplier {noise_multiplier} >= 0 needs a finite clip_norm, got {clip_norm}")
+            raise ValueError(f"GaussianCodec needs noise_multiplier >= 0 and a finite clip_norm, got "
+                             f"{noise_multiplier} and {clip_norm}")
         self.noise_multiplier, self.per_round, self.seed = noise_multiplier, per_round, seed
         self.accountant = accountant
 

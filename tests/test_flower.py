@@ -119,6 +119,21 @@ def test_clipping_codec_parity_through_messages(method, tmp_path, monkeypatch):
     assert_parity(*run_both(tmp_path, monkeypatch, extra, grid=InProcessGrid(2)))
 
 
+def test_dp_fedavg_parity_through_messages(tmp_path, monkeypatch):
+    """DP-FedAvg through the messages: the nodes clip, the ServerApp adds the noise (seeded by the
+    run's seed and round) in the codec's combine, as the embedded server does — the same weights
+    every round, the same ε at δ in every metrics line and in summary.json."""
+    pytest.importorskip("dp_accounting", reason="the privacy extra (pip install 'fedlatent[privacy]')")
+    extra = ["privacy.clip_norm=0.1", "privacy.noise_multiplier=0.5", "train.participation=0.5"]
+    embedded, flower, embedded_rounds, flower_rounds = run_both(tmp_path, monkeypatch, extra, grid=InProcessGrid(2))
+    assert_parity(embedded, flower, embedded_rounds, flower_rounds)
+    lines = {name: [json.loads(x) for x in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
+             for name in ("embedded", "flower")}
+    epsilons = [x["privacy_epsilon"] for x in lines["flower"]]
+    assert epsilons == [x["privacy_epsilon"] for x in lines["embedded"]] and epsilons == sorted(epsilons)
+    assert flower["privacy_epsilon"] == embedded["privacy_epsilon"] == epsilons[-1]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("method", sorted(METHODS))
 def test_parity_on_the_simulation_engine(method, tmp_path, monkeypatch):

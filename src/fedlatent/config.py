@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import tomllib
 import typing
 from dataclasses import dataclass, field
@@ -247,6 +248,11 @@ class PrivacyConfig:
     clip_norm: float = _key(float("inf"), "each client's update w_k - w (every entry that travels) clipped to this "
                             "L2 norm before aggregation (inf = no clipping: the plain update codec)",
                             low=0.0, low_open=True)
+    noise_multiplier: float = _key(0.0, "client-level DP-FedAvg: Gaussian noise of standard deviation "
+                                   "noise_multiplier * clip_norm on the sum of the clipped updates (0 = no "
+                                   "noise, no privacy accounting; > 0 needs a finite clip_norm)", low=0.0)
+    delta: float = _key(1e-5, "the delta at which the accountant reports epsilon (0 < delta < 1; "
+                        "read when noise_multiplier > 0)", low=0.0, low_open=True)
 
 
 @dataclass
@@ -394,8 +400,20 @@ def _check_consistency(config: RunConfig) -> None:
         raise ConfigError(f"train.lr_milestones = {m!r}: expected increasing positive round numbers")
     _check_diagnostics(config.diagnostics)
     _check_tracking(config.tracking)
-    if config.privacy.clip_norm != config.privacy.clip_norm:
+    _check_privacy(config.privacy)
+
+
+def _check_privacy(cfg: PrivacyConfig) -> None:
+    """What the range checks of ``[privacy]`` leave: nan, δ < 1, and noise only with a bound to scale it."""
+    if cfg.clip_norm != cfg.clip_norm:
         raise ConfigError("privacy.clip_norm = nan: must be > 0 (inf: no clipping)")
+    if cfg.noise_multiplier != cfg.noise_multiplier:
+        raise ConfigError("privacy.noise_multiplier = nan: must be >= 0 (0: no noise)")
+    if not 0 < cfg.delta < 1:
+        raise ConfigError(f"privacy.delta = {cfg.delta}: must be > 0 and < 1")
+    if cfg.noise_multiplier > 0 and math.isinf(cfg.clip_norm):
+        raise ConfigError(f"privacy.noise_multiplier = {cfg.noise_multiplier} needs a finite privacy.clip_norm: "
+                          "the noise's scale is noise_multiplier * clip_norm")
 
 
 def _check_names(key: str, names: list[str], allowed: Iterable[str], noun: str) -> None:

@@ -11,6 +11,9 @@ MODEL_INIT, CLIENT_SAMPLING, HEAD_INIT, LOCAL_TRAINING, CALIBRATION, FINETUNE, K
 # draws of the diagnostics (subsamples, t-SNE): outside the training streams, so turning them on
 # changes no training number
 DIAGNOSTICS = 16
+# the server's DP noise (federated.codec.GaussianCodec): a stream of its own, so that adding noise
+# changes no other draw
+PRIVACY_NOISE = 17
 
 # numpy's SeedSequence (O'Neill's seed_seq hash, numpy/random/bit_generator.pyx): its constants
 _MASK32 = 0xFFFFFFFF

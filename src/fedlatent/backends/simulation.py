@@ -31,9 +31,9 @@ from fedlatent.federated.diagnostics import Diagnostics
 from fedlatent.federated.evaluation import client_validation
 from fedlatent.federated.failures import ClientFailure, error_detail
 from fedlatent.federated.personal import client_report
-from fedlatent.federated.codec import build_codec
-from fedlatent.federated.round import (ClientTask, checked_all, client_generators, client_round, encoded, local_settings,
-                                       round_lr)
+from fedlatent.federated.codec import server_codec
+from fedlatent.federated.round import (ClientTask, checked_all, client_generators, client_round, clients_per_round,
+                                       encoded, local_settings, round_lr)
 from fedlatent.federated.round import sample_clients as sample_clients  # the embedded backend's sampling
 from fedlatent.federated.server import Server
 from fedlatent.federated.state import write_atomically
@@ -164,7 +164,9 @@ def initial_server(config: RunConfig, federation: GlobalData, spec: MethodSpec,
     torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0)
     model = devices.prepare(make_model(config, federation, spec), config.train.device)
     server = Server(spec, state_to_cpu(model), [n for n, _ in model.named_parameters()], trainable_names(model),
-                    config.server, num_clients, build_codec(config.privacy))
+                    config.server, num_clients,
+                    server_codec(config.privacy, config.seed, num_clients,
+                                 clients_per_round(num_clients, config.train.participation)))
     return model, server
 
 

@@ -33,8 +33,10 @@ from collections.abc import Collection
 import torch
 
 from fedlatent.config import PrivacyConfig
+from fedlatent.federated.accounting import Accountant
 from fedlatent.methods.aggregation import weighted_mean
-from fedlatent.methods.parts import Tensors, Upload
+from fedlatent.methods.parts import Combine, Tensors, Upload
+from fedlatent.seeding import PRIVACY_NOISE, derive_seed
 
 
 class UpdateCodec:
@@ -55,6 +57,16 @@ class UpdateCodec:
         n_k / Σn or the ``weights`` given (FedNova's p_k / a_k, FedDyn's 1/K): the contract of
         :func:`~fedlatent.methods.aggregation.weighted_mean`, which the plain codec is."""
         return weighted_mean(messages, keys, weights)
+
+    def round_combine(self, rnd: int, reference: Tensors, withheld: Collection[str]) -> Combine:
+        """The ``combine`` of round ``rnd`` (0-based), whose clients started from ``reference`` and
+        kept ``withheld`` to themselves: a codec that draws noise or unmasks per round binds them
+        here; the plain codec's is :meth:`combine` itself."""
+        return self.combine
+
+    def epsilon(self, rounds: int) -> float | None:
+        """The privacy loss ε after ``rounds`` rounds, or None: the codec gives no DP guarantee."""
+        return None
 
     def total(self, statistics: list[Tensors]) -> Tensors:
         """The clients' statistics summed entry by entry (FFC's Σ_k V_k and Σ_k U_k), in the
@@ -105,6 +117,84 @@ class ClipCodec(UpdateCodec):
         return dataclasses.replace(upload, state=state)
 
 
+class GaussianCodec(ClipCodec):
+    """Client-level DP-FedAvg (McMahan et al. 2018, "Learning differentially private recurrent
+    language models", Algorithm 1): each client's update clipped to L2 norm C on the client
+    (:class:`ClipCodec`), and on the server the fixed-denominator estimator
+
+        w̄' = w̄ + (Σ_k Δ_k + N(0, σ²C² I)) / m,
+
+    each selected client weighted alike (data-size weights would let one client's share exceed C
+    and break the sensitivity bound) and the sum divided by the *expected* number of clients m per
+    round (``train.participation``'s count), not by the number that replied, so that a dropped
+    client changes no other's weight (the paper's f̃_f with w_k = 1, qW = m). The noise is drawn on
+    the server alone, from a generator seeded by (run seed, round), over every floating-point
+    entry that travels; integer entries (BatchNorm's batch counts) stay at w̄'s value and the
+    entries that never travel at the reference's, as the server keeps them anyway. ε after r
+    rounds comes from ``accountant`` (:class:`~fedlatent.federated.accounting.Accountant`; None: no ε
+    reported)."""
+
+    name = "gaussian"
+
+    def __init__(self, clip_norm: float, noise_multiplier: float, per_round: int, seed: int,
+                 accountant: Accountant | None = None) -> None:
+        super().__init__(clip_norm)
+        if not (noise_multiplier >= 0 and math.isfinite(clip_norm)):
+            raise ValueError(f"GaussianCodec needs noise_multiplier >= 0 and a finite clip_norm, got "
+                             f"{noise_multiplier} and {clip_norm}")
+        self.noise_multiplier, self.per_round, self.seed = noise_multiplier, per_round, seed
+        self.accountant = accountant
+
+    def combine(self, messages: list[Upload], keys: list[str] | None = None,
+                weights: list[float] | None = None) -> Tensors:
+        """Refused: the estimator needs the round (its noise) and its reference (:meth:`round_combine`)."""
+        raise TypeError("GaussianCodec combines a round's messages through round_combine(rnd, reference, withheld)")
+
+    def round_combine(self, rnd: int, reference: Tensors, withheld: Collection[str]) -> Combine:
+        def combine(messages: list[Upload], keys: list[str] | None = None,
+                    weights: list[float] | None = None) -> Tensors:
+            if weights is not None:
+                raise ValueError("the DP-FedAvg estimator weights every client alike; a weighted combine "
+                                 "(FedNova's, FedDyn's) breaks its sensitivity bound")
+            return self.noisy_mean(messages, keys, reference, withheld, self.noise(rnd))
+        return combine
+
+    def noise(self, rnd: int) -> torch.Generator:
+        """Round ``rnd``'s noise generator: (run seed, PRIVACY_NOISE, round)."""
+        return torch.Generator().manual_seed(derive_seed(self.seed, PRIVACY_NOISE, rnd))
+
+    def noisy_mean(self, messages: list[Upload], keys: list[str] | None, reference: Tensors,
+                   withheld: Collection[str], generator: torch.Generator) -> Tensors:
+        """w̄ + (Σ_k Δ_k + N(0, σ²C²)) / m over ``keys`` (every key of the first message: None),
+        the sum and the noise in float64 and the result in each entry's dtype."""
+        scale = self.noise_multiplier * self.clip_norm
+        out: Tensors = {}
+        for key in messages[0].state if keys is None else keys:
+            ref = reference[key]
+            if key in withheld or not ref.is_floating_point():
+                out[key] = ref
+                continue
+            total = torch.stack([m.state[key].to(ref.device, torch.float64) for m in messages]).sum(0) \
+                - len(messages) * ref.double()
+            noise = torch.randn(ref.shape, generator=generator, dtype=torch.float64).to(ref.device)
+            out[key] = (ref.double() + (total + scale * noise) / self.per_round).to(ref.dtype)
+        return out
+
+    def epsilon(self, rounds: int) -> float | None:
+        return None if self.accountant is None else self.accountant.epsilon(rounds)
+
+
 def build_codec(cfg: PrivacyConfig) -> UpdateCodec:
-    """The codec ``[privacy]`` asks for: clipping at ``clip_norm``, or the plain codec (∞)."""
+    """The client's side of the codec ``[privacy]`` asks for (what :meth:`~UpdateCodec.encode`
+    needs): clipping at ``clip_norm``, or the plain codec (∞). A Flower node builds this one; the
+    noise is the server's (:func:`server_codec`)."""
     return UpdateCodec() if math.isinf(cfg.clip_norm) else ClipCodec(cfg.clip_norm)
+
+
+def server_codec(cfg: PrivacyConfig, seed: int, num_clients: int, per_round: int) -> UpdateCodec:
+    """The server's codec: DP-FedAvg's :class:`GaussianCodec` when ``noise_multiplier`` > 0 (its
+    accountant for ``per_round`` of ``num_clients`` clients a round), else :func:`build_codec`'s."""
+    if cfg.noise_multiplier == 0:
+        return build_codec(cfg)
+    accountant = Accountant(num_clients, per_round, cfg.noise_multiplier, cfg.delta)
+    return GaussianCodec(cfg.clip_norm, cfg.noise_multiplier, per_round, seed, accountant)

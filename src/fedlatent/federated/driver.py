@@ -93,6 +93,9 @@ def play_round(s: Run, rnd: int) -> dict[str, Any]:
     if due:
         s.server.global_state, result.metrics["bytes_calibration_up"] = calibrated(s, s.server.global_state)
     line: dict[str, Any] = {"round": rnd + 1, "lr": tasks[0].lr, **result.metrics}
+    epsilon = s.server.codec.epsilon(rnd + 1)
+    if epsilon is not None:  # DP-FedAvg: the privacy spent by the rounds so far, at privacy.delta
+        line["privacy_epsilon"] = epsilon
     if s.spec.count_flops:
         line.update(classifier_round(s, result.uploads, due))
     if (rnd + 1) % cfg.eval.every == 0 or rnd + 1 == cfg.train.rounds:

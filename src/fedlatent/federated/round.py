@@ -156,7 +156,7 @@ def close_round(server: Server, config: RunConfig, rnd: int, tasks: list[ClientT
     :func:`~fedlatent.federated.failures.screen`)."""
     uploads, dropped = screen(rnd, sorted(outcomes, key=_client_of), config.train, replies_checked)
     if uploads:  # none left (every client dropped, train.min_clients = 0): the global model stays
-        server.aggregate(uploads)
+        server.aggregate(uploads, rnd)
     bad = first_nonfinite(server.global_state)
     if bad is not None:
         raise RunStopped(f"round {rnd + 1}: the aggregated global model's {bad} is not finite "

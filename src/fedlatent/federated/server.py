@@ -97,15 +97,16 @@ class Server:
         """What each part sends down with the global model."""
         return {part.name: part.payload(self.state) for part in self.spec.all_parts()}
 
-    def aggregate(self, uploads: list[Upload]) -> None:
-        """One server round: aggregate, apply the server optimiser, update the parts' state."""
+    def aggregate(self, uploads: list[Upload], rnd: int = 0) -> None:
+        """One server round (round ``rnd``, 0-based: the codec's noise draws): aggregate, apply the
+        server optimiser, update the parts' state."""
         old = self.global_state
         aggregator = self.spec.aggregator
+        combine = self.codec.round_combine(rnd, old, self.untransmitted())
         if aggregator is not None:
-            new = aggregator.aggregate(old, uploads, self.state, set(self.trainable), self.num_clients,
-                                       self.codec.combine)
+            new = aggregator.aggregate(old, uploads, self.state, set(self.trainable), self.num_clients, combine)
         else:
-            new = self.codec.combine(uploads, None, None)
+            new = combine(uploads, None, None)
         for key in self.frozen + self.local:  # a fixed head and the clients' own layers are not aggregated
             new[key] = old[key]
         new = server_step(self.kind, old, new, self.trainable, self.state, self.cfg, self.lr)

@@ -32,10 +32,10 @@ from fedlatent.data.registry import DATASETS
 from fedlatent.data.types import Federation, Outline, ServerView
 from fedlatent.errors import ConfigError
 from fedlatent.experiment.runner import tracking
-from fedlatent.federated import compiled, devices, precision
+from fedlatent.federated import accounting, compiled, devices, precision
 from fedlatent.federated.round import sample_clients
 from fedlatent.methods import check_model, resolve
-from fedlatent.methods.parts import MethodSpec
+from fedlatent.methods.parts import MethodSpec, Part
 from fedlatent.models import build_model
 
 BACKEND_NAMES: tuple[str, ...] = next(f.metadata["choices"] for f in dataclasses.fields(RunConfig)
@@ -71,10 +71,43 @@ def validate(config: RunConfig) -> MethodSpec:
             raise ConfigError(f"train.compile = true: {reason}")
     if config.backend == "vectorized":
         vectorized.check(config, spec)
+    if config.privacy.noise_multiplier > 0:
+        check_private(config, spec)
     shape = declared_shape(config.data)
     if shape is not None:
         check_model_fit(config, spec, *shape)
     return spec
+
+
+def private_refusal(spec: MethodSpec) -> str | None:
+    """Why DP-FedAvg cannot cover what ``spec``'s clients send, or None: the noise covers the model
+    update through the codec, not a part's extras the server reads itself (SCAFFOLD's Δc, FedProto's
+    prototypes), a part's own weighted aggregation (FedNova, FedDyn) or calibration statistics (FFC,
+    CCVR, the pooled features)."""
+    for part in spec.all_parts():
+        if part.owns_aggregation:
+            return (f"the part '{part.name}' aggregates with weights of its own, and the DP estimator weights "
+                    "every client alike")
+        if type(part).server_update is not Part.server_update:
+            return f"the part '{part.name}' uploads extras that the server reads outside the update codec"
+    if spec.calibration.kind != "none":
+        return f"the {spec.calibration.kind} calibration's statistics reach the server outside the update codec"
+    return None
+
+
+def check_private(config: RunConfig, spec: MethodSpec) -> None:
+    """DP-FedAvg (``privacy.noise_multiplier`` > 0): a method whose every upload goes through the
+    update codec, and the accountant installed. Every backend honours it (the server's combine and
+    the clients' encode are shared), so none is refused."""
+    sigma = config.privacy.noise_multiplier
+    reason = private_refusal(spec)
+    if reason:
+        raise ConfigError(f"privacy.noise_multiplier = {sigma} on {spec.name}: {reason}; refused until it "
+                          "goes through the update codec (methods sending the model update alone: fedavg, "
+                          "fedprox, fedadam, feduv, moon, ...)")
+    if not accounting.available():
+        raise ConfigError(f"privacy.noise_multiplier = {sigma}: the accountant needs dp-accounting; "
+                          f"{accounting.EXTRA}")
 
 
 def validate_data(config: RunConfig, spec: MethodSpec) -> None:

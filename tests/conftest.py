@@ -12,6 +12,8 @@ import atexit, shutil, tempfile  # noqa: E401,E402
 os.environ["FEDLATENT_CACHE_DIR"] = tempfile.mkdtemp(prefix="fedlatent-test-cache-")
 atexit.register(shutil.rmtree, os.environ["FEDLATENT_CACHE_DIR"], True)
 
+import subprocess  # noqa: E402
+import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
@@ -67,3 +69,17 @@ def checkpoint_every_round(monkeypatch: pytest.MonkeyPatch) -> None:
 
     monkeypatch.setattr(state, "CHECKPOINT_SECONDS", 0.0)
 
+
+
+@pytest.fixture(scope="session")
+def built_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The documentation site built once with ``mkdocs build --strict`` (a build takes about a minute),
+    read by every test of the built site; skipped without the ``docs`` extra."""
+    for module in ("mkdocs", "mkdocstrings", "material", "latex2mathml"):
+        pytest.importorskip(module)
+    mkdocs = shutil.which("mkdocs", path=str(Path(sys.executable).parent)) or "mkdocs"
+    site = tmp_path_factory.mktemp("docs") / "site"
+    done = subprocess.run([mkdocs, "build", "--strict", "--site-dir", str(site)], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300, env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
+    assert done.returncode == 0, done.stdout + done.stderr
+    return site

@@ -5,10 +5,6 @@ from __future__ import annotations
 
 import importlib.util
 import logging
-import os
-import shutil
-import subprocess
-import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 from types import ModuleType, SimpleNamespace
@@ -195,15 +191,8 @@ def test_not_a_folder_is_a_usage_error(offline: ModuleType, tmp_path: Path) -> N
 
 
 @pytest.mark.slow
-def test_the_built_site_needs_no_other_host_and_shows_mathml(offline: ModuleType, tmp_path: Path) -> None:
-    pytest.importorskip("mkdocs")
-    pytest.importorskip("material")
-    pytest.importorskip("latex2mathml")
-    mkdocs = shutil.which("mkdocs", path=str(Path(sys.executable).parent)) or "mkdocs"
-    site = tmp_path / "site"
-    done = subprocess.run([mkdocs, "build", "--strict", "--site-dir", str(site)], cwd=ROOT, capture_output=True,
-                          text=True, timeout=300, env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
-    assert done.returncode == 0, done.stdout + done.stderr
+def test_the_built_site_needs_no_other_host_and_shows_mathml(offline: ModuleType, built_site: Path) -> None:
+    site = built_site
     assert offline.check(site) == []
     page = (site / "methods" / "feduv.html").read_text(encoding="utf-8")
     assert page.count('<math xmlns="http://www.w3.org/1998/Math/MathML" display="block">') == 3

@@ -40,19 +40,11 @@ def flwr_run(fed: LocalFederation, out: Path, overrides: str):
     return done
 
 
-def test_three_supernodes_run_three_rounds(federation, tmp_path):
-    flwr_run(federation, tmp_path / "run", "flower.timeout=300.0")
-    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
-    assert (summary["status"], summary["backend"], summary["rounds_completed"]) == ("completed", "flower", 3)
-    assert summary["clients_dropped"] == [] and 0.5 < summary["final"]["accuracy"] <= 1.0
-    lines = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    assert [x["clients"] for x in lines] == [[0, 1, 2]] * 3
-    assert (tmp_path / "run" / "checkpoints" / "round00003" / "manifest.json").is_file()
-
-
-def test_a_supernode_killed_during_a_round_does_not_stop_the_run(federation, tmp_path):
-    """SuperNode 2 is killed once it has received its second round's task: its client is left out
-    of that round (no reply within flower.timeout) and of the next (the node is gone); the run ends."""
+def test_three_supernodes_run_and_one_killed_during_a_round_does_not_stop_the_run(federation, tmp_path):
+    """One run on the three SuperNodes (one ``flwr run``: each starts app processes, a minute or more
+    on two cores): round 1 is served by every node; then SuperNode 2 is killed once it has received
+    its second round's task, so its client is left out of that round (no reply within flower.timeout)
+    and of the next (the node is gone), and the run still completes its three rounds."""
     victim = federation.nodes[2]
     before = victim.text().count("Receiving: train message")  # the module's earlier runs
 
@@ -68,12 +60,14 @@ def test_a_supernode_killed_during_a_round_does_not_stop_the_run(federation, tmp
     killer.join(timeout=10)
     assert not victim.alive()
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
-    assert summary["status"] == "completed" and summary["rounds_completed"] == 3
+    assert (summary["status"], summary["backend"], summary["rounds_completed"]) == ("completed", "flower", 3)
+    assert 0.5 < summary["final"]["accuracy"] <= 1.0
     lines = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    assert lines[0]["clients"] == [0, 1, 2]
+    assert lines[0]["clients"] == [0, 1, 2] and not lines[0].get("dropped")  # every node served round 1
     assert lines[1]["clients"] == lines[2]["clients"] == [0, 1]
     assert [d["client"] for d in lines[1]["dropped"]] == [2]
     assert {d["client"] for d in summary["clients_dropped"]} == {2}
+    assert (tmp_path / "run" / "checkpoints" / "round00003" / "manifest.json").is_file()
 
 
 def test_a_supernode_with_an_unregistered_key_is_refused(federation):

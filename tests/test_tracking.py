@@ -7,6 +7,7 @@ import os
 import struct
 import subprocess
 import sys
+import time
 import tomllib
 from pathlib import Path
 
@@ -302,6 +303,7 @@ def test_runs_opening_a_new_sqlite_store_at_once_do_not_break_it(tmp_path: Path)
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE) for name in ("a", "b")]
     while not all((tmp_path / f"ready-{name}").exists() for name in ("a", "b")):
         assert all(p.poll() is None for p in procs), [p.communicate() for p in procs]
+        time.sleep(0.01)  # not a busy loop: on two cores it would take a core from the processes' imports
     (tmp_path / "go").touch()  # both create and migrate the tables now, unless one waits for the other
     outputs = [p.communicate(timeout=120) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], outputs

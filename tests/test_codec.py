@@ -15,7 +15,6 @@ import torch
 
 import fedlatent
 from fedlatent.backends import simulation
-from fedlatent.backends.stacked import Cohort
 from fedlatent.data.federation import build_federation
 from fedlatent.errors import ConfigError
 from fedlatent.federated.codec import ClipCodec, UpdateCodec, build_codec, clip, update_norm
@@ -24,6 +23,7 @@ from fedlatent.federated.round import plan_round
 from fedlatent.methods import resolve
 from fedlatent.methods.aggregation import weighted_mean
 from fedlatent.methods.parts import Upload
+from tests.stacked_runs import run_on_each_backend, run_stacked
 
 ROOT = Path(__file__).resolve().parents[1]
 TRAINERS = {"simulation": simulation.train_in_turn, "vectorized": lockstep_update}
@@ -217,24 +217,10 @@ def test_the_clipped_backends_agree_and_stacked_runs_equal_runs_alone() -> None:
     """Clipping on the simulation and vectorized backends gives the same weights up to float
     rounding; two clipped runs in one lockstep stack give each run's numbers alone."""
     config = _config("privacy.clip_norm=0.5")
-    alone = {name: _setup(config, trainer) for name, trainer in TRAINERS.items()}
-    for s in alone.values():
-        for rnd in range(2):
-            simulation.run_round(s, rnd)
-    for k, v in alone["simulation"].server.global_state.items():
-        torch.testing.assert_close(alone["vectorized"].server.global_state[k], v, atol=2e-5, rtol=1e-4, msg=k)
+    alone = run_on_each_backend(config, _setup, TRAINERS)
 
     configs = [config, dataclasses.replace(config, seed=1)]
-    cohort = Cohort(len(configs))
-    setups: list = [None] * len(configs)
-
-    def member(i: int):
-        def go():
-            setups[i] = _setup(configs[i], cohort.trainer)
-            return [simulation.run_round(setups[i], rnd) for rnd in range(2)]
-        return go
-    results = cohort.play([member(i) for i in range(len(configs))])
-    assert not any(isinstance(r, BaseException) for r in results)
+    setups = run_stacked(configs, _setup)
     singles = [alone["vectorized"], _setup(configs[1], lockstep_update)]
     for rnd in range(2):
         simulation.run_round(singles[1], rnd)

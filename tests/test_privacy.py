@@ -17,7 +17,6 @@ import torch
 
 import fedlatent
 from fedlatent.backends import simulation
-from fedlatent.backends.stacked import Cohort
 from fedlatent.cli import main
 from fedlatent.data.federation import build_federation
 from fedlatent.federated import accounting
@@ -25,6 +24,7 @@ from fedlatent.federated.codec import GaussianCodec, UpdateCodec, server_codec
 from fedlatent.federated.lockstep import lockstep_update
 from fedlatent.methods import resolve
 from fedlatent.methods.parts import Upload
+from tests.stacked_runs import run_on_each_backend, run_stacked
 
 dp_accounting = pytest.importorskip("dp_accounting", reason="the privacy extra (pip install 'fedlatent[privacy]')")
 
@@ -157,25 +157,10 @@ def test_sigma_zero_without_clipping_is_the_plain_run_bit_for_bit(backend: str) 
     assert not any("privacy_epsilon" in x for x in lines[1])
 
 
-def _stacked(configs: list) -> list[simulation.Setup]:
-    """``configs`` run as one lockstep stack, two rounds."""
-    cohort = Cohort(len(configs))
-    setups: list = [None] * len(configs)
-
-    def member(i: int):
-        def go():
-            setups[i] = _setup(configs[i], cohort.trainer)
-            return [simulation.run_round(setups[i], rnd) for rnd in range(2)]
-        return go
-    results = cohort.play([member(i) for i in range(len(configs))])
-    assert not any(isinstance(r, BaseException) for r in results)
-    return setups
-
-
 def test_sigma_zero_without_clipping_is_the_plain_stacked_run_bit_for_bit() -> None:
-    plain = _stacked([_config(), _config("seed=1")])
-    zero = _stacked([_config("privacy.noise_multiplier=0", "privacy.delta=0.01"),
-                     _config("seed=1", "privacy.noise_multiplier=0", "privacy.delta=0.01")])
+    plain = run_stacked([_config(), _config("seed=1")], _setup)
+    zero = run_stacked([_config("privacy.noise_multiplier=0", "privacy.delta=0.01"),
+                        _config("seed=1", "privacy.noise_multiplier=0", "privacy.delta=0.01")], _setup)
     assert all(_same(a, b) for a, b in zip(plain, zero))
 
 
@@ -184,14 +169,9 @@ def test_private_backends_agree_and_stacked_runs_equal_runs_alone() -> None:
     draw the same and agree up to float rounding of the trained updates; a stack of two private
     runs gives each run's weights alone."""
     config = _config(*PRIVATE)
-    alone = {name: _setup(config, trainer) for name, trainer in TRAINERS.items()}
-    for s in alone.values():
-        for rnd in range(2):
-            simulation.run_round(s, rnd)
-    for k, v in alone["simulation"].server.global_state.items():
-        torch.testing.assert_close(alone["vectorized"].server.global_state[k], v, atol=2e-5, rtol=1e-4, msg=k)
+    alone = run_on_each_backend(config, _setup, TRAINERS)
     other = dataclasses.replace(config, seed=1)
-    stacked = _stacked([config, other])
+    stacked = run_stacked([config, other], _setup)
     single = _setup(other, lockstep_update)
     for rnd in range(2):
         simulation.run_round(single, rnd)

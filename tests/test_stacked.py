@@ -231,3 +231,26 @@ def test_a_killed_stacked_sweep_resumes_to_the_same_results(tmp_path: Path, digi
         assert r_again["run"] == r_whole["run"]
         assert r_again["accuracy"] == pytest.approx(r_whole["accuracy"], abs=2e-3)
         assert r_again["loss"] == pytest.approx(r_whole["loss"], rel=1e-4)
+
+
+PART_STATE = {"ditto": [], "ditto_cosine": [], "moon": [], "fedproto": [], "feduv": [], "feddecorr": [], "spherefed": []}
+
+
+@pytest.mark.parametrize("method", sorted(PART_STATE))
+def test_runs_of_parts_with_state_stacked_equal_each_alone_whichever_asks_first(digits_config: Path,
+                                                                                method: str) -> None:
+    """Methods whose parts keep state across steps or rounds (Ditto's constraints — MK-MMD's β,
+    MMD-D's kernels —, MOON's previous models, FedProto's prototypes, FedUV, FedDecorr, SphereFed):
+    one lockstep call trains every stacked run's clients with the first request's parts, so that
+    state must be each client's own — each run stacked equals it alone, whichever thread asks first."""
+    base = load_config(digits_config, ["train.rounds=2", "model.hidden=[16]", "data.num_clients=4",
+                                       "train.local_steps=3", f"algorithm.name={method}",
+                                       *(f"algorithm.{kv}" for kv in PART_STATE[method])])
+    configs = [dataclasses.replace(base, seed=seed) for seed in (0, 1)]
+    _assert_equal_runs(configs)
+    first, _ = _float64_rounds(configs, stacked=True)
+    second, _ = _float64_rounds(configs, stacked=True, cohort_type=_SecondAsksFirst)
+    for a, b in zip(first, second):
+        for x, y in ((a.server.global_state, b.server.global_state), (a.server.state, b.server.state),
+                     *zip(a.client_states, b.client_states)):
+            assert sorted(x) == sorted(y) and all(torch.equal(x[k], y[k]) for k in x)

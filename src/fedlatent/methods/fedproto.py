@@ -49,16 +49,25 @@ class FedProto(Part):
         rc.scratch[self.name] = _Prototypes()
 
     def lockstep_loss(self, ctx: LockstepContext) -> Tensor | None:
-        """Each client's sums from its rows of the group; the distance to the one set of global
-        prototypes per client under ``vmap``."""
+        """Each client's sums from its rows of the group; the distance to its global prototypes per
+        client under ``vmap`` — one set for the clients of one run, each run's own for the clients
+        of stacked runs (:mod:`fedlatent.backends.stacked`), whose payloads differ."""
         z, y = ctx.out.z, ctx.y
         for i, rc in enumerate(ctx.rcs):
             rc.scratch[self.name].add(z[i], y[i], ctx.num_classes)
-        payload = ctx.rcs[0].payload  # the server sends every client the same prototypes
-        if PROTO not in payload:
+        payloads = [rc.payload for rc in ctx.rcs]
+        if not any(PROTO in p for p in payloads):
             return None
-        protos, present = payload[PROTO].to(z.device), payload[PRESENT].to(z.device)
-        return torch.vmap(lambda zc, yc: prototype_distance(zc, yc, protos, present, semantics=self.semantics))(z, y)
+        def distance(zc: Tensor, yc: Tensor, protos: Tensor, present: Tensor) -> Tensor:
+            return prototype_distance(zc, yc, protos, present, semantics=self.semantics)
+        if all(p.get(PROTO) is payloads[0].get(PROTO) for p in payloads):  # one run: one set of prototypes
+            protos, present = payloads[0][PROTO].to(z.device), payloads[0][PRESENT].to(z.device)
+            return torch.vmap(distance, in_dims=(0, 0, None, None))(z, y, protos, present)
+        # clients of stacked runs: each its own run's prototypes (none yet: no class present, a term of 0)
+        sent = next(p for p in payloads if PROTO in p)
+        protos = torch.stack([p.get(PROTO, torch.zeros_like(sent[PROTO])) for p in payloads]).to(z.device)
+        present = torch.stack([p.get(PRESENT, torch.zeros_like(sent[PRESENT])) for p in payloads]).to(z.device)
+        return torch.vmap(distance)(z, y, protos, present)
 
     def finish(self, rc: ClientRound) -> Tensors | None:
         return rc.scratch[self.name].extras()

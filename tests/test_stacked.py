@@ -239,10 +239,12 @@ PART_STATE = {"ditto": [], "ditto_cosine": [], "moon": [], "fedproto": [], "fedu
 @pytest.mark.parametrize("method", sorted(PART_STATE))
 def test_runs_of_parts_with_state_stacked_equal_each_alone_whichever_asks_first(digits_config: Path,
                                                                                 method: str) -> None:
-    """Methods whose parts keep state across steps or rounds (Ditto's constraints — MK-MMD's β,
-    MMD-D's kernels —, MOON's previous models, FedProto's prototypes, FedUV, FedDecorr, SphereFed):
-    one lockstep call trains every stacked run's clients with the first request's parts, so that
-    state must be each client's own — each run stacked equals it alone, whichever thread asks first."""
+    """Methods whose parts keep state across steps or rounds (Ditto's, MOON's previous models,
+    FedProto's prototypes, FedUV, FedDecorr, SphereFed): one lockstep call trains every stacked run's
+    clients with the first request's parts, so that state must be each client's own — each run
+    stacked equals it alone, whichever thread asks first. MK-MMD and MMD-D are not here: at a first
+    round's first step their β and kernels are fitted to the rounding difference between a run's
+    frozen-model forward alone and in a stack (the two models' weights are equal there)."""
     base = load_config(digits_config, ["train.rounds=2", "model.hidden=[16]", "data.num_clients=4",
                                        "train.local_steps=3", f"algorithm.name={method}",
                                        *(f"algorithm.{kv}" for kv in PART_STATE[method])])

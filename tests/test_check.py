@@ -53,15 +53,18 @@ def test_a_spec_by_name_prints_common_keys_and_a_row_per_cell(empty_cwd: Path, c
     study = reproduce.load_spec("ditto_table2")
     head, _, table = out.partition("one row per cell:\n")
     assert f"{len(study.cells)} valid cells" in head
-    assert "  model.softmax_output" in head and "= false" in head  # common to every cell: in the header
+    assert "  data.val_fraction" in head and "= 0.0" in head  # common to every cell: in the header
     lines = table.strip().splitlines()
     columns = [c.strip() for c in lines[0].strip("|").split("|")]
-    assert columns[0] == "cell" and {"train.lr", "algorithm.lam", "algorithm.mu", "data.dataset"} <= set(columns)
-    assert "model.softmax_output" not in columns  # the same everywhere: not a column
+    assert columns[0] == "cell" and {"train.lr", "algorithm.lam", "algorithm.mu", "data.dataset",
+                                     "model.softmax_output"} <= set(columns)
+    assert "data.val_fraction" not in columns  # the same everywhere: not a column
     rows = {r.split("|")[1].strip(): [c.strip() for c in r.strip("|").split("|")] for r in lines[2:]}
     assert len(rows) == len(study.cells)
     row = rows["setting-isic2019_method-ditto+mmdd_seed-2021"]  # Table 3: lr 1e-3, λ 1.0, μ 1.0
     assert [row[columns.index(k)] for k in ("train.lr", "algorithm.lam", "algorithm.mu")] == ["0.001", "1.0", "1.0"]
+    softmax = columns.index("model.softmax_output")  # the release's model output per data set
+    assert (row[softmax], rows["setting-synthetic05_method-ditto+mmdd_seed-2021"][softmax]) == ("false", "true")
     assert list(empty_cwd.iterdir()) == []
 
 

@@ -113,24 +113,6 @@ def test_ditto_runs_stacked_pull_each_client_towards_its_own_run(digits_config: 
     _assert_equal_runs(configs)
 
 
-@pytest.mark.parametrize("method", ["scaffold", "feddyn"])
-def test_scaffold_and_feddyn_runs_stacked_equal_each_alone_whichever_asks_first(digits_config: Path,
-                                                                                method: str) -> None:
-    """Their parts' finish reads the trained weights off ``rc.model`` (SCAFFOLD's c_i, FedDyn's λ_k
-    and upload): every run's clients read the stack's, not their own run's idle model — whichever
-    run's thread asks first, the stack of both gives the same bits."""
-    base = load_config(digits_config, ["train.rounds=2", "model.hidden=[16]", "data.num_clients=4",
-                                       "train.local_steps=3", f"algorithm.name={method}"])
-    configs = [dataclasses.replace(base, seed=seed) for seed in (0, 1)]
-    _assert_equal_runs(configs)
-    first, _ = _float64_rounds(configs, stacked=True)
-    second, _ = _float64_rounds(configs, stacked=True, cohort_type=_SecondAsksFirst)
-    for a, b in zip(first, second):
-        for x, y in ((a.server.global_state, b.server.global_state), (a.server.state, b.server.state),
-                     *zip(a.client_states, b.client_states)):
-            assert sorted(x) == sorted(y) and all(torch.equal(x[k], y[k]) for k in x)
-
-
 def test_a_run_ending_early_stops_no_other(digits_config: Path) -> None:
     """Runs of different lengths: the longer one trains on alone after the shorter one leaves."""
     base = load_config(digits_config, ["model.hidden=[16]", "data.num_clients=3"])
@@ -233,16 +215,18 @@ def test_a_killed_stacked_sweep_resumes_to_the_same_results(tmp_path: Path, digi
         assert r_again["loss"] == pytest.approx(r_whole["loss"], rel=1e-4)
 
 
-PART_STATE = {"ditto": [], "ditto_cosine": [], "moon": [], "fedproto": [], "feduv": [], "feddecorr": [], "spherefed": []}
+PART_STATE = {"ditto": [], "ditto_cosine": [], "moon": [], "fedproto": [], "feduv": [], "feddecorr": [], "spherefed": [],
+              "scaffold": [], "feddyn": []}
 
 
 @pytest.mark.parametrize("method", sorted(PART_STATE))
 def test_runs_of_parts_with_state_stacked_equal_each_alone_whichever_asks_first(digits_config: Path,
                                                                                 method: str) -> None:
     """Methods whose parts keep state across steps or rounds (Ditto's, MOON's previous models,
-    FedProto's prototypes, FedUV, FedDecorr, SphereFed): one lockstep call trains every stacked run's
-    clients with the first request's parts, so that state must be each client's own — each run
-    stacked equals it alone, whichever thread asks first. MK-MMD and MMD-D are not here: at a first
+    FedProto's prototypes, FedUV, FedDecorr, SphereFed) or read the trained weights off ``rc.model``
+    when they finish (SCAFFOLD's c_i, FedDyn's λ_k and upload): one lockstep call trains every stacked
+    run's clients with the first request's parts and model, so that state must be each client's own
+    and the model the stack's — each run stacked equals it alone, whichever thread asks first. MK-MMD and MMD-D are not here: at a first
     round's first step their β and kernels are fitted to the rounding difference between a run's
     frozen-model forward alone and in a stack (the two models' weights are equal there)."""
     base = load_config(digits_config, ["train.rounds=2", "model.hidden=[16]", "data.num_clients=4",

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from fedlatent.backends import simulation
+from fedlatent.backends import simulation, stacked
 from fedlatent.backends.stacked import Cohort
 from fedlatent.config import load_config
 from fedlatent.data.federation import build_federation
@@ -25,6 +25,7 @@ from fedlatent.experiment.studies.study import load_study
 from fedlatent.experiment.studies.sweep import run_sweep
 from fedlatent.federated.lockstep import lockstep_update
 from fedlatent.methods import resolve
+from fedlatent.methods.coefficients import RowCoefficients, method_shape
 
 from tests.methods.test_ditto import small_config
 
@@ -240,3 +241,75 @@ def test_runs_of_parts_with_state_stacked_equal_each_alone_whichever_asks_first(
         for x, y in ((a.server.global_state, b.server.global_state), (a.server.state, b.server.state),
                      *zip(a.client_states, b.client_states)):
             assert sorted(x) == sorted(y) and all(torch.equal(x[k], y[k]) for k in x)
+
+
+COEFFICIENTS = {"fedprox": ["mu=0.01", "mu=0.1"], "feddecorr": ["beta=0.05", "beta=0.1"],
+                "ditto": ["lam=0.01", "lam=0.1"], "feduv": ["mu=0.5", "mu=0.2"], "feddyn": ["alpha=0.01", "alpha=0.1"],
+                "ditto_cosine": ["mu=1.0", "mu=0.3"], "moon": ["mu=1.0", "mu=5.0"]}
+
+
+@pytest.mark.parametrize("method", sorted(COEFFICIENTS))
+def test_cells_differing_in_a_coefficient_train_in_one_call_and_equal_each_alone(digits_config: Path, method: str,
+                                                                                  monkeypatch) -> None:
+    """A term's coefficient per client row (FedProx's μ, FedDecorr's β, FedUV's μ, FedDyn's α in its
+    clients' α_k, Ditto's λ in the update's chain, a Ditto constraint's μ): the cells share every
+    lockstep call, and each equals itself alone in float64; FedUV's λ differs too (−1: C/4, and 1)."""
+    calls: list[int] = []
+    real = stacked.lockstep_runs
+
+    def counting(ws, starts, datas, specs, *rest):
+        calls.append(len({id(spec) for spec in specs}))
+        return real(ws, starts, datas, specs, *rest)
+    monkeypatch.setattr(stacked, "lockstep_runs", counting)
+    base = load_config(digits_config, ["train.rounds=2", "model.hidden=[16]", "data.num_clients=4",
+                                       "train.local_steps=3", f"algorithm.name={method}"])
+    configs = [load_config(digits_config, ["train.rounds=2", "model.hidden=[16]", "data.num_clients=4",
+                                           "train.local_steps=3", f"algorithm.name={method}", f"algorithm.{value}",
+                                           *(["algorithm.lam=1.0"] * (method == "feduv" and i == 1))])
+               for i, value in enumerate(COEFFICIENTS[method])]
+    assert configs[0].algorithm != configs[1].algorithm and stack_key(configs[0]) == stack_key(configs[1]) \
+        and stack_key(base) is not None
+    _assert_equal_runs(configs)
+    assert calls and set(calls) == {2}  # every call held both runs' clients
+    alone, _ = _float64_rounds(configs, stacked=False)
+    first, second = ([a.server.global_state, *a.client_states] for a in alone)
+    assert any(not torch.equal(x[k], y[k]) for x, y in zip(first, second) for k in x)  # the coefficient mattered
+
+
+def test_cells_stack_across_coefficients_but_not_across_methods_or_models(digits_config: Path) -> None:
+    base = load_config(digits_config, ['algorithm.name="fedprox"'])
+
+    def cell(*overrides: str):
+        return load_config(digits_config, ['algorithm.name="fedprox"', *overrides])
+    configs = {"mu0.01": base, "mu0.1": cell("algorithm.mu=0.1"), "seed1-mu1": cell("algorithm.mu=1.0", "seed=1"),
+               "fedavg": cell('algorithm.name="fedavg"'), "wider": cell("model.hidden=[32]"),
+               "decorr0.1": cell('algorithm.name="feddecorr"'),
+               "decorr0.05": cell('algorithm.name="feddecorr"', "algorithm.beta=0.05"),
+               "decorr-paper": cell('algorithm.name="feddecorr"', 'algorithm.semantics="paper"'),
+               "feduv": cell('algorithm.name="feduv"'), "feduv-no-uniformity": cell('algorithm.name="feduv"', "algorithm.mu=0.0"),
+               "feduv-mu0.2": cell('algorithm.name="feduv"', "algorithm.mu=0.2", "algorithm.lam=1.0")}
+    assert stacks(configs, 8) == [["mu0.01", "mu0.1", "seed1-mu1"], ["fedavg"], ["wider"], ["decorr0.1", "decorr0.05"],
+                                  ["decorr-paper"], ["feduv", "feduv-mu0.2"], ["feduv-no-uniformity"]]
+
+
+def test_a_method_shape_leaves_out_the_coefficients_alone() -> None:
+    def shape(name: str, **keys):
+        return method_shape(resolve({"name": name, **keys}))
+    assert shape("fedprox", mu=0.1) == shape("fedprox", mu=0.5) != shape("fedavg")
+    assert shape("moon", mu=5.0) == shape("moon") != shape("moon", tau=1.0)
+    assert shape("ditto_mkmmd", lam=0.1, mu=1.0) == shape("ditto_mkmmd") != shape("ditto_mkmmd", beta_every=1)
+    assert shape("feddyn", alpha=0.1) == shape("feddyn")
+    assert shape("fedprox") != method_shape(resolve({"name": "fedprox"}, [{"name": "decorrelation"}]))
+
+
+def test_a_stack_of_equal_coefficients_keeps_the_plain_numbers() -> None:
+    """Rows that agree read the parts themselves (the arithmetic of a run alone); rows that differ
+    read copies holding their own values, the runs' parts untouched."""
+    specs = [resolve({"name": "feduv", "mu": mu}) for mu in (0.5, 0.5, 0.2)]
+    rows = RowCoefficients([specs[0], specs[1], specs[2], specs[2]], torch.device("cpu"))
+    assert rows.parts([0, 1]) == specs[0].parts and rows.parts([2, 3]) == specs[2].parts
+    mixed = rows.parts([1, 2])
+    assert torch.equal(mixed[0].weight, torch.tensor([0.5, 0.2])) and mixed[1] is specs[1].parts[1]
+    assert specs[1].parts[0].weight == 0.5 and rows.pull() == 0.0
+    ditto = RowCoefficients([resolve({"name": "ditto", "lam": lam}) for lam in (0.1, 0.3)], torch.device("cpu"))
+    assert torch.equal(ditto.pull(), torch.tensor([0.1, 0.3]))

@@ -67,6 +67,21 @@ def test_dittos_pull_adds_lambda_times_the_distance_to_the_anchor(fused: bool) -
     torch.testing.assert_close(v[0], start - 0.05 * (g[0] + 0.5 * (start - anchor[0])), rtol=0, atol=1e-15)
 
 
+def test_dittos_pull_per_row_gives_each_row_its_own_lambda() -> None:
+    """Stacked runs of different λ (rows λ = 0.5, 0, 2), the rows 0 and 2 picked as a slice and as
+    indices: each row steps v − lr·(g + λ_row(v − w̄)), the row left out unchanged."""
+    lam = torch.tensor([0.5, 0.0, 2.0], dtype=F64)
+    for rows in (slice(0, 2), torch.tensor([0, 2])):
+        v, anchor, g = _weights(3), _weights(3, seed=1), _weights(3, seed=2)
+        start = v[0].clone()
+        picked = [tx.row_pick(v[0], rows).clone()]
+        _run(chain_of(Rule("sgd", 0.05), Links(pull=lam, anchor=anchor)), picked, [[tx.row_pick(g[0], rows)]], rows=rows)
+        members = [0, 1] if isinstance(rows, slice) else [0, 2]
+        for i, c in enumerate(members):
+            expect = start[c] - 0.05 * (g[0][c] + float(lam[c]) * (start[c] - anchor[0][c]))
+            torch.testing.assert_close(picked[0][i], expect, rtol=0, atol=1e-15)
+
+
 def test_scaffolds_correction_follows_the_optimiser_step_outside_its_state() -> None:
     """SGD with momentum, then w −= lr·(c − c_i), two steps: the buffers hold the gradients only."""
     w, corr = _weights(3), _weights(3, seed=9)

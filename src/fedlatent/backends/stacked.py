@@ -1,12 +1,14 @@
 """Several runs trained as one lockstep stack: the cells of a study that share the model, the
-method and the local settings (seeds, Dirichlet α at the same number of clients) train their
-clients together, each run keeping its own server, clients' states, metrics, checkpoints and folder.
+method's shape and the local settings (seeds, Dirichlet α at the same number of clients, the
+method's coefficients) train their clients together, each run keeping its own server, clients'
+states, metrics, checkpoints and folder.
 
 Each run is an ordinary embedded run (``experiment.runner.single.run`` on the simulation or vectorized
 backend) played in a thread of its own, whose trainer is :meth:`Cohort.trainer`: a round's client
 half waits until every run of the cohort still training has asked for its own, then one call of
 the lockstep trainer (:func:`fedlatent.federated.lockstep.lockstep_runs`) trains them all — each
-client from its own run's global state, on its own data, with its own seeded generator — and every
+client from its own run's global state, on its own data, with its own seeded generator and its own
+run's coefficients (:mod:`fedlatent.methods.coefficients`) — and every
 run gets its clients' outcomes back. The rest of a round (aggregation, evaluation, checkpoints) is
 each run's own. A client's numbers are those of its run trained alone up to floating-point rounding
 (``tests/test_stacked.py`` pins them equal in float64); runs with dropout draw other masks, as the
@@ -32,6 +34,7 @@ from fedlatent.errors import ConfigError
 from fedlatent.federated.client import LocalSettings, Workspace
 from fedlatent.federated.failures import ClientFailure, error_detail
 from fedlatent.federated.lockstep import lockstep_runs
+from fedlatent.methods.coefficients import method_shape
 from fedlatent.methods.parts import ClientRound, MethodSpec, Tensors, Upload
 
 Outcomes = list[Upload | ClientFailure]
@@ -101,11 +104,13 @@ class Cohort:
 
     def _train_pending(self) -> None:
         """Train every waiting request (the lock held: the other runs wait for their rounds anyway),
-        grouped by local settings (runs resumed at different rounds may differ in learning rate)."""
+        grouped by local settings (runs resumed at different rounds may differ in learning rate)
+        and by the shape of their methods (runs may differ in coefficients alone)."""
         requests, self.pending = self.pending, []
         groups: list[list[_Request]] = []
         for request in requests:
-            group = next((g for g in groups if same_settings(g[0].settings, request.settings)), None)
+            group = next((g for g in groups if same_settings(g[0].settings, request.settings)
+                          and method_shape(g[0].spec) == method_shape(request.spec)), None)
             if group is None:
                 groups.append([request])
             else:
@@ -165,8 +170,8 @@ def _train_group(group: list[_Request]) -> None:
     first = group[0]
     starts = [r.global_state for r in group for _ in r.rcs]
     try:
-        uploads = lockstep_runs(first.ws, starts, [d for r in group for d in r.datas], first.spec,
-                                [rc for r in group for rc in r.rcs], first.settings,
+        uploads = lockstep_runs(first.ws, starts, [d for r in group for d in r.datas],
+                                [r.spec for r in group for _ in r.rcs], [rc for r in group for rc in r.rcs], first.settings,
                                 [g for r in group for g in r.generators])
     except ConfigError as err:
         for request in group:

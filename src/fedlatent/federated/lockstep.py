@@ -67,6 +67,7 @@ from fedlatent.federated.client import (AMP, OPTIM, PERSONAL, PERSONAL_AMP, PERS
                                        prefixed, rule_of, save_optimizer, state_to_cpu)
 from fedlatent.losses.update import Rule
 from fedlatent.models.flops import per_sample_flops
+from fedlatent.methods.coefficients import RowCoefficients
 from fedlatent.methods.parts import (ClientRound, LockstepContext, MethodSpec, Part, Tensors, Upload,
                                      WithClientAxis, task_loss)
 from fedlatent.models.base import FedModel, ModelOutput, has_dropout, mixes_batch_rows
@@ -94,7 +95,7 @@ class _Stack:
     kept ``scales``)."""
 
     def __init__(self, states: list[Tensors], names: list[str], trainable: list[str], device: torch.device,
-                 rule: Rule, saved: list[Tensors], anchor: Tensors | None = None, pull: float = 0.0,
+                 rule: Rule, saved: list[Tensors], anchor: Tensors | None = None, pull: Tensor | float = 0.0,
                  drift: Tensors | None = None, extra_decay: Tensor | None = None, arithmetic: str = "fp32",
                  scales: list[Tensors] | None = None, frozen: list[str] | None = None) -> None:
         # weights and buffers (BatchNorm statistics: the forward updates them in place, per client);
@@ -112,8 +113,9 @@ class _Stack:
             # FedDyn's α_k (rc.extra_weight_decay) on top of train.weight_decay
             extra_decay=extra_decay if extra_decay is not None else 0.0,
             # Ditto's (λ/2)‖w − w̄‖²: λ(w − w̄) joins the loss gradient (``anchor``: one state for
-            # every client, or already stacked, one row per client)
-            pull=pull, anchor=[anchor[n].to(device).expand_as(self.params[n]) for n in trainable] if pull else None,
+            # every client, or already stacked, one row per client; λ: one, or one per row)
+            pull=pull, anchor=[anchor[n].to(device).expand_as(self.params[n]) for n in trainable]
+            if isinstance(pull, Tensor) or pull else None,
             # parts' after-step moves (Part.lockstep_drift, SCAFFOLD's c − c_i): p −= lr·d after each step
             correction=[drift[n].to(device) for n in trainable] if drift else None,
             mask=[True] * len(trainable) + [False] * len(self.frozen)))
@@ -517,22 +519,26 @@ def lockstep_update(ws: Workspace, global_state: Tensors, datas: list[Split], sp
     return _train_together(ws, [global_state] * len(rcs), datas, spec, rcs, s, generators)
 
 
-def lockstep_runs(ws: Workspace, global_states: list[Tensors], datas: list[Split], spec: MethodSpec,
+def lockstep_runs(ws: Workspace, global_states: list[Tensors], datas: list[Split], specs: list[MethodSpec],
                   rcs: list[ClientRound], s: LocalSettings, generators: list[torch.Generator]) -> list[Upload]:
     """Train clients of several runs at once, client c from ``global_states[c]`` (its run's global
-    state: one object for the clients of one run) — the cells of a study stacked
-    (:mod:`fedlatent.backends.stacked`). The runs share ``spec`` and ``s``; a client's numbers are
-    those of its run trained alone, up to floating-point rounding. Partial personalisation trains
-    in two phases around the trainer and is not stacked across runs."""
-    if spec.personalization.kind == "partial":
+    state: one object for the clients of one run) with ``specs[c]``, its run's method — the cells of
+    a study stacked (:mod:`fedlatent.backends.stacked`). The runs share ``s`` and their methods'
+    shape (:func:`fedlatent.methods.coefficients.method_shape`): they may differ in coefficients,
+    each client's terms then reading its own. A client's numbers are those of its run trained
+    alone, up to floating-point rounding. Partial personalisation trains in two phases around the
+    trainer and is not stacked across runs."""
+    if specs[0].personalization.kind == "partial":
         raise ValueError("partial personalisation is not trained across runs")
-    return _train_together(ws, global_states, datas, spec, rcs, s, generators)
+    return _train_together(ws, global_states, datas, specs[0], rcs, s, generators, methods=specs)
 
 
 def _train_together(ws: Workspace, starts: list[Tensors], datas: list[Split], spec: MethodSpec,
-                    rcs: list[ClientRound], s: LocalSettings, generators: list[torch.Generator]) -> list[Upload]:
+                    rcs: list[ClientRound], s: LocalSettings, generators: list[torch.Generator],
+                    methods: list[MethodSpec] | None = None) -> list[Upload]:
     """Train client c of ``rcs`` from ``starts[c]`` (one object for all when they start from the
-    global state) on ``datas[c]``, all at once.
+    global state) on ``datas[c]``, all at once; ``methods[c]``: its run's method where the clients come
+    from stacked runs (``spec``'s shape, their own coefficients: :class:`RowCoefficients`).
 
     Where no row's loss reads another row of its batch (no BatchNorm, no term that reads the
     batch), every client takes each step together, a batch shorter than the others (a client's
@@ -544,6 +550,8 @@ def _train_together(ws: Workspace, starts: list[Tensors], datas: list[Split], sp
     sizes = [len(d) for d in datas]
     order = sorted(range(len(rcs)), key=sizes.__getitem__)
     starts, datas, rcs, generators, sizes = ([xs[c] for c in order] for xs in (starts, datas, rcs, generators, sizes))
+    owns = [methods[c] for c in order] if methods else [spec] * len(rcs)
+    coefficients = RowCoefficients(owns, s.device)
     model, device, count = ws.model, s.device, len(rcs)
     one = count == 1  # one client: its own modules, no stack
     if not one:
@@ -559,12 +567,13 @@ def _train_together(ws: Workspace, starts: list[Tensors], datas: list[Split], sp
     if not one and any(type(p).begin is not Part.begin for p in spec.parts + personal_parts):
         model.load_state_dict(starts[0])  # what begin may read off rc.model (shapes, devices)
     shared = {n: starts[0][n].to(device) for n in param_names} if same_start else None
-    for rc, start in zip(rcs, starts):
+    for rc, start, own_spec in zip(rcs, starts, owns):
         # the parts read the model this call trains: begin its shapes, finish the trained weights
-        # (loaded below); a client of another stacked run came with its own run's idle model
+        # (loaded below); a client of another stacked run came with its own run's idle model, and
+        # begins with its run's own parts (their coefficients: FedDyn's α_k)
         rc.model = model
         rc.global_params = dict(shared) if shared is not None else {n: start[n].to(device) for n in param_names}
-        for part in spec.parts + personal_parts:
+        for part in own_spec.all_parts() if ditto else own_spec.parts:
             part.begin(rc)
     decay = [rc.extra_weight_decay for rc in rcs]
     def kept(prefix: str) -> list[Tensors]:
@@ -602,7 +611,7 @@ def _train_together(ws: Workspace, starts: list[Tensors], datas: list[Split], sp
         anchor = starts[0] if same_start else {n: torch.stack([st[n] for st in starts]) for n in trainable}
         personal_stack = _Stack([prefixed(rc.state, PERSONAL) or start for rc, start in zip(rcs, starts)], names,
                                 trainable, device, rule, kept(PERSONAL_OPTIM), anchor=anchor,
-                                pull=spec.personalization.lam, arithmetic=s.precision, scales=scales(PERSONAL_AMP),
+                                pull=coefficients.pull(), arithmetic=s.precision, scales=scales(PERSONAL_AMP),
                                 frozen=fixed)
     frozen: _Shared | _Frozen | None = None
     if any(p.needs_global_out for p in personal_parts + spec.parts):
@@ -660,7 +669,7 @@ def _train_together(ws: Workspace, starts: list[Tensors], datas: list[Split], sp
                 out = forward(params, x)
                 task = _task_losses(spec.loss, _logits(out), y, spec.temperature, weights)
                 record("train_loss", task)
-                return _with_terms(task, spec.parts, LockstepContext(
+                return _with_terms(task, coefficients.parts(members), LockstepContext(
                     out, y, params, group_global, global_out, s.num_classes, group_rcs, prev_out, group_present),
                     record)
 
@@ -668,7 +677,8 @@ def _train_together(ws: Workspace, starts: list[Tensors], datas: list[Split], sp
             again = s.keep_optimizer or any(steps[c] < total[c] for c in members)
             global_stack.step(group, global_loss, again)
             if ditto:
-                personal_stack.step(group, _personal_loss(spec, personal_forward, global_out, taps, x, y, weights, s,
+                personal_stack.step(group, _personal_loss(spec, coefficients.parts(members, personal=True),
+                                                          personal_forward, global_out, taps, x, y, weights, s,
                                                           group_global, group_rcs,
                                                           _recorder(sums, seen, index, rows, "personal_")),
                                     again)
@@ -685,12 +695,12 @@ def _train_together(ws: Workspace, starts: list[Tensors], datas: list[Split], sp
     rows = global_stack.client_rows()  # views: keep_models copies what a client keeps (MOON)
     sums_of = {k: v.tolist() for k, v in sums.items()}  # per client, as Python floats (one call per key)
     seen_by = {k: v.tolist() for k, v in seen.items()}
-    for c, (rc, trained) in enumerate(zip(rcs, rows)):
+    for c, (rc, trained, own_spec) in enumerate(zip(rcs, rows, owns)):
         rc.steps = steps[c]
         if finishing and not one:
             model.load_state_dict(trained)  # finish reads the trained weights off rc.model
-        extras = finish_parts(rc, spec.parts + personal_parts)
-        keep_models(rc, spec, trained, personal_stack.client_state(c) if ditto else None)
+        extras = finish_parts(rc, own_spec.all_parts() if ditto else own_spec.parts)
+        keep_models(rc, own_spec, trained, personal_stack.client_state(c) if ditto else None)
         if s.keep_optimizer:
             save_optimizer(global_stack.optimizer, trainable, rc.state, OPTIM, client=None if one else c)
             if ditto:
@@ -782,15 +792,17 @@ def _with_terms(task: Tensor, parts: list[Part], ctx: LockstepContext,
                      lambda part, value: record(part.name, value, ctx.prev_present if part.needs_prev_out else None))
 
 
-def _personal_loss(spec: MethodSpec, forward: Callable, global_out: ModelOutput | None, taps: tuple[str, ...],
+def _personal_loss(spec: MethodSpec, parts: list[Part], forward: Callable, global_out: ModelOutput | None,
+                   taps: tuple[str, ...],
                    x: Tensor, y: Tensor, weights: Tensor | None, s: LocalSettings, global_params: dict[str, Tensor],
                    rcs: list[ClientRound], record: Callable) -> Callable[[dict[str, Tensor]], Tensor]:
     """The Ditto personal objective of a group but its (λ/2)‖w_L − w̄‖² (``_Stack``'s pull):
-    task + Σ μ·constraint, summed over clients (``weights``: padded rows, see :func:`_task_losses`)."""
+    task + Σ μ·constraint of ``parts`` (the group's constraints), summed over clients (``weights``:
+    padded rows, see :func:`_task_losses`)."""
     def loss(params: dict[str, Tensor]) -> Tensor:
         out = forward(params, x)
         task = _task_losses(spec.loss, _logits(out), y, spec.temperature, weights)
         record("personal_loss", task)
-        return _with_terms(task, spec.personalization.parts, LockstepContext(
+        return _with_terms(task, parts, LockstepContext(
             out, y, params, global_params, global_out, s.num_classes, rcs), record)
     return loss

@@ -98,13 +98,18 @@ class DittoPull(_Stateless):
     """Ditto's personal objective's (λ/2)‖v − w̄‖² (Li et al. 2021, Eq. 2; Algorithm 1, line 7):
     its gradient λ(v − w̄) added to the loss gradient. ``anchor``: w̄ per weight (stacked: one row
     per client); ``fused``: the stack's form, one ``foreach`` add with α = λ; else one client's,
-    g + λ·(v − w̄) weight by weight, a weight without a gradient left so."""
+    g + λ·(v − w̄) weight by weight, a weight without a gradient left so. λ per row (a (C,) tensor:
+    stacked runs of different λ): g + λ_row·(v − w̄)."""
 
-    def __init__(self, lam: float, anchor: list[Tensor], fused: bool) -> None:
+    def __init__(self, lam: Tensor | float, anchor: list[Tensor], fused: bool) -> None:
         self.lam, self.anchor, self.fused = lam, anchor, fused
 
     def update(self, step: Step, state: None, params: list[Tensor], rows: Rows, again: bool) -> tuple[Step, None]:
-        if self.fused:
+        if isinstance(self.lam, Tensor):
+            lam = row_pick(self.lam, rows)
+            away = torch._foreach_sub(params, [row_pick(a, rows) for a in self.anchor])
+            step.direction = [g + _per_row(lam, p).to(p.dtype) * d for g, p, d in zip(step.given(), params, away)]
+        elif self.fused:
             away = torch._foreach_sub(params, [row_pick(a, rows) for a in self.anchor])
             step.direction = list(torch._foreach_add(step.given(), away, alpha=self.lam))
         else:

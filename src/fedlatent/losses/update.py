@@ -48,13 +48,13 @@ class Rule:
 @dataclass(frozen=True)
 class Links:
     """The method's links around the rule for a round (each absent by default): FedDyn's α_k as
-    extra weight decay (a number, or per row); Ditto's pull λ towards ``anchor`` (per weight;
+    extra weight decay (a number, or per row); Ditto's pull λ (a number, or per row) towards ``anchor`` (per weight;
     ``fused``: the stack's arithmetic, see :class:`~fedlatent.losses.transforms.DittoPull`);
     SCAFFOLD's correction c − c_i per weight; the frozen-layer mask over the weights given (the
     rule's state then covers only the trainable ones)."""
 
     extra_decay: Tensor | float = 0.0
-    pull: float = 0.0
+    pull: Tensor | float = 0.0
     anchor: list[Tensor] | None = None
     fused: bool = True
     correction: list[Tensor] | None = None
@@ -79,7 +79,7 @@ def chain_of(rule: Rule, links: Links | None = None, lazy: bool = False) -> tx.L
         if rule.kind == "adamw":
             core.append(tx.DecoupledWeightDecay(rule.weight_decay, extra))
     outer: list[tx.Link] = []
-    if links.pull:
+    if isinstance(links.pull, Tensor) or links.pull:
         outer.append(tx.DittoPull(links.pull, links.anchor or [], links.fused))
     outer.append(tx.Present(tx.chain(*core)))
     if links.correction is not None:

@@ -29,6 +29,7 @@ class FedDyn(Part):
     term_reads_batch = False  # ⟨θ, λ − θ_srv⟩: the weights alone
     needs_global_params = True
     owns_aggregation = True
+    coefficients = ("alpha",)  # read by begin alone: each client's α_k
 
     def __init__(self, alpha: float) -> None:
         self.alpha = alpha

@@ -18,6 +18,7 @@ class Prox(Part):
     name = "prox"
     term_reads_batch = False  # ‖w − w_global‖²: the weights alone
     needs_global_params = True
+    coefficients = ("mu",)
 
     def __init__(self, mu: float) -> None:
         self.weight = 1.0
@@ -27,7 +28,7 @@ class Prox(Part):
         """(μ/2)‖w − w_global‖² per client of stacked weights (the global weights with or without a
         client axis): one foreach difference and one reduction over the concatenated weights
         rather than a few small operations per tensor (one client's step costs as much as
-        :func:`~fedlatent.losses.contrastive.proximal`)."""
+        :func:`~fedlatent.losses.contrastive.proximal`); μ a number, or one per client (stacked runs)."""
         names = [n for n, p in ctx.params.items() if p.requires_grad]
         diffs = torch._foreach_sub([ctx.params[n] for n in names], [ctx.global_params[n] for n in names])
         return 0.5 * self.mu * torch.cat([d.flatten(1) for d in diffs], 1).square().sum(1)

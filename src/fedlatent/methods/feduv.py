@@ -12,12 +12,13 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
 from torch import Tensor
 
 from fedlatent.errors import ConfigError
 from fedlatent.losses.uniformity import uniformity
 from fedlatent.losses.variance import variance
-from fedlatent.methods.parts import LockstepContext, MethodSpec, Part, TermContext
+from fedlatent.methods.parts import LockstepContext, MethodSpec, Part, TermContext, vmap_loss
 from fedlatent.methods.registry import register_part, register_preset
 
 
@@ -37,6 +38,7 @@ class Uniformity(Part):
 class Variance(Part):
     name = "variance"
     output_only = True
+    coefficients = ("lam",)
 
     def __init__(self, lam: float, hinge: str, gamma: float) -> None:
         if hinge not in ("hinge", "none", "squared"):
@@ -45,8 +47,21 @@ class Variance(Part):
         self.weight = 1.0
 
     def loss(self, ctx: TermContext) -> Tensor:
-        lam = ctx.num_classes / 4 if self.lam < 0 else self.lam
-        return lam * variance(ctx.out.logits, gamma=self.gamma if self.gamma > 0 else None, hinge=self.hinge)
+        return _lam(self.lam, ctx.num_classes) * self._hinge(ctx)
+
+    def lockstep_loss(self, ctx: LockstepContext) -> Tensor:
+        """λ·L_V per client: L_V under ``vmap``, times λ — a number, or one per client (stacked runs)."""
+        return _lam(self.lam, ctx.num_classes) * vmap_loss(self._hinge, ctx)
+
+    def _hinge(self, ctx: TermContext) -> Tensor:
+        return variance(ctx.out.logits, gamma=self.gamma if self.gamma > 0 else None, hinge=self.hinge)
+
+
+def _lam(lam: float | Tensor, num_classes: int) -> float | Tensor:
+    """λ, where −1 (any negative) stands for C/4."""
+    if isinstance(lam, Tensor):
+        return torch.where(lam < 0, num_classes / 4, lam)
+    return num_classes / 4 if lam < 0 else lam
 
 
 @register_part("uniformity", mu=0.5, sigma_factor=1.0, detach_sigma=False)

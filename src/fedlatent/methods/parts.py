@@ -118,10 +118,14 @@ class Part:
     backend can evaluate it for many clients at once with ``torch.vmap``. ``term_reads_batch``
     False declares that the term reads the weights alone, never the batch (FedProx, FedDyn), so
     that the vectorized backend may pad a client's shorter batch to share a step with the others.
+    ``coefficients`` names the attributes besides ``weight`` that only scale the term (FedProx's μ)
+    or what ``begin`` derives per client (FedDyn's α): runs that differ in them alone share a
+    lockstep call, the term then reading a (clients,) tensor of them (:mod:`fedlatent.methods.coefficients`).
     """
 
     name: str = "part"
-    weight: float = 1.0
+    weight: float | Tensor = 1.0  # a number; a (clients,) tensor in a stack whose runs differ in it
+    coefficients: tuple[str, ...] = ()
     taps: frozenset[str] = frozenset()
     needs_global_out: bool = False
     needs_prev_out: bool = False

@@ -1,9 +1,10 @@
 """Which cells of a study train as one lockstep stack (:mod:`fedlatent.backends.stacked`), and how many.
 
-Cells stack when they differ only in what changes a client's data or starting weights, not how it
-trains: the seed, the data seed, the partition (Dirichlet α, classes per client) — the same model,
-method and coefficients, local settings, number of clients and data set, on an embedded backend, with
-a method that trains in lockstep. ``--stack auto`` stacks on a CUDA device as many cells as an
+Cells stack when they differ only in what changes a client's data or starting weights, or what
+scales its terms: the seed, the data seed, the partition (Dirichlet α, classes per client), the
+method's coefficients (FedProx's μ, FedDecorr's β, Ditto's λ, …: :mod:`fedlatent.methods.coefficients`)
+— the same model, method otherwise, local settings, number of clients and data set, on an embedded
+backend, with a method that trains in lockstep. ``--stack auto`` stacks on a CUDA device as many cells as an
 estimate of their memory lets fit in half of the device's free memory (none on a CPU, where the
 cells' own backends already keep the cores busy; ``benchmarks/stacked_cells.py`` measures it); ``--stack N`` stacks up to N cells
 anywhere; ``off`` (or 1) never.
@@ -24,6 +25,7 @@ from fedlatent.experiment.runner.validation import declared_shape
 from fedlatent.federated.lockstep import unsupported
 from fedlatent.federated.round import clients_per_round
 from fedlatent.methods import resolve
+from fedlatent.methods.coefficients import method_shape
 from fedlatent.models import build_model
 
 EMBEDDED = ("auto", "simulation", "vectorized")
@@ -45,15 +47,16 @@ def parse_stack(text: str) -> int | str:
 
 def stack_key(config: RunConfig) -> str | None:
     """What a cell shares with the cells it may stack with (its configuration but the seeds and the
-    partition), or None when it trains alone (Flower, a method without a lockstep form, partial
-    personalisation)."""
+    partition, its method but the coefficients: :func:`~fedlatent.methods.coefficients.method_shape`),
+    or None when it trains alone (Flower, a method without a lockstep form, partial personalisation)."""
     if config.backend not in EMBEDDED:
         return None
     spec = resolve(config.algorithm, config.terms)
     if unsupported(spec) is not None or spec.personalization.kind == "partial":
         return None
     data = dataclasses.replace(config.data, seed=-1, partition="", alpha=0.0, classes_per_client=0)
-    return to_toml(dataclasses.replace(config, seed=0, data=data, tracking=TrackingConfig()))
+    rest = dataclasses.replace(config, seed=0, data=data, tracking=TrackingConfig(), algorithm={}, terms=[])
+    return f"{to_toml(rest)}\n# method\n{method_shape(spec)}"
 
 
 def stacks(configs: dict[str, RunConfig], stack: int | str) -> list[list[str]]:

@@ -13,6 +13,11 @@
 # OUT/tables/<step>.md  paper beside fedlatent per row, with .csv (per-round metrics) and .json (history)
 # OUT/lease.log         everything the commands printed
 # The archive is extracted under SCRATCH (default /tmp/fedlatent-lease), outside OUT.
+# Across leases of the device tool, whose next call starts on a fresh machine (benchmarks/README.md,
+# "Resuming across leases"): UNPACK=DIR first restores OUT from the packed state in DIR (carried into
+# the call), PACK=DIR last packs what the next lease needs into DIR (benchmarks/lease_state.py: at most
+# 64 MiB in a few files of at most 16 MiB: the device tool's limits), PACK_SECONDS of the budget kept
+# for it (default 60); a step whose state does not fit is named and left out, and the script exits 3.
 # Environment: BUDGET (seconds for the whole command, default 540: a device command may run 600 s),
 # PYTHON (default python3), DEVICE (default cuda), BENCH=1 (time the throughput again), COMMIT (the
 # commit to name where the copy of the tree has no git folder: COMMIT=$(git rev-parse --short HEAD)), and the full-scale
@@ -29,6 +34,11 @@ start=$(date +%s)
 mkdir -p "$out" "$scratch"
 out=$(cd "$out" && pwd)
 export PYTHONPATH="$here/../src${PYTHONPATH:+:$PYTHONPATH}"  # this checkout's fedlatent
+if [ -n "${UNPACK:-}" ]; then  # before the log is opened: the packed lease.log is the one appended to
+  "$python" "$here/lease_state.py" unpack "$UNPACK" "$out"
+fi
+steps=${STEPS:-feduv_a0.01 feduv_a1 feddecorr ditto_table1 ditto_table2}
+keep=0; if [ -n "${PACK:-}" ]; then keep=${PACK_SECONDS:-60}; fi
 fedlatent="$scratch/fedlatent"
 printf '#!/bin/sh\nexec "%s" -m fedlatent.cli "$@"\n' "$(command -v "$python")" > "$fedlatent"
 chmod +x "$fedlatent"
@@ -51,6 +61,12 @@ for precision in auto fp32; do
     --json "$out/bench_$precision.json" > "$out/bench_$precision.tmp" && mv "$out/bench_$precision.tmp" "$out/bench_$precision.txt" \
     && cat "$out/bench_$precision.txt" || { echo "bench ($precision): did not finish"; rm -f "$out/bench_$precision.json"; }
 done
-BUDGET=$(( $(left) - 10 )) DEVICE=$device FEDLATENT=$fedlatent PYTHON=$python DATA=$scratch RESULTS=$out/tables \
+BUDGET=$(( $(left) - 10 - keep )) STEPS=$steps DEVICE=$device FEDLATENT=$fedlatent PYTHON=$python DATA=$scratch RESULTS=$out/tables \
   bash "$here/full_scale_cifar10.sh" "$archive" "$out/runs"
 echo "lease: $(( $(date +%s) - start )) s of $budget; outputs under $out"
+if [ -n "${PACK:-}" ]; then
+  rc=0
+  # shellcheck disable=SC2086  # the steps, one word each, in their order of priority
+  "$python" "$here/lease_state.py" pack "$out" "$PACK" --steps $steps || rc=$?
+  if [ "$rc" != 0 ]; then echo "lease: the state for the next lease is incomplete (exit $rc; see above)" >&2; exit "$rc"; fi
+fi

@@ -152,9 +152,10 @@ def test_the_table_compares_every_row_over_the_same_last_five_rounds(tmp_path: P
 
 
 @pytest.mark.slow
-def test_the_lease_script_benches_then_runs_the_steps_and_a_second_lease_resumes(tmp_path: Path) -> None:
+def test_the_lease_script_benches_runs_the_steps_packs_and_a_second_lease_resumes_from_the_pack(tmp_path: Path) -> None:
     out = tmp_path / "lease"
-    env = {**_fedlatent(tmp_path), "BUDGET": "900", "STEPS": "feduv_a0.01", "SCRATCH": str(tmp_path / "scratch")}
+    env = {**_fedlatent(tmp_path), "BUDGET": "900", "STEPS": "feduv_a0.01", "SCRATCH": str(tmp_path / "scratch"),
+           "PACK": str(tmp_path / "returned" / "state")}
     command = ["bash", str(ROOT / "benchmarks" / "gpu_lease.sh"), str(out), str(_archive(tmp_path))]
     done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
@@ -164,6 +165,14 @@ def test_the_lease_script_benches_then_runs_the_steps_and_a_second_lease_resumes
     assert (out / "runs" / "feduv_a0.01" / "comparison.md").is_file() and not (out / "runs" / "cifar10-jpeg").exists()
     assert "| cifar10-a0.01 | moon-mu1 | 35.70 |" in (out / "tables" / "feduv_a0.01.md").read_text()
     assert "commit abc1234" in (out / "environment.txt").read_text() and (out / "lease.log").is_file()
-    again = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    # the next lease on a fresh machine: OUT restored from the packed state alone (what the device tool
+    # brought back and carries into the next call)
+    state = tmp_path / "returned" / "state"
+    assert sorted(p.name for p in state.iterdir())[-1] == "state.00" and (state / "index.json").is_file()
+    assert all(p.stat().st_size <= 16 << 20 for p in state.iterdir())
+    fresh = tmp_path / "lease2"
+    again = subprocess.run([*command[:2], str(fresh), command[3]], cwd=ROOT,
+                           env={**env, "PACK": "", "UNPACK": str(state)}, capture_output=True, text=True, timeout=600)
     assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-2000:]
     assert "bench (auto): kept from an earlier lease" in again.stdout and "4 of 4 runs finished already" in again.stdout
+    assert (fresh / "environment.txt").read_text().count("== lease") == 2 and (fresh / "lease.log").is_file()

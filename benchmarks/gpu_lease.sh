@@ -9,6 +9,8 @@
 #
 # OUT/environment.txt   date, commit, nvidia-smi, torch and Python versions (appended each lease)
 # OUT/bench_auto.txt    the throughput table (and .json: the raw timings), precision auto; bench_fp32.* in fp32
+# OUT/compile_stacked.txt  torch.compile of the stacked step's forward against eager (benchmarks/compile_stacked.py;
+#                       and .json; at most 240 s, once per OUT; COMPILE=0 skips it, SMOKE=1 too unless COMPILE=1)
 # OUT/runs/<step>/      the full-scale sweeps (checkpoints, metrics, summaries; comparison.md when finished)
 # OUT/tables/<step>.md  paper beside fedlatent per row, with .csv (per-round metrics) and .json (history)
 # OUT/lease.log         everything the commands printed
@@ -61,6 +63,18 @@ for precision in auto fp32; do
     --json "$out/bench_$precision.json" > "$out/bench_$precision.tmp" && mv "$out/bench_$precision.tmp" "$out/bench_$precision.txt" \
     && cat "$out/bench_$precision.txt" || { echo "bench ($precision): did not finish"; rm -f "$out/bench_$precision.json"; }
 done
+# torch.compile of the stacked step's forward against eager (a measurement: fedlatent has no switch for it)
+if [ -f "$out/compile_stacked.json" ] && [ "${BENCH:-0}" != 1 ]; then
+  echo "compile (stacked step): kept from an earlier lease ($out/compile_stacked.txt)"
+elif [ "${COMPILE:-$(( ${SMOKE:-0} != 1 ))}" = 1 ]; then  # not in SMOKE mode unless COMPILE=1 (minutes of tracing on a CPU)
+  smoke=(); if [ "${SMOKE:-0}" = 1 ]; then smoke=(--samples 2 --reps 1 --backend aot_eager); fi
+  t=$(( $(left) - 120 )); if [ "$t" -gt 240 ]; then t=240; fi
+  if [ "$t" -le 60 ]; then echo "compile (stacked step): no time left"; else
+    timeout --signal=INT "$t" "$python" "$here/compile_stacked.py" --device "$device" "${smoke[@]}" \
+      --json "$out/compile_stacked.json" > "$out/compile_stacked.tmp" && mv "$out/compile_stacked.tmp" "$out/compile_stacked.txt" \
+      && cat "$out/compile_stacked.txt" || { echo "compile (stacked step): did not finish in $t s"; rm -f "$out/compile_stacked.json"; }
+  fi
+fi
 BUDGET=$(( $(left) - 10 - keep )) STEPS=$steps DEVICE=$device FEDLATENT=$fedlatent PYTHON=$python DATA=$scratch RESULTS=$out/tables \
   bash "$here/full_scale_cifar10.sh" "$archive" "$out/runs"
 echo "lease: $(( $(date +%s) - start )) s of $budget; outputs under $out"

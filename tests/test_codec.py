@@ -77,24 +77,24 @@ def test_the_plain_codec_is_the_weighted_mean_and_the_stacked_sum() -> None:
     uploads = [Upload(i, {"w": torch.randn(3, 4, generator=generator), "n": torch.tensor(i)}, 10 + i, 1, 0.1, 0.0)
                for i in range(3)]
     codec = UpdateCodec()
-    assert codec.encode(uploads[0], {"w": torch.zeros(3, 4)}, set()) is uploads[0]
+    assert codec.encode(uploads[0], {"w": torch.zeros(3, 4)}, set(), {}) is uploads[0]
     for keys, weights in ((None, None), (["w"], [0.2, 0.3, 0.5])):
         got, want = codec.combine(uploads, keys, weights), weighted_mean(uploads, keys, weights)
         assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in got)
     stats = [{"V": torch.randn(4, 4, dtype=torch.float64, generator=generator)} for _ in range(3)]
-    assert torch.equal(codec.total(stats)["V"], stats[0]["V"] + stats[1]["V"] + stats[2]["V"])
+    assert torch.equal(codec.total(stats, 0)["V"], stats[0]["V"] + stats[1]["V"] + stats[2]["V"])
 
 
 def test_the_clip_codec_codes_the_update_of_what_travels_only() -> None:
     reference = {"w": torch.zeros(4), "head": torch.ones(2), "count": torch.tensor(3)}
     upload = Upload(0, {"w": torch.tensor([3.0, 4.0, 0.0, 0.0]), "head": torch.full((2,), 9.0),
                         "count": torch.tensor(7)}, 10, 1, 0.1, 0.0, metrics={"train_loss": 0.5})
-    message = ClipCodec(1.0).encode(upload, reference, {"head"})
+    message = ClipCodec(1.0).encode(upload, reference, {"head"}, {})
     torch.testing.assert_close(message.state["w"], torch.tensor([0.6, 0.8, 0.0, 0.0]))
     assert message.state["head"] is upload.state["head"] and message.state["count"] is upload.state["count"]
     assert (message.client_id, message.num_samples, message.metrics) == (0, 10, {"train_loss": 0.5})
     assert torch.equal(upload.state["w"], torch.tensor([3.0, 4.0, 0.0, 0.0]))  # the upload itself unchanged
-    assert ClipCodec(5.0).encode(upload, reference, {"head"}) is upload
+    assert ClipCodec(5.0).encode(upload, reference, {"head"}, {}) is upload
 
 
 def test_build_codec_and_bad_bounds() -> None:
@@ -136,9 +136,9 @@ class Spy(UpdateCodec):
         self.calls.append("combine")
         return super().combine(messages, keys, weights)
 
-    def total(self, statistics):
+    def total(self, statistics, release):
         self.calls.append("total")
-        return super().total(statistics)
+        return super().total(statistics, release)
 
 
 @pytest.mark.parametrize("name, combines", [("fedavg", 1), ("fednova", 2), ("feddyn", 2), ("fedadam", 1)])

@@ -119,19 +119,33 @@ def test_clipping_codec_parity_through_messages(method, tmp_path, monkeypatch):
     assert_parity(*run_both(tmp_path, monkeypatch, extra, grid=InProcessGrid(2)))
 
 
-def test_dp_fedavg_parity_through_messages(tmp_path, monkeypatch):
+DP = {"fixed": [],
+      # adaptive clipping: the clip norm travels in the payload, each client's bit in its extras
+      "adaptive": ["privacy.target_quantile=0.5", "privacy.clip_count_noise=1.0"],
+      # FFC every round: the nodes clip their statistics, the ServerApp noises the sums
+      "ffc": ['algorithm.name="spherefed"', "algorithm.ffc_every=1", "privacy.statistics_clip_norm=50",
+              "privacy.statistics_noise_multiplier=4"]}
+
+
+@pytest.mark.parametrize("case", sorted(DP))
+def test_dp_fedavg_parity_through_messages(case, tmp_path, monkeypatch):
     """DP-FedAvg through the messages: the nodes clip, the ServerApp adds the noise (seeded by the
     run's seed and round) in the codec's combine, as the embedded server does — the same weights
-    every round, the same ε at δ in every metrics line and in summary.json."""
+    every round, the same ε at δ in every metrics line and in summary.json (the final calibration's
+    release counted in it), the same adaptive clip norm every round."""
     pytest.importorskip("dp_accounting", reason="the privacy extra (pip install 'fedlatent[privacy]')")
-    extra = ["privacy.clip_norm=0.1", "privacy.noise_multiplier=0.5", "train.participation=0.5"]
+    extra = ["privacy.clip_norm=0.1", "privacy.noise_multiplier=0.5", "train.participation=0.5", *DP[case]]
     embedded, flower, embedded_rounds, flower_rounds = run_both(tmp_path, monkeypatch, extra, grid=InProcessGrid(2))
     assert_parity(embedded, flower, embedded_rounds, flower_rounds)
     lines = {name: [json.loads(x) for x in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
              for name in ("embedded", "flower")}
+    for key in ("privacy_epsilon", "privacy_clip_norm"):
+        assert [x.get(key) for x in lines["flower"]] == [x.get(key) for x in lines["embedded"]], key
     epsilons = [x["privacy_epsilon"] for x in lines["flower"]]
-    assert epsilons == [x["privacy_epsilon"] for x in lines["embedded"]] and epsilons == sorted(epsilons)
-    assert flower["privacy_epsilon"] == embedded["privacy_epsilon"] == epsilons[-1]
+    assert epsilons == sorted(epsilons)
+    assert flower["privacy_epsilon"] == embedded["privacy_epsilon"] >= epsilons[-1]
+    assert ("privacy_clip_norm" in lines["flower"][-1]) == (case == "adaptive")
+    assert flower["final"]["accuracy"] == embedded["final"]["accuracy"]
 
 
 @pytest.mark.slow

@@ -102,12 +102,12 @@ def test_without_noise_the_estimator_is_the_uniform_sum_over_the_expected_count(
               for _ in range(3)]
     uploads = _uploads(deltas, reference)
     codec = GaussianCodec(1e9, 0.0, per_round=4, seed=0)
-    got = codec.round_combine(0, reference, {"head"})(uploads, None, None)
+    got = codec.round_combine(0, reference, {"head"}, {})(uploads, None, None)
     want = reference["w"].double() + sum(d["w"].double() for d in deltas) / 4
     torch.testing.assert_close(got["w"], want.float(), rtol=0, atol=1e-6)
     assert got["head"] is reference["head"] and got["count"] is reference["count"]
     with pytest.raises(ValueError, match="alike"):
-        codec.round_combine(0, reference, set())(uploads, ["w"], [0.2, 0.3, 0.5])
+        codec.round_combine(0, reference, set(), {})(uploads, ["w"], [0.2, 0.3, 0.5])
     with pytest.raises(TypeError):
         codec.combine(uploads)
     assert codec.epsilon(3) is None and UpdateCodec().epsilon(3) is None
@@ -124,7 +124,7 @@ def test_the_noise_on_the_sum_has_std_sigma_c_and_mean_zero_and_is_seeded() -> N
     codec = GaussianCodec(bound, sigma, per_round=m, seed=11)
 
     def noise(c: GaussianCodec, rnd: int) -> torch.Tensor:
-        return (c.round_combine(rnd, reference, set())(uploads, None, None)["w"] - reference["w"]) * m
+        return (c.round_combine(rnd, reference, set(), {})(uploads, None, None)["w"] - reference["w"]) * m
 
     draw = noise(codec, 2)
     assert float(draw.std()) == pytest.approx(sigma * bound, rel=0.01)

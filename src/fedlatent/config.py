@@ -253,6 +253,34 @@ class PrivacyConfig:
                                    "noise, no privacy accounting; > 0 needs a finite clip_norm)", low=0.0)
     delta: float = _key(1e-5, "the delta at which the accountant reports epsilon (0 < delta < 1; "
                         "read when noise_multiplier > 0)", low=0.0, low_open=True)
+    # adaptive clipping (Andrew et al. 2021) and the calibration statistics under DP
+    target_quantile: float = _key(0.0, "adaptive clipping: the quantile gamma of the clients' update norms that the "
+                                  "clip norm tracks, starting from clip_norm (0 = off: clip_norm stays fixed; "
+                                  "0.5 = the median; 0 <= gamma < 1)", low=0.0, high=1.0)
+    clip_learning_rate: float = _key(0.2, "adaptive clipping: eta_C of the geometric update "
+                                     "C <- C * exp(-eta_C * (b - gamma))", low=0.0, low_open=True)
+    clip_count_noise: float = _key(0.0, "adaptive clipping: sigma_b, standard deviation of the Gaussian noise on "
+                                   "the count of clients within the clip norm (with noise_multiplier > 0 it must "
+                                   "exceed noise_multiplier / 2; the paper suggests m / 20)", low=0.0)
+    statistics_clip_norm: float = _key(float("inf"), "each client's calibration statistics (FFC's V, U; CCVR's "
+                                       "per-class sums) clipped to this L2 norm, all entries together (inf = as "
+                                       "computed; a private run with FFC or CCVR needs it finite)",
+                                       low=0.0, low_open=True)
+    statistics_noise_multiplier: float | str = _key("auto", "Gaussian noise of standard deviation "
+                                                    "statistics_noise_multiplier * statistics_clip_norm on the sums "
+                                                    "of the calibration statistics", low=0.0,
+                                                    auto="noise_multiplier")
+
+    @property
+    def adaptive(self) -> bool:
+        """Whether the clip norm adapts (``target_quantile`` > 0)."""
+        return self.target_quantile > 0
+
+    @property
+    def statistics_sigma(self) -> float:
+        """The statistics' noise multiplier, ``"auto"`` resolved to ``noise_multiplier``."""
+        value = self.statistics_noise_multiplier
+        return self.noise_multiplier if value == "auto" else float(value)
 
 
 @dataclass
@@ -414,6 +442,30 @@ def _check_privacy(cfg: PrivacyConfig) -> None:
     if cfg.noise_multiplier > 0 and math.isinf(cfg.clip_norm):
         raise ConfigError(f"privacy.noise_multiplier = {cfg.noise_multiplier} needs a finite privacy.clip_norm: "
                           "the noise's scale is noise_multiplier * clip_norm")
+    _check_adaptive_and_statistics(cfg)
+
+
+def _check_adaptive_and_statistics(cfg: PrivacyConfig) -> None:
+    """Adaptive clipping's keys (a start to adapt from, a quantile below 1, a count noise that leaves
+    the updates' noise finite: Andrew et al. 2021, Theorem 1) and the statistics' noise (only in a
+    private run, whose ε it joins)."""
+    for key in ("target_quantile", "clip_learning_rate", "clip_count_noise", "statistics_clip_norm"):
+        if getattr(cfg, key) != getattr(cfg, key):
+            raise ConfigError(f"privacy.{key} = nan: expected a number")
+    if cfg.statistics_sigma != cfg.statistics_sigma:
+        raise ConfigError("privacy.statistics_noise_multiplier = nan: expected a number >= 0 or \"auto\"")
+    if cfg.adaptive and not cfg.target_quantile < 1:
+        raise ConfigError(f"privacy.target_quantile = {cfg.target_quantile}: must be < 1 (0: no adaptive clipping)")
+    if cfg.adaptive and math.isinf(cfg.clip_norm):
+        raise ConfigError(f"privacy.target_quantile = {cfg.target_quantile} needs a finite privacy.clip_norm: the "
+                          "adaptive clip norm starts from it")
+    if cfg.adaptive and cfg.noise_multiplier > 0 and not 2 * cfg.clip_count_noise > cfg.noise_multiplier:
+        raise ConfigError(f"privacy.clip_count_noise = {cfg.clip_count_noise}: must exceed noise_multiplier / 2 = "
+                          f"{cfg.noise_multiplier / 2:g}, else the updates' noise (noise_multiplier^-2 - "
+                          "(2 clip_count_noise)^-2)^-1/2 is not finite")
+    if cfg.statistics_noise_multiplier != "auto" and cfg.noise_multiplier == 0 and cfg.statistics_sigma > 0:
+        raise ConfigError(f"privacy.statistics_noise_multiplier = {cfg.statistics_sigma} needs "
+                          "privacy.noise_multiplier > 0: the statistics' epsilon composes with the training's")
 
 
 def _check_names(key: str, names: list[str], allowed: Iterable[str], noun: str) -> None:

@@ -14,6 +14,9 @@ DIAGNOSTICS = 16
 # the server's DP noise (federated.codec.GaussianCodec): a stream of its own, so that adding noise
 # changes no other draw
 PRIVACY_NOISE = 17
+# adaptive clipping's noise on the count of unclipped clients (federated.adaptive_clipping) and the
+# noise on the calibration statistics' sums (federated.codec.GaussianCodec.total): streams of their own
+PRIVACY_CLIP_COUNT, PRIVACY_STATISTICS = 18, 19
 
 # numpy's SeedSequence (O'Neill's seed_seq hash, numpy/random/bit_generator.pyx): its constants
 _MASK32 = 0xFFFFFFFF

@@ -27,7 +27,7 @@ def test_head_retrained_on_pooled_features_of_the_final_encoder() -> None:
     s = simulation.setup(config, fed, resolve(config.algorithm))
     simulation.run_round(s, 0)
     state = s.server.global_state
-    calibrated, _ = simulation.calibrated(s, state)
+    calibrated, _ = simulation.calibrated(s, state, s.config.train.rounds)
     model = simulation.make_model(config, fed, s.spec)
     model.load_state_dict(state)
     model.eval()

@@ -113,12 +113,12 @@ class Setup:
             outcomes = [ClientFailure(cid, "error", f"{error_detail(exc)} (clients {selected} trained together)", exc)
                         for cid in selected]
         states = {rc.client_id: rc.state for rc in rcs}
-        return encoded(self.server.codec, checked_all(outcomes, states), tasks[0].global_state,
+        return encoded(self.server.codec, checked_all(outcomes, states), tasks[0],
                        self.server.untransmitted()), states
 
     def statistics(self, state: Tensors) -> dict[int, Tensors]:
         return {cid: calibrate.client_statistics(self.model, state, c.train, self.spec.calibration,
-                                                 self.config.eval.batch_size, self.device)
+                                                 self.config.eval.batch_size, self.device, self.server.codec)
                 for cid, c in enumerate(self.federation.clients)}
 
     def validation(self, state: Tensors) -> dict[int, float]:

@@ -18,9 +18,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from fedlatent.calibration.psd import nearest_psd
 from fedlatent.losses.amp import in_float32
 
-__all__ = ["class_statistics", "pool_statistics", "sample_virtual_features", "retrain_classifier"]
+__all__ = ["class_statistics", "pool_statistics", "class_sums", "pool_sums", "sample_virtual_features",
+           "retrain_classifier"]
 
 ClassStatistics = tuple[Tensor, Tensor, Tensor]
 
@@ -115,6 +117,59 @@ def pool_statistics(statistics: Sequence[ClassStatistics]) -> ClassStatistics:
     cov = torch.where(enough.view(-1, 1, 1), second / (total - 1).clamp_min(1).view(-1, 1, 1), torch.zeros_like(second))
     cov = 0.5 * (cov + cov.transpose(1, 2))
     return mean.to(mean0.dtype), cov.to(mean0.dtype), total.round().to(torch.int64)
+
+
+@in_float32
+def class_sums(z: Tensor, labels: Tensor, num_classes: int) -> ClassStatistics:
+    """One client's per-class sums of its features, the form that noise can be added to (CCVR under
+    differential privacy): ``(count, first, second)`` = (N_c, Σ z, Σ z zᵀ) over each class, in float64,
+    count included (a float, so that clipping may scale it with the rest).
+
+    Args:
+        z: features, ``(N, l)``.
+        labels: integer labels in ``[0, num_classes)``, ``(N,)``.
+        num_classes: ``C``.
+
+    Returns:
+        ``count`` ``(C,)``, ``first`` ``(C, l)``, ``second`` ``(C, l, l)``, float64; zeros for an absent class.
+    """
+    if z.dim() != 2 or labels.shape != (z.shape[0],):
+        raise ValueError(f"class_sums expects z (N, l) and labels (N,), got {tuple(z.shape)}, {tuple(labels.shape)}")
+    labels = labels.long()
+    if labels.numel() and (int(labels.min()) < 0 or int(labels.max()) >= num_classes):
+        raise ValueError(f"labels must lie in [0, {num_classes})")
+    z64 = z.to(torch.float64)
+    onehot = F.one_hot(labels, num_classes).to(torch.float64)
+    first = onehot.T @ z64
+    second = torch.einsum("nc,ni,nj->cij", onehot, z64, z64)
+    return onehot.sum(0), first, second
+
+
+def pool_sums(count: Tensor, first: Tensor, second: Tensor, *, dtype: torch.dtype = torch.float32) -> ClassStatistics:
+    """The pooled per-class Gaussians from the sums of :func:`class_sums` over the clients, noisy
+    ones included: μ_c = Σz / N_c and Σ_c = (Σ zzᵀ − N_c μ_c μ_cᵀ) / (N_c − 1), the unbiased
+    covariance of the pooled features when the sums are exact (what :func:`pool_statistics` gives).
+
+    Under noise the covariance is made symmetric and projected onto the positive semidefinite cone
+    (the nearest such matrix in Frobenius norm, Higham 1988: negative eigenvalues set to 0), and a
+    class whose count falls below 1 counts as absent (count 0, zero mean and covariance), one below 2
+    gets a zero covariance (as :func:`pool_statistics` treats them).
+
+    Returns:
+        ``(mean, cov, count)``: mean and covariance in ``dtype``, count the rounded N_c (int64, ≥ 0).
+    """
+    num_classes, dim = first.shape
+    if count.shape != (num_classes,) or second.shape != (num_classes, dim, dim):
+        raise ValueError("the sums must have shapes (C,), (C, l), (C, l, l)")
+    total = count.to(torch.float64)
+    present = total >= 1
+    mean = torch.where(present.unsqueeze(1), first.to(torch.float64) / total.clamp_min(1).unsqueeze(1),
+                       torch.zeros_like(first, dtype=torch.float64))
+    centred = second.to(torch.float64) - total.view(-1, 1, 1) * (mean.unsqueeze(2) * mean.unsqueeze(1))
+    cov = nearest_psd(centred / (total - 1).clamp_min(1).view(-1, 1, 1))
+    cov = torch.where((total >= 2).view(-1, 1, 1), cov, torch.zeros_like(cov))
+    counts = torch.where(present, total.round(), torch.zeros_like(total)).to(torch.int64)
+    return mean.to(dtype), cov.to(dtype), counts
 
 
 @in_float32

@@ -12,6 +12,19 @@ clipped updates moves by at most 2C when one client's data are replaced (‖Δ �
 dp-accounting's noise multiplier is the noise's standard deviation over that sensitivity: σC / 2C
 = σ / 2. The rounds compose in the RDP accountant: one round's RDP is computed once, and ε after r
 rounds is the accountant's conversion of r times it (RDP adds under composition, Mironov 2017).
+
+With adaptive clipping (``federated.adaptive_clipping``) a round also releases the noisy count of
+clients within the clip norm; the updates' noise multiplier is lowered so that the round as a whole
+is the Gaussian of multiplier σ (Andrew et al. 2021, Theorem 1), and the accountant is given σ, as
+without it. Under replace-one the check holds as well: the bit sum moves by at most 1, so the round is
+the Gaussians of multipliers σ_Δ/2 and σ_b composed, whose RDP α/(2(σ_Δ/2)²) + α/(2σ_b²) is that of
+the Gaussian of multiplier σ/2 exactly when σ⁻² = σ_Δ⁻² + (2σ_b)⁻².
+
+A calibration (FFC's Σ V_k, Σ U_k; CCVR's per-class sums) under DP is one more release: every
+client's statistics, clipped to a bound B, summed, with Gaussian noise σ_s·B — the Gaussian of
+multiplier σ_s/2 under replace-one, on every client (no sampling) — composed with the rounds
+(:func:`statistics_event`; ε after r rounds and c such releases from r times the round's RDP plus
+c times the release's).
 """
 from __future__ import annotations
 
@@ -43,23 +56,45 @@ def round_event(num_clients: int, per_round: int, noise_multiplier: float) -> Dp
     return dp_accounting.SampledWithoutReplacementDpEvent(num_clients, per_round, gaussian)
 
 
+def statistics_event(noise_multiplier: float) -> DpEvent:
+    """One release of calibration statistics: the Gaussian of multiplier σ_s/2 (replace-one
+    sensitivity 2B of the sum of statistics clipped to B, noise σ_s·B), every client taking part."""
+    import dp_accounting
+
+    return dp_accounting.GaussianDpEvent(noise_multiplier / 2)
+
+
+def _rdp(event: DpEvent) -> tuple[np.ndarray, np.ndarray]:
+    """The RDP orders and ``event``'s RDP at them, under replace-one (the accountant's default orders)."""
+    from dp_accounting import NeighboringRelation
+    from dp_accounting.rdp import RdpAccountant
+
+    accountant = RdpAccountant(neighboring_relation=NeighboringRelation.REPLACE_ONE)
+    accountant.compose(event)
+    return np.asarray(accountant.orders), np.asarray(accountant.rdp)
+
+
 class Accountant:
     """ε at ``delta`` after any number of rounds of DP-FedAvg with ``per_round`` of ``num_clients``
-    clients a round and noise multiplier ``noise_multiplier`` (see the module's docstring)."""
+    clients a round and noise multiplier ``noise_multiplier``, and of releases of calibration
+    statistics with noise multiplier ``statistics_noise_multiplier`` (see the module's docstring)."""
 
-    def __init__(self, num_clients: int, per_round: int, noise_multiplier: float, delta: float) -> None:
-        from dp_accounting import NeighboringRelation
-        from dp_accounting.rdp import RdpAccountant
-
-        accountant = RdpAccountant(neighboring_relation=NeighboringRelation.REPLACE_ONE)
-        accountant.compose(round_event(num_clients, per_round, noise_multiplier))
-        self.orders, self.round_rdp = np.asarray(accountant.orders), np.asarray(accountant.rdp)
+    def __init__(self, num_clients: int, per_round: int, noise_multiplier: float, delta: float,
+                 statistics_noise_multiplier: float = 0.0) -> None:
+        self.orders, self.round_rdp = _rdp(round_event(num_clients, per_round, noise_multiplier))
+        self.release_rdp = _rdp(statistics_event(statistics_noise_multiplier))[1] \
+            if statistics_noise_multiplier > 0 else None
         self.delta = delta
 
-    def epsilon(self, rounds: int) -> float:
-        """ε after ``rounds`` rounds (0 before the first)."""
+    def epsilon(self, rounds: int, releases: int = 0) -> float:
+        """ε after ``rounds`` rounds and ``releases`` releases of statistics (0 before the first)."""
         from dp_accounting.rdp.rdp_privacy_accountant import compute_epsilon
 
-        if rounds <= 0:
+        if rounds <= 0 and releases <= 0:
             return 0.0
-        return float(compute_epsilon(self.orders, rounds * self.round_rdp, self.delta)[0])
+        rdp = rounds * self.round_rdp
+        if releases:
+            if self.release_rdp is None:
+                raise ValueError("statistics were released without noise: no finite epsilon")
+            rdp = rdp + releases * self.release_rdp
+        return float(compute_epsilon(self.orders, rdp, self.delta)[0])

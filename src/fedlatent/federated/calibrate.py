@@ -3,13 +3,21 @@ own features under the global encoder (:func:`client_statistics`, the client hal
 combines them in client-id order and solves (FFC) or retrains (CCVR, the centralised sanity check)
 the head (:func:`apply_statistics`, the server half). The server reads no client's data, only what
 the client half sends: sums (FFC) or per-class moments (CCVR), except for the centralised sanity
-check, an oracle by design, to which every client sends its features and labels."""
+check, an oracle by design, to which every client sends its features and labels.
+
+Both halves go through the run's update codec: the client's statistics leave through its
+``encode_statistics`` (clipped to a bound under DP) and the server sums them with its ``total``
+(noise added under DP). When the codec bounds the statistics, CCVR's clients send per-class sums
+(Σ n, Σ z, Σ zzᵀ) instead of moments, and FFC's noisy Σ V is projected onto the positive
+semidefinite matrices before the solve."""
 from __future__ import annotations
 
 import torch
 
-from fedlatent.calibration.ccvr import class_statistics, pool_statistics, retrain_classifier, sample_virtual_features
+from fedlatent.calibration.ccvr import (class_statistics, class_sums, pool_statistics, pool_sums, retrain_classifier,
+                                        sample_virtual_features)
 from fedlatent.calibration.ffc import ffc_solve, ffc_statistics
+from fedlatent.calibration.psd import nearest_psd
 from fedlatent.data.types import Split
 from fedlatent.federated.codec import UpdateCodec
 from fedlatent.methods.parts import Calibration, Tensors
@@ -36,16 +44,22 @@ def ffc_head(model: FedModel, split: Split, num_classes: int, batch_size: int, d
 
 
 def client_statistics(model: FedModel, global_state: Tensors, train: Split, cal: Calibration, batch_size: int,
-                      device: torch.device) -> Tensors:
+                      device: torch.device, codec: UpdateCodec | None = None) -> Tensors:
     """The client half: what this client sends for calibration, from its training split under the
-    global model. FFC (SphereFed Sec. 3.3): V = ZᵀZ and U = Zᵀ onehot(y) in float64; CCVR
-    (Luo et al. 2021, Eq. 3-4): per-class count, mean and unbiased covariance of z; the centralised
-    baseline: the features and labels themselves (an oracle that sees every client's data)."""
+    global model, as the run's ``codec`` encodes it (the plain codec by default). FFC (SphereFed
+    Sec. 3.3): V = ZᵀZ and U = Zᵀ onehot(y) in float64; CCVR (Luo et al. 2021, Eq. 3-4): per-class
+    count, mean and unbiased covariance of z, or, when the codec bounds the statistics, per-class
+    sums (:func:`~fedlatent.calibration.ccvr.class_sums`); the centralised baseline: the features and
+    labels themselves (an oracle that sees every client's data)."""
+    codec = codec or UpdateCodec()
     model.load_state_dict(global_state)
     num_classes = model.classifier.weight.shape[0]
     if cal.kind == "ffc":
         v, u = ffc_head(model, train, num_classes, batch_size, device)
-        return {"V": v, "U": u}
+        return codec.encode_statistics({"V": v, "U": u})
+    if cal.kind == "ccvr" and codec.statistics_bound is not None:
+        count, first, second = class_sums(features(model, train, batch_size, device), train.y, num_classes)
+        return codec.encode_statistics({"count": count, "first": first, "second": second})
     if cal.kind == "ccvr":
         mean, cov, count = class_statistics(features(model, train, batch_size, device), train.y, num_classes)
         return {"mean": mean, "cov": cov, "count": count}
@@ -55,7 +69,8 @@ def client_statistics(model: FedModel, global_state: Tensors, train: Split, cal:
 
 
 def apply_statistics(global_state: Tensors, stats: list[Tensors], cal: Calibration, weight_key: str,
-                     bias_key: str | None, generator: torch.Generator, codec: UpdateCodec | None = None) -> Tensors:
+                     bias_key: str | None, generator: torch.Generator, codec: UpdateCodec | None = None,
+                     release: int = 0) -> Tensors:
     """The server half: the global state with its head calibrated from the clients' statistics
     (``stats`` in client-id order, so the sums do not depend on reply order). FFC:
     W* = (Σ V_k + λI)⁻¹ Σ U_k, bias set to 0; CCVR: per-class Gaussians pooled, virtual features
@@ -64,16 +79,22 @@ def apply_statistics(global_state: Tensors, stats: list[Tensors], cal: Calibrati
     pooled real features, the upper bound FFC and CCVR are measured against. Both retrain with
     ``cal.loss``: cross-entropy, or MSE (the paper's sanity check reports the better of the two).
     FFC's sums are the run's update ``codec``'s :meth:`~fedlatent.federated.codec.UpdateCodec.total`
-    (the plain sums by default), the point where secure aggregation of them plugs in."""
+    (the plain sums by default), the point where secure aggregation and DP noise plug in, as are
+    CCVR's when the codec bounds the statistics (``release``: which of the run's calibrations this
+    is, for the codec's noise). Under a bound, FFC solves with Σ V made positive semidefinite
+    (:func:`~fedlatent.calibration.psd.nearest_psd`) and ``cal.ridge``; CCVR pools the noisy sums
+    (:func:`~fedlatent.calibration.ccvr.pool_sums`, its covariances projected alike)."""
+    codec = codec or UpdateCodec()
     out = dict(global_state)
     if cal.kind == "ffc":
-        summed = (codec or UpdateCodec()).total(stats)
-        out[weight_key] = ffc_solve((summed["V"], summed["U"]), ridge=cal.ridge).to(global_state[weight_key].dtype)
+        summed = codec.total(stats, release)
+        v = summed["V"] if codec.statistics_bound is None else nearest_psd(summed["V"])
+        out[weight_key] = ffc_solve((v, summed["U"]), ridge=cal.ridge).to(global_state[weight_key].dtype)
         if bias_key:
             out[bias_key] = torch.zeros_like(global_state[bias_key])
         return out
     if cal.kind == "ccvr":
-        mean, cov, count = pool_statistics([(s["mean"], s["cov"], s["count"]) for s in stats])
+        mean, cov, count = pooled_classes(stats, codec, release, global_state[weight_key].dtype)
         per_class = torch.where(count > 0, torch.full_like(count, cal.virtual_per_class), torch.zeros_like(count))
         x, y = sample_virtual_features(mean, cov, per_class, generator)
     elif cal.kind == "centralized":
@@ -86,3 +107,14 @@ def apply_statistics(global_state: Tensors, stats: list[Tensors], cal: Calibrati
     if bias_key:
         out[bias_key] = bias
     return out
+
+
+def pooled_classes(stats: list[Tensors], codec: UpdateCodec, release: int,
+                   dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """CCVR's pooled per-class (mean, covariance, count): from the clients' moments
+    (:func:`~fedlatent.calibration.ccvr.pool_statistics`), or, when the ``codec`` bounds the
+    statistics, from their sums as its ``total`` gives them (noisy under DP) in ``dtype``."""
+    if codec.statistics_bound is None:
+        return pool_statistics([(s["mean"], s["cov"], s["count"]) for s in stats])
+    summed = codec.total(stats, release)
+    return pool_sums(summed["count"], summed["first"], summed["second"], dtype=dtype)

@@ -81,6 +81,7 @@ def play_round(s: Run, rnd: int) -> dict[str, Any]:
     cfg = s.config
     started = time.perf_counter()
     tasks = plan_round(s.server, cfg, rnd, s.train_sizes)
+    codec_fields = s.server.codec.round_metrics(s.server.state)  # as the round starts: its clip norm
     outcomes, states = s.train(tasks)
     result = close_round(s.server, cfg, rnd, tasks, outcomes, replies_checked=s.replies_checked)
     if s.tells_each_drop:
@@ -91,10 +92,10 @@ def play_round(s: Run, rnd: int) -> dict[str, Any]:
             s.client_states[upload.client_id] = states[upload.client_id]
     due = calibration_due(s.spec, rnd)
     if due:
-        s.server.global_state, result.metrics["bytes_calibration_up"] = calibrated(s, s.server.global_state)
-    line: dict[str, Any] = {"round": rnd + 1, "lr": tasks[0].lr, **result.metrics}
-    epsilon = s.server.codec.epsilon(rnd + 1)
-    if epsilon is not None:  # DP-FedAvg: the privacy spent by the rounds so far, at privacy.delta
+        s.server.global_state, result.metrics["bytes_calibration_up"] = calibrated(s, s.server.global_state, rnd)
+    line: dict[str, Any] = {"round": rnd + 1, "lr": tasks[0].lr, **result.metrics, **codec_fields}
+    epsilon = s.server.codec.epsilon(rnd + 1, calibrations_in(s.spec, rnd + 1))
+    if epsilon is not None:  # DP-FedAvg: the privacy spent by the rounds (and calibrations) so far, at privacy.delta
         line["privacy_epsilon"] = epsilon
     if s.spec.count_flops:
         line.update(classifier_round(s, result.uploads, due))
@@ -122,9 +123,15 @@ def evaluate_global(s: Run, state: Tensors | None = None) -> dict[str, float]:
     return out
 
 
-def calibrated(s: Run, state: Tensors) -> tuple[Tensors, int]:
+def calibrations_in(spec: MethodSpec, rounds: int) -> int:
+    """How many calibrations the first ``rounds`` rounds make (periodic FFC), the final one not counted."""
+    return sum(calibration_due(spec, rnd) for rnd in range(rounds))
+
+
+def calibrated(s: Run, state: Tensors, release: int) -> tuple[Tensors, int]:
     """``state`` with its head calibrated from the clients' statistics, combined in client-id order
-    (FFC's sums through the run's update codec),
+    (their sums through the run's update codec; ``release``: the round after which it is made,
+    ``train.rounds`` for the final one, which the codec's noise is drawn for),
     and the bytes of those statistics (what the clients upload for it: SphereFed's Table 1 "once" row)."""
     stats = s.statistics(state)
     missing = sorted(set(range(len(s.train_sizes))) - set(stats))
@@ -132,7 +139,7 @@ def calibrated(s: Run, state: Tensors) -> tuple[Tensors, int]:
         s.warn(f"calibration without client(s) {missing} (no statistics came back)")
     generator = torch.Generator().manual_seed(derive_seed(s.config.seed, CALIBRATION))
     return (apply_statistics(state, [stats[cid] for cid in sorted(stats)], s.spec.calibration, *head_keys(s.model),
-                             generator, s.server.codec), sum(nbytes(st) for st in stats.values()))
+                             generator, s.server.codec, release), sum(nbytes(st) for st in stats.values()))
 
 
 def classifier_round(s: Run, uploads: list[Upload], calibrates: bool) -> dict[str, int]:
@@ -157,8 +164,8 @@ def classifier_round(s: Run, uploads: list[Upload], calibrates: bool) -> dict[st
 
 
 def finish(s: Run, last: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The final evaluation: the global model (after calibration when the method has one) and the
-    clients' personalised reports; the model is left holding the final weights. ``last``: the
+    """The final evaluation: the global model (after calibration when the method has one, and the ε
+    after it under DP) and the clients' personalised reports; the model is left holding the final weights. ``last``: the
     metrics line of the round played last in this process; when it is the final round's, its
     evaluation is of the same global model (a round's calibration comes before its evaluation)
     and is reused rather than computed again."""
@@ -166,7 +173,11 @@ def finish(s: Run, last: dict[str, Any] | None = None) -> dict[str, Any]:
     before = _evaluation(last) if last is not None and last["round"] == s.config.train.rounds else evaluate_global(s)
     state = s.server.global_state
     if s.spec.calibration.kind != "none":
-        state, final["bytes_calibration_up"] = calibrated(s, state)
+        rounds = s.config.train.rounds
+        state, final["bytes_calibration_up"] = calibrated(s, state, rounds)
+        epsilon = s.server.codec.epsilon(rounds, calibrations_in(s.spec, rounds) + 1)
+        if epsilon is not None:  # the final calibration's release counted: the run's ε, for summary.json
+            final["privacy_epsilon"] = epsilon
         final.update({f"uncalibrated_{k.removeprefix('test_')}": v for k, v in before.items()})
         before = evaluate_global(s, state)
     if s.spec.count_flops:  # the final calibration's share of SphereFed Table 1's columns

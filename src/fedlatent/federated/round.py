@@ -239,9 +239,11 @@ def checked_all(outcomes: list[Upload | ClientFailure], states: dict[int, Tensor
             for o in outcomes]
 
 
-def encoded(codec: UpdateCodec, outcomes: list[Upload | ClientFailure], reference: Tensors,
+def encoded(codec: UpdateCodec, outcomes: list[Upload | ClientFailure], task: ClientTask,
             withheld: Collection[str]) -> list[Upload | ClientFailure]:
     """The client half's last step, after its own check (:func:`checked`, :func:`checked_all`):
     each upload as the message it travels as (:meth:`UpdateCodec.encode` from the round's global
-    ``reference``; ``withheld``: the entries that never travel, :meth:`Server.untransmitted`)."""
-    return [codec.encode(o, reference, withheld) if isinstance(o, Upload) else o for o in outcomes]
+    state and payload, as ``task`` holds them; ``withheld``: the entries that never travel,
+    :meth:`Server.untransmitted`)."""
+    return [codec.encode(o, task.global_state, withheld, task.payload) if isinstance(o, Upload) else o
+            for o in outcomes]

@@ -94,15 +94,17 @@ class Server:
         return set(self.frozen + self.local)
 
     def payload(self) -> dict[str, Tensors]:
-        """What each part sends down with the global model."""
-        return {part.name: part.payload(self.state) for part in self.spec.all_parts()}
+        """What each part, and the update codec (under ``"codec"``: adaptive clipping's clip norm),
+        sends down with the global model."""
+        return {**{part.name: part.payload(self.state) for part in self.spec.all_parts()},
+                "codec": self.codec.payload(self.state)}
 
     def aggregate(self, uploads: list[Upload], rnd: int = 0) -> None:
         """One server round (round ``rnd``, 0-based: the codec's noise draws): aggregate, apply the
-        server optimiser, update the parts' state."""
+        server optimiser, update the parts' and the codec's state."""
         old = self.global_state
         aggregator = self.spec.aggregator
-        combine = self.codec.round_combine(rnd, old, self.untransmitted())
+        combine = self.codec.round_combine(rnd, old, self.untransmitted(), self.state)
         if aggregator is not None:
             new = aggregator.aggregate(old, uploads, self.state, set(self.trainable), self.num_clients, combine)
         else:
@@ -112,5 +114,6 @@ class Server:
         new = server_step(self.kind, old, new, self.trainable, self.state, self.cfg, self.lr)
         for part in self.spec.all_parts():
             part.server_update(uploads, self.state, self.num_clients)
+        self.codec.server_update(rnd, uploads, self.state)
         self.global_state = new
 

@@ -206,7 +206,7 @@ def train(msg: Message, context: Context) -> Message:
         try:
             upload, new_state = client_update(job.workspace, job.spec, task, job.clients[task.client_id].train,
                                               state, settings, cfg.seed)
-            [outcome] = encoded(job.codec, [checked(upload, new_state)], task.global_state, job.untransmitted)
+            [outcome] = encoded(job.codec, [checked(upload, new_state)], task, job.untransmitted)
         except ConfigError as exc:  # the user's error: the server ends the run with it (exit 2)
             outcome = ClientFailure(task.client_id, "config", str(exc))
         except Exception as exc:  # any other error of the client's update is that client's failure
@@ -243,7 +243,7 @@ def statistics(msg: Message, context: Context) -> Message:
     for cid, client in job.clients.items():
         content[f"stats.{cid}"] = M.to_record(client_statistics(
             job.workspace.model, global_state, client.train, job.spec.calibration, job.config.eval.batch_size,
-            job.device))
+            job.device, job.codec))
     return Message(content, reply_to=msg)
 
 

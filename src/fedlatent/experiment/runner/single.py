@@ -313,7 +313,10 @@ def _summarize(config: RunConfig, spec: MethodSpec, out: Path, ending: dict[str,
                "identity": identity(config),
                "wall_seconds": wall, **clock.split(metrics), "fedlatent_version": fedlatent_version(),
                "machine": cpu_model()}
-    if metrics and "privacy_epsilon" in metrics[-1]:  # DP-FedAvg's ε after the last round, at privacy.delta
+    final = ending.get("final", {})
+    if "privacy_epsilon" in final:  # DP-FedAvg's ε after the final calibration's release, at privacy.delta
+        summary.update(privacy_epsilon=final["privacy_epsilon"], privacy_delta=config.privacy.delta)
+    elif metrics and "privacy_epsilon" in metrics[-1]:  # DP-FedAvg's ε after the last round, at privacy.delta
         summary.update(privacy_epsilon=metrics[-1]["privacy_epsilon"], privacy_delta=config.privacy.delta)
     if "classifier_clients" in ending.get("final", {}):
         summary.update(classifier_columns(metrics, ending["final"]))

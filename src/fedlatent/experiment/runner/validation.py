@@ -22,11 +22,12 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import math
 
 import torch
 
 from fedlatent.backends import vectorized
-from fedlatent.config import DataConfig, RunConfig
+from fedlatent.config import DataConfig, PrivacyConfig, RunConfig
 from fedlatent.data.federation import outline
 from fedlatent.data.registry import DATASETS
 from fedlatent.data.types import Federation, Outline, ServerView
@@ -79,19 +80,26 @@ def validate(config: RunConfig) -> MethodSpec:
     return spec
 
 
-def private_refusal(spec: MethodSpec) -> str | None:
+def private_refusal(spec: MethodSpec, cfg: PrivacyConfig) -> str | None:
     """Why DP-FedAvg cannot cover what ``spec``'s clients send, or None: the noise covers the model
     update through the codec, not a part's extras the server reads itself (SCAFFOLD's Δc, FedProto's
-    prototypes), a part's own weighted aggregation (FedNova, FedDyn) or calibration statistics (FFC,
-    CCVR, the pooled features)."""
+    prototypes), a part's own weighted aggregation (FedNova, FedDyn) or the centralised calibration's
+    pooled features; FFC's and CCVR's statistics only when they are clipped (a finite
+    ``statistics_clip_norm``) and noised (``statistics_noise_multiplier`` > 0)."""
     for part in spec.all_parts():
         if part.owns_aggregation:
             return (f"the part '{part.name}' aggregates with weights of its own, and the DP estimator weights "
                     "every client alike")
         if type(part).server_update is not Part.server_update:
             return f"the part '{part.name}' uploads extras that the server reads outside the update codec"
-    if spec.calibration.kind != "none":
-        return f"the {spec.calibration.kind} calibration's statistics reach the server outside the update codec"
+    kind = spec.calibration.kind
+    if kind == "centralized":
+        return "the centralized calibration sends the clients' features themselves"
+    if kind != "none" and math.isinf(cfg.statistics_clip_norm):
+        return (f"the {kind} calibration's statistics need a bound to scale their noise: set "
+                "privacy.statistics_clip_norm")
+    if kind != "none" and cfg.statistics_sigma == 0:
+        return f"the {kind} calibration's statistics would reach the server without noise (statistics_noise_multiplier = 0)"
     return None
 
 
@@ -100,11 +108,11 @@ def check_private(config: RunConfig, spec: MethodSpec) -> None:
     update codec, and the accountant installed. Every backend honours it (the server's combine and
     the clients' encode are shared), so none is refused."""
     sigma = config.privacy.noise_multiplier
-    reason = private_refusal(spec)
+    reason = private_refusal(spec, config.privacy)
     if reason:
-        raise ConfigError(f"privacy.noise_multiplier = {sigma} on {spec.name}: {reason}; refused until it "
-                          "goes through the update codec (methods sending the model update alone: fedavg, "
-                          "fedprox, fedadam, feduv, moon, ...)")
+        raise ConfigError(f"privacy.noise_multiplier = {sigma} on {spec.name}: {reason}; refused (methods "
+                          "sending the model update alone: fedavg, fedprox, fedadam, feduv, moon, ...; with "
+                          "clipped, noised statistics: spherefed, ccvr)")
     if not accounting.available():
         raise ConfigError(f"privacy.noise_multiplier = {sigma}: the accountant needs dp-accounting; "
                           f"{accounting.EXTRA}")

@@ -14,6 +14,9 @@ DIAGNOSTICS = 16
 # the server's DP noise (federated.codec.GaussianCodec): a stream of its own, so that adding noise
 # changes no other draw
 PRIVACY_NOISE = 17
+# sample-level DP-SGD's noise in the local steps (federated.sample_dp): a stream of its own, so that
+# the noise changes no batch or augmentation draw
+SAMPLE_NOISE = 20
 
 # numpy's SeedSequence (O'Neill's seed_seq hash, numpy/random/bit_generator.pyx): its constants
 _MASK32 = 0xFFFFFFFF

@@ -251,8 +251,18 @@ class PrivacyConfig:
     noise_multiplier: float = _key(0.0, "client-level DP-FedAvg: Gaussian noise of standard deviation "
                                    "noise_multiplier * clip_norm on the sum of the clipped updates (0 = no "
                                    "noise, no privacy accounting; > 0 needs a finite clip_norm)", low=0.0)
-    delta: float = _key(1e-5, "the delta at which the accountant reports epsilon (0 < delta < 1; "
-                        "read when noise_multiplier > 0)", low=0.0, low_open=True)
+    delta: float = _key(1e-5, "the delta at which the accountants report epsilon (0 < delta < 1; "
+                        "read when noise_multiplier or sample_noise_multiplier > 0)", low=0.0, low_open=True)
+    sample_clip_norm: float = _key(float("inf"), "sample-level DP-SGD: each sample's gradient clipped to this L2 "
+                                   "norm inside the local step (inf = off: the plain step)", low=0.0, low_open=True)
+    sample_noise_multiplier: float = _key(0.0, "sample-level DP-SGD: Gaussian noise of standard deviation "
+                                          "sample_noise_multiplier * sample_clip_norm on the sum of a batch's "
+                                          "clipped per-sample gradients (0 = no noise, no accounting; > 0 needs "
+                                          "a finite sample_clip_norm and batch_sampling = 'poisson')", low=0.0)
+    batch_sampling: str = _key("shuffled", "the local batches under sample-level DP-SGD: 'shuffled' (each epoch's "
+                               "permutation, as without DP) or 'poisson' (each sample in each step's batch with "
+                               "probability batch_size / n_k, the sampling the accountant assumes)",
+                               choices=("shuffled", "poisson"))
     # adaptive clipping (Andrew et al. 2021) and the calibration statistics under DP
     target_quantile: float = _key(0.0, "adaptive clipping: the quantile gamma of the clients' update norms that the "
                                   "clip norm tracks, starting from clip_norm (0 = off: clip_norm stays fixed; "
@@ -442,6 +452,20 @@ def _check_privacy(cfg: PrivacyConfig) -> None:
     if cfg.noise_multiplier > 0 and math.isinf(cfg.clip_norm):
         raise ConfigError(f"privacy.noise_multiplier = {cfg.noise_multiplier} needs a finite privacy.clip_norm: "
                           "the noise's scale is noise_multiplier * clip_norm")
+    if cfg.sample_clip_norm != cfg.sample_clip_norm:
+        raise ConfigError("privacy.sample_clip_norm = nan: must be > 0 (inf: no per-sample clipping)")
+    if cfg.sample_noise_multiplier != cfg.sample_noise_multiplier:
+        raise ConfigError("privacy.sample_noise_multiplier = nan: must be >= 0 (0: no noise)")
+    if cfg.sample_noise_multiplier > 0 and math.isinf(cfg.sample_clip_norm):
+        raise ConfigError(f"privacy.sample_noise_multiplier = {cfg.sample_noise_multiplier} needs a finite "
+                          "privacy.sample_clip_norm: the noise's scale is sample_noise_multiplier * sample_clip_norm")
+    if cfg.batch_sampling == "poisson" and math.isinf(cfg.sample_clip_norm):
+        raise ConfigError("privacy.batch_sampling = 'poisson' is sample-level DP-SGD's sampling: it needs a finite "
+                          "privacy.sample_clip_norm")
+    if cfg.sample_noise_multiplier > 0 and cfg.batch_sampling != "poisson":
+        raise ConfigError(f"privacy.sample_noise_multiplier = {cfg.sample_noise_multiplier} needs "
+                          "privacy.batch_sampling = 'poisson': the accountant's amplification by sampling assumes "
+                          "each sample joins each batch independently, not an epoch's shuffle")
     _check_adaptive_and_statistics(cfg)
 
 

@@ -17,6 +17,9 @@ PRIVACY_NOISE = 17
 # adaptive clipping's noise on the count of unclipped clients (federated.adaptive_clipping) and the
 # noise on the calibration statistics' sums (federated.codec.GaussianCodec.total): streams of their own
 PRIVACY_CLIP_COUNT, PRIVACY_STATISTICS = 18, 19
+# sample-level DP-SGD's noise in the local steps (federated.sample_dp): a stream of its own, so that
+# the noise changes no batch or augmentation draw
+SAMPLE_NOISE = 20
 
 # numpy's SeedSequence (O'Neill's seed_seq hash, numpy/random/bit_generator.pyx): its constants
 _MASK32 = 0xFFFFFFFF

@@ -21,10 +21,11 @@ from typing import Any, Callable
 
 import torch
 
-from fedlatent.config import RunConfig
+from fedlatent.config import PrivacyConfig, RunConfig
 from fedlatent.data.types import Federation, GlobalData, Split
 from fedlatent.errors import ConfigError
 from fedlatent.federated import calibrate, devices, driver
+from fedlatent.federated.accounting import SampleAccountant
 from fedlatent.federated.client import LocalSettings, Workspace, state_to_cpu, workspace_for
 from fedlatent.federated.lockstep import local_update
 from fedlatent.federated.diagnostics import Diagnostics
@@ -82,11 +83,13 @@ class Setup:
     diagnostics: Diagnostics | None = None
     warn: Callable[[str], None] = field(default=lambda message: _warn(message))
     train_sizes: list[int] = field(init=False)  # the census of training-set sizes, taken once
+    sample_accountant: SampleAccountant | None = field(init=False)  # sample-level DP-SGD's ε, when noised
     replies_checked = True  # train() applies each client's own non-finite check
     tells_each_drop = False  # the run's end counts the dropped clients in one line
 
     def __post_init__(self) -> None:
         self.train_sizes = [len(c.train) for c in self.federation.clients]
+        self.sample_accountant = sample_accountant(self.config, self.train_sizes)
 
     # the clients as the run driver (federated.driver) asks for them: all in this process
     @property
@@ -100,7 +103,7 @@ class Setup:
         ConfigError passes through: a key the clients cannot satisfy is the user's error, not theirs."""
         cfg, fed = self.config, self.federation
         selected = [t.client_id for t in tasks]
-        local = settings(self, tasks[0].lr, cfg.train.local_epochs)
+        local = settings(self, tasks[0].lr, cfg.train.local_epochs, cfg.privacy)
         rcs = [client_round(t, self.client_states[t.client_id], self.train_sizes[t.client_id], self.workspace.model,
                             local.momentum, cfg.seed) for t in tasks]
         generators = client_generators(cfg.seed, tasks[0].round, selected)
@@ -138,6 +141,17 @@ class Setup:
         return [row for row in rows if row is not None]
 
 
+def sample_accountant(config: RunConfig, sizes: list[int]) -> SampleAccountant | None:
+    """The accountant of the run's sample-level DP-SGD (``privacy.sample_noise_multiplier`` > 0) for
+    clients of training-set ``sizes``, selected as the run selects them; None without noise."""
+    privacy, train = config.privacy, config.train
+    if privacy.sample_noise_multiplier == 0:
+        return None
+    return SampleAccountant(sizes, train.batch_size, train.local_epochs, train.local_steps,
+                            privacy.sample_noise_multiplier, privacy.delta,
+                            lambda rnd: sample_clients(config.seed, rnd, len(sizes), train.participation))
+
+
 def make_model(config: RunConfig, federation: GlobalData, spec: MethodSpec) -> FedModel:
     """The initial global model: seeded construction, then the method's head policy."""
     torch.manual_seed(derive_seed(config.seed, MODEL_INIT))
@@ -170,8 +184,11 @@ def initial_server(config: RunConfig, federation: GlobalData, spec: MethodSpec,
     return model, server
 
 
-def settings(s: Setup, lr: float, epochs: int) -> LocalSettings:
-    return local_settings(s.config.train, lr, epochs, s.federation.augment, s.federation.num_classes, s.device)
+def settings(s: Setup, lr: float, epochs: int, privacy: PrivacyConfig | None = None) -> LocalSettings:
+    """The local settings of a round at ``lr``; ``privacy``: the run's sample-level DP-SGD (the
+    rounds' training; the evaluation's fine-tuning has none)."""
+    return local_settings(s.config.train, lr, epochs, s.federation.augment, s.federation.num_classes, s.device,
+                          privacy)
 
 
 # the rounds and the end of a run, as the run driver plays them for every backend

@@ -25,13 +25,30 @@ client's statistics, clipped to a bound B, summed, with Gaussian noise σ_s·B �
 multiplier σ_s/2 under replace-one, on every client (no sampling) — composed with the rounds
 (:func:`statistics_event`; ε after r rounds and c such releases from r times the round's RDP plus
 c times the release's).
+
+Sample-level DP-SGD (:class:`SampleAccountant`; Abadi et al. 2016, Algorithm 1, in the clients'
+local steps: ``federated.sample_dp``) releases, at each local step of client k, the sum of the
+batch's per-sample gradients clipped to C_s plus N(0, σ_s²C_s²). Its batches are Poisson samples
+(each of the client's n_k samples in independently with probability q_k = min(1, b / n_k),
+``client.poisson_batches``), so a step is dp-accounting's ``PoissonSampledDpEvent(q_k,
+GaussianDpEvent(σ_s))`` under the *add-or-remove-one* relation (adding or removing one sample moves
+the sum by at most C_s: noise multiplier σ_s), the relation the amplification by Poisson sampling
+is proved under (Mironov, Talwar & Zhang 2019). n_k, b and the step count are treated as public,
+as in Abadi et al. and Opacus. A client takes T_k = ``client.poisson_steps`` steps in a round it is
+selected in and none in another (the selection is seeded by (seed, round), independent of the
+data), so after r rounds its steps compose c_k(r)·T_k times, c_k(r) the rounds among the first r
+that selected it; the accountant reports the worst client's ε (the largest over clients).
 """
 from __future__ import annotations
 
 import importlib.util
+import logging
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
+
+from fedlatent.federated.client import poisson_rate, poisson_steps
 
 if TYPE_CHECKING:
     from dp_accounting import DpEvent
@@ -98,3 +115,78 @@ class Accountant:
                 raise ValueError("statistics were released without noise: no finite epsilon")
             rdp = rdp + releases * self.release_rdp
         return float(compute_epsilon(self.orders, rdp, self.delta)[0])
+
+
+def sample_step_event(rate: float, noise_multiplier: float) -> DpEvent:
+    """One local step of sample-level DP-SGD: the Gaussian of multiplier σ_s (add-or-remove
+    sensitivity C_s of the sum of per-sample gradients clipped to C_s, noise σ_s·C_s) on a Poisson
+    sample of rate q — the Gaussian alone when q = 1 (every sample in every batch)."""
+    import dp_accounting
+
+    gaussian = dp_accounting.GaussianDpEvent(noise_multiplier)
+    return gaussian if rate >= 1 else dp_accounting.PoissonSampledDpEvent(rate, gaussian)
+
+
+class SampleAccountant:
+    """ε at ``delta`` of sample-level DP-SGD after any number of rounds, the worst client's (see the
+    module's docstring): clients of training-set ``sizes``, Poisson batches of expected size
+    ``batch_size``, ``epochs`` epochs or ``local_steps`` steps a round, noise multiplier
+    ``noise_multiplier``; ``selected(r)``: the clients round r (0-based) selects."""
+
+    def __init__(self, sizes: Sequence[int], batch_size: int, epochs: int, local_steps: int,
+                 noise_multiplier: float, delta: float, selected: Callable[[int], Sequence[int]]) -> None:
+        from dp_accounting.rdp import RdpAccountant
+
+        self.delta, self.selected, self.noise_multiplier = delta, selected, noise_multiplier
+        # each client's (q_k, T_k); one round's RDP computed once per distinct pair, when first needed
+        self.kinds = [(poisson_rate(n, batch_size), poisson_steps(n, batch_size, epochs, local_steps)) for n in sizes]
+        self.rdp: dict[tuple[float, int], np.ndarray] = {}
+        self.orders = np.asarray(RdpAccountant().orders)
+        self.counts = [np.zeros(len(sizes), dtype=np.int64)]  # c_k(r) for r = 0, 1, … as far as asked
+
+    def round_rdp(self, kind: tuple[float, int]) -> np.ndarray:
+        """The RDP (at each order) of one round of a client of ``kind`` (q_k, T_k): T_k steps composed
+        by dp-accounting's RDP accountant (add-or-remove-one, its default); the fractional orders
+        its series does not converge at are left out of the minimum over orders, as it warns
+        (silenced here: one warning per order and client size)."""
+        if kind not in self.rdp:
+            from dp_accounting.rdp import RdpAccountant
+
+            accountant = RdpAccountant()
+            absl = logging.getLogger("absl")
+            level = absl.level
+            absl.setLevel(logging.ERROR)
+            try:
+                accountant.compose(sample_step_event(kind[0], self.noise_multiplier), kind[1])
+            finally:
+                absl.setLevel(level)
+            self.rdp[kind] = np.asarray(accountant.rdp)
+        return self.rdp[kind]
+
+    def participations(self, rounds: int) -> np.ndarray:
+        """c_k(rounds): how many of the first ``rounds`` rounds selected each client."""
+        while len(self.counts) <= rounds:
+            counts = self.counts[-1].copy()
+            counts[list(self.selected(len(self.counts) - 1))] += 1
+            self.counts.append(counts)
+        return self.counts[rounds]
+
+    def epsilons(self, rounds: int) -> list[float]:
+        """Each client's ε after ``rounds`` rounds (0 for a client not selected yet, or without data)."""
+        from dp_accounting.rdp.rdp_privacy_accountant import compute_epsilon
+
+        memo: dict[tuple[float, int, int], float] = {}
+        out = []
+        for kind, count in zip(self.kinds, self.participations(rounds).tolist()):
+            if not count or not kind[1]:  # not selected yet, or no data: no step
+                out.append(0.0)
+                continue
+            key = (*kind, count)
+            if key not in memo:
+                memo[key] = float(compute_epsilon(self.orders, count * self.round_rdp(kind), self.delta)[0])
+            out.append(memo[key])
+        return out
+
+    def epsilon(self, rounds: int) -> float:
+        """The worst client's ε after ``rounds`` rounds (0 before the first)."""
+        return max(self.epsilons(rounds), default=0.0)

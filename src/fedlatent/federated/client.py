@@ -52,6 +52,11 @@ class LocalSettings:
     steps: int = 0                # local steps per round; 0 = ``epochs`` epochs
     keep_optimizer: bool = False  # optimiser state kept in the client's state across rounds
     precision: str = "fp32"       # fp32 | bf16 | fp16 (resolved: federated.precision)
+    # sample-level DP-SGD (federated.sample_dp): per-sample clip norm (inf: off), noise multiplier,
+    # and Poisson batches in place of each epoch's permutation
+    sample_clip_norm: float = float("inf")
+    sample_noise_multiplier: float = 0.0
+    poisson: bool = False
 
 
 @dataclass
@@ -103,7 +108,10 @@ def trained_samples(num_samples: int, steps: int, batch_size: int, drop_last: bo
 
 def planned_steps(num_samples: int, s: LocalSettings) -> int:
     """How many local steps :func:`_epochs` yields for a training set of ``num_samples`` (known
-    before drawing): ``s.steps`` when set (none without data), else ``s.epochs`` epochs of batches."""
+    before drawing): ``s.steps`` when set (none without data), else ``s.epochs`` epochs of batches
+    (Poisson batches: :func:`poisson_steps`)."""
+    if s.poisson:
+        return poisson_steps(num_samples, s.batch_size, s.epochs, s.steps)
     per_epoch = batch_count(num_samples, s.batch_size, s.drop_last)
     if s.steps:
         return s.steps if per_epoch else 0
@@ -120,6 +128,29 @@ def batches(num_samples: int, batch_size: int, drop_last: bool, generator: torch
         order += offset
     chunks = [order] if num_samples <= batch_size else list(order.split(batch_size))
     return chunks[:batch_count(num_samples, batch_size, drop_last)]
+
+
+def poisson_rate(num_samples: int, batch_size: int) -> float:
+    """q = min(1, b / n): each sample's probability of joining a Poisson batch, whose expected size is
+    then min(b, n) (Abadi et al. 2016, Algorithm 1's "lot" of expected size L = qN)."""
+    return min(1.0, batch_size / num_samples) if num_samples else 0.0
+
+
+def poisson_steps(num_samples: int, batch_size: int, epochs: int, steps: int) -> int:
+    """A round's Poisson batches: ``steps`` when set, else ``epochs`` × ⌈n / b⌉ (an epoch: as many
+    batches as draw n samples in expectation, rounded up); none without data."""
+    if not num_samples:
+        return 0
+    return steps or epochs * -(-num_samples // batch_size)
+
+
+def poisson_batches(num_samples: int, s: LocalSettings, generator: torch.Generator, offset: int = 0) -> list[Tensor]:
+    """The round's :func:`poisson_steps` index batches, each sample in each batch independently with
+    probability :func:`poisson_rate` (one uniform draw per sample and step, all drawn at once); a
+    batch may be empty. ``offset``: see :func:`batches`."""
+    count = poisson_steps(num_samples, s.batch_size, s.epochs, s.steps)
+    taken = torch.rand(count, num_samples, generator=generator) < poisson_rate(num_samples, s.batch_size)
+    return [row.nonzero().flatten() + offset for row in taken]
 
 
 def state_to_cpu(model: torch.nn.Module) -> Tensors:
@@ -147,7 +178,11 @@ def save_optimizer(optimizer: LocalOptimizer, names: list[str], state: Tensors, 
 
 def _epochs(num_samples: int, s: LocalSettings, generator: torch.Generator, offset: int = 0) -> Iterator[list[Tensor]]:
     """The round's index batches epoch by epoch, each drawn when it starts: ``s.epochs`` epochs, or
-    as many as ``s.steps`` batches take (the last one cut short); ``offset``: see :func:`batches`."""
+    as many as ``s.steps`` batches take (the last one cut short); Poisson batches all at once, as
+    one "epoch" (:func:`poisson_batches`); ``offset``: see :func:`batches`."""
+    if s.poisson:
+        yield poisson_batches(num_samples, s, generator, offset)
+        return
     if not s.steps:
         for _ in range(s.epochs):
             yield batches(num_samples, s.batch_size, s.drop_last, generator, offset)

@@ -22,6 +22,7 @@ import torch
 from fedlatent.analysis import classifier_cost
 from fedlatent.config import RunConfig
 from fedlatent.data.types import GlobalData
+from fedlatent.federated.accounting import SampleAccountant
 from fedlatent.federated.calibrate import apply_statistics, head_keys
 from fedlatent.federated.client import trained_samples
 from fedlatent.federated.evaluation import evaluate
@@ -46,6 +47,7 @@ class Run(Protocol):
     diagnostics: Any  # ``federated.diagnostics.Diagnostics`` or Flower's, or None
     replies_checked: bool  # the clients' own non-finite check already applied to their replies
     tells_each_drop: bool  # a warning line for each client the failure policy leaves out, as it happens
+    sample_accountant: SampleAccountant | None  # sample-level DP-SGD's accountant, when its steps are noised
 
     @property
     def federation(self) -> GlobalData:
@@ -97,6 +99,8 @@ def play_round(s: Run, rnd: int) -> dict[str, Any]:
     epsilon = s.server.codec.epsilon(rnd + 1, calibrations_in(s.spec, rnd + 1))
     if epsilon is not None:  # DP-FedAvg: the privacy spent by the rounds (and calibrations) so far, at privacy.delta
         line["privacy_epsilon"] = epsilon
+    if s.sample_accountant is not None:  # sample-level DP-SGD: the worst client's, at privacy.delta
+        line["sample_level_epsilon"] = s.sample_accountant.epsilon(rnd + 1)
     if s.spec.count_flops:
         line.update(classifier_round(s, result.uploads, due))
     if (rnd + 1) % cfg.eval.every == 0 or rnd + 1 == cfg.train.rounds:

@@ -47,7 +47,7 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from itertools import accumulate
 from typing import Any, Callable, NamedTuple, cast
 
@@ -60,7 +60,7 @@ from fedlatent.data.compact import Images
 from fedlatent.data.types import Split
 from fedlatent.losses import update
 from fedlatent.losses.amp import LossScale
-from fedlatent.federated import devices, precision
+from fedlatent.federated import devices, precision, sample_dp
 from fedlatent.federated.client import (AMP, OPTIM, PERSONAL, PERSONAL_AMP, PERSONAL_OPTIM, PREVIOUS, LocalSettings,
                                        Workspace, _epochs,
                                        add_terms, client_upload, finish_parts, keep_models, partial_round, planned_steps,
@@ -73,6 +73,9 @@ from fedlatent.methods.parts import (ClientRound, LockstepContext, MethodSpec, P
 from fedlatent.models.base import FedModel, ModelOutput, has_dropout, mixes_batch_rows
 
 Group = Tensor | slice | None  # a step's clients: all, a run of stack rows, or stack indices
+# a step's gradients from the weights it trains (each with a leading client axis) and their leaves:
+# sample-level DP-SGD's (federated.sample_dp), in place of a loss's
+Gradients = Callable[[Mapping[str, Tensor], list[Tensor]], list[Tensor]]
 
 
 def unsupported(spec: MethodSpec) -> str | None:
@@ -133,27 +136,33 @@ class _Stack:
         rows = {n: p.detach().to("cpu").unbind(0) for n, p in self.params.items()}
         return [dict(zip(rows, values)) for values in zip(*rows.values())]
 
-    def step(self, group: Group, loss_fn: Callable[[dict[str, Tensor]], Tensor], again: bool) -> None:
+    def step(self, group: Group, loss_fn: Callable[[dict[str, Tensor]], Tensor] | None, again: bool,
+             gradients: Gradients | None = None) -> None:
         """One optimiser step of the clients in ``group`` (None: all) on ``loss_fn(params).sum()``,
-        through the update rule's chain (the round's rate, Ditto's pull and SCAFFOLD's correction
-        among its links); ``again``: some of them step again after it."""
+        or on ``gradients(params, leaves)`` (sample-level DP-SGD's, in float32), through the update
+        rule's chain (the round's rate, Ditto's pull and SCAFFOLD's correction among its links);
+        ``again``: some of them step again after it."""
         def pick(t: Tensor) -> Tensor:
             return _rows(t, group)
 
         params = {n: pick(p).detach().requires_grad_(n in self.trainable) for n, p in self.params.items()}
         leaves = [params[n] for n in self.trainable]
-        with precision.autocast(self.arithmetic, self.device):
-            loss = loss_fn(params)
-        if self.scale is None:
-            grads = torch.autograd.grad(loss.sum() if loss.dim() else loss, leaves)
-            kept = None
-        else:  # fp16: each client's loss scaled by its own scale; a row not finite skips its step
-            scaled = torch.autograd.grad(self.scale.scaled(loss, group), leaves)
-            grads, finite = self.scale.unscale(list(scaled), group)
-            self.scale.update(finite, group)
-            if not bool(finite.any()):
-                return
-            kept = None if bool(finite.all()) else self._snapshot()
+        kept = None
+        if gradients is not None:
+            grads: list[Tensor] | tuple[Tensor, ...] = gradients(params, leaves)
+        else:
+            assert loss_fn is not None
+            with precision.autocast(self.arithmetic, self.device):
+                loss = loss_fn(params)
+            if self.scale is None:
+                grads = torch.autograd.grad(loss.sum() if loss.dim() else loss, leaves)
+            else:  # fp16: each client's loss scaled by its own scale; a row not finite skips its step
+                scaled = torch.autograd.grad(self.scale.scaled(loss, group), leaves)
+                grads, finite = self.scale.unscale(list(scaled), group)
+                self.scale.update(finite, group)
+                if not bool(finite.any()):
+                    return
+                kept = None if bool(finite.all()) else self._snapshot()
         self.optimizer.step(leaves + self.frozen, [*grads, *[None] * len(self.frozen)], rows=group, again=again)
         with torch.no_grad():
             if isinstance(group, Tensor):  # all of the above acted on the group's copies: write them back
@@ -207,9 +216,16 @@ class _Own:
     def client_rows(self) -> list[Tensors]:
         return [state_to_cpu(self.module)]
 
-    def step(self, group: Group, loss_fn: Callable[[dict[str, Tensor]], Tensor], again: bool) -> None:
-        """One optimiser step on ``loss_fn`` of the module's weights (with a client axis of 1), through
-        the update rule's chain; fp16: skipped when the unscaled gradients are not finite."""
+    def step(self, group: Group, loss_fn: Callable[[dict[str, Tensor]], Tensor] | None, again: bool,
+             gradients: Gradients | None = None) -> None:
+        """One optimiser step on ``loss_fn`` of the module's weights (with a client axis of 1), or on
+        ``gradients(weights, leaves)`` (sample-level DP-SGD's), through the update rule's chain;
+        fp16: skipped when the unscaled gradients are not finite."""
+        if gradients is not None:
+            grads = [g.reshape(p.shape) for g, p in zip(gradients(self.views, self.leaves), self.leaves)]
+            self.optimizer.step(self.leaves + self.frozen, [*grads, *[None] * len(self.frozen)])
+            return
+        assert loss_fn is not None
         with precision.autocast(self.arithmetic, self.device):
             loss = loss_fn(self.views)
         if self.scale is None:
@@ -290,12 +306,14 @@ def _stacked(model: FedModel, taps: tuple[str, ...]) -> Callable[[dict[str, Tens
 def _stream(data: Split, s: LocalSettings, generator: torch.Generator) -> Iterator[tuple[Tensor, Tensor, Tensor]]:
     """One client's (indices, x, y) batches of the round, drawn from its generator in the order the
     client trained alone draws them: each epoch's permutation when the epoch starts, each batch's
-    augmentation when it is taken (a data set's transform, whose draws depend on the batch)."""
+    augmentation when it is taken (a data set's transform, whose draws depend on the batch). An
+    empty (Poisson) batch comes with the client's first sample as its stand-in (see :func:`_planned`)."""
     for epoch in _epochs(len(data), s, generator):
         for idx in epoch:
+            rows = idx if len(idx) else _STAND_IN
             # the whole stored images: a training transform may crop them to the input size
-            x = data.x.full(idx) if isinstance(data.x, Images) else data.x[idx]
-            yield idx, augment.augment_batch(x.to(s.device), generator, s.augment), data.y[idx].to(s.device)
+            x = data.x.full(rows) if isinstance(data.x, Images) else data.x[rows]
+            yield idx, augment.augment_batch(x.to(s.device), generator, s.augment), data.y[rows].to(s.device)
 
 
 class _Span(NamedTuple):
@@ -308,20 +326,28 @@ class _Span(NamedTuple):
 Taken = _Span | tuple[Tensor, Tensor, Tensor]  # a batch: its span of the plan, or streamed (indices, x, y)
 
 
+_STAND_IN = torch.zeros(1, dtype=torch.long)  # an empty batch's row: the client's first sample, weighted 0
+
+
 def _planned(num_samples: int, s: LocalSettings, generator: torch.Generator, offset: int,
-             images: bool) -> tuple[list[Tensor], list[dict[str, Tensor]]]:
+             images: bool) -> tuple[list[Tensor], list[dict[str, Tensor]], list[int]]:
     """One client's round drawn at its start, in the order a client streaming its batches draws
     it: each epoch's permutation when the epoch starts, then each of its batches' augmentation
     draws (:func:`fedlatent.data.augment.draw`: crop offsets, flips, the policy's; none without
     augmentation or for inputs that are not ``images``); the batches as rows of the pool (its
-    ``offset`` added to each permutation)."""
-    rows, drawn = [], []
+    ``offset`` added to each permutation), and their sizes. An empty batch (Poisson sampling's)
+    holds one stand-in row, the client's first sample, so that a step's forward has an input: its
+    size 0 weights it 0."""
+    rows, drawn, sizes = [], [], []
     for epoch in _epochs(num_samples, s, generator, offset):
         for idx in epoch:
+            sizes.append(len(idx))
+            if not len(idx):
+                idx = _STAND_IN + offset
             rows.append(idx)
             if s.augment and images:
                 drawn.append(augment.draw(len(idx), generator, s.augment))
-    return rows, drawn
+    return rows, drawn, sizes
 
 
 class _Batches:
@@ -353,12 +379,12 @@ class _Batches:
         self.augment = s.augment if len(self.pool.x.shape) == 4 else False  # inputs that are not images pass
         plans = [_planned(n, s, g, offset, bool(self.augment))
                  for n, g, offset in zip(sizes, generators, [0, *accumulate(sizes)][:-1])]
-        rows = [idx for plan_rows, _ in plans for idx in plan_rows]
+        rows = [idx for plan_rows, _, _ in plans for idx in plan_rows]
         lengths = [len(idx) for idx in rows]
         starts = iter([0, *accumulate(lengths)])
-        self.streams = [iter([_Span(next(starts), len(idx)) for idx in plan_rows]) for plan_rows, _ in plans]
+        self.streams = [iter([_Span(next(starts), size) for size in plan_sizes]) for _, _, plan_sizes in plans]
         self.rows = (torch.cat(rows) if rows else torch.zeros(0, dtype=torch.long)).to(s.device)
-        drawn = [d for _, plan_drawn in plans for d in plan_drawn]
+        drawn = [d for _, plan_drawn, _ in plans for d in plan_drawn]
         self.drawn = {k: torch.cat([d[k] for d in drawn]).to(s.device) for k in (drawn[0] if drawn else {})}
 
     def take(self, active: list[int]) -> dict[int, Taken]:
@@ -372,7 +398,7 @@ class _Batches:
     def stacked(self, taken: dict[int, Taken], members: list[int], size: int) -> tuple[Tensor, Tensor]:
         """The (clients, size, …) inputs and (clients, size) labels of ``members``' batches, a
         shorter batch padded with copies of its last sample (:func:`_padded`; planned: its last
-        row and that row's draws again)."""
+        row and that row's draws again; an empty batch: its stand-in row)."""
         first = taken[members[0]]
         if not isinstance(first, _Span):
             streamed = cast(list[tuple[Tensor, Tensor, Tensor]], [taken[c] for c in members])
@@ -385,7 +411,8 @@ class _Batches:
             pos = slice(first.start, first.start + size)
         else:  # each batch's positions in the plan, a shorter one's last repeated
             starts, lengths = torch.tensor([[sp.start, sp.length] for sp in spans]).unbind(1)
-            pos = (starts[:, None] + torch.minimum(torch.arange(size), lengths[:, None] - 1)).flatten().to(self.device)
+            last = (lengths[:, None] - 1).clamp(min=0)
+            pos = (starts[:, None] + torch.minimum(torch.arange(size), last)).flatten().to(self.device)
         rows = self.rows[pos]
         if self.augment:  # the whole stored images, as a streamed batch takes them
             x = self.pool.x.full(rows) if isinstance(self.pool.x, Images) else self.pool.x.index_select(0, rows)
@@ -593,6 +620,11 @@ def _train_together(ws: Workspace, starts: list[Tensors], datas: list[Split], sp
                               drift=_drift(spec.parts, rcs, trainable),
                               extra_decay=torch.tensor(decay, device=device) if any(decay) else None,
                               arithmetic=s.precision, scales=scales(AMP), frozen=fixed)
+    # sample-level DP-SGD: each model's private gradients, its noise drawn per client (validation
+    # leaves only per-sample task losses and parameter-only terms, float32, no BatchNorm)
+    private = [sample_dp.PrivateGradients(model, spec.loss, spec.temperature, s, rcs, sizes, trainable, which)
+               for which in ((sample_dp.GLOBAL, sample_dp.PERSONAL) if ditto else (sample_dp.GLOBAL,))] \
+        if sample_dp.enabled(s) else None
     # after begin: a part may resolve its taps from rc.model.tap_names (feature-drift depth)
     taps = tuple(sorted(frozenset().union(*(p.taps for p in personal_parts + spec.parts))))
     forward = _own_forward(model if ws.forward is None else ws.forward, taps) if one else _stacked(model, taps)
@@ -646,7 +678,7 @@ def _train_together(ws: Workspace, starts: list[Tensors], datas: list[Split], sp
         for members in _step_groups(active, batch_sizes, pad):
             group = _group(members, count, device)
             member_sizes = [batch_sizes[c] for c in members]
-            size = max(member_sizes)
+            size = max(*member_sizes, 1)  # a step of empty Poisson batches runs on their stand-in rows
             weights = _row_weights(member_sizes, size, device)
             x, y = draws.stacked(taken, members, size)
             rows = None
@@ -675,8 +707,20 @@ def _train_together(ws: Workspace, starts: list[Tensors], datas: list[Split], sp
 
             # a buffer is needed again when a client steps again, or keeps its optimiser state for the next round
             again = s.keep_optimizer or any(steps[c] < total[c] for c in members)
-            global_stack.step(group, global_loss, again)
-            if ditto:
+            if private is not None:
+                def context(params: Mapping[str, Tensor]) -> LockstepContext:
+                    return LockstepContext(cast(ModelOutput, None), y, params, group_global, None, s.num_classes,
+                                           group_rcs)
+                global_stack.step(group, None, again, _private_step(private[0], members, x, y, weights, member_sizes,
+                                                                    coefficients.parts(members), context, record,
+                                                                    "train_loss"))
+                if ditto:
+                    personal_stack.step(group, None, again, _private_step(
+                        private[1], members, x, y, weights, member_sizes, coefficients.parts(members, personal=True),
+                        context, _recorder(sums, seen, index, rows, "personal_"), "personal_loss"))
+            else:
+                global_stack.step(group, global_loss, again)
+            if ditto and private is None:
                 personal_stack.step(group, _personal_loss(spec, coefficients.parts(members, personal=True),
                                                           personal_forward, global_out, taps, x, y, weights, s,
                                                           group_global, group_rcs,
@@ -790,6 +834,25 @@ def _with_terms(task: Tensor, parts: list[Part], ctx: LockstepContext,
     returns None, as its :meth:`~Part.loss` would)."""
     return add_terms(task, parts, lambda part: part.lockstep_loss(ctx),
                      lambda part, value: record(part.name, value, ctx.prev_present if part.needs_prev_out else None))
+
+
+def _private_step(gradients: sample_dp.PrivateGradients, members: list[int], x: Tensor, y: Tensor,
+                  weights: Tensor | None, sizes: list[int], parts: list[Part],
+                  context: Callable[[Mapping[str, Tensor]], LockstepContext],
+                  record: Callable[[str, Tensor, Tensor | None], None], key: str) -> Gradients:
+    """A step's gradients under sample-level DP-SGD: the members' private gradients of the task
+    loss (:class:`~fedlatent.federated.sample_dp.PrivateGradients`), then the gradients of the
+    parameter-only terms of ``parts`` (FedProx's, FedDyn's: no data, added after the noise); the
+    task loss recorded under ``key`` and each term under its part's name."""
+    def step(params: Mapping[str, Tensor], leaves: list[Tensor]) -> list[Tensor]:
+        grads, task = gradients(params, members, x, y, weights, sizes)
+        record(key, task, None)
+        terms = _with_terms(task.new_zeros(len(members)), parts, context(params), record)
+        if not terms.requires_grad:
+            return grads
+        extra = torch.autograd.grad(terms.sum(), leaves, allow_unused=True)
+        return [g if e is None else g + e.reshape(g.shape) for g, e in zip(grads, extra)]
+    return step
 
 
 def _personal_loss(spec: MethodSpec, parts: list[Part], forward: Callable, global_out: ModelOutput | None,

@@ -26,7 +26,7 @@ from typing import Any, Callable, TypeVar
 import numpy as np
 import torch
 
-from fedlatent.config import RunConfig, TrainConfig
+from fedlatent.config import PrivacyConfig, RunConfig, TrainConfig
 from fedlatent.data.augment import Augmentation
 from fedlatent.data.types import Split
 from fedlatent.federated.client import LocalSettings, Workspace
@@ -126,12 +126,18 @@ def _once_each(states: list[Tensors], count: Callable[[Tensors], T]) -> list[T]:
 
 
 def local_settings(train: TrainConfig, lr: float, epochs: int, augment: Augmentation | bool, num_classes: int,
-                   device: torch.device) -> LocalSettings:
-    """The local optimiser and loop settings of a round at learning rate ``lr``."""
+                   device: torch.device, privacy: PrivacyConfig | None = None) -> LocalSettings:
+    """The local optimiser and loop settings of a round at learning rate ``lr``; ``privacy``: the
+    run's sample-level DP-SGD (None: none, as for the evaluation's fine-tuning)."""
+    dp = privacy or PrivacyConfig()
     return LocalSettings(epochs, train.batch_size, lr, train.momentum, train.weight_decay, train.drop_last, augment,
                          num_classes, device, optimizer=train.optimizer, steps=train.local_steps,
                          keep_optimizer=train.optimizer_state == "kept",
-                         precision=precision.resolve(train.precision, device))
+                         # sample-level DP-SGD's per-sample gradients run in float32 ("auto" included)
+                         precision="fp32" if math.isfinite(dp.sample_clip_norm) else precision.resolve(train.precision,
+                                                                                                       device),
+                         sample_clip_norm=dp.sample_clip_norm, sample_noise_multiplier=dp.sample_noise_multiplier,
+                         poisson=dp.batch_sampling == "poisson")
 
 
 # server half -------------------------------------------------------------------------------------
@@ -187,7 +193,7 @@ def client_round(task: ClientTask, state: Tensors, num_samples: int, model: FedM
     """The parts' view of ``task`` for a client with ``num_samples`` training samples, on a copy
     of its ``state`` (parts replace entries, never mutate them: the caller's dict stays as it was)."""
     return ClientRound(task.client_id, model, {}, dict(state), dict(task.payload), task.lr, num_samples,
-                       task.num_clients, task.total_samples, momentum, seed=seed)
+                       task.num_clients, task.total_samples, momentum, seed=seed, round=task.round)
 
 
 def calibration_due(spec: MethodSpec, rnd: int) -> bool:

@@ -46,7 +46,8 @@ class FedDyn(Part):
     def lockstep_loss(self, ctx: LockstepContext) -> Tensor:
         """α_k⟨θ_k, λ_k − θ_srv⟩ per client, each client's α_k and coefficients stacked."""
         scratch = [rc.scratch[self.name] for rc in ctx.rcs]
-        alphas = torch.tensor([alpha_k for alpha_k, _ in scratch], dtype=ctx.out.z.dtype, device=ctx.out.z.device)
+        like = ctx.params[next(iter(scratch[0][1]))]  # the weights alone: no output read (sample-level DP-SGD has none)
+        alphas = torch.tensor([alpha_k for alpha_k, _ in scratch], dtype=like.dtype, device=like.device)
         return alphas * sum((ctx.params[n] * torch.stack([linear[n] for _, linear in scratch])).flatten(1).sum(1)
                             for n in scratch[0][1])
 

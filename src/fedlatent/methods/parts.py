@@ -89,6 +89,7 @@ class ClientRound:
     metrics: dict[str, float] = field(default_factory=dict)
     seed: int = 0  # the run's seed, for parts that draw (derive_seed(seed, PURPOSE, client, …))
     scratch: dict[str, Any] = field(default_factory=dict)
+    round: int = 0  # the round (0-based), for draws seeded by it (sample-level DP-SGD's noise)
 
 
 @dataclass

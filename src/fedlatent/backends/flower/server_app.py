@@ -138,6 +138,7 @@ class ServerRun:
 
     replies_checked = False  # the nodes' replies are screened for non-finite values here
     tells_each_drop = True  # a deployment's log tells each client left out as it happens
+    sample_accountant = None  # sample-level DP-SGD runs on the embedded backends only
 
     # the run as the run driver (federated.driver) asks for it; its clients answer through messages
     @property

@@ -318,6 +318,9 @@ def _summarize(config: RunConfig, spec: MethodSpec, out: Path, ending: dict[str,
         summary.update(privacy_epsilon=final["privacy_epsilon"], privacy_delta=config.privacy.delta)
     elif metrics and "privacy_epsilon" in metrics[-1]:  # DP-FedAvg's ε after the last round, at privacy.delta
         summary.update(privacy_epsilon=metrics[-1]["privacy_epsilon"], privacy_delta=config.privacy.delta)
+    if metrics and "sample_level_epsilon" in metrics[-1]:  # sample-level DP-SGD's, the worst client's
+        summary.update(sample_level_epsilon=metrics[-1]["sample_level_epsilon"],
+                       sample_level_delta=config.privacy.delta)
     if "classifier_clients" in ending.get("final", {}):
         summary.update(classifier_columns(metrics, ending["final"]))
     write_atomically(out / "summary.json", json.dumps(summary, indent=1))

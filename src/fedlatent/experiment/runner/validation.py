@@ -38,6 +38,7 @@ from fedlatent.federated.round import sample_clients
 from fedlatent.methods import check_model, resolve
 from fedlatent.methods.parts import MethodSpec, Part
 from fedlatent.models import build_model
+from fedlatent.models.registry import MODELS
 
 BACKEND_NAMES: tuple[str, ...] = next(f.metadata["choices"] for f in dataclasses.fields(RunConfig)
                                       if f.name == "backend")  # as the schema declares them
@@ -74,6 +75,8 @@ def validate(config: RunConfig) -> MethodSpec:
         vectorized.check(config, spec)
     if config.privacy.noise_multiplier > 0:
         check_private(config, spec)
+    if math.isfinite(config.privacy.sample_clip_norm):
+        check_sample_private(config, spec)
     shape = declared_shape(config.data)
     if shape is not None:
         check_model_fit(config, spec, *shape)
@@ -118,6 +121,61 @@ def check_private(config: RunConfig, spec: MethodSpec) -> None:
                           f"{accounting.EXTRA}")
 
 
+def sample_private_refusal(config: RunConfig, spec: MethodSpec) -> str | None:
+    """Why sample-level DP-SGD cannot train ``spec`` as ``config`` asks, or None: per-sample gradients
+    exist for a loss that is a sum over the batch's samples (the task loss, cross-entropy or MSE) and
+    for terms of the weights alone; every data access of a client must go through its private steps."""
+    for part in spec.all_parts():
+        if part.has_term() and part.term_reads_batch:
+            return (f"the term of part '{part.name}' reads the batch (a term of the whole batch, as uniformity, "
+                    "variance, decorrelation or MMD, has no per-sample gradients); allowed: the per-sample task loss "
+                    "(ce, mse) and terms of the weights alone (fedprox, feddyn)")
+    if spec.personalization.kind == "partial":
+        return (f"{spec.name} trains twice a round on the client's data (its own layers, then the shared ones), "
+                "which the accountant does not count yet")
+    if spec.calibration.kind != "none":
+        return f"the {spec.calibration.kind} calibration's statistics read the clients' data outside the private steps"
+    if config.backend == "flower":
+        return "sample-level DP-SGD runs on the embedded backends (simulation, vectorized, auto), not 'flower'"
+    if config.train.compile:
+        return "sample-level DP-SGD takes per-sample gradients with torch.func, not through the compiled forward; " \
+               "set train.compile = false"
+    if config.train.precision in ("bf16", "fp16"):
+        return "sample-level DP-SGD's per-sample gradients run in float32; set train.precision = 'fp32' (or 'auto')"
+    return None
+
+
+def check_sample_private(config: RunConfig, spec: MethodSpec) -> None:
+    """Sample-level DP-SGD (a finite ``privacy.sample_clip_norm``): a method and backend it can train
+    (:func:`sample_private_refusal`), and the accountant installed when it adds noise. The model is
+    checked where it is built (:func:`check_model_fit`: no BatchNorm)."""
+    bound = config.privacy.sample_clip_norm
+    reason = sample_private_refusal(config, spec)
+    if reason:
+        raise ConfigError(f"privacy.sample_clip_norm = {bound} on {spec.name}: {reason}")
+    sigma = config.privacy.sample_noise_multiplier
+    if sigma > 0 and not accounting.available():
+        raise ConfigError(f"privacy.sample_noise_multiplier = {sigma}: the accountant needs dp-accounting; "
+                          f"{accounting.EXTRA}")
+
+
+def batch_norm_refusal(config: RunConfig, model: torch.nn.Module) -> str | None:
+    """Why sample-level DP-SGD cannot train ``model`` (BatchNorm: a sample's output depends on its
+    batch, so its gradient is not its own), naming the setting that replaces BatchNorm by GroupNorm;
+    None when the model has no BatchNorm."""
+    names = [n for n, m in model.named_modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
+    if not names:
+        return None
+    arch = config.model.arch
+    head = f"model '{arch}' has BatchNorm ({names[0]}): its batch statistics mix a batch's samples"
+    if all(n.startswith("projector.") for n in names):
+        return f"{head}; set model.projector = 0 (no projector), or use a model with GroupNorm"
+    if "norm" in MODELS.get(arch).keys:
+        return f"{head}; set model.norm = 'group' (GroupNorm)"
+    grouped = ", ".join(sorted(name for name in MODELS.names() if "norm" in MODELS.get(name).keys))
+    return f"{head}, and it has no GroupNorm variant; use a model with model.norm = 'group' ({grouped}) or the mlp"
+
+
 def validate_data(config: RunConfig, spec: MethodSpec) -> None:
     """The checks of :func:`check_fit` on the data's outline (:func:`fedlatent.data.federation.outline`,
     which refuses what building the federation refuses): what ``fedlatent check`` makes of the data,
@@ -153,3 +211,7 @@ def check_model_fit(config: RunConfig, spec: MethodSpec, input_shape: tuple[int,
         model = build_model(dataclasses.replace(config.model, weights=""), input_shape, num_classes,
                             config.data.dataset)
     check_model(spec, model)
+    if math.isfinite(config.privacy.sample_clip_norm):
+        reason = batch_norm_refusal(config, model)
+        if reason:
+            raise ConfigError(f"privacy.sample_clip_norm = {config.privacy.sample_clip_norm}: {reason}")

@@ -253,6 +253,25 @@ class PrivacyConfig:
                                    "noise, no privacy accounting; > 0 needs a finite clip_norm)", low=0.0)
     delta: float = _key(1e-5, "the delta at which the accountant reports epsilon (0 < delta < 1; "
                         "read when noise_multiplier > 0)", low=0.0, low_open=True)
+    # secure aggregation (SecAgg+, Bell et al. 2020) on the Flower backend: the server learns only sums
+    secure_aggregation: str = _key("off", "'secaggplus': each client masks what it sends (its update, its FFC "
+                                   "statistics) so that the server learns only their sum (backend = 'flower' only)",
+                                   choices=("off", "secaggplus"))
+    secagg_num_shares: int = _key(0, "SecAgg+: each client's neighbours, itself included, among which its secrets "
+                                  "are shared (an odd number >= 3; 0 = every client of the session)", low=0)
+    secagg_threshold: int = _key(0, "SecAgg+: shares that reconstruct a client's secret, and the fewest clients "
+                                 "whose sum the server can unmask (>= 2; 0 = a majority of the neighbours, at "
+                                 "least 2)", low=0)
+    secagg_update_range: float = _key(0.0, "SecAgg+: every entry of a client's pre-weighted update must lie in "
+                                      "[-range, range], the quantisation's span; one outside fails the client "
+                                      "(0 = privacy.clip_norm where finite, else 8)", low=0.0)
+    secagg_statistics_range: float = _key(1.0, "SecAgg+: the same for the calibration statistics, each divided by "
+                                          "the clients' total training samples (normalised features: within 1)",
+                                          low=0.0, low_open=True)
+    secagg_quantization_range: int = _key(2 ** 40, "SecAgg+: levels of the quantisation grid over "
+                                          "[-range, range] (its step: 2 range / levels; at most 2**40, so that "
+                                          "sums of up to 2**24 clients stay within the 64-bit masks)",
+                                          low=2, high=2 ** 40)
 
 
 @dataclass
@@ -414,6 +433,22 @@ def _check_privacy(cfg: PrivacyConfig) -> None:
     if cfg.noise_multiplier > 0 and math.isinf(cfg.clip_norm):
         raise ConfigError(f"privacy.noise_multiplier = {cfg.noise_multiplier} needs a finite privacy.clip_norm: "
                           "the noise's scale is noise_multiplier * clip_norm")
+    _check_secure_aggregation(cfg)
+
+
+def _check_secure_aggregation(cfg: PrivacyConfig) -> None:
+    """SecAgg+'s keys alone (with the backend and the clients per round: ``validation.check_secure``)."""
+    if cfg.secagg_num_shares and (cfg.secagg_num_shares < 3 or cfg.secagg_num_shares % 2 == 0):
+        raise ConfigError(f"privacy.secagg_num_shares = {cfg.secagg_num_shares}: an odd number >= 3 (a client and "
+                          "as many neighbours on each side; 0 = every client of the session)")
+    if cfg.secagg_threshold == 1:
+        raise ConfigError("privacy.secagg_threshold = 1: one share would reveal a client's secret; >= 2 (0 = a "
+                          "majority of the neighbours)")
+    if cfg.secagg_num_shares and cfg.secagg_threshold > cfg.secagg_num_shares:
+        raise ConfigError(f"privacy.secagg_threshold = {cfg.secagg_threshold}: more than the "
+                          f"privacy.secagg_num_shares = {cfg.secagg_num_shares} share holders of each client")
+    if cfg.secagg_update_range != cfg.secagg_update_range or cfg.secagg_statistics_range != cfg.secagg_statistics_range:
+        raise ConfigError("privacy.secagg_update_range / secagg_statistics_range = nan: expected a number")
 
 
 def _check_names(key: str, names: list[str], allowed: Iterable[str], noun: str) -> None:

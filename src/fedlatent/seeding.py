@@ -14,6 +14,9 @@ DIAGNOSTICS = 16
 # the server's DP noise (federated.codec.GaussianCodec): a stream of its own, so that adding noise
 # changes no other draw
 PRIVACY_NOISE = 17
+# SecAgg+ (backends.flower.secagg): the stochastic rounding of the clients' updates and statistics,
+# and the order of the parties on its graph's ring; streams of their own
+SECAGG_UPDATES, SECAGG_STATISTICS, SECAGG_GRAPH = 20, 21, 22
 
 # numpy's SeedSequence (O'Neill's seed_seq hash, numpy/random/bit_generator.pyx): its constants
 _MASK32 = 0xFFFFFFFF

@@ -19,6 +19,12 @@ uploads), ``evaluate.validate`` (validation accuracy of the served clients), ``q
 (calibration statistics), ``query.diagnostics``, ``query.tsne`` and ``query.data`` (the client
 halves of ``[diagnostics]``, :mod:`.diagnostics`), ``evaluate.report`` (the personalised report rows). A client whose
 update raises or is not finite is a failure record naming it in the node's reply.
+
+Under secure aggregation (``privacy.secure_aggregation = "secaggplus"``) each served client is a
+SecAgg+ party kept in the node's ``Context.state`` (:mod:`.secagg`): ``query.secagg_keys``,
+``query.secagg_shares`` and ``query.secagg_unmask`` are the protocol's stages 0, 1 and 3, and
+``train`` and ``query.statistics`` carrying a session are its stage 2 — the update or the
+statistics leave quantised and masked (:mod:`.secagg_codec`), the client's state never.
 """
 from __future__ import annotations
 

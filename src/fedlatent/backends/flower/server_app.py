@@ -8,7 +8,9 @@ embedded backends) with :class:`ServerRun` as its clients: one ``train`` message
 (its selected clients' tasks; replies sorted by client id, so reply order cannot change the
 numbers), the validation accuracies, calibration statistics and personalised reports gathered by
 messages. A client that raises, diverges or does not reply within ``flower.timeout`` seconds is a
-:class:`ClientFailure` for the shared failure policy; each is told in one log line.
+:class:`ClientFailure` for the shared failure policy; each is told in one log line. Under secure
+aggregation a round's ``train`` and a calibration's ``query.statistics`` are the middle of a SecAgg+
+session (:mod:`.secagg_session`) and the server's codec reads only their sums (:mod:`.secagg_codec`).
 
 :func:`deployment_app` builds the ServerApp ``flwr run`` starts; the simulation engine
 (:mod:`.engine`) runs :func:`serve` on its in-memory grid.
@@ -139,7 +141,7 @@ class ServerRun:
     normalization: Tensors | None = None  # sent with every message after the census
     initial: Tensors = field(default_factory=dict)  # the seeded initial model, as each node builds it
     diagnostics: FlowerDiagnostics | None = None
-    sessions: list[str] = field(default_factory=list)  # the SecAgg+ sessions of calibration statistics so far
+    calibrations: int = 0  # the SecAgg+ sessions of calibration statistics so far
     rounds_done: int = 0  # the rounds before the one training now: what a stopped session has completed
     unmasking: UnmaskingCodec | None = None  # the server's codec under SecAgg+ (set up with the server)
 
@@ -355,9 +357,9 @@ class ServerRun:
         """The masked statistics of the clients of live nodes, each divided by the clients' total
         training samples, in a SecAgg+ session of their own; the server's codec then reads their sum."""
         live = set(self.grid.get_node_ids())
-        session = self.open_session("statistics", len(self.sessions), [c for c, n in self.census.node_of.items()
-                                                                         if n in live], "calibration")
-        self.sessions.append(session.name)
+        session = self.open_session("statistics", self.calibrations, [c for c, n in self.census.node_of.items()
+                                                                       if n in live], "calibration")
+        self.calibrations += 1
         msgs = []
         for node, cids in session.by_node(session.shared).items():
             content = RecordDict({"global": M.to_record(state)})
@@ -370,10 +372,10 @@ class ServerRun:
                 self.warn(f"calibration: SuperNode {node}'s clients sent no statistics: {reply.error.reason}")
             elif reply is not None and reply.has_content():
                 stats.update({cid: s for cid, s in _statistics(reply.content).items() if cid in session.shared})
-        classes, features = self.model.classifier.weight.shape
+        classes, features = self.model.classifier.weight.shape  # FFC's U (l × C) and V (l × l), as the clients send
         entries = layout({"U": torch.zeros(features, classes), "V": torch.zeros(features, features)})
         self.expect(session, "statistics", {cid: s[VECTOR] for cid, s in stats.items()}, entries,
-                    self.config.privacy.secagg_statistics_range)
+                    Settings.of(self.config.privacy).statistics_range)
         return stats
 
     def reports(self, state: Tensors) -> list[dict[str, Any]]:

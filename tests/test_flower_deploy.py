@@ -40,6 +40,27 @@ def flwr_run(fed: LocalFederation, out: Path, overrides: str):
     return done
 
 
+def test_ffc_under_secagg_on_three_supernodes_is_ffc_in_the_clear(federation, tmp_path):
+    """SphereFed + FFC under SecAgg+ on the three SuperNodes (each client a party; the run before the
+    one that kills a node): the global model after round 2, its head calibrated by FFC from the
+    masked statistics' sum, is within 1e-4 of FFC in the clear (the embedded run of the same
+    configuration: its checkpoint of round 2), and so is the final accuracy."""
+    import fedlatent
+    from safetensors.torch import load_file
+
+    overrides = ["algorithm.name=spherefed", "algorithm.ffc_every=2", "train.rounds=2"]  # bare strings: inside quotes
+    flwr_run(federation, tmp_path / "secure", "; ".join([*overrides, "privacy.secure_aggregation=secaggplus"]))
+    clear = fedlatent.run(fedlatent.load_config(ROOT / "configs" / "digits_fedavg.toml", [
+        "data.num_clients=3", "eval.personalized=never", *overrides]), tmp_path / "clear")
+    secure = json.loads((tmp_path / "secure" / "summary.json").read_text())
+    assert (secure["status"], secure["rounds_completed"]) == ("completed", 2)
+    ours, theirs = (load_file(str(tmp_path / run / "checkpoints" / "round00002" / "global.safetensors"))
+                    for run in ("clear", "secure"))
+    assert ours.keys() == theirs.keys()
+    assert max(float((ours[k].double() - theirs[k].double()).abs().max()) for k in ours) <= 1e-4
+    assert secure["final"]["accuracy"] == pytest.approx(clear["final"]["accuracy"], abs=1e-9)
+
+
 def test_three_supernodes_run_and_one_killed_during_a_round_does_not_stop_the_run(federation, tmp_path):
     """One run on the three SuperNodes (one ``flwr run``: each starts app processes, a minute or more
     on two cores): round 1 is served by every node; then SuperNode 2 is killed once it has received

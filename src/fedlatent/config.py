@@ -281,6 +281,26 @@ class PrivacyConfig:
                                                     "of the calibration statistics", low=0.0,
                                                     auto="noise_multiplier")
 
+    # secure aggregation (SecAgg+, Bell et al. 2020) on the Flower backend: the server learns only sums
+    secure_aggregation: str = _key("off", "'secaggplus': each client masks what it sends (its update, its FFC "
+                                   "statistics) so that the server learns only their sum (backend = 'flower' only)",
+                                   choices=("off", "secaggplus"))
+    secagg_num_shares: int = _key(0, "SecAgg+: each client's neighbours, itself included, among which its secrets "
+                                  "are shared (an odd number >= 3; 0 = every client of the session)", low=0)
+    secagg_threshold: int = _key(0, "SecAgg+: shares that reconstruct a client's secret, and the fewest clients "
+                                 "whose sum the server can unmask (>= 2; 0 = a majority of the neighbours, at "
+                                 "least 2)", low=0)
+    secagg_update_range: float = _key(0.0, "SecAgg+: every entry of a client's pre-weighted update must lie in "
+                                      "[-range, range], the quantisation's span; one outside fails the client "
+                                      "(0 = privacy.clip_norm where finite, else 8)", low=0.0)
+    secagg_statistics_range: float = _key(1.0, "SecAgg+: the same for the calibration statistics, each divided by "
+                                          "the clients' total training samples (normalised features: within 1)",
+                                          low=0.0, low_open=True)
+    secagg_quantization_range: int = _key(2 ** 40, "SecAgg+: levels of the quantisation grid over "
+                                          "[-range, range] (its step: 2 range / levels; at most 2**40, so that "
+                                          "sums of up to 2**24 clients stay within the 64-bit masks)",
+                                          low=2, high=2 ** 40)
+
     @property
     def adaptive(self) -> bool:
         """Whether the clip norm adapts (``target_quantile`` > 0)."""
@@ -467,6 +487,7 @@ def _check_privacy(cfg: PrivacyConfig) -> None:
                           "privacy.batch_sampling = 'poisson': the accountant's amplification by sampling assumes "
                           "each sample joins each batch independently, not an epoch's shuffle")
     _check_adaptive_and_statistics(cfg)
+    _check_secure_aggregation(cfg)
 
 
 def _check_adaptive_and_statistics(cfg: PrivacyConfig) -> None:
@@ -490,6 +511,21 @@ def _check_adaptive_and_statistics(cfg: PrivacyConfig) -> None:
     if cfg.statistics_noise_multiplier != "auto" and cfg.noise_multiplier == 0 and cfg.statistics_sigma > 0:
         raise ConfigError(f"privacy.statistics_noise_multiplier = {cfg.statistics_sigma} needs "
                           "privacy.noise_multiplier > 0: the statistics' epsilon composes with the training's")
+
+
+def _check_secure_aggregation(cfg: PrivacyConfig) -> None:
+    """SecAgg+'s keys alone (with the backend and the clients per round: ``validation.check_secure``)."""
+    if cfg.secagg_num_shares and (cfg.secagg_num_shares < 3 or cfg.secagg_num_shares % 2 == 0):
+        raise ConfigError(f"privacy.secagg_num_shares = {cfg.secagg_num_shares}: an odd number >= 3 (a client and "
+                          "as many neighbours on each side; 0 = every client of the session)")
+    if cfg.secagg_threshold == 1:
+        raise ConfigError("privacy.secagg_threshold = 1: one share would reveal a client's secret; >= 2 (0 = a "
+                          "majority of the neighbours)")
+    if cfg.secagg_num_shares and cfg.secagg_threshold > cfg.secagg_num_shares:
+        raise ConfigError(f"privacy.secagg_threshold = {cfg.secagg_threshold}: more than the "
+                          f"privacy.secagg_num_shares = {cfg.secagg_num_shares} share holders of each client")
+    if cfg.secagg_update_range != cfg.secagg_update_range or cfg.secagg_statistics_range != cfg.secagg_statistics_range:
+        raise ConfigError("privacy.secagg_update_range / secagg_statistics_range = nan: expected a number")
 
 
 def _check_names(key: str, names: list[str], allowed: Iterable[str], noun: str) -> None:

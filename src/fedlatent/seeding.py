@@ -20,6 +20,9 @@ PRIVACY_CLIP_COUNT, PRIVACY_STATISTICS = 18, 19
 # sample-level DP-SGD's noise in the local steps (federated.sample_dp): a stream of its own, so that
 # the noise changes no batch or augmentation draw
 SAMPLE_NOISE = 20
+# SecAgg+ (backends.flower.secagg): the stochastic rounding of the clients' updates and statistics,
+# and the order of the parties on its graph's ring; streams of their own
+SECAGG_UPDATES, SECAGG_STATISTICS, SECAGG_GRAPH = 21, 22, 23
 
 # numpy's SeedSequence (O'Neill's seed_seq hash, numpy/random/bit_generator.pyx): its constants
 _MASK32 = 0xFFFFFFFF

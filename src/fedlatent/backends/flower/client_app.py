@@ -19,6 +19,12 @@ uploads), ``evaluate.validate`` (validation accuracy of the served clients), ``q
 (calibration statistics), ``query.diagnostics``, ``query.tsne`` and ``query.data`` (the client
 halves of ``[diagnostics]``, :mod:`.diagnostics`), ``evaluate.report`` (the personalised report rows). A client whose
 update raises or is not finite is a failure record naming it in the node's reply.
+
+Under secure aggregation (``privacy.secure_aggregation = "secaggplus"``) each served client is a
+SecAgg+ party kept in the node's ``Context.state`` (:mod:`.secagg`): ``query.secagg_keys``,
+``query.secagg_shares`` and ``query.secagg_unmask`` are the protocol's stages 0, 1 and 3, and
+``train`` and ``query.statistics`` carrying a session are its stage 2 — the update or the
+statistics leave quantised and masked (:mod:`.secagg_codec`), the client's state never.
 """
 from __future__ import annotations
 
@@ -26,15 +32,18 @@ import dataclasses
 import hashlib
 import tomllib
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
 from torch import Tensor
-from flwr.app import Context, Message, RecordDict
+from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 
 from fedlatent.backends.flower import messages as M
+from fedlatent.backends.flower.secagg import Party
+from fedlatent.backends.flower.secagg_settings import Settings
+from fedlatent.backends.flower.secagg_codec import VECTOR, Masking, MaskingCodec, flatten, layout, rounding
 from fedlatent.backends.simulation import make_model
 from fedlatent.config import RunConfig, from_dict
 from fedlatent.data.compact import Images
@@ -57,6 +66,7 @@ from fedlatent.methods.parts import MethodSpec, Tensors, trainable_names
 from fedlatent.seeding import FINETUNE, derive_seed
 
 STATE = "client."  # Context.state record name prefix of a client's state
+PARTY = "secagg."  # Context.state record name prefix of a client's SecAgg+ party
 
 
 @dataclass
@@ -195,6 +205,7 @@ def train(msg: Message, context: Context) -> Message:
     cfg = job.config
     outcomes: list[M.Outcome] = []
     _, withheld_up = M.withheld(msg.content)
+    secure = "secagg" in msg.content.config_records
     for task, restore in M.unpack_tasks(msg.content, job.initial):
         if task.client_id not in job.clients:
             raise ValueError(f"client {task.client_id} is not served by this node (it serves {list(job.clients)})")
@@ -203,20 +214,41 @@ def train(msg: Message, context: Context) -> Message:
             state = restore or {}
         settings = local_settings(cfg.train, task.lr, cfg.train.local_epochs, job.federation.augment,
                                   job.federation.num_classes, job.device)
+        codec = job.codec
+        if secure:  # the update leaves masked: the party's stage 2 (its state kept whatever happens)
+            masking = _masking(msg, context, job, task.client_id, "update", task.round)
+            codec = MaskingCodec(job.codec, masking, task.total_samples)
         try:
             upload, new_state = client_update(job.workspace, job.spec, task, job.clients[task.client_id].train,
                                               state, settings, cfg.seed)
-            [outcome] = encoded(job.codec, [checked(upload, new_state)], task, job.untransmitted)
+            [outcome] = encoded(codec, [checked(upload, new_state)], task, job.untransmitted)
         except ConfigError as exc:  # the user's error: the server ends the run with it (exit 2)
             outcome = ClientFailure(task.client_id, "config", str(exc))
         except Exception as exc:  # any other error of the client's update is that client's failure
             outcome = ClientFailure(task.client_id, "error", error_detail(exc))
+        finally:
+            if secure:
+                context.state[f"{PARTY}{task.client_id}"] = masking.party.to_record()
         if isinstance(outcome, ClientFailure):
             outcomes.append((outcome, None))
             continue
         context.state[f"{STATE}{task.client_id}"] = M.to_record(new_state)
-        outcomes.append((outcome, new_state if cfg.flower.client_state_on_server else None))
+        # under secure aggregation a client's state stays on its node: the server learns only sums
+        outcomes.append((outcome, new_state if cfg.flower.client_state_on_server and not secure else None))
     return Message(M.pack_outcomes(outcomes, withheld_up), reply_to=msg)
+
+
+def _masking(msg: Message, context: Context, job: Job, cid: int, kind: str, index: int) -> Masking:
+    """Client ``cid``'s stage 2 of the session ``msg`` names: its party from the node's context, the
+    shares its neighbours sent it (``forward.<cid>``), the quantisation of ``kind`` ("update",
+    "statistics"; ``index`` the round) drawn from the run's seed."""
+    session = str(msg.content["secagg"]["session"])
+    forward = msg.content[f"forward.{cid}"]
+    settings = Settings.of(job.config.privacy)
+    bound = settings.update_range if kind == "update" else settings.statistics_range
+    return Masking(kind, Party.from_record(context.state[f"{PARTY}{cid}"]), session,
+                   dict(zip((int(c) for c in forward["srcs"]), forward["ctxts"])),
+                   bound, settings.levels, rounding(job.config.seed, kind, index, cid))
 
 
 @app.evaluate("validate")
@@ -240,10 +272,67 @@ def statistics(msg: Message, context: Context) -> Message:
     job = _job(msg, context)
     global_state = M.from_record(msg.content["global"])
     content = RecordDict()
+    secure = msg.content.config_records.get("secagg")
     for cid, client in job.clients.items():
-        content[f"stats.{cid}"] = M.to_record(client_statistics(
-            job.workspace.model, global_state, client.train, job.spec.calibration, job.config.eval.batch_size,
-            job.device, job.codec))
+        if secure is not None and cid not in secure["clients"]:
+            continue  # out of the session: nothing leaves in the clear
+        stats = client_statistics(job.workspace.model, global_state, client.train, job.spec.calibration,
+                                  job.config.eval.batch_size, job.device, job.codec)
+        if secure is not None:  # masked, each divided by the clients' total training samples
+            masking = _masking(msg, context, job, cid, "statistics", 0)
+            try:
+                stats = {VECTOR: masking.vector(flatten(stats, layout(stats)) / int(secure["total_samples"]))}
+            finally:
+                context.state[f"{PARTY}{cid}"] = masking.party.to_record()
+        content[f"stats.{cid}"] = M.to_record(stats)
+    return Message(content, reply_to=msg)
+
+
+# SecAgg+'s stages 0, 1 and 3 (stage 2 is the session's own message: train, query.statistics),
+# each client a party of its own (backends.flower.secagg_session)
+@app.query("secagg_keys")
+def secagg_keys(msg: Message, context: Context) -> Message:
+    """Stage 0: a party for each client the session names, with fresh key pairs; their public halves."""
+    cfg = msg.content["secagg"]
+    content = RecordDict()
+    for cid in cfg["clients"]:
+        party = Party.new(int(cid), str(cfg["session"]), int(cfg["threshold"]))
+        context.state[f"{PARTY}{cid}"] = party.to_record()
+        content[f"keys.{cid}"] = ConfigRecord({"pk1": party.pk1, "pk2": party.pk2})
+    return Message(content, reply_to=msg)
+
+
+@app.query("secagg_shares")
+def secagg_shares(msg: Message, context: Context) -> Message:
+    """Stage 1: each party's shares of its secrets, encrypted for each of its neighbours."""
+    return _each_party(msg, context, "public", "shares", lambda party, session, r: _ciphertexts(party.share(
+        session, dict(zip((int(i) for i in r["ids"]), zip(r["pk1"], r["pk2"]))))))
+
+
+@app.query("secagg_unmask")
+def secagg_unmask(msg: Message, context: Context) -> Message:
+    """Stage 3: each party's shares of its active neighbours' mask seeds and dropped neighbours' keys."""
+    def reveal(party: Party, session: str, r: ConfigRecord) -> ConfigRecord:
+        shares = party.reveal(session, [int(c) for c in r["active"]], [int(c) for c in r["dropped"]])
+        return ConfigRecord({"owners": list(shares), "shares": list(shares.values())})
+    return _each_party(msg, context, "unmask", "revealed", reveal)
+
+
+def _ciphertexts(by_destination: dict[int, bytes]) -> ConfigRecord:
+    return ConfigRecord({"dsts": list(by_destination), "ctxts": list(by_destination.values())})
+
+
+def _each_party(msg: Message, context: Context, asked: str, answer: str,
+                step: Callable[[Party, str, ConfigRecord], ConfigRecord]) -> Message:
+    """``step`` of each party the session names, on its record ``<asked>.<client>``, its state kept in
+    the node's context; the answers as ``<answer>.<client>``."""
+    cfg = msg.content["secagg"]
+    session = str(cfg["session"])
+    content = RecordDict()
+    for cid in cfg["clients"]:
+        party = Party.from_record(context.state[f"{PARTY}{cid}"])
+        content[f"{answer}.{cid}"] = step(party, session, msg.content[f"{asked}.{cid}"])
+        context.state[f"{PARTY}{cid}"] = party.to_record()
     return Message(content, reply_to=msg)
 
 

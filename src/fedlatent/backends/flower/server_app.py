@@ -8,7 +8,9 @@ embedded backends) with :class:`ServerRun` as its clients: one ``train`` message
 (its selected clients' tasks; replies sorted by client id, so reply order cannot change the
 numbers), the validation accuracies, calibration statistics and personalised reports gathered by
 messages. A client that raises, diverges or does not reply within ``flower.timeout`` seconds is a
-:class:`ClientFailure` for the shared failure policy; each is told in one log line.
+:class:`ClientFailure` for the shared failure policy; each is told in one log line. Under secure
+aggregation a round's ``train`` and a calibration's ``query.statistics`` are the middle of a SecAgg+
+session (:mod:`.secagg_session`) and the server's codec reads only their sums (:mod:`.secagg_codec`).
 
 :func:`deployment_app` builds the ServerApp ``flwr run`` starts; the simulation engine
 (:mod:`.engine`) runs :func:`serve` on its in-memory grid.
@@ -28,6 +30,9 @@ from flwr.serverapp import Grid, ServerApp
 
 from fedlatent.backends.flower import messages as M
 from fedlatent.backends.flower.diagnostics import FlowerDiagnostics
+from fedlatent.backends.flower.secagg_settings import Settings
+from fedlatent.backends.flower.secagg_codec import VECTOR, Layout, Unmasking, UnmaskingCodec, layout
+from fedlatent.backends.flower.secagg_session import Session, open_session
 from fedlatent.federated.round import ClientTask
 from fedlatent.backends.simulation import initial_server
 from fedlatent.federated import driver
@@ -40,6 +45,7 @@ from fedlatent.federated.server import Server
 from fedlatent.federated.state import write_atomically
 from fedlatent.methods.parts import MethodSpec, Tensors, Upload
 from fedlatent.models import FedModel
+from fedlatent.seeding import SECAGG_GRAPH, derive_seed
 
 CENSUS_WAIT_S = 120.0  # how long the census waits for SuperNodes to serve every client
 
@@ -135,6 +141,9 @@ class ServerRun:
     normalization: Tensors | None = None  # sent with every message after the census
     initial: Tensors = field(default_factory=dict)  # the seeded initial model, as each node builds it
     diagnostics: FlowerDiagnostics | None = None
+    calibrations: int = 0  # the SecAgg+ sessions of calibration statistics so far
+    rounds_done: int = 0  # the rounds before the one training now: what a stopped session has completed
+    unmasking: UnmaskingCodec | None = None  # the server's codec under SecAgg+ (set up with the server)
 
     replies_checked = False  # the nodes' replies are screened for non-finite values here
     tells_each_drop = True  # a deployment's log tells each client left out as it happens
@@ -195,11 +204,37 @@ class ServerRun:
                 raise RunStopped(_unserved(missing), 0)
             time.sleep(1.0)
 
+    @property
+    def secure(self) -> bool:
+        """Whether the clients' updates and statistics reach the server only as SecAgg+ sums."""
+        return self.config.privacy.secure_aggregation != "off"
+
     def setup(self) -> None:
-        """The model and the server, after the census (which tells the number of clients)."""
+        """The model and the server, after the census (which tells the number of clients); under
+        secure aggregation the server's codec unmasks sums (:class:`.secagg_codec.UnmaskingCodec`)."""
         self.model, self.server = initial_server(self.config, self.federation, self.spec, self.num_clients)
+        if self.secure:
+            self.server.codec = self.unmasking = UnmaskingCodec(self.config.privacy.secagg_quantization_range)
         self.initial = {k: v.clone() for k, v in self.server.global_state.items()}
         self.client_states = [{} for _ in range(self.num_clients)]
+
+    def open_session(self, kind: str, index: int, clients: list[int], where: str) -> Session:
+        """Stages 0 and 1 of the SecAgg+ session ``<kind>.<index>`` among ``clients`` (those of live nodes)."""
+        graph = derive_seed(self.config.seed, SECAGG_GRAPH, ("update", "statistics").index(kind), index)
+        return open_session(self.exchange, f"{kind}.{index}", {cid: self.census.node_of[cid] for cid in clients},
+                            Settings.of(self.config.privacy), graph, where, self.rounds_done)
+
+    def expect(self, session: Session, kind: str, vectors: dict[int, torch.Tensor], entries: Layout,
+               bound: float) -> None:
+        """The server's codec told how to read sums of the ``vectors`` (by client) that arrived in
+        ``session``: stage 3 for the clients it combines."""
+        def unmask(clients: list[int] | None) -> Unmasking:
+            kept = sorted(vectors if clients is None else clients)
+            size = vectors[kept[0]].numel() if kept else 0
+            mask = session.unmask(self.exchange, set(kept), size)
+            return Unmasking(kept, mask, entries, bound, float(sum(self.train_sizes)))
+        assert self.unmasking is not None, "a SecAgg+ session without its codec"
+        self.unmasking.expect(kind, unmask)
 
     def restore_for(self, cid: int) -> Tensors | None:
         """The server's copy of a client's state, sent the first time this process reaches it
@@ -241,13 +276,24 @@ class ServerRun:
         outcomes: list[Upload | ClientFailure] = []
         sent = []
         down, up = self.withheld()
+        rnd = self.rounds_done = tasks[0].round
+        session = self.open_session("update", rnd, [t.client_id for t in tasks if self.census.node_of[t.client_id]
+                                                    in live], f"round {rnd + 1}") if self.secure else None
         for node, node_tasks in sorted(by_node.items()):
             if node not in live:
                 outcomes += [ClientFailure(t.client_id, "error", f"SuperNode {node} is gone") for t in node_tasks]
                 continue
+            if session is not None:  # a client out of the session would send its update in the clear
+                outcomes += [ClientFailure(t.client_id, "error", "left out of secure aggregation: it did not share "
+                                           "its keys") for t in node_tasks if t.client_id not in session.shared]
+                node_tasks = by_node[node] = [t for t in node_tasks if t.client_id in session.shared]
+                if not node_tasks:
+                    continue
             restore = {t.client_id: self.restore_for(t.client_id) for t in node_tasks}
-            sent.append((node, Message(M.pack_tasks(node_tasks, {c: r for c, r in restore.items() if r is not None},
-                                                    down, up), dst_node_id=node, message_type="train")))
+            content = M.pack_tasks(node_tasks, {c: r for c, r in restore.items() if r is not None}, down, up)
+            if session is not None:
+                session.attach(content, [t.client_id for t in node_tasks])
+            sent.append((node, Message(content, dst_node_id=node, message_type="train")))
         new_states: dict[int, Tensors] = {}
         for node, reply in self.exchange(sent).items():
             for cid, (outcome, state) in self.outcomes(by_node[node], reply).items():
@@ -255,6 +301,10 @@ class ServerRun:
                 if state is not None:
                     new_states[cid] = state
         self.contacted.update(t.client_id for node, _ in sent for t in by_node[node])
+        if session is not None:
+            uploads = {o.client_id: o.state[VECTOR] for o in outcomes if isinstance(o, Upload)}
+            self.expect(session, "update", uploads, layout(tasks[0].global_state, self.server.untransmitted()),
+                        Settings.of(self.config.privacy).update_range)
         return outcomes, new_states
 
     def outcomes(self, tasks: list[ClientTask], reply: Message | None) -> dict[int, M.Outcome]:
@@ -268,7 +318,7 @@ class ServerRun:
         else:
             got = M.unpack_outcomes(reply.content)
             for upload, _ in got.values():
-                if isinstance(upload, Upload):  # the withheld entries, as the node was sent them
+                if isinstance(upload, Upload) and not self.secure:  # the withheld entries, as the node was sent them
                     upload.state = {k: upload.state.get(k, v) for k, v in tasks[0].global_state.items()}
             return {cid: got.get(cid, (ClientFailure(cid, "error", "missing from its node's reply"), None))
                     for cid in ids}
@@ -296,11 +346,37 @@ class ServerRun:
 
     def statistics(self, state: Tensors) -> dict[int, Tensors]:
         """The clients' calibration statistics of the global ``state``, gathered in an extra round of
-        messages, by client id."""
+        messages, by client id (under secure aggregation, masked: :meth:`secure_statistics`)."""
+        if self.secure:
+            return self.secure_statistics(state)
         stats: dict[int, Tensors] = {}
         for reply in self.broadcast("query.statistics", {"global": M.to_record(state)}).values():
-            stats.update({int(name.split(".")[1]): M.from_record(record)
-                          for name, record in reply.content.array_records.items() if name.startswith("stats.")})
+            stats.update(_statistics(reply.content))
+        return stats
+
+    def secure_statistics(self, state: Tensors) -> dict[int, Tensors]:
+        """The masked statistics of the clients of live nodes, each divided by the clients' total
+        training samples, in a SecAgg+ session of their own; the server's codec then reads their sum."""
+        live = set(self.grid.get_node_ids())
+        session = self.open_session("statistics", self.calibrations, [c for c, n in self.census.node_of.items()
+                                                                       if n in live], "calibration")
+        self.calibrations += 1
+        msgs = []
+        for node, cids in session.by_node(session.shared).items():
+            content = RecordDict({"global": M.to_record(state)})
+            session.attach(content, cids)
+            content["secagg"]["total_samples"] = sum(self.train_sizes)
+            msgs.append((node, Message(content, dst_node_id=node, message_type="query.statistics")))
+        stats: dict[int, Tensors] = {}
+        for node, reply in self.exchange(msgs).items():
+            if reply is not None and reply.has_error():  # a statistic out of its range, say: told, not hidden
+                self.warn(f"calibration: SuperNode {node}'s clients sent no statistics: {reply.error.reason}")
+            elif reply is not None and reply.has_content():
+                stats.update({cid: s for cid, s in _statistics(reply.content).items() if cid in session.shared})
+        classes, features = self.model.classifier.weight.shape  # FFC's U (l × C) and V (l × l), as the clients send
+        entries = layout({"U": torch.zeros(features, classes), "V": torch.zeros(features, features)})
+        self.expect(session, "statistics", {cid: s[VECTOR] for cid, s in stats.items()}, entries,
+                    Settings.of(self.config.privacy).statistics_range)
         return stats
 
     def reports(self, state: Tensors) -> list[dict[str, Any]]:
@@ -311,6 +387,12 @@ class ServerRun:
         return [row for reply in self.broadcast("evaluate.report", {"global": M.to_record(state)},
                                                 self.restored_states()).values()
                 for row in M.unpack_values(reply.content["rows"])["rows"]]
+
+
+def _statistics(content: RecordDict) -> dict[int, Tensors]:
+    """A node's reply to ``query.statistics``: each client's statistics, by client id."""
+    return {int(name.split(".")[1]): M.from_record(record)
+            for name, record in content.array_records.items() if name.startswith("stats.")}
 
 
 def _unserved(missing: list[int] | None) -> str:

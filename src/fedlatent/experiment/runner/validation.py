@@ -27,6 +27,7 @@ import math
 import torch
 
 from fedlatent.backends import vectorized
+from fedlatent.backends.flower.secagg_settings import Settings
 from fedlatent.config import DataConfig, PrivacyConfig, RunConfig
 from fedlatent.data.federation import outline
 from fedlatent.data.registry import DATASETS
@@ -77,6 +78,8 @@ def validate(config: RunConfig) -> MethodSpec:
         check_private(config, spec)
     if math.isfinite(config.privacy.sample_clip_norm):
         check_sample_private(config, spec)
+    if config.privacy.secure_aggregation != "off":
+        check_secure(config, spec)
     shape = declared_shape(config.data)
     if shape is not None:
         check_model_fit(config, spec, *shape)
@@ -176,6 +179,42 @@ def batch_norm_refusal(config: RunConfig, model: torch.nn.Module) -> str | None:
     return f"{head}, and it has no GroupNorm variant; use a model with model.norm = 'group' ({grouped}) or the mlp"
 
 
+def secure_refusal(config: RunConfig, spec: MethodSpec) -> str | None:
+    """Why SecAgg+ cannot cover what ``spec``'s clients send on ``config``'s backend, or None: the
+    masks need parties, which only Flower's clients are; the server may read sums alone — the model
+    update and FFC's statistics, not a part's extras or its own weighted aggregation, CCVR's
+    per-class moments or the centralised calibration's features, nor the clients' own models the
+    diagnostics measure; and noise the server adds to a sum it sees is not combined with it yet."""
+    if config.backend != "flower":
+        return (f"honoured on backend = 'flower' only, not {config.backend!r}: SecAgg+'s parties are Flower's "
+                "clients (the embedded backends have none to mask)")
+    if config.privacy.noise_multiplier > 0:
+        return "not combined with privacy.noise_multiplier > 0 yet (the server would add the noise to a sum it sees)"
+    if config.privacy.adaptive:
+        return ("not combined with adaptive clipping yet (privacy.target_quantile > 0: each client's clipped-or-not "
+                "bit would travel in the clear beside its masked update)")
+    for part in spec.all_parts():
+        if part.owns_aggregation:
+            return f"the part '{part.name}' aggregates with weights of its own, and SecAgg+ sums pre-weighted updates"
+        if type(part).server_update is not Part.server_update:
+            return f"the part '{part.name}' uploads extras that the server reads outside the update codec"
+    if spec.calibration.kind not in ("none", "ffc"):
+        return f"the {spec.calibration.kind} calibration's statistics are not sums (FFC's are)"
+    d = config.diagnostics
+    if d.clients or "alignment" in d.which:
+        return "the diagnostics would measure each client's own upload (diagnostics.clients, 'alignment')"
+    return None
+
+
+def check_secure(config: RunConfig, spec: MethodSpec) -> None:
+    """``privacy.secure_aggregation``: refused in one line where SecAgg+ cannot cover the run
+    (:func:`secure_refusal`)."""
+    reason = secure_refusal(config, spec)
+    if reason:
+        raise ConfigError(f"privacy.secure_aggregation = {config.privacy.secure_aggregation!r} on {spec.name}: "
+                          f"{reason}")
+
+
 def validate_data(config: RunConfig, spec: MethodSpec) -> None:
     """The checks of :func:`check_fit` on the data's outline (:func:`fedlatent.data.federation.outline`,
     which refuses what building the federation refuses): what ``fedlatent check`` makes of the data,
@@ -194,6 +233,10 @@ def check_fit(config: RunConfig, spec: MethodSpec, data: Federation | ServerView
         if config.train.min_clients > sampled:
             raise ConfigError(f"train.min_clients = {config.train.min_clients}: more than the {sampled} clients "
                               f"sampled per round")
+        reason = Settings.of(config.privacy).refusal(sampled) if config.privacy.secure_aggregation != "off" else None
+        if reason:  # each client is a party of SecAgg+: a round's sum needs threshold of them
+            raise ConfigError(f"privacy.secure_aggregation with the {sampled} clients sampled per round: {reason} "
+                              "(privacy.secagg_threshold, privacy.secagg_num_shares)")
 
 
 def declared_shape(data: DataConfig) -> Shape | None:

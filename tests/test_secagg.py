@@ -286,7 +286,7 @@ def test_fewer_survivors_than_the_threshold_stop_the_round(tmp_path):
 def test_the_server_codec_refuses_a_sum_it_was_not_told_how_to_unmask():
     codec = secagg_codec.UnmaskingCodec(2 ** 32)
     with pytest.raises(ValueError, match="no session of the protocol can unmask"):
-        codec.total([{"secagg": torch.zeros(3, dtype=torch.int64)}])
+        codec.total([{"secagg": torch.zeros(3, dtype=torch.int64)}], 0)
 
 
 # refusals ---------------------------------------------------------------------------------------

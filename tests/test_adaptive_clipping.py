@@ -16,35 +16,25 @@ import torch
 
 import fedlatent
 from fedlatent.backends import simulation
-from fedlatent.data.federation import build_federation
 from fedlatent.federated.adaptive_clipping import (CLIP_NORM, CODEC, UNCLIPPED, AdaptiveClipping, next_clip_norm,
                                                    update_noise_multiplier)
 from fedlatent.federated.codec import ClipCodec, GaussianCodec, update_norm, server_codec
 from fedlatent.federated.lockstep import lockstep_update
 from fedlatent.federated.round import close_round, plan_round
-from fedlatent.methods import resolve
 from fedlatent.methods.parts import Upload
+from tests.private_runs import TRAINERS
+from tests.private_runs import set_up as _setup
+from tests.private_runs import small_config as _config
 from tests.stacked_runs import run_on_each_backend, run_stacked
 from tests.test_privacy import _exits_2
 
 dp_accounting = pytest.importorskip("dp_accounting", reason="the privacy extra (pip install 'fedlatent[privacy]')")
 
-ROOT = Path(__file__).resolve().parents[1]
-CONFIG = ROOT / "configs" / "digits_fedavg.toml"
-SMALL = ["data.num_clients=6", "train.rounds=3", "train.participation=0.5"]
 # the digits clients' first updates have norms about 1.8: C₀ = 0.5 clips them all, so C grows
 ADAPTIVE = ["privacy.clip_norm=0.5", "privacy.target_quantile=0.5", "privacy.clip_learning_rate=0.2"]
 PRIVATE = [*ADAPTIVE, "privacy.noise_multiplier=0.8", "privacy.clip_count_noise=1.0", "privacy.delta=1e-4"]
-TRAINERS = {"simulation": simulation.train_in_turn, "vectorized": lockstep_update}
 
 
-def _config(*extra: str):
-    return fedlatent.load_config(CONFIG, [*SMALL, *extra])
-
-
-def _setup(config, trainer=simulation.train_in_turn) -> simulation.Setup:
-    return simulation.setup(config, build_federation(config.data, config.data_seed),
-                            resolve(config.algorithm, config.terms), trainer)
 
 
 def _clipping(**overrides) -> AdaptiveClipping:

@@ -18,30 +18,21 @@ import torch
 import fedlatent
 from fedlatent.backends import simulation
 from fedlatent.cli import main
-from fedlatent.data.federation import build_federation
 from fedlatent.federated import accounting
 from fedlatent.federated.codec import GaussianCodec, UpdateCodec, server_codec
 from fedlatent.federated.lockstep import lockstep_update
-from fedlatent.methods import resolve
 from fedlatent.methods.parts import Upload
+from tests.private_runs import CONFIG, SMALL, TRAINERS
+from tests.private_runs import set_up as _setup
+from tests.private_runs import small_config as _config
 from tests.stacked_runs import run_on_each_backend, run_stacked
 
 dp_accounting = pytest.importorskip("dp_accounting", reason="the privacy extra (pip install 'fedlatent[privacy]')")
 
 ROOT = Path(__file__).resolve().parents[1]
-CONFIG = ROOT / "configs" / "digits_fedavg.toml"
-SMALL = ["data.num_clients=6", "train.rounds=3", "train.participation=0.5"]
 PRIVATE = ["privacy.noise_multiplier=0.8", "privacy.clip_norm=0.5", "privacy.delta=1e-4"]
-TRAINERS = {"simulation": simulation.train_in_turn, "vectorized": lockstep_update}
 
 
-def _config(*extra: str):
-    return fedlatent.load_config(CONFIG, [*SMALL, *extra])
-
-
-def _setup(config, trainer=simulation.train_in_turn) -> simulation.Setup:
-    return simulation.setup(config, build_federation(config.data, config.data_seed),
-                            resolve(config.algorithm, config.terms), trainer)
 
 
 def _direct_epsilon(num_clients: int, per_round: int, sigma: float, rounds: int, delta: float) -> float:

@@ -25,29 +25,20 @@ from fedlatent.federated.client import LocalSettings, poisson_batches, poisson_r
 from fedlatent.federated.lockstep import lockstep_update
 from fedlatent.federated.round import plan_round, sample_clients
 from fedlatent.losses.dp_sgd import clip_factors, private_gradient, sample_norms
-from fedlatent.methods import resolve
 from fedlatent.methods.parts import ClientRound, task_loss
 from fedlatent.models.convnet7 import build as convnet7
 from fedlatent.models.mlp import build as mlp
+from tests.private_runs import CONFIG, SMALL, TRAINERS
+from tests.private_runs import set_up as _setup
+from tests.private_runs import small_config as _config
 from tests.stacked_runs import run_on_each_backend, run_stacked
 
 dp_accounting = pytest.importorskip("dp_accounting", reason="the privacy extra (pip install 'fedlatent[privacy]')")
 
-ROOT = Path(__file__).resolve().parents[1]
-CONFIG = ROOT / "configs" / "digits_fedavg.toml"
-SMALL = ["data.num_clients=6", "train.rounds=3", "train.participation=0.5"]
 PRIVATE = ["privacy.sample_clip_norm=0.7", "privacy.sample_noise_multiplier=1.1", 'privacy.batch_sampling="poisson"',
            "privacy.delta=1e-4"]
-TRAINERS = {"simulation": simulation.train_in_turn, "vectorized": lockstep_update}
 
 
-def _config(*extra: str):
-    return fedlatent.load_config(CONFIG, [*SMALL, *extra])
-
-
-def _setup(config, trainer=simulation.train_in_turn) -> simulation.Setup:
-    return simulation.setup(config, build_federation(config.data, config.data_seed),
-                            resolve(config.algorithm, config.terms), trainer)
 
 
 def _same(a: simulation.Setup, b: simulation.Setup) -> bool:

@@ -1,5 +1,5 @@
 """The client programs (``methods.program``): every preset's program registered and listed, the new
-personalised presets (FedPer, FedBN) on digits on the simulation and vectorized backends, and
+personalised presets (FedPer, FedBN, APFL) on digits on the simulation and vectorized backends, and
 a backend refusing a program it cannot run before any run folder exists."""
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from tests.stacked_runs import run_on_each_backend
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "configs" / "digits_fedavg.toml"
-NEW = ("fedbn", "fedper")
+NEW = ("apfl", "fedbn", "fedper")
 
 
 def _digits(name: str, *overrides: str):
@@ -40,7 +40,7 @@ def _setup(config, trainer):
 def test_every_preset_names_a_registered_program_and_the_listing_shows_it(capsys) -> None:
     kinds = {name: resolve({"name": name}).personalization.kind for name in PRESETS}
     assert set(kinds.values()) <= set(PROGRAMS)
-    assert {kinds[n] for n in NEW} == {"partial"} and kinds["ditto"] == "ditto"
+    assert {kinds[n] for n in NEW} == {"partial", "apfl"} and kinds["ditto"] == "ditto"
     assert kinds["fedbabu"] == "finetune" and kinds["fedavg"] == "none"
     assert main(["methods"]) == 0
     listing = capsys.readouterr().out
@@ -48,13 +48,13 @@ def test_every_preset_names_a_registered_program_and_the_listing_shows_it(capsys
         assert f'name = "{name}"' in listing
     for kind in PROGRAMS:
         assert f"#   {kind}: " in listing
-    assert "# client program: partial" in listing and "personal_layers = 1" in listing
+    assert "# client program: apfl" in listing and "personal_layers = 1" in listing and "adapt_alpha = true" in listing
 
 
 @pytest.mark.parametrize("name", NEW)
 def test_new_preset_trains_alike_on_the_simulation_and_vectorized_backends(name: str) -> None:
-    """The same global weights (``run_on_each_backend``) and the same client states (own layers) in
-    turn and in lockstep."""
+    """The same global weights (``run_on_each_backend``) and the same client states (own layers,
+    APFL's personal model and α) in turn and in lockstep."""
     alone = run_on_each_backend(_digits(name), _setup, {"simulation": simulation.train_in_turn,
                                                         "vectorized": lockstep_update})
     states = [s.client_states for s in alone.values()]

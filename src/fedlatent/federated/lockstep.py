@@ -627,15 +627,10 @@ class _Round:
 
 def _set_up(ws: Workspace, starts: list[Tensors], datas: list[Split], spec: MethodSpec, rcs: list[ClientRound],
             s: LocalSettings, generators: list[torch.Generator]) -> _Round:
-    """The round's clients sorted by training-set size, the parts' ``begin``, a stack (or the module's
-    own weights) per copy of the program, the frozen models the parts read, the batches.
-
-    Where no row's loss reads another row of its batch (no BatchNorm, no term that reads the
-    batch), every client takes each step together, a batch shorter than the others (a client's
-    last, or a smaller client's) padded and weighted zero in the task loss. Otherwise a step
-    groups the clients by batch size; the stack holds them by training-set size, so that clients
-    of one size draw batches of the same sizes and a group is mostly a run of adjacent rows
-    (trained on views of the stack, not on copies written back)."""
+    """The round's clients sorted by training-set size (so that clients of one size draw batches of
+    the same sizes and a step's group is mostly a run of adjacent rows: trained on views of the
+    stack, not on copies written back), the parts' ``begin``, a stack (or the module's own weights)
+    per copy of the program, the frozen models the parts read, the batches."""
     started = time.perf_counter()
     sizes = [len(d) for d in datas]
     order = sorted(range(len(rcs)), key=sizes.__getitem__)
@@ -723,8 +718,13 @@ def _set_up(ws: Workspace, starts: list[Tensors], datas: list[Split], spec: Meth
 
 
 def _take_steps(r: _Round) -> None:
-    """The round's steps: each step, the clients that still have a batch, in groups that share a
-    batch size (or all, padded), each group's step taken by the program (:meth:`ClientProgram.step`)."""
+    """The round's steps: each step, the clients that still have a batch, each group's step taken by
+    the program (:meth:`~fedlatent.methods.program.ClientProgram.step`).
+
+    Where no row's loss reads another row of its batch (no BatchNorm, no term that reads the
+    batch), every client takes each step together, a batch shorter than the others (a client's
+    last, or a smaller client's) padded and weighted zero in the task loss. Otherwise a step
+    groups the clients by batch size."""
     spec, s, device = r.spec, r.s, r.s.device
     indices: dict[tuple[int, ...], Tensor] = {}  # a step's members as the sums' row index, made once per group
     active = [c for c in range(r.count) if r.total[c]]

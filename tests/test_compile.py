@@ -52,10 +52,12 @@ def test_compile_is_refused_on_the_vectorized_backend() -> None:
         prepare(fedlatent.load_config(None, [*BASE, "train.compile=true", 'backend="vectorized"']))
 
 
-def test_compile_is_refused_without_a_cpp_compiler_on_a_cpu(monkeypatch) -> None:
-    monkeypatch.setattr(torch._inductor.config.cpp, "cxx", (None, "no-such-c++-compiler"))
-    with pytest.raises(ConfigError, match="train.compile = true: .*C\\+\\+ compiler.*no-such-c\\+\\+-compiler"):
-        prepare(fedlatent.load_config(None, [*BASE, "train.compile=true"]))
+def test_compile_is_refused_without_a_cpp_compiler_on_a_cpu() -> None:
+    # torch's own patch, not monkeypatch: monkeypatch's undo deletes the key, which hides it from
+    # every later reader of the inductor config (torch.utils._config_module's __delattr__)
+    with torch._inductor.config.patch({"cpp.cxx": (None, "no-such-c++-compiler")}):
+        with pytest.raises(ConfigError, match="train.compile = true: .*C\\+\\+ compiler.*no-such-c\\+\\+-compiler"):
+            prepare(fedlatent.load_config(None, [*BASE, "train.compile=true"]))
 
 
 def test_auto_keeps_a_compiled_run_on_simulation() -> None:

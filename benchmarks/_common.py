@@ -24,6 +24,7 @@ from fedlatent.experiment.tooling.bench import cifar_shaped_npz
 from fedlatent.experiment.tooling.timing import (BASELINE, Clock, bracketed, dump, machine, median, quartiles,
                                          table, timed)
 from fedlatent.federated.lockstep import lockstep_update
+from fedlatent.methods import resolve
 
 __all__ = ["BASELINE", "TRAINERS", "Clock", "Workload", "base_parser", "bracketed", "cifar_shaped_npz", "dump",
            "federation_for", "machine", "median", "op_census", "quartiles", "set_threads", "table",
@@ -111,3 +112,18 @@ def op_census(fn: Callable[[], Any]) -> dict[str, int]:
     with FlopCounterMode(display=False) as flops, counter:
         fn()
     return {"ops": counter.count, "flops": int(flops.get_total_flops())}
+
+
+def round_caller(workload: "Workload", backend: str, device: str, extra: list[str]) -> Callable[[], None]:
+    """One round (``simulation.run_round``, no evaluation) of ``workload`` on ``backend`` per call, on
+    ``device`` with SGD momentum 0.9 and the overrides ``extra`` (rounds numbered on; CUDA synchronised)."""
+    config = workload.config([f'train.device="{device}"', "train.momentum=0.9", *extra])
+    setup = simulation.setup(config, federation_for(config), resolve(config.algorithm, config.terms), TRAINERS[backend])
+    rounds = iter(range(10 ** 6))
+
+    def one() -> None:
+        simulation.run_round(setup, next(rounds))
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+    return one
+

@@ -17,33 +17,15 @@ after ``torch.cuda.synchronize``).
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
 from pathlib import Path
 
-import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _common as C  # noqa: E402
-from fedlatent.backends import simulation  # noqa: E402
-from fedlatent.methods import resolve  # noqa: E402
 
 SIDES = {"clip": ["privacy.sample_clip_norm=1.0"],
          "dp": ["privacy.sample_clip_norm=1.0", "privacy.sample_noise_multiplier=1.0", "privacy.batch_sampling=poisson"]}
-
-
-def round_of(workload: C.Workload, backend: str, extra: list[str], device: str) -> Callable[[], None]:
-    """One round of ``workload`` on ``backend`` with the overrides ``extra`` per call (rounds numbered on)."""
-    config = workload.config([f'train.device="{device}"', "train.momentum=0.9", *extra])
-    setup = simulation.setup(config, C.federation_for(config), resolve(config.algorithm, config.terms),
-                             C.TRAINERS[backend])
-    rounds = iter(range(10 ** 6))
-
-    def one() -> None:
-        simulation.run_round(setup, next(rounds))
-        if device.startswith("cuda"):
-            torch.cuda.synchronize()
-    return one
 
 
 def main() -> None:
@@ -58,8 +40,8 @@ def main() -> None:
     rows, results = [], {}
     for model in args.models.split(","):
         for backend in args.backends.split(","):
-            base = round_of(loads[model], backend, [], args.device)
-            sides = {name: round_of(loads[model], backend, extra, args.device) for name, extra in SIDES.items()}
+            base = C.round_caller(loads[model], backend, args.device, [])
+            sides = {name: C.round_caller(loads[model], backend, args.device, extra) for name, extra in SIDES.items()}
             out = C.bracketed(base, sides, reps, (key,))
             results[f"{model}/{backend}"] = out
             rows.append([model, backend, f"{C.median(out[C.BASELINE][key + '_abs']):.3f}",

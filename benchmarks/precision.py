@@ -13,32 +13,14 @@ the machine may be shared; on a GPU the wall time after ``torch.cuda.synchronize
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
 from pathlib import Path
 
-import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _common as C  # noqa: E402
-from fedlatent.backends import simulation  # noqa: E402
-from fedlatent.methods import resolve  # noqa: E402
 
 SIDES = ("bf16", "fp16")
-
-
-def round_of(workload: C.Workload, backend: str, arithmetic: str, device: str) -> Callable[[], None]:
-    """One round of ``workload`` on ``backend`` in ``arithmetic`` per call (rounds numbered on)."""
-    config = workload.config([f'train.precision="{arithmetic}"', f'train.device="{device}"', "train.momentum=0.9"])
-    setup = simulation.setup(config, C.federation_for(config), resolve(config.algorithm, config.terms),
-                             C.TRAINERS[backend])
-    rounds = iter(range(10 ** 6))
-
-    def one() -> None:
-        simulation.run_round(setup, next(rounds))
-        if device.startswith("cuda"):
-            torch.cuda.synchronize()
-    return one
 
 
 def main() -> None:
@@ -53,8 +35,8 @@ def main() -> None:
     rows, results = [], {}
     for model in args.models.split(","):
         for backend in args.backends.split(","):
-            base = round_of(loads[model], backend, "fp32", args.device)
-            sides = {a: round_of(loads[model], backend, a, args.device) for a in SIDES}
+            base = C.round_caller(loads[model], backend, args.device, ['train.precision="fp32"'])
+            sides = {a: C.round_caller(loads[model], backend, args.device, [f'train.precision="{a}"']) for a in SIDES}
             out = C.bracketed(base, sides, reps, (key,))
             results[f"{model}/{backend}"] = out
             rows.append([model, backend, f"{C.median(out[C.BASELINE][key + '_abs']):.3f}",

@@ -14,7 +14,8 @@ from fedlatent.federated.calibrate import apply_statistics, client_statistics, f
 from fedlatent.federated.client import PERSONAL, Workspace
 from fedlatent.federated.evaluation import client_validation, evaluate, majority_rate
 from fedlatent.federated.personal import client_report, combine_reports
-from fedlatent.methods.parts import Calibration, MethodSpec, Personalization
+from fedlatent.methods.ditto import DittoProgram
+from fedlatent.methods.parts import Calibration, MethodSpec
 from fedlatent.models.mlp import MLP
 
 CPU = torch.device("cpu")
@@ -73,7 +74,7 @@ def test_a_client_report_is_its_own_model_on_its_own_splits() -> None:
     model = MLP(6, [4], 3)
     global_state = {k: v.clone() for k, v in model.state_dict().items()}
     personal = {k: v + 0.5 for k, v in global_state.items()}
-    spec = MethodSpec("ditto", personalization=Personalization("ditto"))
+    spec = MethodSpec("ditto", personalization=DittoProgram())
     row = client_report(Workspace(model), spec, 2, client, {PERSONAL + k: v for k, v in personal.items()},
                         global_state, num_classes=3, batch_size=4, device=CPU, settings=None,
                         generator=torch.Generator())

@@ -310,6 +310,6 @@ def test_a_stack_of_equal_coefficients_keeps_the_plain_numbers() -> None:
     assert rows.parts([0, 1]) == specs[0].parts and rows.parts([2, 3]) == specs[2].parts
     mixed = rows.parts([1, 2])
     assert torch.equal(mixed[0].weight, torch.tensor([0.5, 0.2])) and mixed[1] is specs[1].parts[1]
-    assert specs[1].parts[0].weight == 0.5 and rows.pull() == 0.0
+    assert specs[1].parts[0].weight == 0.5 and rows.pull("personal") == 0.0
     ditto = RowCoefficients([resolve({"name": "ditto", "lam": lam}) for lam in (0.1, 0.3)], torch.device("cpu"))
-    assert torch.equal(ditto.pull(), torch.tensor([0.1, 0.3]))
+    assert torch.equal(ditto.pull("personal"), torch.tensor([0.1, 0.3]))

@@ -1,5 +1,5 @@
-"""Every preset (the Ditto family, FedRep and LG-FedAvg have their own tests: their global model is
-not what they train) runs from a configuration and learns, on
+"""Every preset (the Ditto family, FedRep, LG-FedAvg and FedPer have their own tests: their global
+model is not what they train) runs from a configuration and learns, on
 digits under strong label skew and on Synthetic(0.5, 0.5). Thresholds are far above chance and,
 for Synthetic, above the majority-class baseline of its (nearly one-class-per-client) test set."""
 from __future__ import annotations
@@ -16,7 +16,7 @@ pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
 DIGITS = ROOT / "configs" / "digits_fedavg.toml"  # lr 0.05, momentum 0.9, batch 32, MLP [128]
-NAMES = sorted(n for n in PRESETS if not n.startswith("ditto") and n not in ("fedrep", "lg_fedavg"))
+NAMES = sorted(n for n in PRESETS if not n.startswith("ditto") and n not in ("fedrep", "lg_fedavg", "fedper"))
 ON_DIGITS = ['data.partition="dirichlet"', "data.alpha=0.1", "data.num_clients=10", "train.rounds=5"]
 ON_SYNTHETIC = ['data.dataset="synthetic"', 'data.partition="given"', "data.samples_per_client=500",
                 "data.num_clients=4", "data.synthetic_alpha=0.5", "data.synthetic_beta=0.5",

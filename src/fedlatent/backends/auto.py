@@ -56,7 +56,7 @@ def choose(config: RunConfig, federation: Federation, spec: MethodSpec) -> tuple
     if torch.device(config.train.device).type == "cpu":
         if any(isinstance(m, torch.nn.modules.conv._ConvNd) for m in model.modules()):
             return "simulation", "convolutions run slower in lockstep on a CPU"
-        terms = spec.personalization.kind == "ditto" or any(p.has_term() for p in spec.all_parts())
+        terms = len(spec.personalization.copies) > 1 or any(p.has_term() for p in spec.all_parts())
         kind = "stacked" if model.has_stacked_forward else "terms" if terms else "plain"
         per_round = len(sample_clients(config.seed, 0, len(federation.clients), config.train.participation))
         if per_round < FEWEST_CLIENTS[kind]:

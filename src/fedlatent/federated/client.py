@@ -3,36 +3,33 @@ the number of clients it trains at once: the local settings, the workspace of mo
 schedule (E epochs of seeded permutations, or a budget of local steps), the update rule's settings
 and the optimiser state kept in the client's state across rounds (as the Ditto+MMD release keeps
 it), the sum of the parts' loss terms, the end of the round (the parts' ``finish``, what a client
-keeps — Ditto's personal model, MOON's previous model —, the upload and its metrics) and partial
-personalisation (FedRep, LG-FedAvg: the client's own layers replace the global ones at the start of
-the round and are saved back to its state at the end).
+keeps — the program's kept copies (Ditto's personal model), MOON's previous model —, the upload
+and its metrics).
 """
 from __future__ import annotations
 
 import copy
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
 
 from fedlatent.data.augment import Augmentation
 from fedlatent.data.types import Split
-from fedlatent.methods.parts import (ClientRound, MethodSpec, Part, Personalization, Tensors,
-                                     Upload)
+from fedlatent.methods.parts import ClientRound, MethodSpec, Part, Tensors, Upload
+from fedlatent.methods.program import GLOBAL, ModelCopy
+from fedlatent.methods.program import LOCAL as LOCAL, PERSONAL as PERSONAL, prefixed as prefixed  # re-exported
 from fedlatent.losses import update
 from fedlatent.federated.compiled import forward_of
 from fedlatent.losses.update import LocalOptimizer, Rule
 from fedlatent.models.base import FedModel, ModelOutput
 
-PERSONAL = "personal."   # client-state prefix of the Ditto personal model
-PREVIOUS = "previous."   # client-state prefix of the previous local model (MOON)
-OPTIM = "optim."         # client-state prefix of the local model's optimiser state (kept across rounds)
-PERSONAL_OPTIM = "personal_optim."  # the same for Ditto's personal model
-LOCAL = "local."         # client-state prefix of the layers a client keeps to itself (FedRep, LG-FedAvg)
-AMP = "amp."             # client-state prefix of the local model's fp16 loss scale (losses.amp.LossScale)
-PERSONAL_AMP = "personal_amp."  # the same for Ditto's personal model
+# client-state prefixes: a kept copy of the program's (PERSONAL: Ditto's, APFL's personal model),
+# the layers a client keeps to itself (LOCAL: partial personalisation) — see methods.program — and:
+PREVIOUS = "previous."   # the previous local model (MOON)
+OPTIM = ModelCopy(GLOBAL).optim_prefix  # "optim.": the global copy's optimiser state (kept across rounds)
+AMP = ModelCopy(GLOBAL).amp_prefix      # "amp.": its fp16 loss scale (losses.amp.LossScale)
 
 
 @dataclass
@@ -61,14 +58,15 @@ class LocalSettings:
 
 @dataclass
 class Workspace:
-    """Model instances a backend reuses across clients: the model being trained and, when parts
-    need them, frozen copies of the global model, the previous local model and the personal model;
-    ``forward``: the model's compiled forward (``train.compile``, ``federated.compiled``) or None."""
+    """Model instances a backend reuses across clients: the model being trained (the program's global
+    copy) and, when needed, frozen copies of the global model and the previous local model (for the
+    parts that read them) and a module per other copy the program trains (``copies``: Ditto's personal
+    model); ``forward``: the model's compiled forward (``train.compile``, ``federated.compiled``) or None."""
 
     model: FedModel
     global_copy: FedModel | None = None
     previous: FedModel | None = None
-    personal: FedModel | None = None
+    copies: dict[str, FedModel] = field(default_factory=dict)
     forward: Callable[..., ModelOutput] | None = None
     # the lockstep trainer's last pool: its clients' training sets and their concatenation (a
     # round with the same clients draws its batches from it again, without concatenating anew)
@@ -77,12 +75,12 @@ class Workspace:
 
 def workspace_for(model: FedModel, spec: MethodSpec, compile_model: bool = False) -> Workspace:
     """The workspace a method needs around ``model``: frozen copies only for the parts that read them,
-    the compiled forward when ``compile_model``."""
+    a module per copy of the program's besides the global one, the compiled forward when ``compile_model``."""
     parts = spec.all_parts()
     return Workspace(model=model, forward=forward_of(model, compile_model),
                      global_copy=copy.deepcopy(model) if any(p.needs_global_out for p in parts) else None,
                      previous=copy.deepcopy(model) if any(p.needs_prev_out for p in parts) else None,
-                     personal=copy.deepcopy(model) if spec.personalization.kind == "ditto" else None)
+                     copies={c.name: copy.deepcopy(model) for c in spec.personalization.copies if c.name != GLOBAL})
 
 
 def batch_count(num_samples: int, batch_size: int, drop_last: bool) -> int:
@@ -160,10 +158,6 @@ def state_to_cpu(model: torch.nn.Module) -> Tensors:
             for k, v in model.state_dict().items()}
 
 
-def prefixed(state: Tensors, prefix: str) -> Tensors:
-    return {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
-
-
 def rule_of(s: LocalSettings) -> Rule:
     """The update rule of ``s`` (torch's defaults besides lr, SGD's momentum and the weight decay)."""
     return Rule(s.optimizer, s.lr, s.momentum if s.optimizer == "sgd" else 0.0, s.weight_decay)
@@ -224,89 +218,35 @@ def finish_parts(rc: ClientRound, parts: list[Part]) -> dict[str, Tensors]:
     return extras
 
 
-def keep_models(rc: ClientRound, spec: MethodSpec, trained: Tensors, personal: Tensors | None) -> None:
-    """What the client keeps of the round's models for its next round: Ditto's personal model,
-    and a copy of the trained model as MOON's previous local model."""
-    if personal is not None:
-        rc.state.update({PERSONAL + k: v for k, v in personal.items()})
+def keep_models(rc: ClientRound, spec: MethodSpec, trained: Tensors, kept: dict[str, Tensors]) -> None:
+    """What the client keeps of the round's models for its next round: the program's kept copies
+    (``kept``, by copy: Ditto's personal model), and a copy of the trained model as MOON's previous
+    local model."""
+    for copy_ in spec.personalization.copies:
+        if copy_.kept:
+            rc.state.update({copy_.prefix + k: v for k, v in kept[copy_.name].items()})
     if any(p.needs_prev_out for p in spec.parts):
         rc.state.update({PREVIOUS + k: v.clone() for k, v in trained.items()})
 
 
 def client_upload(rc: ClientRound, state: Tensors, s: LocalSettings, extras: dict[str, Tensors],
                   sums: dict[str, float], steps: int, seconds: float, flops: int | None = None,
-                  trace: list[dict[str, float]] | None = None) -> Upload:
+                  trace: list[dict[str, float]] | None = None,
+                  copies: tuple[ModelCopy, ...] = (ModelCopy(GLOBAL),)) -> Upload:
     """The client's reply: its trained ``state``, sample count and steps, the parts' extras and the
-    round's metrics: the means over its ``steps`` of ``sums`` (``train_loss``, ``personal_loss``
-    for Ditto, each part's unweighted term as ``term_<part>``), the parts' own metrics, the FLOPs
-    when counted and the seconds of local training."""
+    round's metrics: the means over its ``steps`` of ``sums`` (``train_loss``, each other copy's task
+    loss as ``<copy>_loss``: Ditto's ``personal_loss``, each part's unweighted term as
+    ``term_<part>``), the parts' own metrics, the FLOPs when counted and the seconds of local training;
+    ``copies``: the program's trained copies."""
     done = max(steps, 1)
+    losses = [c.loss_key for c in copies]
     metrics = {"train_loss": sums["train_loss"] / done, "steps": rc.steps,
-               **{f"term_{k}": v / done for k, v in sums.items() if k not in ("train_loss", "personal_loss")},
+               **{f"term_{k}": v / done for k, v in sums.items() if k not in losses},
                **rc.metrics}
-    if "personal_loss" in sums:
-        metrics["personal_loss"] = sums["personal_loss"] / done
+    for key in losses[1:]:
+        if key in sums:
+            metrics[key] = sums[key] / done
     if flops is not None:
         metrics["flops"] = flops
     metrics["train_seconds"] = seconds
     return Upload(rc.client_id, state, rc.num_samples, rc.steps, s.lr, s.momentum, extras, metrics, trace or [])
-
-
-def own_state(model: FedModel, personalization: Personalization, client_state: Tensors,
-              global_state: Tensors) -> Tensors:
-    """The global state with the client's own layers (kept under ``LOCAL``) in place of the shared
-    ones; the global values where the client has none yet (its first round)."""
-    keys = personalization.local_keys([n for n, _ in model.named_parameters()], list(global_state))
-    own = prefixed(client_state, LOCAL)
-    return {**global_state, **{k: own[k] for k in keys if k in own}}
-
-
-@contextmanager
-def _training_only(model: FedModel, names: set[str]) -> Iterator[None]:
-    """Train only the parameters in ``names`` (those already trainable) for the block's duration."""
-    flags = {n: p.requires_grad for n, p in model.named_parameters()}
-    for n, p in model.named_parameters():
-        p.requires_grad_(flags[n] and n in names)
-    try:
-        yield
-    finally:
-        for n, p in model.named_parameters():
-            p.requires_grad_(flags[n])
-
-
-Train = Callable[[list[Tensors], MethodSpec, list[ClientRound], LocalSettings], list[Upload]]
-
-
-def partial_round(model: FedModel, global_state: Tensors, spec: MethodSpec, rcs: list[ClientRound],
-                  s: LocalSettings, train: Train) -> list[Upload]:
-    """A round of partial personalisation for the clients of ``rcs``, whatever trains them
-    (``train(starts, spec, rcs, settings)``: one client after another, or all at once): start from
-    the global state with each client's own layers, train those alone for ``local_epochs``
-    (FedRep's head phase, the task loss only), then the shared layers (``freeze_local``) or all
-    layers with the method's parts; keep the own layers in the clients' states. An upload carries
-    every entry; the server averages only the shared ones."""
-    p = spec.personalization
-    names = [n for n, _ in model.named_parameters()]
-    local = set(p.local_keys(names, list(global_state)))
-    starts = [own_state(model, p, rc.state, global_state) for rc in rcs]
-    first: list[Upload] | None = None
-    if p.local_epochs and any(q.requires_grad for n, q in model.named_parameters() if n in local):
-        alone = [replace(rc, state={}, payload={}, steps=0, metrics={}, scratch={}) for rc in rcs]
-        settings = replace(s, epochs=p.local_epochs, steps=0, keep_optimizer=False)
-        local_spec = MethodSpec("local", loss=spec.loss, temperature=spec.temperature, trace=spec.trace,
-                                count_flops=spec.count_flops)
-        with _training_only(model, local):
-            first = train(starts, local_spec, alone, settings)
-        starts = [u.state for u in first]
-    shared = {n for n in names if n not in local} if p.freeze_local else set(names)
-    with _training_only(model, shared):
-        uploads = train(starts, replace(spec, personalization=Personalization()), rcs,
-                        replace(s, epochs=p.shared_epochs or s.epochs))
-    for c, (rc, upload) in enumerate(zip(rcs, uploads)):
-        rc.state.update({LOCAL + k: upload.state[k].clone() for k in local})
-        if first is not None:
-            upload.metrics["local_layers_loss"] = first[c].metrics["train_loss"]
-            upload.trace = first[c].trace + upload.trace  # the own layers' steps first, as they ran
-            if spec.count_flops:
-                upload.metrics["flops"] += first[c].metrics["flops"]
-    return uploads

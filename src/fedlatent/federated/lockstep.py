@@ -32,10 +32,12 @@ MOON, the feature-drift constraints), after-step moves through
 :meth:`~fedlatent.methods.parts.Part.lockstep_drift` (SCAFFOLD: a link of the update rule's
 chain, as Ditto's pull and FedDyn's decay are); the frozen global model runs once
 per step for the group, MOON's previous local models stacked under ``vmap``; Ditto with its
-constraints, MMD-D's deep kernels trained together. Layers kept per client (FedRep, LG-FedAvg):
-each client starts from its own weights (stacked: the round-start models and the weights a term
-pulls towards get a client axis), both phases of ``client.partial_round``. A term
-without a lockstep form would not be supported; :func:`unsupported` says why a run is not.
+constraints, MMD-D's deep kernels trained together. The client's program
+(:mod:`fedlatent.methods.program`) decides the rest: the copies trained (one stack each: the global
+copy, Ditto's or APFL's personal model), the weights a round starts from (layers kept per client:
+stacked, the round-start models and the weights a term pulls towards get a client axis), the round
+around the trainer (both phases of FedRep's) and each step (:class:`_GroupStep`). A term without a
+lockstep form, or a copy declared not stacked, is not supported; :func:`unsupported` says why a run is not.
 
 Dropout: ``vmap(randomness="different")`` draws an independent mask per client, from the global
 generator as one client's own forward does, but not the same draws (those come client after client
@@ -47,7 +49,8 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from itertools import accumulate
 from typing import Any, Callable, NamedTuple, cast
 
@@ -61,15 +64,15 @@ from fedlatent.data.types import Split
 from fedlatent.losses import update
 from fedlatent.losses.amp import LossScale
 from fedlatent.federated import devices, precision, sample_dp
-from fedlatent.federated.client import (AMP, OPTIM, PERSONAL, PERSONAL_AMP, PERSONAL_OPTIM, PREVIOUS, LocalSettings,
-                                       Workspace, _epochs,
-                                       add_terms, client_upload, finish_parts, keep_models, partial_round, planned_steps,
-                                       prefixed, rule_of, save_optimizer, state_to_cpu)
+from fedlatent.federated.client import (PREVIOUS, LocalSettings, Workspace, _epochs, add_terms, client_upload,
+                                       finish_parts, keep_models, planned_steps, prefixed, rule_of, save_optimizer,
+                                       state_to_cpu)
 from fedlatent.losses.update import Rule
 from fedlatent.models.flops import per_sample_flops
 from fedlatent.methods.coefficients import RowCoefficients
 from fedlatent.methods.parts import (ClientRound, LockstepContext, MethodSpec, Part, Tensors, Upload,
                                      WithClientAxis, task_loss)
+from fedlatent.methods.program import GLOBAL, ModelCopy
 from fedlatent.models.base import FedModel, ModelOutput, has_dropout, mixes_batch_rows
 
 Group = Tensor | slice | None  # a step's clients: all, a run of stack rows, or stack indices
@@ -79,14 +82,18 @@ Gradients = Callable[[Mapping[str, Tensor], list[Tensor]], list[Tensor]]
 
 
 def unsupported(spec: MethodSpec) -> str | None:
-    """Why ``spec`` cannot train in lockstep (one line), or None when it can."""
+    """Why ``spec`` cannot train in lockstep (one line), or None when it can: a term without a
+    lockstep form, a copy of the client's program declared not ``stacked``."""
     for part in spec.parts:
         if part.has_term() and not part.has_lockstep_form():
             return f"part '{part.name}' acts on the client's training step, which has no lockstep form yet"
-    if spec.personalization.kind == "ditto":
-        for part in spec.personalization.parts:
-            if not part.has_lockstep_form() or part.needs_prev_out:
-                return f"Ditto constraint '{part.name}' has no lockstep form yet"
+    program = spec.personalization
+    for copy in program.copies:
+        if not copy.stacked:
+            return f"the {program.kind} program's copy '{copy.name}' trains one client at a time"
+    for part in program.parts:
+        if not part.has_lockstep_form() or part.needs_prev_out:
+            return f"the {program.kind} program's constraint '{part.name}' has no lockstep form yet"
     return None
 
 
@@ -137,11 +144,12 @@ class _Stack:
         return [dict(zip(rows, values)) for values in zip(*rows.values())]
 
     def step(self, group: Group, loss_fn: Callable[[dict[str, Tensor]], Tensor] | None, again: bool,
-             gradients: Gradients | None = None) -> None:
+             extras: Sequence[Tensor] = (), gradients: Gradients | None = None) -> list[Tensor | None]:
         """One optimiser step of the clients in ``group`` (None: all) on ``loss_fn(params).sum()``,
         or on ``gradients(params, leaves)`` (sample-level DP-SGD's, in float32), through the update
         rule's chain (the round's rate, Ditto's pull and SCAFFOLD's correction among its links);
-        ``again``: some of them step again after it."""
+        ``again``: some of them step again after it. Returns the gradients of ``extras`` (tensors
+        the loss reads besides the weights; None with ``gradients``, or where every row skipped: fp16)."""
         def pick(t: Tensor) -> Tensor:
             return _rows(t, group)
 
@@ -149,27 +157,29 @@ class _Stack:
         leaves = [params[n] for n in self.trainable]
         kept = None
         if gradients is not None:
-            grads: list[Tensor] | tuple[Tensor, ...] = gradients(params, leaves)
+            grads: list[Tensor] | tuple[Tensor, ...] = [*gradients(params, leaves), *[None] * len(extras)]
         else:
             assert loss_fn is not None
             with precision.autocast(self.arithmetic, self.device):
                 loss = loss_fn(params)
             if self.scale is None:
-                grads = torch.autograd.grad(loss.sum() if loss.dim() else loss, leaves)
+                grads = torch.autograd.grad(loss.sum() if loss.dim() else loss, [*leaves, *extras])
             else:  # fp16: each client's loss scaled by its own scale; a row not finite skips its step
-                scaled = torch.autograd.grad(self.scale.scaled(loss, group), leaves)
+                scaled = torch.autograd.grad(self.scale.scaled(loss, group), [*leaves, *extras])
                 grads, finite = self.scale.unscale(list(scaled), group)
                 self.scale.update(finite, group)
                 if not bool(finite.any()):
-                    return
+                    return [None] * len(extras)
                 kept = None if bool(finite.all()) else self._snapshot()
-        self.optimizer.step(leaves + self.frozen, [*grads, *[None] * len(self.frozen)], rows=group, again=again)
+        self.optimizer.step(leaves + self.frozen, [*grads[:len(leaves)], *[None] * len(self.frozen)], rows=group,
+                            again=again)
         with torch.no_grad():
             if isinstance(group, Tensor):  # all of the above acted on the group's copies: write them back
                 for n in self.params:
                     self.params[n].index_copy_(0, group, params[n])
             if kept is not None:
                 self._restore(kept, _stack_rows(group, ~finite))
+        return list(grads[len(leaves):])
 
     def _snapshot(self) -> tuple[Tensors, Any]:
         """The weights and optimiser state as they are (a copy), for :meth:`_restore`."""
@@ -217,26 +227,30 @@ class _Own:
         return [state_to_cpu(self.module)]
 
     def step(self, group: Group, loss_fn: Callable[[dict[str, Tensor]], Tensor] | None, again: bool,
-             gradients: Gradients | None = None) -> None:
+             extras: Sequence[Tensor] = (), gradients: Gradients | None = None) -> list[Tensor | None]:
         """One optimiser step on ``loss_fn`` of the module's weights (with a client axis of 1), or on
         ``gradients(weights, leaves)`` (sample-level DP-SGD's), through the update rule's chain;
-        fp16: skipped when the unscaled gradients are not finite."""
+        fp16: skipped when the unscaled gradients are not finite. Returns the gradients of
+        ``extras`` (None: skipped, or with ``gradients``)."""
         if gradients is not None:
             grads = [g.reshape(p.shape) for g, p in zip(gradients(self.views, self.leaves), self.leaves)]
             self.optimizer.step(self.leaves + self.frozen, [*grads, *[None] * len(self.frozen)])
-            return
+            return [None] * len(extras)
         assert loss_fn is not None
         with precision.autocast(self.arithmetic, self.device):
             loss = loss_fn(self.views)
+        leaves = [*self.leaves, *extras]
         if self.scale is None:
-            grads = list(torch.autograd.grad(loss.sum() if loss.dim() else loss, self.leaves, allow_unused=True))
+            grads = list(torch.autograd.grad(loss.sum() if loss.dim() else loss, leaves, allow_unused=True))
         else:
-            scaled = list(torch.autograd.grad(self.scale.scaled(loss), self.leaves, allow_unused=True))
+            scaled = list(torch.autograd.grad(self.scale.scaled(loss), leaves, allow_unused=True))
             grads, finite = self.scale.unscale(scaled)
             self.scale.update(finite)
             if not bool(finite):
-                return
-        self.optimizer.step(self.leaves + self.frozen, [*grads, *[None] * len(self.frozen)])
+                return [None] * len(extras)
+        count = len(self.leaves)
+        self.optimizer.step(self.leaves + self.frozen, [*grads[:count], *[None] * len(self.frozen)])
+        return grads[count:]
 
 
 def _own_forward(run: Callable[..., ModelOutput], taps: tuple[str, ...]) -> Callable[[dict[str, Tensor], Tensor], ModelOutput]:
@@ -246,6 +260,17 @@ def _own_forward(run: Callable[..., ModelOutput], taps: tuple[str, ...]) -> Call
 
     def output(params: dict[str, Tensor], x: Tensor) -> ModelOutput:
         return _OneClientOutput(run(x[0], asked))
+    return output
+
+
+def _functional_own(module: FedModel, taps: tuple[str, ...]) -> Callable[[Any, Tensor], ModelOutput]:
+    """(params, x) ↦ the output of one client's (1, batch, …) input by ``module`` run on the given
+    weights (with a client axis of 1; those not given: the module's own), not on its own: a
+    program's mixture of copies (APFL's)."""
+    asked = frozenset(taps)
+
+    def output(params: Any, x: Tensor) -> ModelOutput:
+        return _OneClientOutput(functional_call(module, {n: p[0] for n, p in params.items()}, (x[0], asked)))
     return output
 
 
@@ -537,13 +562,10 @@ def local_update(ws: Workspace, global_state: Tensors, data: Split, spec: Method
 
 def lockstep_update(ws: Workspace, global_state: Tensors, datas: list[Split], spec: MethodSpec,
                     rcs: list[ClientRound], s: LocalSettings, generators: list[torch.Generator]) -> list[Upload]:
-    """Train the clients of ``rcs`` from ``global_state`` on ``datas`` at once; update each
-    ``rc.state`` in place and return their uploads (as :func:`client.local_update` would, one by one)."""
-    if spec.personalization.kind == "partial":
-        def train(starts: list[Tensors], spec_: MethodSpec, rcs_: list[ClientRound], s_: LocalSettings) -> list[Upload]:
-            return _train_together(ws, starts, datas, spec_, rcs_, s_, generators)
-        return partial_round(ws.model, global_state, spec, rcs, s, train)
-    return _train_together(ws, [global_state] * len(rcs), datas, spec, rcs, s, generators)
+    """Train the clients of ``rcs`` from ``global_state`` on ``datas`` at once, as their program
+    has it (its start weights, its round around the trainer); update each ``rc.state`` in place and
+    return their uploads (as :func:`local_update` would, one by one)."""
+    return _program_round(ws, [global_state] * len(rcs), datas, spec, rcs, s, generators)
 
 
 def lockstep_runs(ws: Workspace, global_states: list[Tensors], datas: list[Split], specs: list[MethodSpec],
@@ -553,26 +575,104 @@ def lockstep_runs(ws: Workspace, global_states: list[Tensors], datas: list[Split
     a study stacked (:mod:`fedlatent.backends.stacked`). The runs share ``s`` and their methods'
     shape (:func:`fedlatent.methods.coefficients.method_shape`): they may differ in coefficients,
     each client's terms then reading its own. A client's numbers are those of its run trained
-    alone, up to floating-point rounding. Partial personalisation trains in two phases around the
-    trainer and is not stacked across runs."""
-    if specs[0].personalization.kind == "partial":
-        raise ValueError("partial personalisation is not trained across runs")
-    return _train_together(ws, global_states, datas, specs[0], rcs, s, generators, methods=specs)
+    alone, up to floating-point rounding. A program that trains in phases around the trainer
+    (partial personalisation) is not stacked across runs."""
+    program = specs[0].personalization
+    if not program.stacks_runs:
+        raise ValueError(f"the {program.kind} program is not trained across runs")
+    return _program_round(ws, global_states, datas, specs[0], rcs, s, generators, methods=specs)
+
+
+def _program_round(ws: Workspace, starts: list[Tensors], datas: list[Split], spec: MethodSpec,
+                   rcs: list[ClientRound], s: LocalSettings, generators: list[torch.Generator],
+                   methods: list[MethodSpec] | None = None) -> list[Upload]:
+    """The program's round: its start weights from the round's ``starts``, its round around the
+    trainer (``methods``: the clients' own runs' methods, where they come from stacked runs)."""
+    program = spec.personalization
+
+    def train(starts_: list[Tensors], spec_: MethodSpec, rcs_: list[ClientRound], s_: LocalSettings) -> list[Upload]:
+        return _train_together(ws, starts_, datas, spec_, rcs_, s_, generators, methods)
+    return program.round(ws.model, program.start(ws.model, starts, rcs, datas), spec, rcs, s, train)
 
 
 def _train_together(ws: Workspace, starts: list[Tensors], datas: list[Split], spec: MethodSpec,
                     rcs: list[ClientRound], s: LocalSettings, generators: list[torch.Generator],
                     methods: list[MethodSpec] | None = None) -> list[Upload]:
     """Train client c of ``rcs`` from ``starts[c]`` (one object for all when they start from the
-    global state) on ``datas[c]``, all at once; ``methods[c]``: its run's method where the clients come
-    from stacked runs (``spec``'s shape, their own coefficients: :class:`RowCoefficients`).
+    global state) on ``datas[c]``, all at once (``methods[c]``: its run's method where the clients
+    come from stacked runs: ``spec``'s shape, their own coefficients, :class:`RowCoefficients`): set
+    up the round (:func:`_set_up`), take its steps (:func:`_take_steps`), finish it (:func:`_finish`)."""
+    r = _set_up(ws, starts, datas, spec, rcs, s, generators, methods)
+    _take_steps(r)
+    return _finish(r)
 
-    Where no row's loss reads another row of its batch (no BatchNorm, no term that reads the
-    batch), every client takes each step together, a batch shorter than the others (a client's
-    last, or a smaller client's) padded and weighted zero in the task loss. Otherwise a step
-    groups the clients by batch size; the stack holds them by training-set size, so that clients
-    of one size draw batches of the same sizes and a group is mostly a run of adjacent rows
-    (trained on views of the stack, not on copies written back)."""
+
+@dataclass
+class _Copy:
+    """A copy the program trains this round: its declaration, its weights with their update rule
+    (stacked, or the module's own for one client), its forward on them and on given weights (a
+    program's mixture), and, under sample-level DP-SGD, its private gradients. The global copy's
+    objective takes the method's parts, any other copy the program's."""
+
+    decl: ModelCopy
+    stack: _Stack | _Own
+    forward: Callable[[Any, Tensor], ModelOutput]
+    functional: Callable[[Any, Tensor], ModelOutput]
+    private: sample_dp.PrivateGradients | None = None
+
+    @property
+    def personal(self) -> bool:
+        return self.decl.name != GLOBAL
+
+
+@dataclass
+class _Round:
+    """One call of the trainer: its clients in stack order (by training-set size) and what their
+    steps share — the program's copies, the frozen models the parts read, the batches, the running
+    per-client sums of the losses and terms; each client's own run's method (``owns``) and the
+    coefficients a group's terms read (``coefficients``)."""
+
+    ws: Workspace
+    spec: MethodSpec
+    s: LocalSettings
+    rcs: list[ClientRound]
+    order: list[int]  # the caller's order of the clients
+    owns: list[MethodSpec]
+    coefficients: RowCoefficients
+    one: bool
+    trainable: list[str]
+    same_start: bool
+    global_params: Tensors  # the round-start weights: no client axis when shared, else stacked
+    copies: dict[str, _Copy]
+    frozen: _Shared | _Frozen | None
+    previous: _Frozen | _Shared | None
+    present: Tensor | None
+    draws: _Batches
+    total: list[int]  # each client's steps
+    data: Any  # the program's round-scoped values (ClientProgram.begin)
+    started: float
+    steps: list[int] = field(default_factory=list)
+    sums: dict[str, Tensor] = field(default_factory=dict)
+    seen: dict[str, Tensor] = field(default_factory=dict)
+    traces: list[list[dict[str, float]]] | None = None
+    flops: list[int] = field(default_factory=list)
+    per_sample: tuple[int, int] | None = None  # FLOPs of one sample's step and forward, from the first batch
+
+    @property
+    def count(self) -> int:
+        return len(self.rcs)
+
+    @property
+    def parts(self) -> list[Part]:
+        return self.spec.parts + self.spec.personalization.parts
+
+
+def _set_up(ws: Workspace, starts: list[Tensors], datas: list[Split], spec: MethodSpec, rcs: list[ClientRound],
+            s: LocalSettings, generators: list[torch.Generator], methods: list[MethodSpec] | None) -> _Round:
+    """The round's clients sorted by training-set size (so that clients of one size draw batches of
+    the same sizes and a step's group is mostly a run of adjacent rows: trained on views of the
+    stack, not on copies written back), the parts' ``begin``, a stack (or the module's own weights)
+    per copy of the program, the frozen models the parts read, the batches."""
     started = time.perf_counter()
     sizes = [len(d) for d in datas]
     order = sorted(range(len(rcs)), key=sizes.__getitem__)
@@ -588,10 +688,10 @@ def _train_together(ws: Workspace, starts: list[Tensors], datas: list[Split], sp
     param_names = [n for n, _ in own_params]
     trainable = [n for n, q in own_params if q.requires_grad]
     fixed = [n for n, q in own_params if not q.requires_grad]  # frozen weights (a fixed head)
-    ditto = spec.personalization.kind == "ditto"
-    personal_parts = spec.personalization.parts if ditto else []
+    program = spec.personalization
+    parts = spec.parts + program.parts
     same_start = all(st is starts[0] for st in starts)
-    if not one and any(type(p).begin is not Part.begin for p in spec.parts + personal_parts):
+    if not one and any(type(p).begin is not Part.begin for p in parts):
         model.load_state_dict(starts[0])  # what begin may read off rc.model (shapes, devices)
     shared = {n: starts[0][n].to(device) for n in param_names} if same_start else None
     for rc, start, own_spec in zip(rcs, starts, owns):
@@ -600,53 +700,61 @@ def _train_together(ws: Workspace, starts: list[Tensors], datas: list[Split], sp
         # begins with its run's own parts (their coefficients: FedDyn's α_k)
         rc.model = model
         rc.global_params = dict(shared) if shared is not None else {n: start[n].to(device) for n in param_names}
-        for part in own_spec.all_parts() if ditto else own_spec.parts:
+        for part in own_spec.all_parts():
             part.begin(rc)
-    decay = [rc.extra_weight_decay for rc in rcs]
+    # after begin: a part may resolve its taps from rc.model.tap_names (feature-drift depth)
+    taps = tuple(sorted(frozenset().union(*(p.taps for p in parts))))
+    stacked_forward = None if one else _stacked(model, taps)
+    rule = rule_of(s)
+
     def kept(prefix: str) -> list[Tensors]:
         return [prefixed(rc.state, prefix) if s.keep_optimizer else {} for rc in rcs]
 
     def scales(prefix: str) -> list[Tensors]:  # fp16's loss scales: kept across rounds, as GradScaler's is
         return [prefixed(rc.state, prefix) for rc in rcs]
 
-    rule = rule_of(s)
-    global_stack: _Stack | _Own
-    if one:
-        global_stack = _Own(model, starts[0], trainable, device, rule, kept(OPTIM)[0],
-                            drift=_drift(spec.parts, rcs, trainable), extra_decay=decay[0],
-                            arithmetic=s.precision, scale=scales(AMP)[0])
-    else:
-        global_stack = _Stack(starts, names, trainable, device, rule, kept(OPTIM),
-                              drift=_drift(spec.parts, rcs, trainable),
-                              extra_decay=torch.tensor(decay, device=device) if any(decay) else None,
-                              arithmetic=s.precision, scales=scales(AMP), frozen=fixed)
-    # sample-level DP-SGD: each model's private gradients, its noise drawn per client (validation
-    # leaves only per-sample task losses and parameter-only terms, float32, no BatchNorm)
-    private = [sample_dp.PrivateGradients(model, spec.loss, spec.temperature, s, rcs, sizes, trainable, which)
-               for which in ((sample_dp.GLOBAL, sample_dp.PERSONAL) if ditto else (sample_dp.GLOBAL,))] \
-        if sample_dp.enabled(s) else None
-    # after begin: a part may resolve its taps from rc.model.tap_names (feature-drift depth)
-    taps = tuple(sorted(frozenset().union(*(p.taps for p in personal_parts + spec.parts))))
-    forward = _own_forward(model if ws.forward is None else ws.forward, taps) if one else _stacked(model, taps)
-    # the weights the round started from: no client axis when shared, else stacked (picked per group)
-    global_params = rcs[0].global_params if same_start else \
-        {n: torch.stack([rc.global_params[n] for rc in rcs]) for n in rcs[0].global_params}
-    personal_stack: _Stack | _Own | None = None
-    personal_forward = forward
-    if ditto and one:
-        personal_stack = _Own(ws.personal, prefixed(rcs[0].state, PERSONAL) or starts[0], trainable, device,
-                              rule, kept(PERSONAL_OPTIM)[0], anchor=starts[0], pull=spec.personalization.lam,
-                              arithmetic=s.precision, scale=scales(PERSONAL_AMP)[0])
-        personal_forward = _own_forward(ws.personal, taps)
-    elif ditto:
-        # each client pulled towards its own start (the runs of a stack start from their own global states)
+    # sample-level DP-SGD: each copy's private gradients, its noise drawn per client (validation
+    # leaves only per-sample task losses and parameter-only terms, float32, no BatchNorm, and
+    # programs whose copies each take one step on their own objective)
+    private = sample_dp.enabled(s)
+
+    def gradients(copy: ModelCopy) -> sample_dp.PrivateGradients | None:
+        which = sample_dp.GLOBAL if copy.name == GLOBAL else sample_dp.PERSONAL
+        return sample_dp.PrivateGradients(model, spec.loss, spec.temperature, s, rcs, sizes, trainable, which) \
+            if private else None
+
+    def trained(copy: ModelCopy) -> _Copy:
+        if copy.name == GLOBAL:  # the parts' drift (SCAFFOLD) and decay (FedDyn) act on the global copy
+            drift = _drift(spec.parts, rcs, trainable)
+            decay = [rc.extra_weight_decay for rc in rcs]
+            if one:
+                stack: _Stack | _Own = _Own(model, starts[0], trainable, device, rule, kept(copy.optim_prefix)[0],
+                                           drift=drift, extra_decay=decay[0], arithmetic=s.precision,
+                                           scale=scales(copy.amp_prefix)[0])
+                own = _own_forward(model if ws.forward is None else ws.forward, taps)
+                return _Copy(copy, stack, own, _functional_own(model, taps), gradients(copy))
+            stack = _Stack(starts, names, trainable, device, rule, kept(copy.optim_prefix), drift=drift,
+                           extra_decay=torch.tensor(decay, device=device) if any(decay) else None,
+                           arithmetic=s.precision, scales=scales(copy.amp_prefix), frozen=fixed)
+            return _Copy(copy, stack, stacked_forward, stacked_forward, gradients(copy))
+        # a copy of the client's own: kept across rounds, the round's start until it has one
+        own_starts = [(prefixed(rc.state, copy.prefix) if copy.kept else {}) or start for rc, start in zip(rcs, starts)]
+        module = ws.copies[copy.name]
+        if one:
+            stack = _Own(module, own_starts[0], trainable, device, rule, kept(copy.optim_prefix)[0], anchor=starts[0],
+                         pull=copy.pull, arithmetic=s.precision, scale=scales(copy.amp_prefix)[0])
+            return _Copy(copy, stack, _own_forward(module, taps), _functional_own(module, taps), gradients(copy))
+        # pulled towards each client's own start (the runs of a stack start from their own global states),
+        # by each row's own run's pull
         anchor = starts[0] if same_start else {n: torch.stack([st[n] for st in starts]) for n in trainable}
-        personal_stack = _Stack([prefixed(rc.state, PERSONAL) or start for rc, start in zip(rcs, starts)], names,
-                                trainable, device, rule, kept(PERSONAL_OPTIM), anchor=anchor,
-                                pull=coefficients.pull(), arithmetic=s.precision, scales=scales(PERSONAL_AMP),
-                                frozen=fixed)
+        stack = _Stack(own_starts, names, trainable, device, rule, kept(copy.optim_prefix), anchor=anchor,
+                       pull=coefficients.pull(copy.name), arithmetic=s.precision, scales=scales(copy.amp_prefix),
+                       frozen=fixed)
+        return _Copy(copy, stack, stacked_forward, stacked_forward, gradients(copy))
+
+    copies = {copy.name: trained(copy) for copy in program.copies}
     frozen: _Shared | _Frozen | None = None
-    if any(p.needs_global_out for p in personal_parts + spec.parts):
+    if any(p.needs_global_out for p in parts):
         frozen = _Shared(ws.global_copy, starts[0], taps) if same_start else _Frozen(ws.global_copy, starts, taps, device)
     previous: _Frozen | _Shared | None = None
     present = None
@@ -656,106 +764,188 @@ def _train_together(ws: Workspace, starts: list[Tensors], datas: list[Split], sp
         previous = _Shared(ws.previous, kept_models[0], taps) if one else \
             _Frozen(ws.previous, kept_models, taps, device)
         present = torch.tensor([bool(o) for o in own], device=device)
+    global_params = rcs[0].global_params if same_start else \
+        {n: torch.stack([rc.global_params[n] for rc in rcs]) for n in rcs[0].global_params}
+    return _Round(ws, spec, s, rcs, order, owns, coefficients, one, trainable, same_start, global_params, copies,
+                  frozen, previous, present, _Batches(ws, datas, sizes, s, generators), [planned_steps(n, s) for n in sizes],
+                  program.begin(rcs, device), started, steps=[0] * count,
+                  sums=defaultdict(lambda: torch.zeros(count, dtype=torch.float64)),
+                  seen=defaultdict(lambda: torch.zeros(count, dtype=torch.bool)),
+                  traces=[[] for _ in range(count)] if spec.trace else None, flops=[0] * count)
 
-    sums: dict[str, Tensor] = defaultdict(lambda: torch.zeros(count, dtype=torch.float64))
-    seen: dict[str, Tensor] = defaultdict(lambda: torch.zeros(count, dtype=torch.bool))
-    draws = _Batches(ws, datas, sizes, s, generators)
-    steps = [0] * count
-    total = [planned_steps(n, s) for n in sizes]  # each client's steps
-    traces: list[list[dict[str, float]]] | None = [[] for _ in range(count)] if spec.trace else None
-    flops = [0] * count
-    per_sample: tuple[int, int] | None = None  # FLOPs of one sample's step and forward, from the first batch
+
+def _take_steps(r: _Round) -> None:
+    """The round's steps: each step, the clients that still have a batch, each group's step taken by
+    the program (:meth:`~fedlatent.methods.program.ClientProgram.step`).
+
+    Where no row's loss reads another row of its batch (no BatchNorm, no term that reads the
+    batch), every client takes each step together, a batch shorter than the others (a client's
+    last, or a smaller client's) padded and weighted zero in the task loss. Otherwise a step
+    groups the clients by batch size."""
+    spec, s, device = r.spec, r.s, r.s.device
     indices: dict[tuple[int, ...], Tensor] = {}  # a step's members as the sums' row index, made once per group
-    active = [c for c in range(count) if total[c]]
+    active = [c for c in range(r.count) if r.total[c]]
     # batches of different sizes share a step, padded, where no row's loss reads another row
-    pad = not one and not mixes_batch_rows(model) and not any(p.has_term() and p.term_reads_batch
-                                                              for p in spec.parts + personal_parts)
+    pad = not r.one and not mixes_batch_rows(r.ws.model) and not any(p.has_term() and p.term_reads_batch
+                                                                     for p in r.parts)
     while active:
-        taken = draws.take(active)
-        batch_sizes = {c: draws.size(taken[c]) for c in active}
+        taken = r.draws.take(active)
+        batch_sizes = {c: r.draws.size(taken[c]) for c in active}
         for c in active:
-            steps[c] += 1
+            r.steps[c] += 1
         for members in _step_groups(active, batch_sizes, pad):
-            group = _group(members, count, device)
+            group = _group(members, r.count, device)
             member_sizes = [batch_sizes[c] for c in members]
             size = max(*member_sizes, 1)  # a step of empty Poisson batches runs on their stand-in rows
-            weights = _row_weights(member_sizes, size, device)
-            x, y = draws.stacked(taken, members, size)
+            x, y = r.draws.stacked(taken, members, size)
             rows = None
-            if traces is not None:
+            if r.traces is not None:
                 rows = [{} for _ in members]
                 for c, row in zip(members, rows):
-                    traces[c].append(row)
+                    r.traces[c].append(row)
             index = indices.get(tuple(members))
             if index is None:
                 index = indices[tuple(members)] = torch.tensor(members)
-            record = _recorder(sums, seen, index, rows)
-            group_rcs = [rcs[c] for c in members]
             with precision.autocast(s.precision, device):  # frozen models' forwards: as the trained one's
-                global_out = frozen.out(group, x) if frozen is not None else None
-                prev_out = previous.out(group, x) if previous is not None else None
-            group_present = _rows(present, group)
-            group_global = global_params if same_start else _pick(global_params, group)
-
-            def global_loss(params: dict[str, Tensor]) -> Tensor:
-                out = forward(params, x)
-                task = _task_losses(spec.loss, _logits(out), y, spec.temperature, weights)
-                record("train_loss", task)
-                return _with_terms(task, coefficients.parts(members), LockstepContext(
-                    out, y, params, group_global, global_out, s.num_classes, group_rcs, prev_out, group_present),
-                    record)
-
+                global_out = r.frozen.out(group, x) if r.frozen is not None else None
+                prev_out = r.previous.out(group, x) if r.previous is not None else None
             # a buffer is needed again when a client steps again, or keeps its optimiser state for the next round
-            again = s.keep_optimizer or any(steps[c] < total[c] for c in members)
-            if private is not None:
-                def context(params: Mapping[str, Tensor]) -> LockstepContext:
-                    return LockstepContext(cast(ModelOutput, None), y, params, group_global, None, s.num_classes,
-                                           group_rcs)
-                global_stack.step(group, None, again, _private_step(private[0], members, x, y, weights, member_sizes,
-                                                                    coefficients.parts(members), context, record,
-                                                                    "train_loss"))
-                if ditto:
-                    personal_stack.step(group, None, again, _private_step(
-                        private[1], members, x, y, weights, member_sizes, coefficients.parts(members, personal=True),
-                        context, _recorder(sums, seen, index, rows, "personal_"), "personal_loss"))
-            else:
-                global_stack.step(group, global_loss, again)
-            if ditto and private is None:
-                personal_stack.step(group, _personal_loss(spec, coefficients.parts(members, personal=True),
-                                                          personal_forward, global_out, taps, x, y, weights, s,
-                                                          group_global, group_rcs,
-                                                          _recorder(sums, seen, index, rows, "personal_")),
-                                    again)
+            again = s.keep_optimizer or any(r.steps[c] < r.total[c] for c in members)
+            spec.personalization.step(_GroupStep(
+                r, group, members, member_sizes, x, y, _row_weights(member_sizes, size, device), global_out, prev_out,
+                _rows(r.present, group), r.global_params if r.same_start else _pick(r.global_params, group),
+                index, rows, again))
             if spec.count_flops:
-                if per_sample is None:
-                    per_sample = _sample_flops(ws, tuple(x.shape[2:]), frozen is not None, ditto)
-                step_flops, forward_flops = per_sample
+                if r.per_sample is None:
+                    r.per_sample = _sample_flops(r.ws, tuple(x.shape[2:]), r.frozen is not None, len(r.copies))
+                step_flops, forward_flops = r.per_sample
                 for c in members:  # the previous local model runs for the clients that have one
-                    flops[c] += batch_sizes[c] * (step_flops + (previous is not None and bool(present[c])) * forward_flops)
-        active = [c for c in active if steps[c] < total[c]]
-    seconds = time.perf_counter() - started
+                    r.flops[c] += batch_sizes[c] * (step_flops + (r.previous is not None and bool(r.present[c]))
+                                                    * forward_flops)
+        active = [c for c in active if r.steps[c] < r.total[c]]
+
+
+class _GroupStep:
+    """A step of a group of clients as their program sees it (:class:`fedlatent.methods.program.Step`):
+    the batch, the frozen models' outputs on it, the group's rows of the round's stacks, the
+    coefficients its members' terms read."""
+
+    def __init__(self, r: _Round, group: Group, members: list[int], sizes: list[int], x: Tensor, y: Tensor,
+                 weights: Tensor | None, global_out: ModelOutput | None, prev_out: ModelOutput | None,
+                 present: Tensor | None, global_params: Tensors, index: Tensor,
+                 trace: list[dict[str, float]] | None, again: bool) -> None:
+        self.r, self.group, self.members, self.sizes = r, group, members, sizes
+        self.x, self.y, self.row_weights = x, y, weights
+        self.global_out, self.prev_out, self.present = global_out, prev_out, present
+        self.global_params, self.index, self.trace, self.again = global_params, index, trace, again
+        self.rcs = [r.rcs[c] for c in members]
+        self.data, self.lr = r.data, r.s.lr
+
+    def _recorder(self, trained: _Copy) -> Callable[[str, Tensor, Tensor | None], None]:
+        """Records the copy's losses and terms (a copy of the client's own under its name's prefix)."""
+        return _recorder(self.r.sums, self.r.seen, self.index, self.trace,
+                         f"{trained.decl.name}_" if trained.personal else "", trained.decl.loss_key)
+
+    def objective(self, copy: str, weights: Callable[[Mapping[str, Tensor]], Mapping[str, Tensor]] | None = None
+                  ) -> Callable[[Mapping[str, Tensor]], Tensor]:
+        r, trained = self.r, self.r.copies[copy]
+        spec, decl = r.spec, trained.decl
+        forward = trained.forward if weights is None else trained.functional
+        record = self._recorder(trained)
+        parts = r.coefficients.parts(self.members, personal=trained.personal)
+
+        def loss(params: Mapping[str, Tensor]) -> Tensor:
+            used = params if weights is None else weights(params)
+            out = forward(used, self.x)
+            task = _task_losses(spec.loss, _logits(out), self.y, spec.temperature, self.row_weights)
+            record(decl.loss_key, task)
+            # the previous local model's output is the global copy's term's (MOON)
+            return _with_terms(task, parts, LockstepContext(
+                out, self.y, used, self.global_params, self.global_out, r.s.num_classes, self.rcs,
+                None if trained.personal else self.prev_out, None if trained.personal else self.present), record)
+        return loss
+
+    def train(self, copy: str, objective: Callable[[Mapping[str, Tensor]], Tensor] | None = None,
+              extras: Sequence[Tensor] = (), again: bool | None = None) -> list[Tensor | None]:
+        trained = self.r.copies[copy]
+        again = self.again if again is None else again
+        if trained.private is not None:  # validation leaves DP-SGD only the copies' own objectives
+            return trained.stack.step(self.group, None, again, extras, self._private(trained))
+        return trained.stack.step(self.group, objective or self.objective(copy), again, extras)
+
+    def _private(self, trained: _Copy) -> Gradients:
+        """The copy's gradients under sample-level DP-SGD: the members' private gradients of the task
+        loss (:class:`~fedlatent.federated.sample_dp.PrivateGradients`), then the gradients of the
+        parameter-only terms of its parts (FedProx's, FedDyn's: no data, added after the noise); the
+        task loss and each term recorded as its objective records them."""
+        assert trained.private is not None
+        private, record, r = trained.private, self._recorder(trained), self.r
+        parts = r.coefficients.parts(self.members, personal=trained.personal)
+
+        def gradients(params: Mapping[str, Tensor], leaves: list[Tensor]) -> list[Tensor]:
+            grads, task = private(params, self.members, self.x, self.y, self.row_weights, self.sizes)
+            record(trained.decl.loss_key, task, None)
+            context = LockstepContext(cast(ModelOutput, None), self.y, params, self.global_params, None,
+                                      r.s.num_classes, self.rcs)
+            terms = _with_terms(task.new_zeros(len(self.members)), parts, context, record)
+            if not terms.requires_grad:
+                return grads
+            extra = torch.autograd.grad(terms.sum(), leaves, allow_unused=True)
+            return [g if e is None else g + e.reshape(g.shape) for g, e in zip(grads, extra)]
+        return gradients
+
+    def weights(self, copy: str) -> dict[str, Tensor]:
+        stack = self.r.copies[copy].stack
+        if isinstance(stack, _Own):
+            return {n: stack.views[n].detach() for n in stack.views}
+        return {n: _rows(p, self.group).detach() for n, p in stack.params.items()}
+
+    def rows(self, values: Tensor) -> Tensor:
+        return _rows(values, self.group)
+
+    def put(self, values: Tensor, rows: Tensor) -> None:
+        with torch.no_grad():
+            if self.group is None:
+                values.copy_(rows)
+            elif isinstance(self.group, slice):
+                values[self.group] = rows
+            else:
+                values.index_copy_(0, self.group, rows)
+
+
+def _finish(r: _Round) -> list[Upload]:
+    """The end of the round per client: the parts' ``finish`` on its trained weights, what it keeps
+    (the program's kept copies and values, MOON's previous model, the kept optimiser states and
+    loss scales), its upload; in the caller's order."""
+    spec, s = r.spec, r.s
+    program = spec.personalization
+    seconds = time.perf_counter() - r.started
     uploads = []
     finishing = any(type(p).finish is not Part.finish for p in spec.parts)
-    rows = global_stack.client_rows()  # views: keep_models copies what a client keeps (MOON)
-    sums_of = {k: v.tolist() for k, v in sums.items()}  # per client, as Python floats (one call per key)
-    seen_by = {k: v.tolist() for k, v in seen.items()}
-    for c, (rc, trained, own_spec) in enumerate(zip(rcs, rows, owns)):
-        rc.steps = steps[c]
-        if finishing and not one:
-            model.load_state_dict(trained)  # finish reads the trained weights off rc.model
-        extras = finish_parts(rc, own_spec.all_parts() if ditto else own_spec.parts)
-        keep_models(rc, own_spec, trained, personal_stack.client_state(c) if ditto else None)
+    rows = r.copies[GLOBAL].stack.client_rows()  # views: keep_models copies what a client keeps (MOON)
+    sums_of = {k: v.tolist() for k, v in r.sums.items()}  # per client, as Python floats (one call per key)
+    seen_by = {k: v.tolist() for k, v in r.seen.items()}
+    losses = [c.loss_key for c in program.copies]
+    for c, (rc, trained, own_spec) in enumerate(zip(r.rcs, rows, r.owns)):
+        rc.steps = r.steps[c]
+        if finishing and not r.one:
+            r.ws.model.load_state_dict(trained)  # finish reads the trained weights off rc.model
+        extras = finish_parts(rc, own_spec.all_parts())  # each client's own run's parts (stacked runs)
+        client = None if r.one else c
+        keep_models(rc, own_spec, trained, {name: t.stack.client_state(c) for name, t in r.copies.items()
+                                            if t.decl.kept})
         if s.keep_optimizer:
-            save_optimizer(global_stack.optimizer, trainable, rc.state, OPTIM, client=None if one else c)
-            if ditto:
-                save_optimizer(personal_stack.optimizer, trainable, rc.state, PERSONAL_OPTIM, client=None if one else c)
-        for stack, prefix in ((global_stack, AMP), (personal_stack, PERSONAL_AMP)):
-            if stack is not None and stack.scale is not None:
-                rc.state.update(stack.scale.save(prefix, None if one else c))
-        own = {k: v[c] for k, v in sums_of.items() if k in ("train_loss", "personal_loss") or seen_by[k][c]}
-        uploads.append(client_upload(rc, trained, s, extras, own, rc.steps, seconds / count,
-                                     flops[c] if spec.count_flops else None, traces[c] if traces is not None else None))
-    return [uploads[i] for i in sorted(range(count), key=order.__getitem__)]  # the caller's order
+            for t in r.copies.values():
+                save_optimizer(t.stack.optimizer, r.trainable, rc.state, t.decl.optim_prefix, client=client)
+        for t in r.copies.values():
+            if t.stack.scale is not None:
+                rc.state.update(t.stack.scale.save(t.decl.amp_prefix, client))
+        program.finish(rc, c, r.data)
+        own = {k: v[c] for k, v in sums_of.items() if k in losses or seen_by[k][c]}
+        uploads.append(client_upload(rc, trained, s, extras, own, rc.steps, seconds / r.count,
+                                     r.flops[c] if spec.count_flops else None,
+                                     r.traces[c] if r.traces is not None else None, program.copies))
+    return [uploads[i] for i in sorted(range(r.count), key=r.order.__getitem__)]  # the caller's order
 
 
 def _stack_rows(group: Group, rows: Tensor) -> Tensor:
@@ -787,18 +977,15 @@ def _task_losses(kind: str, logits: Tensor, y: Tensor, temperature: float, weigh
     return (per_row * weights).sum(1) / weights.sum(1)
 
 
-TRACE_NAMES = {"train_loss": "task", "personal_loss": "personal_task"}  # the step-trace keys of these sums
-
-
 def _recorder(sums: dict[str, Tensor], seen: dict[str, Tensor], index: Tensor,
-              trace: list[dict[str, float]] | None = None,
-              prefix: str = "") -> Callable[[str, Tensor, Tensor | None], None]:
+              trace: list[dict[str, float]] | None = None, prefix: str = "",
+              loss_key: str = "train_loss") -> Callable[[str, Tensor, Tensor | None], None]:
     """Adds a (group,) tensor of per-client values to the running per-client sums under ``key``,
     for the clients ``present`` marks (all by default: a term absent for a client, as MOON's
     without a previous model, is left out of its metrics);
     when the step is traced, each member's value also into its row of ``trace`` under the
-    step-trace key (``prefix``: ``personal_`` for Ditto's personal step). ``index``: the members'
-    rows of the sums."""
+    step-trace key: ``prefix`` + the key, the copy's task loss ``loss_key`` as ``prefix`` + ``task``
+    (``prefix``: ``personal_`` for Ditto's personal step). ``index``: the members' rows of the sums."""
 
     def record(key: str, values: Tensor, present: Tensor | None = None) -> None:
         values = values.detach().to("cpu", torch.float64).reshape(-1)  # one client's task loss: 0-d
@@ -810,20 +997,20 @@ def _recorder(sums: dict[str, Tensor], seen: dict[str, Tensor], index: Tensor,
             sums[key].index_add_(0, index, torch.where(mask, values, 0.0))
             seen[key].index_copy_(0, index, seen[key].index_select(0, index) | mask)
         if trace is not None:
-            name = TRACE_NAMES.get(key, prefix + key)
+            name = prefix + ("task" if key == loss_key else key)
             for row, value, on in zip(trace, values.tolist(), mask.tolist() if mask is not None else [True] * len(trace)):
                 if on:
                     row[name] = value
     return record
 
 
-def _sample_flops(ws: Workspace, shape: tuple[int, ...], frozen: bool, ditto: bool) -> tuple[int, int]:
+def _sample_flops(ws: Workspace, shape: tuple[int, ...], frozen: bool, copies: int) -> tuple[int, int]:
     """FLOPs of one sample's local step (:func:`fedlatent.models.flops.per_sample_flops`): the
-    model's forward and backward, the frozen round-start
-    model's forward when a part reads it, Ditto's personal step; and of one forward, which the
-    previous local model adds for each client that has one."""
+    forward and backward of each of the program's ``copies`` (the global copy, Ditto's personal
+    model), the frozen round-start model's forward when a part reads it; and of one forward, which
+    the previous local model adds for each client that has one."""
     forward, backward = per_sample_flops(ws.model, shape)
-    return forward + backward + frozen * forward + ditto * (forward + backward), forward
+    return copies * (forward + backward) + frozen * forward, forward
 
 
 def _with_terms(task: Tensor, parts: list[Part], ctx: LockstepContext,
@@ -834,38 +1021,3 @@ def _with_terms(task: Tensor, parts: list[Part], ctx: LockstepContext,
     returns None, as its :meth:`~Part.loss` would)."""
     return add_terms(task, parts, lambda part: part.lockstep_loss(ctx),
                      lambda part, value: record(part.name, value, ctx.prev_present if part.needs_prev_out else None))
-
-
-def _private_step(gradients: sample_dp.PrivateGradients, members: list[int], x: Tensor, y: Tensor,
-                  weights: Tensor | None, sizes: list[int], parts: list[Part],
-                  context: Callable[[Mapping[str, Tensor]], LockstepContext],
-                  record: Callable[[str, Tensor, Tensor | None], None], key: str) -> Gradients:
-    """A step's gradients under sample-level DP-SGD: the members' private gradients of the task
-    loss (:class:`~fedlatent.federated.sample_dp.PrivateGradients`), then the gradients of the
-    parameter-only terms of ``parts`` (FedProx's, FedDyn's: no data, added after the noise); the
-    task loss recorded under ``key`` and each term under its part's name."""
-    def step(params: Mapping[str, Tensor], leaves: list[Tensor]) -> list[Tensor]:
-        grads, task = gradients(params, members, x, y, weights, sizes)
-        record(key, task, None)
-        terms = _with_terms(task.new_zeros(len(members)), parts, context(params), record)
-        if not terms.requires_grad:
-            return grads
-        extra = torch.autograd.grad(terms.sum(), leaves, allow_unused=True)
-        return [g if e is None else g + e.reshape(g.shape) for g, e in zip(grads, extra)]
-    return step
-
-
-def _personal_loss(spec: MethodSpec, parts: list[Part], forward: Callable, global_out: ModelOutput | None,
-                   taps: tuple[str, ...],
-                   x: Tensor, y: Tensor, weights: Tensor | None, s: LocalSettings, global_params: dict[str, Tensor],
-                   rcs: list[ClientRound], record: Callable) -> Callable[[dict[str, Tensor]], Tensor]:
-    """The Ditto personal objective of a group but its (λ/2)‖w_L − w̄‖² (``_Stack``'s pull):
-    task + Σ μ·constraint of ``parts`` (the group's constraints), summed over clients (``weights``:
-    padded rows, see :func:`_task_losses`)."""
-    def loss(params: dict[str, Tensor]) -> Tensor:
-        out = forward(params, x)
-        task = _task_losses(spec.loss, _logits(out), y, spec.temperature, weights)
-        record("personal_loss", task)
-        return _with_terms(task, parts, LockstepContext(
-            out, y, params, global_params, global_out, s.num_classes, rcs), record)
-    return loss

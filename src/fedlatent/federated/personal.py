@@ -1,9 +1,9 @@
 """Per-client evaluation of personalised (and global) models, beside each client's majority-class rate.
 
-Ditto evaluates each client's personal model; partial personalisation (FedRep, LG-FedAvg) the
-client's own layers with the global ones; ``finetune`` fine-tunes the global model on the
-client's training split first; otherwise the global model is evaluated on every client's own
-test split, so tables compare like with like. A client computes its own row
+Each client is evaluated on the model its program names (:meth:`~fedlatent.methods.program.ClientProgram.evaluated`):
+Ditto's personal model, the client's own layers with the global ones (FedRep, LG-FedAvg, FedPer,
+FedBN), APFL's mixture, the global model fine-tuned on the client's training split, or the global
+model, on every client's own test split, so tables compare like with like. A client computes its own row
 (:func:`client_report`, from its data and state only); the server combines the rows
 (:func:`combine_reports`).
 """
@@ -17,7 +17,7 @@ import torch
 from fedlatent.calibration.ffc import ffc_solve
 from fedlatent.data.types import ClientData, Split
 from fedlatent.federated.calibrate import ffc_head
-from fedlatent.federated.client import PERSONAL, LocalSettings, Workspace, own_state, prefixed
+from fedlatent.federated.client import LocalSettings, Workspace
 from fedlatent.federated.lockstep import local_update
 from fedlatent.federated.evaluation import evaluate, fairness, majority_rate
 from fedlatent.federated.finetune import finetuning
@@ -27,25 +27,20 @@ from fedlatent.models.base import FedModel
 
 def client_model(ws: Workspace, spec: MethodSpec, client_state: Tensors, global_state: Tensors, cid: int,
                  train: Split, settings: LocalSettings | None, generator: torch.Generator) -> FedModel:
-    """The model client ``cid`` would use: personal (Ditto), its own layers with the global ones
-    (partial personalisation), fine-tuned on its ``train`` split (the whole model or the head alone,
-    the personalisation's ``scope``), or the global one."""
-    if spec.personalization.kind == "partial":
-        ws.model.load_state_dict(own_state(ws.model, spec.personalization, client_state, global_state))
-        return ws.model
-    own = prefixed(client_state, PERSONAL)
-    if spec.personalization.kind == "ditto" and own:
-        ws.model.load_state_dict(own)
-        return ws.model
-    if spec.personalization.kind == "finetune" and settings is not None:
-        # no parts: nothing federation-wide is read
-        plain = MethodSpec("finetune", loss=spec.loss, temperature=spec.temperature)
+    """The model client ``cid`` would use, as its program has it: personal, partly its own, mixed,
+    fine-tuned on its ``train`` split (``settings``: the fine-tuning's; None: no training), or the
+    global one."""
+    def tune(start: Tensors, scope: str) -> Tensors:
+        """``start`` trained on the client's split: every parameter or the head alone (``scope``)."""
+        assert settings is not None
+        plain = MethodSpec("finetune", loss=spec.loss, temperature=spec.temperature)  # no parts: nothing federation-wide is read
         rc = ClientRound(cid, ws.model, {}, {}, {}, settings.lr, len(train), 1, len(train), settings.momentum)
-        with finetuning(ws.model, spec.personalization.scope, spec.head.bias):
-            upload = local_update(ws, global_state, train, plain, rc, settings, generator)
-        ws.model.load_state_dict(upload.state)
-        return ws.model
-    ws.model.load_state_dict(global_state)
+        with finetuning(ws.model, scope, spec.head.bias):
+            return local_update(ws, start, train, plain, rc, settings, generator).state
+
+    parameters = [n for n, _ in ws.model.named_parameters()]
+    ws.model.load_state_dict(spec.personalization.evaluated(parameters, client_state, global_state,
+                                                            tune if settings is not None else None))
     return ws.model
 
 

@@ -24,6 +24,7 @@ import torch
 from torch import Tensor
 
 from fedlatent.methods.parts import MethodSpec, Part
+from fedlatent.methods.program import ClientProgram, ModelCopy
 
 Coefficient = float | Tensor  # one value for a group of clients, or a (clients,) tensor: one per row
 
@@ -34,21 +35,22 @@ def coefficient_names(part: Part) -> tuple[str, ...]:
 
 
 def method_shape(spec: MethodSpec) -> str:
-    """``spec`` without its coefficients (the parts' and Ditto's λ), as text: runs whose methods
-    have the same shape train alike but for their coefficients, so their clients may share a
-    lockstep call. A part is its type and its configuration (numbers, strings, flags and their
-    collections); an attribute holding anything else is a working object of the part (a cache),
-    named by its type."""
-    personal = dataclasses.replace(spec.personalization, lam=0.0)
-    return repr(_plain(dataclasses.replace(spec, personalization=personal)))
+    """``spec`` without its coefficients (the parts', the program's and its copies' pulls: Ditto's
+    λ), as text: runs whose methods have the same shape train alike but for their coefficients, so
+    their clients may share a lockstep call. A part or a program is its type and its configuration
+    (numbers, strings, flags and their collections); an attribute holding anything else is a
+    working object of the part (a cache), named by its type."""
+    return repr(_plain(spec))
 
 
 def _plain(value: Any) -> Any:
     """``value`` as nested plain values (see :func:`method_shape`)."""
-    if isinstance(value, Part):
-        names = set(coefficient_names(value))
+    if isinstance(value, (Part, ClientProgram)):
+        names = set(coefficient_names(value) if isinstance(value, Part) else value.coefficients)
         return (type(value).__qualname__,
                 tuple((k, _plain(v)) for k, v in sorted(vars(value).items()) if k not in names))
+    if isinstance(value, ModelCopy):  # its pull is a coefficient
+        value = dataclasses.replace(value, pull=0.0)
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return (type(value).__qualname__,
                 tuple((f.name, _plain(getattr(value, f.name))) for f in dataclasses.fields(value)))
@@ -103,9 +105,10 @@ class RowCoefficients:
             self._groups[key] = parts
         return self._groups[key]
 
-    def pull(self) -> Coefficient:
-        """Ditto's λ: one number where every row's run has the same, else a (rows,) tensor."""
-        values = [s.personalization.lam for s in self.specs]
+    def pull(self, copy: str) -> Coefficient:
+        """The pull of the program's copy ``copy`` towards the round's start (Ditto's λ): one number
+        where every row's run has the same, else a (rows,) tensor."""
+        values = [next((c.pull for c in s.personalization.copies if c.name == copy), 0.0) for s in self.specs]
         if all(v == values[0] for v in values):
             return values[0]
         return torch.tensor(values, dtype=torch.get_default_dtype(), device=self.device)

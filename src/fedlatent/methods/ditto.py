@@ -57,7 +57,9 @@ from fedlatent.errors import ConfigError
 from fedlatent.losses.mmd import (kernel_bandwidths, mk_mmd_batch, mmd_estimates_with_covariance_batch,
                                   optimize_kernel_weights)
 from fedlatent.losses.mmd_d import DeepKernel, GramWorkspace, mmd_d_stacked, stack_parameters, train_deep_kernels
-from fedlatent.methods.parts import ClientRound, LockstepContext, MethodSpec, Part, Personalization, TermContext
+from fedlatent.methods.parts import ClientRound, LockstepContext, MethodSpec, Part, TermContext
+from fedlatent.methods.program import GLOBAL, PERSONAL, ClientProgram, ModelCopy, Tensors, Tune, prefixed, \
+    register_program
 from fedlatent.methods.registry import register_part, register_preset
 from fedlatent.models.base import FedModel, ModelOutput
 from fedlatent.seeding import KERNEL_INIT, derive_seed
@@ -391,10 +393,33 @@ def mmd_d_part(opts: dict[str, Any]) -> Part:
     return MmdD(opts)
 
 
+# -------------------------------------------------------------------------------------- program
+
+@register_program("ditto")
+class DittoProgram(ClientProgram):
+    """A personal model trained beside the global copy, pulled towards w̄; evaluated on it (Ditto).
+
+    Algorithm 1: the personal model v, kept in the client's state, takes a step beside the global
+    copy on every batch, on the task loss, the constraints ``parts`` and (λ/2)‖v − w̄‖² towards the
+    round's global weights w̄; each client is evaluated on v."""
+
+    personalizes = True
+    coefficients = ("lam",)  # λ, the personal copy's pull: stacked runs may differ in it
+
+    def __init__(self, lam: float = 0.0, parts: list[Part] | None = None) -> None:
+        super().__init__()
+        self.lam, self.parts = lam, list(parts or [])
+        self.copies = (ModelCopy(GLOBAL), ModelCopy("personal", kept=True, pull=lam))
+
+    def evaluated(self, parameters: list[str], client_state: Tensors, global_state: Tensors,
+                  tune: Tune | None) -> Tensors:
+        return prefixed(client_state, PERSONAL) or global_state
+
+
 # -------------------------------------------------------------------------------------- presets
 
 def _ditto(name: str, lam: float, parts: list[Part]) -> MethodSpec:
-    return MethodSpec(name, personalization=Personalization(kind="ditto", lam=lam, parts=parts))
+    return MethodSpec(name, personalization=DittoProgram(lam, parts))
 
 
 @register_preset("ditto", lam=0.01)

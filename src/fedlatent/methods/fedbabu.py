@@ -11,7 +11,8 @@ from __future__ import annotations
 from typing import Any
 
 from fedlatent.errors import ConfigError
-from fedlatent.methods.parts import HEAD_INITS, HeadPolicy, MethodSpec, Personalization
+from fedlatent.methods.parts import HEAD_INITS, HeadPolicy, MethodSpec
+from fedlatent.methods.program import Finetune
 from fedlatent.methods.registry import register_preset
 
 FINETUNE_EPOCHS = 5
@@ -23,4 +24,4 @@ def fedbabu(opts: dict[str, Any]) -> MethodSpec:
     if opts["init"] not in HEAD_INITS:
         raise ConfigError(f"algorithm.init = {opts['init']!r}: allowed values are {', '.join(HEAD_INITS)}")
     return MethodSpec("fedbabu", head=HeadPolicy(fixed=True, init=opts["init"]),
-                      personalization=Personalization(kind="finetune", epochs=FINETUNE_EPOCHS, scope="all"))
+                      personalization=Finetune(FINETUNE_EPOCHS, scope="all"))

@@ -14,7 +14,8 @@ from __future__ import annotations
 from typing import Any
 
 from fedlatent.errors import ConfigError
-from fedlatent.methods.parts import MethodSpec, Personalization
+from fedlatent.methods.partial import Partial
+from fedlatent.methods.parts import MethodSpec
 from fedlatent.methods.registry import register_preset
 
 HEAD = "classifier."
@@ -30,6 +31,5 @@ def fedrep(opts: dict[str, Any]) -> MethodSpec:
     """FedRep: personal heads trained first (body frozen), then the shared body (head frozen)."""
     if opts["body_epochs"] < 1:
         raise ConfigError(f"algorithm.body_epochs = {opts['body_epochs']}: must be >= 1")
-    return MethodSpec("fedrep", personalization=Personalization(
-        kind="partial", local=head_keys, local_epochs=opts["head_epochs"], freeze_local=True,
-        shared_epochs=opts["body_epochs"]))
+    return MethodSpec("fedrep", personalization=Partial(
+        head_keys, local_epochs=opts["head_epochs"], freeze_local=True, shared_epochs=opts["body_epochs"]))

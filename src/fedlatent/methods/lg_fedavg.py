@@ -20,26 +20,16 @@ from functools import partial
 from typing import Any
 
 from fedlatent.errors import ConfigError
-from fedlatent.methods.parts import MethodSpec, Personalization
+from fedlatent.methods.partial import Partial, layer_of, layers
+from fedlatent.methods.parts import MethodSpec
 from fedlatent.methods.registry import register_preset
-
-
-def _module(key: str) -> str:
-    return key.rsplit(".", 1)[0] if "." in key else ""
-
-
-def _stage(module: str) -> int:
-    """Where a module sits in the forward pass of a FedModel: encoder, projector, classifier
-    (the base class registers the projector and classifier before a subclass's encoder)."""
-    return 2 if module == "classifier" else 1 if module.startswith("projector.") else 0
 
 
 def local_keys(global_layers: int, parameters: list[str], keys: list[str]) -> list[str]:
     """The entries of every layer but the last ``global_layers`` in forward order (parameters and
     buffers alike)."""
-    layers = sorted(dict.fromkeys(_module(p) for p in parameters), key=_stage)
-    shared = set(layers[-global_layers:])
-    return [k for k in keys if _module(k) not in shared]
+    shared = set(layers(parameters)[-global_layers:])
+    return [k for k in keys if layer_of(k) not in shared]
 
 
 @register_preset("lg_fedavg", global_layers=1)
@@ -48,5 +38,4 @@ def lg_fedavg(opts: dict[str, Any]) -> MethodSpec:
     k = opts["global_layers"]
     if k < 1:
         raise ConfigError(f"algorithm.global_layers = {k}: must be >= 1 (the classifier at least)")
-    return MethodSpec("lg_fedavg", personalization=Personalization(
-        kind="partial", local=partial(local_keys, k)))
+    return MethodSpec("lg_fedavg", personalization=Partial(partial(local_keys, k)))

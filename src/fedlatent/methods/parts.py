@@ -1,7 +1,8 @@
 """The pieces a method is composed of (ARCHITECTURE.md, "How a method is composed").
 
 A method is a :class:`MethodSpec`: a task loss, a list of :class:`Part` objects, a head policy,
-an optional personalisation and an optional after-training calibration. A ``Part`` declares what
+the client's program (:mod:`fedlatent.methods.program`: plain local training, or a personalisation)
+and an optional after-training calibration. A ``Part`` declares what
 it needs (taps, the frozen global model's output, the previous local model's output, the round's
 global weights) and implements only the hooks it uses; the client and server in
 ``federated/`` call the hooks, so methods never own a loop. Parts keep no per-client state on
@@ -20,6 +21,7 @@ from torch.nn import functional as F
 
 from fedlatent.models.base import FedModel, ModelOutput
 from fedlatent.losses.amp import in_float32
+from fedlatent.methods.program import ClientProgram
 
 Tensors = dict[str, Tensor]
 # the server's weighted sum of the uploads' states over some keys, with some coefficients (None: all
@@ -224,35 +226,6 @@ class HeadPolicy:
 
 
 @dataclass
-class Personalization:
-    """``ditto``: a personal model per client trained beside the global copy with
-    (λ/2)‖w_L − w̄‖² and the constraint parts; ``finetune``: the global model fine-tuned locally
-    for ``epochs`` at evaluation time, every parameter (``scope = "all"``, FedBABU; a head fixed
-    during training included) or the classifier alone on the fixed encoder (``"head"``, SphereFed's
-    "Ours (SGD)", Appendix B); ``partial``: the state entries ``local`` picks stay with
-    each client (never averaged), the others are shared (FedRep, LG-FedAvg).
-
-    For ``partial``, ``local(parameter names, state keys)`` returns the client's own keys (both in
-    the model's order); a round first trains those layers alone for ``local_epochs``, then
-    trains only the shared layers (``freeze_local``) or all of them, for ``shared_epochs``
-    (0 = ``train.local_epochs``)."""
-
-    kind: str = "none"  # none | ditto | finetune | partial
-    lam: float = 0.0
-    parts: list[Part] = field(default_factory=list)
-    epochs: int = 1
-    scope: str = "all"  # finetune: all | head
-    local: Callable[[list[str], list[str]], list[str]] | None = None
-    local_epochs: int = 0
-    freeze_local: bool = False
-    shared_epochs: int = 0
-
-    def local_keys(self, parameters: list[str], keys: list[str]) -> list[str]:
-        """The state keys each client keeps to itself (none unless ``partial``)."""
-        return list(self.local(parameters, keys)) if self.kind == "partial" and self.local else []
-
-
-@dataclass
 class Calibration:
     """After-training classifier calibration: ``ffc`` (SphereFed), ``ccvr`` or ``centralized`` (the
     head retrained on all clients' pooled real features: SphereFed's oracle baseline)."""
@@ -277,7 +250,7 @@ class MethodSpec:
     server_optimizer: str = "sgd"  # the preset's choice when [server] optimizer = "auto"
     parts: list[Part] = field(default_factory=list)
     head: HeadPolicy = field(default_factory=HeadPolicy)
-    personalization: Personalization = field(default_factory=Personalization)
+    personalization: ClientProgram = field(default_factory=ClientProgram)  # the client's program
     calibration: Calibration = field(default_factory=Calibration)
     trace: bool = False  # record each local step's task loss and unweighted terms in Upload.trace
     count_flops: bool = False  # count the local training's FLOPs in Upload.metrics["flops"]
@@ -294,7 +267,7 @@ class MethodSpec:
     def personalizes(self) -> bool:
         """Whether each client is evaluated on a model of its own (personal, partly its own, fine-tuned,
         or with its own FFC head: ``federated.personal.client_model``), not on the global one."""
-        return self.personalization.kind != "none" or (self.calibration.kind == "ffc" and self.calibration.personal)
+        return self.personalization.personalizes or (self.calibration.kind == "ffc" and self.calibration.personal)
 
 
 def _with_client_axis(out: ModelOutput | None) -> ModelOutput | None:

@@ -12,7 +12,8 @@ from typing import Any, Callable
 from fedlatent.config import RunConfig, to_dict, toml_value
 from fedlatent.errors import ConfigError, not_allowed, unknown_key
 from fedlatent.methods.head import check_head
-from fedlatent.methods.parts import HEAD_INITS, Calibration, HeadPolicy, MethodSpec, Part, Personalization
+from fedlatent.methods.parts import HEAD_INITS, Calibration, HeadPolicy, MethodSpec, Part
+from fedlatent.methods.program import PROGRAMS, Finetune
 from fedlatent.models.base import FedModel
 from fedlatent.registry import same_kind
 
@@ -174,15 +175,16 @@ def _apply_common(spec: MethodSpec, opts: dict[str, Any]) -> None:
         spec.calibration.epochs = opts["calibration_epochs"] or spec.calibration.epochs
         spec.calibration.lr = opts["calibration_lr"] or spec.calibration.lr
         spec.calibration.loss = opts["calibration_loss"] or spec.calibration.loss
+    program = spec.personalization
     if opts["finetune_epochs"]:
-        if spec.personalization.kind == "finetune":
-            spec.personalization.epochs = opts["finetune_epochs"]
-        elif spec.personalization.kind != "none":
+        if isinstance(program, Finetune):
+            program.epochs = opts["finetune_epochs"]
+        elif program.personalizes:
             raise ConfigError(f"algorithm.finetune_epochs: '{spec.name}' already personalises")
         else:
-            spec.personalization = Personalization(kind="finetune", epochs=opts["finetune_epochs"])
+            spec.personalization = Finetune(opts["finetune_epochs"])
     if opts["finetune_scope"]:
-        if spec.personalization.kind != "finetune":
+        if not isinstance(spec.personalization, Finetune):
             raise ConfigError(f"algorithm.finetune_scope = {opts['finetune_scope']!r}: '{spec.name}' does not "
                               "fine-tune; set algorithm.finetune_epochs > 0")
         spec.personalization.scope = opts["finetune_scope"]
@@ -200,17 +202,22 @@ def check_model(spec: MethodSpec, model: FedModel) -> None:
 def catalogue() -> str:
     """Every preset and part with its keys at their defaults (for ``fedlatent methods``), as TOML
     blocks separated by blank lines: each one, copied into a configuration, chooses that preset
-    (``[algorithm]``) or adds that part (``[[terms]]``)."""
+    (``[algorithm]``, with the client program it runs) or adds that part (``[[terms]]``); then the
+    client programs."""
     blocks = ["# method presets: [algorithm], its keys at their defaults"]
-    blocks += [_block("[algorithm]", n, e) for n, e in sorted(PRESETS.items())]
+    blocks += [_block("[algorithm]", n, e, resolve({"name": n}).personalization.kind) for n, e in sorted(PRESETS.items())]
     blocks += ["# parts: [[terms]], added to any preset"]
     blocks += [_block("[[terms]]", n, e) for n, e in sorted(PARTS.items())]
     blocks += ["\n".join(['# keys every preset accepts, in [algorithm] beside name ("" = the preset\'s own choice)',
                           "[algorithm]", *(f"{k} = {toml_value(v)}" for k, v in COMMON_KEYS.items())])]
+    blocks += ["\n".join(["# client programs (what a client does in its round; each preset names its own):",
+                          *(f"#   {n}: {(c.__doc__ or '').strip().splitlines()[0]}" for n, c in sorted(PROGRAMS.items()))])]
     return "\n\n".join(blocks)
 
 
-def _block(header: str, name: str, entry: Entry) -> str:
-    """One preset's or part's TOML table: its doc as a comment, its name and keys."""
-    return "\n".join([f"# {name}: {entry.doc}" if entry.doc else f"# {name}", header, f"name = {toml_value(name)}",
-                      *(f"{k} = {toml_value(v)}" for k, v in entry.defaults.items())])
+def _block(header: str, name: str, entry: Entry, program: str = "none") -> str:
+    """One preset's or part's TOML table: its doc as a comment (and its client program, where it has
+    one of its own), its name and keys."""
+    return "\n".join([f"# {name}: {entry.doc}" if entry.doc else f"# {name}",
+                      *([f"# client program: {program}"] if program != "none" else []), header,
+                      f"name = {toml_value(name)}", *(f"{k} = {toml_value(v)}" for k, v in entry.defaults.items())])

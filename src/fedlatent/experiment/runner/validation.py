@@ -38,6 +38,7 @@ from fedlatent.federated import accounting, compiled, devices, precision
 from fedlatent.federated.round import sample_clients
 from fedlatent.methods import check_model, resolve
 from fedlatent.methods.parts import MethodSpec, Part
+from fedlatent.methods.program import ClientProgram
 from fedlatent.models import build_model
 from fedlatent.models.registry import MODELS
 
@@ -133,9 +134,14 @@ def sample_private_refusal(config: RunConfig, spec: MethodSpec) -> str | None:
             return (f"the term of part '{part.name}' reads the batch (a term of the whole batch, as uniformity, "
                     "variance, decorrelation or MMD, has no per-sample gradients); allowed: the per-sample task loss "
                     "(ce, mse) and terms of the weights alone (fedprox, feddyn)")
-    if spec.personalization.kind == "partial":
-        return (f"{spec.name} trains twice a round on the client's data (its own layers, then the shared ones), "
-                "which the accountant does not count yet")
+    program = type(spec.personalization)
+    if program.round is not ClientProgram.round:
+        return (f"{spec.name}'s {program.kind} program trains around the trainer (FedRep: its own layers, then the "
+                "shared ones), which the accountant does not count yet")
+    if program.step is not ClientProgram.step or program.start is not ClientProgram.start:
+        return (f"{spec.name}'s {program.kind} program takes its own steps or a round-start procedure on the client's "
+                "data, outside the private steps (DP-SGD trains programs whose copies each take one step on their "
+                "own loss: plain training, ditto)")
     if spec.calibration.kind != "none":
         return f"the {spec.calibration.kind} calibration's statistics read the clients' data outside the private steps"
     if config.backend == "flower":

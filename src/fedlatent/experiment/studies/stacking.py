@@ -52,7 +52,7 @@ def stack_key(config: RunConfig) -> str | None:
     if config.backend not in EMBEDDED:
         return None
     spec = resolve(config.algorithm, config.terms)
-    if unsupported(spec) is not None or spec.personalization.kind == "partial":
+    if unsupported(spec) is not None or not spec.personalization.stacks_runs:
         return None
     data = dataclasses.replace(config.data, seed=-1, partition="", alpha=0.0, classes_per_client=0)
     rest = dataclasses.replace(config, seed=0, data=data, tracking=TrackingConfig(), algorithm={}, terms=[])

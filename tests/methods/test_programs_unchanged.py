@@ -1,0 +1,82 @@
+"""The client programs left Ditto's and FedRep's numbers as they were: the same runs on digits, on the
+simulation and vectorized backends, by the code of commit ``BEFORE`` (the last before the programs,
+taken out of this repository's history) and by the code under test give the same metrics lines
+(every key but the clocks), the same final evaluation and byte-identical checkpoints (global model,
+server state, every client's state)."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+BEFORE = "da1d3a6"  # main before the client programs (the methods' kind strings)
+
+# one process runs every (method, backend) into OUT/<method>-<backend>, figures off
+SCRIPT = """
+import sys
+from pathlib import Path
+import torch
+import fedlatent
+from fedlatent.experiment.runner import single
+from fedlatent.experiment.runner.figures import NoFigures
+single.FigureWorker = lambda *a, **k: NoFigures()
+single.start_process = lambda: None
+torch.set_num_threads(1)
+out = Path(sys.argv[1])
+for name in ("ditto", "fedrep"):
+    for backend in ("simulation", "vectorized"):
+        config = fedlatent.load_config(None, [
+            "seed=4", 'data.dataset="digits"', 'data.partition="dirichlet"', "data.alpha=0.5",
+            "data.num_clients=4", "data.local_test_fraction=0.2", "model.hidden=[16]", "train.rounds=2",
+            "train.batch_size=16", "train.momentum=0.9", "train.weight_decay=0.001", "train.threads=1",
+            f'algorithm.name="{name}"', f'backend="{backend}"',
+            *(["algorithm.head_epochs=2"] if name == "fedrep" else [])])
+        fedlatent.run(config, out / f"{name}-{backend}")
+"""
+
+
+def _runs(src: Path, out: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": str(src), "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, "-c", SCRIPT, str(out)], env=env, capture_output=True, text=True,
+                          cwd=out.parent)
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
+def _record(run: Path) -> tuple[list[dict], dict, dict]:
+    """A run's metrics lines and final evaluation without their clocks, and its last checkpoint's digests."""
+    lines = [{k: v for k, v in json.loads(line).items() if not k.startswith("time_")}
+             for line in (run / "metrics.jsonl").read_text().splitlines()]
+    final = json.loads((run / "summary.json").read_text())["final"]
+    latest = json.loads((run / "checkpoints" / "latest.json").read_text())["folder"]
+    digests = json.loads((run / "checkpoints" / latest / "manifest.json").read_text())["sha256"]
+    return lines, {k: v for k, v in final.items() if "seconds" not in k}, \
+        {k: v for k, v in digests.items() if k != "state.json"}  # state.json holds the clock
+
+
+@pytest.mark.slow
+def test_ditto_and_fedrep_give_the_numbers_of_the_code_before(tmp_path: Path) -> None:
+    git = shutil.which("git")
+    if git is None or subprocess.run([git, "-C", str(ROOT), "cat-file", "-e", f"{BEFORE}^{{commit}}"],
+                                     capture_output=True).returncode != 0:
+        pytest.skip(f"commit {BEFORE} is not in this checkout's history")
+    before = tmp_path / "before"
+    before.mkdir()
+    archive = subprocess.run([git, "-C", str(ROOT), "archive", BEFORE, "src"], capture_output=True, check=True)
+    subprocess.run(["tar", "-x", "-C", str(before)], input=archive.stdout, check=True)
+    (tmp_path / "old").mkdir()
+    (tmp_path / "new").mkdir()
+    _runs(before / "src", tmp_path / "old")
+    _runs(ROOT / "src", tmp_path / "new")
+    runs = sorted(p.name for p in (tmp_path / "old").iterdir())
+    assert runs == ["ditto-simulation", "ditto-vectorized", "fedrep-simulation", "fedrep-vectorized"]
+    for name in runs:
+        old, new = _record(tmp_path / "old" / name), _record(tmp_path / "new" / name)
+        assert new[0] == old[0], name
+        assert new[1] == old[1], name
+        assert new[2] == old[2], name

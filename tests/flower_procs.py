@@ -5,7 +5,8 @@ is killed with its group when the test ends, passing or failing. TLS certificate
 server certificate for 127.0.0.1) and the SuperNodes' authentication keys (SECP384R1 in OpenSSH
 format) are generated at test time with ``cryptography`` (a dependency of Flower); SuperNode
 authentication is on, each node's public key registered with ``flwr supernode register``.
-Telemetry and runtime dependency installation are off. Beside them, :class:`InProcessGrid` drives
+Telemetry and runtime dependency installation are off. With ``guarded`` set, every process of the
+federation logs what it opens under that path (``tests/open_guard/sitecustomize.py``). Beside them, :class:`InProcessGrid` drives
 fedlatent's ClientApp in this process (no engine, no network) for tests of the server's logic.
 """
 from __future__ import annotations
@@ -26,6 +27,7 @@ from typing import Iterable
 BIN = Path(sys.executable).parent
 ENV = {"FLWR_TELEMETRY_ENABLED": "0", "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
        "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+OPEN_GUARD = Path(__file__).resolve().parent / "open_guard"  # its sitecustomize logs reads under a guarded root
 
 
 def free_port() -> int:
@@ -133,12 +135,25 @@ class LocalFederation:
     port: int = 0
     tls: dict[str, Path] = field(default_factory=dict)
     flwr_home: Path | None = None
+    guarded: Path | None = None  # every process logs its reads under this path (tests/open_guard)
+
+    @property
+    def guard_log(self) -> Path:
+        return self.folder / "guard.log"
+
+    def guard_lines(self) -> list[tuple[str, str]]:
+        """The open guard's log as (program, what) pairs: ``started``, or an event and its path."""
+        text = self.guard_log.read_text() if self.guard_log.exists() else ""
+        return [tuple(line.split(" ", 1)) for line in text.splitlines()]  # type: ignore[misc]
 
     def env(self) -> dict[str, str]:
         env = {**os.environ, **ENV, "FLWR_HOME": str(self.flwr_home),
                "PATH": os.pathsep.join([str(BIN), os.environ.get("PATH", "")])}
         src = str(Path(__file__).resolve().parents[1] / "src")
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (src, os.environ.get("PYTHONPATH", "")) if p)
+        guard = str(OPEN_GUARD) if self.guarded is not None else ""
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (src, guard, os.environ.get("PYTHONPATH", "")) if p)
+        if self.guarded is not None:
+            env.update(FEDLATENT_GUARDED_ROOT=str(self.guarded), FEDLATENT_GUARD_LOG=str(self.guard_log))
         return env
 
     def start(self, name: str, args: list[str]) -> Proc:

@@ -9,7 +9,7 @@ import pytest
 
 import fedlatent
 from fedlatent import load_config
-from fedlatent.federated import driver
+from fedlatent.backends import simulation
 
 DIGITS_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "digits_fedavg.toml"
 
@@ -18,12 +18,12 @@ DIGITS_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "digits_fedavg
 def evaluations(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """One entry per evaluation of the global model on the global test set."""
     calls: list[int] = []
-    real = driver.evaluate
+    real = simulation.evaluate
 
     def counting(*args, **kwargs):
         calls.append(1)
         return real(*args, **kwargs)
-    monkeypatch.setattr(driver, "evaluate", counting)
+    monkeypatch.setattr(simulation, "evaluate", counting)
     return calls
 
 
@@ -56,3 +56,32 @@ def test_a_resumed_run_with_no_round_left_evaluates_at_the_end(evaluations: list
     again = fedlatent.run(config, tmp_path / "run", resume=True)
     assert len(evaluations) == 1
     assert again["final"]["accuracy"] == first["final"]["accuracy"]
+
+
+@pytest.mark.parametrize("count", [1, 2, 3, 7, 40])
+def test_shares_of_a_split_score_as_the_whole_to_the_bit(count: int) -> None:
+    """The global test split evaluated in ``count`` contiguous shares (the Flower nodes' shares; more
+    shares than batches leaves some empty), their tallies added in order, scores exactly as the split
+    evaluated in one piece; and the scores are the hand-computed ones."""
+    import torch
+
+    from fedlatent.config import ModelConfig
+    from fedlatent.data.types import Split
+    from fedlatent.federated import evaluation
+    from fedlatent.models import build_model
+
+    torch.manual_seed(0)
+    model = build_model(ModelConfig(arch="mlp", hidden=[16]), (1, 8, 8), 10)
+    split = Split(torch.randn(1033, 1, 8, 8), torch.randint(0, 9, (1033,)))  # class 9 absent
+    whole = evaluation.evaluate(model, split, 10, batch_size=100)
+    parts = [evaluation.tally(model, split, 10, 100, batches=evaluation.shard(len(split), 100, i, count))
+             for i in range(count)]
+    assert sorted(b for p in parts for b in p.losses) == sorted(evaluation.tally(model, split, 10, 100).losses)
+    assert evaluation.scores(parts) == whole
+    with torch.no_grad():
+        logits = model(split.x).logits.double()
+    pred, y = logits.argmax(1), split.y
+    recall = [float((pred[y == c] == c).double().mean()) for c in range(9)]
+    assert whole["accuracy"] == pytest.approx(float((pred == y).double().mean()), abs=1e-12)
+    assert whole["balanced_accuracy"] == pytest.approx(sum(recall) / 9, abs=1e-12)
+    assert whole["loss"] == pytest.approx(float(torch.nn.functional.cross_entropy(logits, y)), rel=1e-5)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -382,6 +383,9 @@ DIAGNOSED = {"test_split": ['diagnostics.which=["collapse","classifier","alignme
              "client_val_split": ['diagnostics.which=["collapse","uniformity","per_class","tsne"]',
                                   'diagnostics.split="val"', "data.val_fraction=0.2", "diagnostics.clients=true",
                                   "diagnostics.max_samples=100", "diagnostics.every=2"],
+             # the global test split measured on the server, which reads the data set for it
+             "server_test_split": ['diagnostics.which=["collapse","uniformity","per_class"]', "diagnostics.clients=true",
+                                   "diagnostics.max_samples=300", "flower.server_reads_data=true"],
              # FedRep's own head is measured in the uploads: with the clients' models asked, it travels up
              "fedrep_uploads": ['diagnostics.which=["classifier","alignment","per_class"]', "diagnostics.clients=true",
                                 'algorithm.name="fedrep"', "algorithm.head_epochs=1", "data.local_test_fraction=0.2"]}
@@ -413,12 +417,14 @@ def assert_close(a, b, path="") -> None:
 @pytest.mark.parametrize("name", sorted(DIAGNOSED))
 def test_diagnostics_parity_through_messages(name, tmp_path, monkeypatch):
     """``[diagnostics]`` on Flower (client halves on the nodes, gathered in extra messages) write
-    the embedded backend's ``diagnostics.jsonl``: the global test split measured on the server, a
-    validation split the clients hold, each client's local model, t-SNE and the data figures."""
+    the embedded backend's ``diagnostics.jsonl``: the global test split measured on a node (or on
+    the server that reads it), a validation split the clients hold, each client's local model,
+    t-SNE and the data figures."""
     grid = InProcessGrid(2)
     run_both(tmp_path, monkeypatch, DIAGNOSED[name], grid=grid)
-    asked = {"test_split": {"query.tsne", "query.data"}, "client_val_split": {"query.diagnostics", "query.tsne"},
-             "fedrep_uploads": set()}
+    asked = {"test_split": {"query.diagnostics", "query.tsne", "query.data"},
+             "client_val_split": {"query.diagnostics", "query.tsne"}, "server_test_split": set(),
+             "fedrep_uploads": {"query.diagnostics"}}
     assert {t for t in grid.sent if t in ("query.diagnostics", "query.tsne", "query.data")} == asked[name]
     embedded, flower = diagnostics_lines(tmp_path / "embedded"), diagnostics_lines(tmp_path / "flower")
     assert [(x["round"], x["model"]) for x in flower] == [(x["round"], x["model"]) for x in embedded]
@@ -583,6 +589,77 @@ def test_the_server_side_never_builds_a_clients_data(tmp_path, monkeypatch):
     assert flower["status"] == "completed"
     for name in ("partition.json", "partition.txt"):
         assert (tmp_path / "flower" / name).read_text() == (tmp_path / "embedded" / name).read_text()
+
+
+class OpenGuard:
+    """Every path under ``root`` opened or listed (audit events ``open``, ``os.listdir``,
+    ``os.scandir``) by the server's side of an in-process Flower run, and by its nodes: an event
+    while the grid's ClientApp handles a message is the nodes'. Audit hooks stay for the process's
+    life, so one hook serves every guard, acting only while one is armed."""
+
+    armed: OpenGuard | None = None
+    hooked = False
+
+    def __init__(self, root: Path, grid: InProcessGrid) -> None:
+        self.root, self.serving, self.seen = str(root.resolve()), 0, {"server": [], "node": []}
+        app = grid.app
+
+        def node(msg, context):
+            self.serving += 1
+            try:
+                return app(msg, context)
+            finally:
+                self.serving -= 1
+
+        grid.app = node
+        if not OpenGuard.hooked:
+            import sys
+            sys.addaudithook(OpenGuard._event)
+            OpenGuard.hooked = True
+
+    @staticmethod
+    def _event(event: str, args: tuple) -> None:
+        guard = OpenGuard.armed
+        if guard is None or event not in ("open", "os.listdir", "os.scandir") or not args:
+            return
+        path = args[0]
+        if isinstance(path, (str, Path)) and os.path.abspath(path).startswith(guard.root):
+            guard.seen["node" if guard.serving else "server"].append(str(path))
+
+    def __enter__(self) -> OpenGuard:
+        OpenGuard.armed = self
+        return self
+
+    def __exit__(self, *exc) -> None:
+        OpenGuard.armed = None
+
+
+@pytest.mark.parametrize("reads", [False, True])
+def test_the_server_never_opens_the_data_folder(reads, tmp_path, monkeypatch):
+    """An image-folder data set (no declared shape, one client per domain: the classes, input shape
+    and clients come from the census) with a global test split: the ServerApp's side of the run opens
+    nothing under data.root — the nodes evaluate the global model on their shares of the test split
+    — and its scores are the embedded run's, to the bit. With flower.server_reads_data the server
+    reads the folder itself (the guard's control)."""
+    from tests.data.test_image_folder import _solid_tree
+    _solid_tree(tmp_path / "tree", {"art": {"dog": 6, "house": 5}, "photo": {"dog": 5, "house": 6},
+                                    "sketch": {"dog": 7, "house": 4}})
+    monkeypatch.setattr(client_app, "_BUILT", {})  # no job kept from an earlier test
+    extra = ['data.dataset="domains"', 'data.partition="domains"', f'data.root="{tmp_path / "tree"}"',
+             "data.num_clients=auto", "data.test_fraction=0.3", "train.rounds=2", "eval.batch_size=4",
+             'eval.personalized="never"', f"flower.server_reads_data={str(reads).lower()}"]
+    embedded = fedlatent.run(config("simulation", extra), tmp_path / "embedded")
+    grid = InProcessGrid(3)
+    with OpenGuard(tmp_path / "tree", grid) as guard:
+        flower = run_experiment(config("flower", extra), tmp_path / "flower", echo=None, grid=grid)
+    assert guard.seen["node"]  # the guard sees the folder's files being read
+    assert bool(guard.seen["server"]) == reads, guard.seen["server"][:3]
+    assert ("evaluate.test" in grid.sent) != reads
+    lines = {name: [json.loads(x) for x in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
+             for name in ("embedded", "flower")}
+    for key in ("test_accuracy", "test_balanced_accuracy", "test_loss"):
+        assert [x[key] for x in lines["flower"]] == [x[key] for x in lines["embedded"]], key
+    assert flower["final"] == embedded["final"]
 
 
 def test_the_nodes_tell_the_number_of_clients_when_the_data_fix_it(tmp_path):

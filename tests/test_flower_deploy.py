@@ -20,8 +20,11 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def federation(tmp_path_factory):
-    """A SuperLink and three registered SuperNodes (partition-id 0, 1, 2 of 3)."""
+    """A SuperLink and three registered SuperNodes (partition-id 0, 1, 2 of 3), each of their
+    processes logging its reads of the digits data set's file (the open guard)."""
+    import sklearn.datasets
     fed = LocalFederation(tmp_path_factory.mktemp("flower"), 3)
+    fed.guarded = Path(sklearn.datasets.__file__).parent / "data" / "digits.csv.gz"
     try:
         fed.start_superlink()
         for index in range(3):
@@ -35,7 +38,7 @@ def flwr_run(fed: LocalFederation, out: Path, overrides: str):
     """``flwr run`` of this checkout's app on the test SuperLink, streaming until the run ends."""
     done = fed.flwr("run", str(ROOT), "test", "--stream", "--run-config",
                     f'overrides="data.num_clients=3; train.rounds=3; eval.personalized=never; {overrides}" '
-                    f'out="{out}"', timeout=540)
+                    f'out="{out}"', timeout=900)  # an evaluation is an exchange too: ~20 on two cores
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:] + fed.logs()
     return done
 
@@ -44,7 +47,8 @@ def test_ffc_under_secagg_on_three_supernodes_is_ffc_in_the_clear(federation, tm
     """SphereFed + FFC under SecAgg+ on the three SuperNodes (each client a party; the run before the
     one that kills a node): the global model after round 2, its head calibrated by FFC from the
     masked statistics' sum, is within 1e-4 of FFC in the clear (the embedded run of the same
-    configuration: its checkpoint of round 2), and so is the final accuracy."""
+    configuration: its checkpoint of round 2), and so is the final accuracy. The ServerApp's
+    process never opened the data set's file; the ClientApps' did."""
     import fedlatent
     from safetensors.torch import load_file
 
@@ -59,6 +63,10 @@ def test_ffc_under_secagg_on_three_supernodes_is_ffc_in_the_clear(federation, tm
     assert ours.keys() == theirs.keys()
     assert max(float((ours[k].double() - theirs[k].double()).abs().max()) for k in ours) <= 1e-4
     assert secure["final"]["accuracy"] == pytest.approx(clear["final"]["accuracy"], abs=1e-9)
+    seen = federation.guard_lines()
+    assert ("flwr-serverapp", "started") in seen, seen[:5]
+    assert not [x for x in seen if x[0] == "flwr-serverapp" and x[1] != "started"]
+    assert [x for x in seen if x[0] != "flwr-serverapp" and x[1].startswith("open ")], seen[:5]
 
 
 def test_three_supernodes_run_and_one_killed_during_a_round_does_not_stop_the_run(federation, tmp_path):

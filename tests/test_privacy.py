@@ -237,3 +237,38 @@ def test_without_the_extra_a_plain_run_works_and_a_private_one_names_it(tmp_path
     assert private.returncode == 2
     assert private.stderr.strip().count("\n") == 0 and "fedlatent[privacy]" in private.stderr
     assert not (tmp_path / "dp").exists()
+
+
+# a private run stopped and resumed ----------------------------------------------------------------
+RESUMED = {"simulation": ['backend="simulation"'], "vectorized": ['backend="vectorized"'],
+           # FFC after every round and at the end: each calibration a release the accountant counts
+           "ffc": ['backend="simulation"', 'algorithm.name="spherefed"', "algorithm.ffc_every=1",
+                   "privacy.statistics_clip_norm=50", "privacy.statistics_noise_multiplier=4"]}
+
+
+@pytest.mark.parametrize("case", sorted(RESUMED))
+def test_a_private_run_stopped_after_two_rounds_and_resumed_ends_as_the_uninterrupted_one(
+        case: str, tmp_path: Path, crash_at_round_2, monkeypatch: pytest.MonkeyPatch) -> None:
+    """DP-FedAvg (σ > 0, fixed clip) stopped after two of four rounds and resumed: the same global
+    and server state in the last checkpoint, the same metrics lines (ε at δ in each) and the same
+    final evaluation and ε in summary.json as the run never stopped — the noise of rounds 3 and 4
+    drawn from (seed, round), not from where a process started."""
+    from safetensors.torch import load_file
+
+    config = _config(*PRIVATE, "train.rounds=4", *RESUMED[case])
+    with pytest.raises(KeyboardInterrupt):
+        fedlatent.run(config, tmp_path / "stopped")
+    assert json.loads((tmp_path / "stopped" / "metrics.jsonl").read_text().splitlines()[-1])["round"] == 2
+    monkeypatch.undo()
+    whole = fedlatent.run(config, tmp_path / "whole")
+    resumed = fedlatent.run(config, tmp_path / "stopped", resume=True)
+    lines = {run: [{k: v for k, v in json.loads(x).items() if not k.startswith("time_")}
+                   for x in (tmp_path / run / "metrics.jsonl").read_text().splitlines()] for run in ("stopped", "whole")}
+    assert lines["stopped"] == lines["whole"] and len(lines["whole"]) == 4
+    epsilons = [x["privacy_epsilon"] for x in lines["whole"]]
+    assert epsilons == sorted(epsilons) and epsilons[0] > 0
+    assert resumed["final"] == whole["final"]
+    assert resumed["privacy_epsilon"] == whole["privacy_epsilon"] >= epsilons[-1]
+    for name in ("global.safetensors", "server.safetensors"):
+        a, b = (load_file(str(tmp_path / run / "checkpoints" / "round00004" / name)) for run in ("stopped", "whole"))
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), name

@@ -308,6 +308,7 @@ BAD = {
     "client diagnostics": ([*FLOWER, 'diagnostics.which=["collapse"]', "diagnostics.clients=true"],
                            "each client's own upload"),
     "unknown protocol": (['privacy.secure_aggregation="secagg"'], "privacy.secure_aggregation"),
+    "server reads the data": ([*FLOWER, "flower.server_reads_data=true"], "flower.server_reads_data = true"),
 }
 
 
@@ -320,3 +321,29 @@ def test_a_bad_secure_aggregation_setting_exits_2_in_one_line_before_any_run_fol
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and "Traceback" not in err and message in err, err
     assert not out.exists()
+
+
+def test_a_threshold_above_the_clients_the_census_counts_exits_2_in_one_line_and_leaves_no_run_folder(
+        tmp_path, capsys, monkeypatch):
+    """One client per domain, counted only by the nodes' census (the server opens no data): a
+    threshold above the three clients stops the run right after the census — exit 2, one line, no
+    run folder left, no SecAgg+ stage begun."""
+    from fedlatent.experiment.runner import single
+    from tests.data.test_image_folder import _solid_tree
+    _solid_tree(tmp_path / "tree", {"art": {"dog": 6, "house": 5}, "photo": {"dog": 5, "house": 6},
+                                    "sketch": {"dog": 7, "house": 4}})
+    grid = InProcessGrid(3)
+    monkeypatch.setattr(single, "_backend_args", lambda config, _grid, trainer: {"grid": grid})
+    out = tmp_path / "run"
+    overrides = ['backend="flower"', 'data.dataset="domains"', 'data.partition="domains"',
+                 f'data.root="{tmp_path / "tree"}"', "data.num_clients=auto", "train.rounds=1", SECURE,
+                 "privacy.secagg_threshold=4"]
+    args = [a for o in overrides for a in ("--set", o)]
+    assert main(["run", str(ROOT / "configs" / "digits_fedavg.toml"), "--no-progress", *args, "--out", str(out)]) == 2
+    # the in-process nodes tell where their images come from (a deployment's nodes, in their own logs)
+    err = "\n".join(line for line in capsys.readouterr().err.strip().splitlines() if "the domain folders" not in line)
+    assert "\n" not in err and "Traceback" not in err, err
+    assert ("privacy.secure_aggregation with the 3 clients sampled per round: its threshold t = 4 is more than the 3 "
+            "share holders") in err
+    assert not out.exists()
+    assert set(grid.sent) == {"query.census"}

@@ -219,6 +219,9 @@ class FlowerConfig:
                           low=0.0, low_open=True)
     client_state_on_server: bool = _key(True, "clients also send their new state back, so that checkpoints hold it "
                                         "and --resume restores it (false: it stays on the nodes only)")
+    server_reads_data: bool = _key(False, "the ServerApp opens the data set itself, for the global test split it "
+                                   "evaluates on (false: it opens no data; the nodes evaluate the global model and "
+                                   "the census tells the classes, input shape and clients)")
 
 
 TRACKERS = ("tensorboard", "mlflow", "wandb")

@@ -29,7 +29,7 @@ from fedlatent.federated.accounting import SampleAccountant
 from fedlatent.federated.client import LocalSettings, Workspace, state_to_cpu, workspace_for
 from fedlatent.federated.lockstep import local_update
 from fedlatent.federated.diagnostics import Diagnostics
-from fedlatent.federated.evaluation import client_validation
+from fedlatent.federated.evaluation import client_validation, evaluate
 from fedlatent.federated.failures import ClientFailure, error_detail
 from fedlatent.federated.personal import client_report
 from fedlatent.federated.codec import server_codec
@@ -129,6 +129,11 @@ class Setup:
         values = {cid: client_validation(self.model, state, c.val, fed.num_classes, batch, self.device)
                   for cid, c in enumerate(fed.clients)}
         return {cid: v for cid, v in values.items() if v is not None}
+
+    def test(self, state: Tensors) -> dict[str, float]:
+        fed = self.federation
+        return {} if fed.test is None else evaluate(self.model, fed.test, fed.num_classes, self.config.eval.batch_size,
+                                                    self.device)
 
     def reports(self, state: Tensors) -> list[dict[str, Any]]:
         cfg = self.config

@@ -54,6 +54,23 @@ def server_view(cfg: DataConfig, seed: int) -> ServerView:
                       augment=Augmentation(cfg.augment, cfg.autoaugment, mean, std), num_clients=_fixed_count(cfg))
 
 
+def declared_view(cfg: DataConfig) -> ServerView:
+    """What a Flower server knows of the data without opening them (``flower.server_reads_data =
+    false``): the classes and input shape where the data set declares them from its configuration
+    (else 0 and (), which the nodes' census tells), the number of clients where the configuration
+    fixes it (for a data set with its own clients: ``data.num_clients`` when set), and no test split
+    (the nodes evaluate the global model on theirs)."""
+    check(cfg)
+    entry = DATASETS.get(cfg.dataset)
+    declare = entry.traits.get("shape")
+    shape, classes = declare(cfg) if declare is not None else ((), 0)
+    if entry.traits.get("own_clients"):
+        count = None if cfg.num_clients == "auto" else int(cfg.num_clients)
+    else:
+        count = _fixed_count(cfg)
+    return ServerView(None, classes, tuple(shape), name=cfg.dataset, num_clients=count)
+
+
 @lines_held()
 def outline(cfg: DataConfig, seed: int, read: dict[Any, Pool | GivenClients | Labels] | None = None) -> Outline:
     """What :func:`build_federation` would make — classes, input shape, clients — after every check

@@ -96,9 +96,11 @@ class GlobalData(Protocol):
 
 @dataclass
 class ServerView:
-    """The data as a Flower server sees it (:func:`fedlatent.data.federation.server_view`): a
-    :class:`Federation` without its clients, and their number where the configuration fixes it
-    (None: the nodes' census tells it)."""
+    """The data as a Flower server sees it: a :class:`Federation` without its clients
+    (:func:`fedlatent.data.federation.server_view`, read from the data set), or without its test
+    split either (:func:`fedlatent.data.federation.declared_view`, the data unopened: ``num_classes``
+    0 and ``input_shape`` () where the data set does not declare them, until the nodes' census
+    tells them); the number of clients where it is known (None: the census tells it)."""
 
     test: Split | None
     num_classes: int

@@ -1,7 +1,8 @@
 """The run driver: a round's server side and the end of a run, written once for every backend.
 
 A backend supplies its clients through the :class:`Run` interface — train these clients; gather
-their statistics for a calibration; their validation accuracies; their personalised reports —
+their statistics for a calibration; their validation accuracies; the global test split's scores;
+their personalised reports —
 whether they train in this process (``backends.simulation``, ``backends.vectorized``: their
 trainer) or answer Flower messages (``backends.flower.server_app``). Everything else is here:
 planning a round and closing it (``federated.round``), the clients' new states kept, the
@@ -25,7 +26,6 @@ from fedlatent.data.types import GlobalData
 from fedlatent.federated.accounting import SampleAccountant
 from fedlatent.federated.calibrate import apply_statistics, head_keys
 from fedlatent.federated.client import trained_samples
-from fedlatent.federated.evaluation import evaluate
 from fedlatent.federated.failures import ClientFailure
 from fedlatent.federated.personal import combine_reports
 from fedlatent.federated.round import ClientTask, calibration_due, close_round, nbytes, plan_round
@@ -67,6 +67,10 @@ class Run(Protocol):
 
     def statistics(self, state: Tensors) -> dict[int, Tensors]:
         """Every reachable client's calibration statistics of the global ``state``, by client id."""
+
+    def test(self, state: Tensors) -> dict[str, float]:
+        """The global ``state``'s scores on the global test split (:func:`~fedlatent.federated.evaluation.scores`;
+        none without one), the model holding ``state``."""
 
     def validation(self, state: Tensors) -> dict[int, float]:
         """The global ``state``'s accuracy on each client's validation split, by client id (none without)."""
@@ -116,11 +120,7 @@ def evaluate_global(s: Run, state: Tensors | None = None) -> dict[str, float]:
     (in client-id order)."""
     state = s.server.global_state if state is None else state
     s.model.load_state_dict(state)
-    out: dict[str, float] = {}
-    fed = s.federation
-    if fed.test is not None:
-        out.update({f"test_{k}": v for k, v in evaluate(s.model, fed.test, fed.num_classes, s.config.eval.batch_size,
-                                                          s.device).items()})
+    out = {f"test_{k}": v for k, v in s.test(state).items()}
     values = s.validation(state)
     if values:
         out["val_accuracy"] = float(np.mean([values[cid] for cid in sorted(values)]))

@@ -1,6 +1,8 @@
 """Evaluation of a model on a split, and the fairness summary over clients (FederatedScope style)."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import torch
 
@@ -9,37 +11,71 @@ from fedlatent.methods.parts import task_loss
 from fedlatent.models.base import FedModel
 
 
+@dataclass
+class Tally:
+    """What the scores of a model on some samples are computed from, and what parts of those samples
+    add up to (the nodes' shares of the global test split, the clients' test splits): each batch's
+    summed loss in batch order, and per class the samples and the correct predictions."""
+
+    losses: list[float]
+    correct: torch.Tensor  # (classes,) int64
+    count: torch.Tensor  # (classes,) int64
+
+
 @torch.no_grad()
-def predict(model: FedModel, split: Split, batch_size: int, device: torch.device) -> tuple[torch.Tensor, float]:
-    """Predicted classes and the mean loss (cross-entropy on logits) of ``model`` on ``split``."""
+def tally(model: FedModel, split: Split, num_classes: int, batch_size: int = 500,
+          device: torch.device = torch.device("cpu"), batches: range | None = None) -> Tally:
+    """The :class:`Tally` of ``model`` on ``split``, over the batches of ``batch_size`` samples
+    numbered ``batches`` (all of them by default): a shard of a split evaluated elsewhere."""
     model.eval()
-    preds, loss = [], 0.0
-    for start in range(0, len(split), batch_size):
-        x = split.x[start:start + batch_size].to(device)
-        y = split.y[start:start + batch_size].to(device)
+    losses = []
+    correct = torch.zeros(num_classes, dtype=torch.int64)
+    count = torch.zeros(num_classes, dtype=torch.int64)
+    for b in batches if batches is not None else range(num_batches(len(split), batch_size)):
+        x = split.x[b * batch_size:(b + 1) * batch_size].to(device)
+        y = split.y[b * batch_size:(b + 1) * batch_size].to(device)
         logits = model(x).logits
         # as a stack of one: the stacked cross-entropy's layout, ~4× faster on the CPU (the same sum)
-        loss += float(task_loss("ce", logits.unsqueeze(0), y.unsqueeze(0), reduction="sum"))
-        preds.append(logits.argmax(1).cpu())
-    return torch.cat(preds) if preds else torch.zeros(0, dtype=torch.long), loss / max(len(split), 1)
+        losses.append(float(task_loss("ce", logits.unsqueeze(0), y.unsqueeze(0), reduction="sum")))
+        y = y.cpu()
+        correct.index_add_(0, y, (logits.argmax(1).cpu() == y).long())
+        count += torch.bincount(y, minlength=num_classes)[:num_classes]
+    return Tally(losses, correct, count)
 
 
-def scores(pred: torch.Tensor, y: torch.Tensor, num_classes: int) -> dict[str, float]:
-    """Accuracy and balanced accuracy (mean recall over the classes present in ``y``)."""
-    if len(y) == 0:
-        return {"accuracy": float("nan"), "balanced_accuracy": float("nan")}
-    correct = (pred == y).double()
-    per_class = torch.zeros(num_classes, dtype=torch.float64).index_add_(0, y, correct)
-    counts = torch.bincount(y, minlength=num_classes).double()
-    present = counts > 0
-    return {"accuracy": float(correct.mean()),
-            "balanced_accuracy": float((per_class[present] / counts[present]).mean())}
+def num_batches(samples: int, batch_size: int) -> int:
+    return -(-samples // batch_size)
+
+
+def shard(samples: int, batch_size: int, index: int, count: int) -> range:
+    """The batches of the ``index``-th of ``count`` contiguous shares of a split of ``samples``
+    (batch boundaries kept, so the shares' tallies in order score as the whole: :func:`scores`)."""
+    batches = num_batches(samples, batch_size)
+    return range(index * batches // count, (index + 1) * batches // count)
+
+
+def scores(tallies: list[Tally]) -> dict[str, float]:
+    """Accuracy, balanced accuracy (mean recall over the classes present) and mean loss of the
+    ``tallies`` together, their losses summed in the order given (so parts of a split, in order,
+    score as the split in one piece, to the bit)."""
+    loss = 0.0
+    for t in tallies:
+        for batch in t.losses:
+            loss += batch
+    n = sum(int(t.count.sum()) for t in tallies)
+    if n == 0:
+        return {"accuracy": float("nan"), "balanced_accuracy": float("nan"), "loss": 0.0}
+    correct = torch.stack([t.correct for t in tallies]).sum(0).double()
+    count = torch.stack([t.count for t in tallies]).sum(0).double()
+    present = count > 0
+    return {"accuracy": int(correct.sum()) / n, "balanced_accuracy": float((correct[present] / count[present]).mean()),
+            "loss": loss / n}
 
 
 def evaluate(model: FedModel, split: Split, num_classes: int, batch_size: int = 500,
              device: torch.device = torch.device("cpu")) -> dict[str, float]:
-    pred, loss = predict(model, split, batch_size, device)
-    return {**scores(pred, split.y, num_classes), "loss": loss}
+    """Accuracy, balanced accuracy and mean loss (cross-entropy on logits) of ``model`` on ``split``."""
+    return scores([tally(model, split, num_classes, batch_size, device)])
 
 
 def majority_rate(train_y: torch.Tensor, test_y: torch.Tensor, num_classes: int) -> float:

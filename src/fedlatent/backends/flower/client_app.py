@@ -15,7 +15,9 @@ censuses (per-channel Σx, Σx², n), which every later message carries.
 Messages: ``query.census`` (the served clients, the sizes of their splits and their training label
 counts, the number of clients of the node's federation), ``train`` (the
 node's :class:`~fedlatent.federated.round.ClientTask` of a round, one message per node → their
-uploads), ``evaluate.validate`` (validation accuracy of the served clients), ``query.statistics``
+uploads), ``evaluate.test`` (the global model's counts on the node's shares of the global test split,
+or on its clients' test splits: the server opens no data), ``evaluate.validate`` (validation
+accuracy of the served clients), ``query.statistics``
 (calibration statistics), ``query.diagnostics``, ``query.tsne`` and ``query.data`` (the client
 halves of ``[diagnostics]``, :mod:`.diagnostics`), ``evaluate.report`` (the personalised report rows). A client whose
 update raises or is not finite is a failure record naming it in the node's reply.
@@ -41,6 +43,7 @@ from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 
 from fedlatent.backends.flower import messages as M
+from fedlatent.backends.flower.diagnostics import GLOBAL_TEST
 from fedlatent.backends.flower.secagg import Party
 from fedlatent.backends.flower.secagg_settings import Settings
 from fedlatent.backends.flower.secagg_codec import VECTOR, Masking, MaskingCodec, flatten, layout, rounding
@@ -50,13 +53,13 @@ from fedlatent.data.compact import Images
 from fedlatent.data.federation import build_federation, channel_census
 from fedlatent.data.types import ClientData, Federation, Split
 from fedlatent.errors import ConfigError
-from fedlatent.federated import devices
+from fedlatent.federated import devices, evaluation
 from fedlatent.federated.calibrate import client_statistics
 from fedlatent.federated.client import Workspace, state_to_cpu, workspace_for
 from fedlatent.federated.codec import UpdateCodec, build_codec
 from fedlatent.federated.diagnostics import (label_counts, mean_value_counts, mean_value_range, split_statistics,
                                              tsne_features, tsne_seed)
-from fedlatent.federated.evaluation import client_validation
+from fedlatent.federated.evaluation import Tally, client_validation
 from fedlatent.federated.failures import ClientFailure, error_detail
 from fedlatent.federated.personal import client_report
 from fedlatent.federated.round import checked, client_update, encoded, local_settings, round_lr
@@ -174,7 +177,9 @@ app = ClientApp()
 def census(msg: Message, context: Context) -> Message:
     """The clients this node serves, the sizes of their splits and their training label counts, and
     how many clients the federation it builds has (the server's census; a node with its own file
-    tells none); such a node with ``data.normalize`` on adds its normalisation census (``norm.<client>``)."""
+    tells none); the classes, the input shape and the size of the global test split it holds (0 for a
+    node with its own file: it holds its clients' test splits alone); such a node with
+    ``data.normalize`` on adds its normalisation census (``norm.<client>``)."""
     job = _job(msg, context)
     content = RecordDict()
     own_file = bool(context.node_config.get("data-path"))
@@ -189,6 +194,8 @@ def census(msg: Message, context: Context) -> Message:
         "label_counts": [label_counts(c.train, job.federation.num_classes) for c in clients]}
     if not own_file:
         values["num_clients"] = len(job.federation.clients)
+    fed = job.federation
+    values.update(num_classes=fed.num_classes, input_shape=list(fed.input_shape), global_test=held_test_size(job, own_file))
     content["census"] = M.pack_values(values)
     return Message(content, reply_to=msg)
 
@@ -263,6 +270,36 @@ def validate(msg: Message, context: Context) -> Message:
         if value is not None:
             values[str(cid)] = value
     return Message(RecordDict({"values": M.pack_values(values)}), reply_to=msg)
+
+
+def held_test_size(job: Job, own_file: bool) -> int:
+    """The samples of the run's global test split this node holds (it builds the configured data set:
+    all of them; with its own file: none)."""
+    test = job.federation.test
+    return 0 if own_file or test is None else len(test)
+
+
+@app.evaluate("test")
+def test(msg: Message, context: Context) -> Message:
+    """The global model's :class:`~fedlatent.federated.evaluation.Tally` on this node's shares of
+    the global test split (``shard``: their indices of ``count`` contiguous shares, by batches of
+    ``eval.batch_size``), or without ``shard`` on each served client's test split, for the server to
+    add up (:meth:`.server_app.ServerRun.test`)."""
+    job = _job(msg, context)
+    model, fed, batch = job.workspace.model, job.federation, job.config.eval.batch_size
+    model.load_state_dict(M.from_record(msg.content["global"]))
+    shard = msg.content.config_records.get("shard")
+    tallies: dict[str, Tally] = {}
+    if shard is not None:
+        assert fed.test is not None, "a shard of the global test split asked of a node without it"
+        for index in shard["indices"]:
+            rows = evaluation.shard(len(fed.test), batch, int(index), int(shard["count"]))
+            tallies[f"shard.{index}"] = evaluation.tally(model, fed.test, fed.num_classes, batch, job.device, rows)
+    else:
+        for cid, client in job.clients.items():
+            if client.test is not None and len(client.test):
+                tallies[f"client.{cid}"] = evaluation.tally(model, client.test, fed.num_classes, batch, job.device)
+    return Message(M.pack_tallies(tallies), reply_to=msg)
 
 
 @app.query("statistics")
@@ -345,20 +382,25 @@ def _models(msg: Message) -> dict[str, Tensors]:
 def diagnostics(msg: Message, context: Context) -> Message:
     """Each served client's diagnostics statistics of every sent model on its split (the client
     half, :func:`fedlatent.federated.diagnostics.split_statistics`), for the clients the server
-    sent rows of the uniformity sample to (those holding the split)."""
+    sent rows of the uniformity sample to (those holding the split) — or of the global test split
+    (``sample.global``), the server holding no copy of it."""
     job = _job(msg, context)
     asked = M.unpack_values(msg.content["diagnostics"])
     models = _models(msg)
     content = RecordDict()
-    rows = {cid: M.from_record(msg.content[f"sample.{cid}"])["rows"] for cid in job.clients
-            if f"sample.{cid}" in msg.content.array_records}
+    splits: dict[str, Split | None] = {str(cid): getattr(client, asked["split"]) for cid, client in job.clients.items()}
+    splits[GLOBAL_TEST] = job.federation.test
+    rows = {key: M.from_record(msg.content[f"sample.{key}"])["rows"] for key in splits
+            if f"sample.{key}" in msg.content.array_records}
     model = job.workspace.model
     for name, state in models.items():
         model.load_state_dict(state)  # once for all the node's clients
-        for cid, sample in rows.items():
-            content[f"stats.{name}.{cid}"] = M.to_record(split_statistics(
-                model, getattr(job.clients[cid], asked["split"]), set(asked["which"]),
-                job.federation.num_classes, sample, job.config.eval.batch_size, job.device))
+        for key, sample in rows.items():
+            split = splits[key]
+            assert split is not None, f"diagnostics asked of a split {key} does not hold"
+            content[f"stats.{name}.{key}"] = M.to_record(split_statistics(
+                model, split, set(asked["which"]), job.federation.num_classes, sample,
+                job.config.eval.batch_size, job.device))
     return Message(content, reply_to=msg)
 
 

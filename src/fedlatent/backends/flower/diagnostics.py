@@ -6,8 +6,9 @@ clients' local models with ``clients`` on) and each holder's rows of the uniform
 node answers with every served client's :func:`~fedlatent.federated.diagnostics.model_statistics`.
 ``query.tsne`` and ``query.data`` (label counts and mean-value ranges, then, sent the common bin
 edges, the histogram counts) likewise. The server combines the replies in client-id order, so the
-records are the embedded backend's (up to float rounding of the summed moments). A split the
-server holds (the global test set) is measured on the server, as on the embedded backend.
+records are the embedded backend's (up to float rounding of the summed moments). The global test
+split is measured on the server where it holds it (``flower.server_reads_data``), as on the
+embedded backend, else on the first node holding it (``sample.global``).
 """
 from __future__ import annotations
 
@@ -29,44 +30,53 @@ from fedlatent.methods.parts import Tensors
 from fedlatent.models.base import FedModel
 from fedlatent.seeding import DIAGNOSTICS, derive_seed
 
-Broadcast = Callable[[str, dict[str, Any]], dict[int, Message]]
+Broadcast = Callable[..., dict[int, Message]]  # (message type, records, nodes=None: every node) → replies
+GLOBAL_TEST = "global"  # the global test split where holders are named (client ids otherwise)
 
 
 def model_records(states: dict[str, Tensors]) -> dict[str, Any]:
     return {f"model.{name}": M.to_record(state) for name, state in states.items()}
 
 
-def replies_by_client(replies: dict[int, Message], prefix: str) -> dict[str, dict[int, Tensors]]:
-    """The replies' ArrayRecords ``prefix.<name>.<client id>`` as {name: {client id: tensors}}."""
-    out: dict[str, dict[int, Tensors]] = {}
+def replies_by_holder(replies: dict[int, Message], prefix: str) -> dict[str, dict[str, Tensors]]:
+    """The replies' ArrayRecords ``prefix.<name>.<holder>`` as {name: {holder: tensors}}, a holder
+    being a client id or :data:`GLOBAL_TEST`."""
+    out: dict[str, dict[str, Tensors]] = {}
     for reply in replies.values():
         for key, record in reply.content.array_records.items():
             kind, _, rest = key.partition(".")
             if kind == prefix:
-                name, _, cid = rest.rpartition(".")
-                out.setdefault(name, {})[int(cid)] = M.from_record(record)
+                name, _, holder = rest.rpartition(".")
+                out.setdefault(name, {})[holder] = M.from_record(record)
     return out
 
 
 class FlowerDiagnostics(Diagnostics):
     """The configured diagnostics of a run on Flower: the clients' splits stay on their nodes;
-    ``data`` is the server's view of the data (its test split and classes), ``sizes`` the census's
-    split sizes by client id, ``broadcast`` sends a message type and its records to every node and
-    returns the replies."""
+    ``data`` is the server's view of the data (its classes, its test split where it holds one),
+    ``sizes`` the census's split sizes by client id, ``global_test`` the nodes holding the global
+    test split and its size (measured on the first of them where the server holds no copy),
+    ``broadcast`` sends a message type and its records to every node (or those named) and returns
+    the replies."""
 
     def __init__(self, config: RunConfig, data: GlobalData, path: Path, sizes: dict[str, list[int]],
-                 broadcast: Broadcast, warn: Callable[[str], None], device: torch.device = torch.device("cpu")) -> None:
+                 broadcast: Broadcast, warn: Callable[[str], None], device: torch.device = torch.device("cpu"),
+                 global_test: tuple[list[int], int] = ([], 0)) -> None:
         self.cfg, self.seed, self.rounds = config.diagnostics, config.seed, config.train.rounds
         self.num_classes, self.path, self.device = data.num_classes, path, device
         self.batch_size, self.which = config.eval.batch_size, set(self.cfg.which)
         self.broadcast, self.warn, self.train_sizes = broadcast, warn, sizes["train"]
         name = self.cfg.split
+        self.nodes: list[int] | None = None  # the nodes asked for the holders' statistics (None: every node)
+        self.holders: list[str]
         if name == "test" and data.test is not None and len(data.test):
             self.splits, self.holders, held = [data.test], [], [len(data.test)]
+        elif name == "test" and global_test[1]:
+            self.splits, self.holders, held, self.nodes = [], [GLOBAL_TEST], [global_test[1]], global_test[0][:1]
         else:
             self.splits = []
-            self.holders = [cid for cid, n in enumerate(sizes[name]) if n]
-            held = [sizes[name][cid] for cid in self.holders]
+            self.holders = [str(cid) for cid, n in enumerate(sizes[name]) if n]
+            held = [sizes[name][int(cid)] for cid in self.holders]
             if not self.holders:
                 raise no_samples(name)
         if "tsne" in self.which and self.cfg.tsne_class >= data.num_classes:
@@ -83,13 +93,13 @@ class FlowerDiagnostics(Diagnostics):
                    **{f"sample.{cid}": M.to_record({"rows": rows}) for cid, rows in zip(self.holders, self.samples)},
                    "diagnostics": M.pack_values({"which": sorted(self.which & FEATURE_DIAGNOSTICS),
                                                  "split": self.cfg.split})}
-        got = replies_by_client(self.broadcast("query.diagnostics", records), "stats")
+        got = replies_by_holder(self.broadcast("query.diagnostics", records, nodes=self.nodes), "stats")
         out = {}
         for name in states:
             by_client = got.get(name, {})
             missing = [cid for cid in self.holders if cid not in by_client]
             if missing:
-                self.warn(f"diagnostics of {name} without client(s) {missing} (no statistics came back)")
+                self.warn(f"diagnostics of {name} without {_holders(missing)} (no statistics came back)")
             out[name] = [by_client[cid] for cid in self.holders if cid in by_client]
         return out
 
@@ -98,7 +108,8 @@ class FlowerDiagnostics(Diagnostics):
         ``tsne_clients`` holders in client-id order kept, as the embedded backend picks them."""
         records = {**model_records({"global": global_state, **{f"client{c}": s for c, s in local.items()}}),
                    "tsne": M.pack_values({"class": self.cfg.tsne_class, "cap": self.cfg.tsne_samples})}
-        got = replies_by_client(self.broadcast("query.tsne", records), "tsne").get("z", {})
+        got = {int(cid): z for cid, z in replies_by_holder(self.broadcast("query.tsne", records), "tsne")
+               .get("z", {}).items()}
         return {cid: got[cid]["z"] for cid in sorted(got)[:self.cfg.tsne_clients]}
 
     def data_record(self) -> dict[str, Any]:
@@ -120,3 +131,7 @@ class FlowerDiagnostics(Diagnostics):
             raise RuntimeError(f"diagnostics: no data figures came back from client(s) {missing}")
         return values
 
+
+
+def _holders(missing: list[str]) -> str:
+    return "the global test split" if missing == [GLOBAL_TEST] else f"client(s) {[int(c) for c in missing]}"

@@ -5,8 +5,10 @@ Ray backend) with ``flower.supernodes`` virtual SuperNodes (one per client by de
 fedlatent's ClientApp, Ray given ``flower.cpus`` CPUs and each ClientApp ``flower.client_cpus``
 (so ``cpus / client_cpus`` clients train at once); the ServerApp runs :func:`.server_app.serve` in
 this process. With a grid (a ServerApp started by ``flwr run`` on a SuperLink) it serves on that
-grid. Either way the server holds only its view of the data (its test split; each ClientApp
-builds its own clients' data) and the run directory is the embedded backend's.
+grid. Either way the server holds only its view of the data (the classes, input shape and clients
+the configuration or the nodes' census tell; its own test split only with
+``flower.server_reads_data``; each ClientApp builds its own clients' data) and the run directory is
+the embedded backend's.
 """
 from __future__ import annotations
 
@@ -25,7 +27,7 @@ from flwr.simulation import run_simulation
 from fedlatent.backends.flower import client_app
 from fedlatent.backends.flower.server_app import serve
 from fedlatent.config import RunConfig
-from fedlatent.data.types import ServerView
+from fedlatent.data.types import Outline, ServerView
 from fedlatent.errors import ConfigError
 from fedlatent.methods.parts import MethodSpec
 
@@ -75,21 +77,22 @@ def quiet_engine() -> Iterator[None]:
 def run(config: RunConfig, data: ServerView, spec: MethodSpec, out: Path, *, resume: bool = False,
         progress: Callable[[dict[str, Any]], None] | None = None, grid: Grid | None = None,
         partition: Callable[[np.ndarray], None] | None = None,
-        rounds_start: Callable[[], None] | None = None) -> tuple[dict[str, Any], float]:
+        rounds_start: Callable[[], None] | None = None,
+        check: Callable[[Outline], None] | None = None) -> tuple[dict[str, Any], float]:
     """Train as :func:`fedlatent.backends.simulation.run` does, through Flower: on ``grid`` when
     given, else on the simulation engine; return the final evaluation and the wall seconds.
-    ``partition`` is told the nodes' training samples per client × class and ``rounds_start`` when
-    the rounds start (:func:`.server_app.serve`)."""
+    ``partition`` is told the nodes' training samples per client × class, ``check`` what the census
+    found and ``rounds_start`` when the rounds start (:func:`.server_app.serve`)."""
     if grid is not None:
         return serve(grid, config, data, spec, out, resume=resume, progress=progress, partition=partition,
-                     rounds_start=rounds_start)
+                     rounds_start=rounds_start, check=check)
     result: dict[str, Any] = {}
     server_app = ServerApp()
 
     @server_app.main()
     def main(grid: Grid, context: Context) -> None:
         result["value"] = serve(grid, config, data, spec, out, resume=resume, progress=progress, partition=partition,
-                                rounds_start=rounds_start)
+                                rounds_start=rounds_start, check=check)
 
     with quiet_engine():
         run_simulation(server_app, client_app.app, num_supernodes=num_supernodes(config, data),

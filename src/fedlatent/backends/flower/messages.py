@@ -9,8 +9,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import torch
 from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 
+from fedlatent.federated.evaluation import Tally
 from fedlatent.federated.failures import ClientFailure
 from fedlatent.federated.round import ClientTask
 from fedlatent.methods.parts import Tensors, Upload
@@ -122,3 +124,20 @@ def pack_values(values: dict[str, Any]) -> ConfigRecord:
 def unpack_values(record: ConfigRecord) -> dict[str, Any]:
     return json.loads(record["json"])
 
+
+
+def pack_tallies(tallies: dict[str, Tally]) -> RecordDict:
+    """A node's evaluation of the global model (``evaluate.test``): each part's :class:`Tally` by
+    name (``shard.<index>`` of the global test split, ``client.<id>``), its batch losses as float64."""
+    return RecordDict({f"tally.{name}": to_record({"losses": torch.tensor(t.losses, dtype=torch.float64),
+                                                   "correct": t.correct, "count": t.count})
+                       for name, t in tallies.items()})
+
+
+def unpack_tallies(content: RecordDict) -> dict[str, Tally]:
+    out = {}
+    for key, record in content.array_records.items():
+        if key.startswith("tally."):
+            t = from_record(record)
+            out[key.removeprefix("tally.")] = Tally(t["losses"].tolist(), t["correct"], t["count"])
+    return out

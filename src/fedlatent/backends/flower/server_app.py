@@ -17,6 +17,7 @@ session (:mod:`.secagg_session`) and the server's codec reads only their sums (:
 """
 from __future__ import annotations
 
+import dataclasses
 import sys
 import time
 from dataclasses import dataclass, field
@@ -38,8 +39,9 @@ from fedlatent.backends.simulation import initial_server
 from fedlatent.federated import driver
 from fedlatent.config import RunConfig, to_toml
 from fedlatent.data.federation import pooled_channel_stats
-from fedlatent.data.types import ServerView
+from fedlatent.data.types import Outline, ServerView
 from fedlatent.errors import DataError
+from fedlatent.federated import evaluation
 from fedlatent.federated.failures import ClientFailure, RunStopped
 from fedlatent.federated.server import Server
 from fedlatent.federated.state import write_atomically
@@ -56,8 +58,9 @@ def _warn(message: str) -> None:
 
 @dataclass
 class Census:
-    """Which SuperNode serves each client, and the sizes and training label counts of the clients'
-    splits (by client id)."""
+    """Which SuperNode serves each client, the sizes and training label counts of the clients'
+    splits (by client id), the classes and input shape of the nodes' data, and which nodes hold the
+    global test split (its size)."""
 
     node_of: dict[int, int]
     train_sizes: list[int]
@@ -65,6 +68,21 @@ class Census:
     test_sizes: list[int]
     norms: dict[int, Tensors] = field(default_factory=dict)  # own files' normalisation censuses, by client
     label_counts: list[list[int]] = field(default_factory=list)
+    num_classes: int = 0
+    input_shape: tuple[int, ...] = ()
+    test_holders: list[int] = field(default_factory=list)  # nodes holding the global test split, in id order
+    global_test_size: int = 0
+
+    def view(self, data: ServerView) -> ServerView:
+        """``data`` completed with what the census tells: the classes and input shape where the
+        configuration left them unknown, the number of clients."""
+        return dataclasses.replace(data, num_classes=data.num_classes or self.num_classes,
+                                   input_shape=data.input_shape or self.input_shape, num_clients=len(self.train_sizes))
+
+    def outline(self, data: ServerView) -> Outline:
+        """What the census found, as ``fedlatent check`` knows a federation (the run's checks of it)."""
+        view = self.view(data)
+        return Outline(view.num_classes, view.input_shape, len(self.train_sizes))
 
     def normalization(self) -> Tensors | None:
         """The pooled per-channel mean and std of the nodes' own files (in client-id order), or None
@@ -88,18 +106,23 @@ SIZES = ("train_sizes", "val_sizes", "test_sizes", "label_counts")  # a census r
 @dataclass
 class Tally:
     """The census replies so far: each client's node (the first to claim it) and its entries of
-    :data:`SIZES`, the own files' normalisation censuses, and the number of clients each node's
-    federation has (nodes reading their own file tell none)."""
+    :data:`SIZES`, the own files' normalisation censuses, the number of clients each node's
+    federation has (nodes reading their own file tell none), each node's classes and input shape,
+    and the size of the global test split each holds."""
 
     node_of: dict[int, int] = field(default_factory=dict)
     entries: dict[int, dict[str, Any]] = field(default_factory=dict)
     norms: dict[int, Tensors] = field(default_factory=dict)
     sizes: dict[int, int] = field(default_factory=dict)
+    shapes: dict[int, tuple[int, tuple[int, ...]]] = field(default_factory=dict)
+    tests: dict[int, int] = field(default_factory=dict)
 
     def add(self, node: int, content: RecordDict) -> None:
         values = M.unpack_values(content["census"])
         if "num_clients" in values:
             self.sizes[node] = int(values["num_clients"])
+        self.shapes[node] = int(values["num_classes"]), tuple(int(d) for d in values["input_shape"])
+        self.tests[node] = int(values["global_test"])
         for i, cid in enumerate(int(c) for c in values["clients"]):
             if self.node_of.setdefault(cid, node) != node:
                 continue
@@ -120,8 +143,13 @@ class Tally:
     def census(self, n: int) -> Census:
         """The census of clients 0 .. n-1 (a node's claim of another client is ignored)."""
         train, val, test, labels = ([self.entries[cid][key] for cid in range(n)] for key in SIZES)
-        return Census({cid: self.node_of[cid] for cid in range(n)}, train, val, test,
-                      {cid: c for cid, c in self.norms.items() if cid < n}, labels)
+        node_of = {cid: self.node_of[cid] for cid in range(n)}
+        nodes = sorted(set(node_of.values()))
+        holders = [node for node in nodes if self.tests.get(node)]
+        classes = max([self.shapes[node][0] for node in nodes] + [len(row) for row in labels], default=0)
+        return Census(node_of, train, val, test, {cid: c for cid, c in self.norms.items() if cid < n}, labels,
+                      classes, self.shapes[nodes[0]][1] if nodes else (), holders,
+                      self.tests[holders[0]] if holders else 0)
 
 
 @dataclass
@@ -130,7 +158,7 @@ class ServerRun:
 
     grid: Grid
     config: RunConfig
-    federation: ServerView  # the global test split, classes, input shape: no client's data
+    federation: ServerView  # classes, input shape (the global test split with flower.server_reads_data)
     spec: MethodSpec
     warn: Callable[[str], None] = _warn
     census: Census | None = None
@@ -334,15 +362,50 @@ class ServerRun:
         return values
 
     def broadcast(self, message_type: str, records: dict[str, Any],
-                  own: dict[int, dict[str, Any]] | None = None) -> dict[int, Message]:
-        """The same ``records`` to every SuperNode of the census, each with its ``own`` records
-        beside them (by node); the replies with content, by node."""
-        nodes = sorted(set(self.census.node_of.values()))
+                  own: dict[int, dict[str, Any]] | None = None, nodes: list[int] | None = None) -> dict[int, Message]:
+        """The same ``records`` to every SuperNode of the census (or to ``nodes``), each with its ``own``
+        records beside them (by node); the replies with content, by node."""
+        nodes = sorted(set(self.census.node_of.values())) if nodes is None else nodes
         own = own or {}
         msgs = [(node, Message(RecordDict({**records, **own.get(node, {})}), dst_node_id=node,
                                message_type=message_type))
                 for node in nodes]
         return {node: r for node, r in self.exchange(msgs).items() if r is not None and r.has_content()}
+
+    def test(self, state: Tensors) -> dict[str, float]:
+        """The global ``state``'s scores on the global test split: evaluated here where the server
+        holds it (``flower.server_reads_data``), else added up from the nodes' tallies (``evaluate.test``)
+        — shares of it, one per node holding it (a share whose node does not reply asked once more of
+        those that did), or without such a node each client's test split — in order, so that the
+        scores are the server's own evaluation's, to the bit."""
+        fed, batch = self.federation, self.config.eval.batch_size
+        if fed.test is not None:
+            return evaluation.evaluate(self.model, fed.test, fed.num_classes, batch, self.device)
+        record = {"global": M.to_record(state)}
+        holders = self.census.test_holders
+        if not holders:  # the clients' test splits together are the global one (nodes with their own files)
+            wanted = [f"client.{cid}" for cid, n in enumerate(self.census.test_sizes) if n]
+            got = self.tallies(record, {node: {} for node in sorted(set(self.census.node_of.values()))})
+        else:
+            wanted = [f"shard.{i}" for i in range(len(holders))]
+            got = self.tallies(record, {node: {"shard": _shards([i], len(holders))} for i, node in enumerate(holders)})
+            helpers = [node for i, node in enumerate(holders) if f"shard.{i}" in got]
+            lost = [i for i in range(len(holders)) if f"shard.{i}" not in got]
+            if lost and helpers:
+                redo = {node: lost[k::len(helpers)] for k, node in enumerate(helpers) if lost[k::len(helpers)]}
+                got.update(self.tallies(record, {node: {"shard": _shards(i, len(holders))} for node, i in redo.items()}))
+        missing = [name for name in wanted if name not in got]
+        if missing:
+            self.warn(f"evaluation of the global model without {', '.join(missing)} (no SuperNode evaluated them)")
+        present = [got[name] for name in wanted if name in got]
+        return evaluation.scores(present) if present else {}
+
+    def tallies(self, records: dict[str, Any], own: dict[int, dict[str, Any]]) -> dict[str, evaluation.Tally]:
+        """``evaluate.test`` to the nodes of ``own`` (each with its own records): their tallies by name."""
+        out: dict[str, evaluation.Tally] = {}
+        for reply in self.broadcast("evaluate.test", records, own, nodes=sorted(own)).values():
+            out.update(M.unpack_tallies(reply.content))
+        return out
 
     def statistics(self, state: Tensors) -> dict[int, Tensors]:
         """The clients' calibration statistics of the global ``state``, gathered in an extra round of
@@ -389,6 +452,10 @@ class ServerRun:
                 for row in M.unpack_values(reply.content["rows"])["rows"]]
 
 
+def _shards(indices: list[int], count: int) -> ConfigRecord:
+    return ConfigRecord({"indices": indices, "count": count})
+
+
 def _statistics(content: RecordDict) -> dict[int, Tensors]:
     """A node's reply to ``query.statistics``: each client's statistics, by client id."""
     return {int(name.split(".")[1]): M.from_record(record)
@@ -407,18 +474,28 @@ def serve(grid: Grid, config: RunConfig, data: ServerView, spec: MethodSpec, out
           resume: bool = False, progress: Callable[[dict[str, Any]], None] | None = None,
           warn: Callable[[str], None] = _warn,
           partition: Callable[[np.ndarray], None] | None = None,
-          rounds_start: Callable[[], None] | None = None) -> tuple[dict[str, Any], float]:
+          rounds_start: Callable[[], None] | None = None,
+          check: Callable[[Outline], None] | None = None) -> tuple[dict[str, Any], float]:
     """Train for ``config.train.rounds`` rounds through ``grid``, writing metrics and checkpoints
     under ``out`` as the embedded backend does; return the final evaluation and the wall seconds
-    (including the part before a resume). ``data`` is the server's view of the data (no client's);
+    (including the part before a resume). ``data`` is the server's view of the data (no client's),
+    completed by the census; ``check`` is told what the census found (classes, input shape, clients:
+    a :class:`~fedlatent.errors.ConfigError` from it ends the run before ``metrics.jsonl`` exists);
     ``partition`` is told the census's training samples per client × class; ``rounds_start``, when
     the rounds start (after the census and the set-up)."""
     clock = time.perf_counter()
     torch.set_num_threads(config.train.threads)
     s = ServerRun(grid, config, data, spec, warn)
     metrics_path = out / "metrics.jsonl"
-    metrics_path.touch()  # before the census: a failed census is a stopped run with a summary
-    s.census = s.take_census()
+    try:
+        s.census = s.take_census()
+    except RunStopped:
+        metrics_path.touch()  # a failed census is a stopped run with a summary
+        raise
+    if check is not None:
+        check(s.census.outline(data))
+    metrics_path.touch()
+    s.federation = data = s.census.view(data)
     s.normalization = s.census.normalization()
     if partition is not None:
         partition(s.census.partition(data.num_classes))
@@ -428,8 +505,9 @@ def serve(grid: Grid, config: RunConfig, data: ServerView, spec: MethodSpec, out
     if config.diagnostics.which:
         sizes = {"train": s.census.train_sizes, "val": s.census.val_sizes, "test": s.census.test_sizes}
         s.diagnostics = FlowerDiagnostics(config, data, out / "diagnostics.jsonl", sizes,
-                                          lambda kind, records: s.broadcast(kind, records), warn,
-                                          torch.device(config.train.device))
+                                          lambda kind, records, nodes=None: s.broadcast(kind, records, nodes=nodes),
+                                          warn, torch.device(config.train.device),
+                                          (s.census.test_holders, s.census.global_test_size))
         s.diagnostics.start(start)
     final = driver.play_rounds(s, range(start, config.train.rounds), out, lambda rnd: driver.play_round(s, rnd),
                                lambda last: driver.finish(s, last), since=clock - before, progress=progress,

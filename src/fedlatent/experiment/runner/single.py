@@ -24,7 +24,7 @@ from fedlatent.analysis.tables import partition_overview, partition_table
 from fedlatent.backends import auto, simulation, vectorized
 from fedlatent.backends.simulation import Trainer
 from fedlatent.config import RunConfig, to_toml
-from fedlatent.data.federation import build_federation, counts_table, server_view
+from fedlatent.data.federation import build_federation, counts_table, declared_view, server_view
 from fedlatent.data.registry import DATASETS
 from fedlatent.data.types import Federation, ServerView
 from fedlatent.errors import ConfigError, UserInputError
@@ -76,12 +76,19 @@ def identity(config: RunConfig) -> dict[str, Any]:
 
 def prepare(config: RunConfig) -> tuple[Federation | ServerView, MethodSpec]:
     """Check everything that needs no data (:func:`fedlatent.experiment.runner.validation.validate`), then
-    build the federation — on Flower only the server's view of the data
-    (:func:`~fedlatent.data.federation.server_view`; the nodes build their clients) — and check what
-    needs it (:func:`~fedlatent.experiment.runner.validation.check_fit`): what ``fedlatent check`` checks."""
+    build the federation — on Flower only the server's view of the data, from the configuration alone
+    (:func:`~fedlatent.data.federation.declared_view`; the nodes build their clients and evaluate the
+    global model) or, with ``flower.server_reads_data``, read from the data set
+    (:func:`~fedlatent.data.federation.server_view`) — and check what needs it
+    (:func:`~fedlatent.experiment.runner.validation.check_fit`): what ``fedlatent check`` checks. What
+    a Flower server learns only from its census is checked then (:func:`_run_in`)."""
     spec = validate(config)
-    build = server_view if config.backend == "flower" else build_federation
-    data = build(config.data, config.data_seed)
+    if config.backend != "flower":
+        data: Federation | ServerView = build_federation(config.data, config.data_seed)
+    elif config.flower.server_reads_data:
+        data = server_view(config.data, config.data_seed)
+    else:  # the server opens no data: the rest of check_fit follows the nodes' census (_run_in)
+        data = declared_view(config.data)
     check_fit(config, spec, data)
     return data, spec
 
@@ -221,14 +228,15 @@ def _run_in(config: RunConfig, out: Path, data: Federation | ServerView, spec: M
             track: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
     """The run in its (existing) directory: partition, training, summary; the figures are on disk
     when it returns or raises. ``track``: told each metrics line (the experiment trackers). The
-    partition table is the federation's, or on Flower the nodes' (told by the backend after its census)."""
+    partition table is the federation's, or on Flower the nodes' (told by the backend after its census,
+    which it first has checked)."""
     try:
         write_atomically(out / "config.toml", to_toml(config))
         tell = partition_teller(config, out, data.name, figures, echo)
         if isinstance(data, Federation):
             tell(counts_table(data))
-        else:
-            backend_args = {**backend_args, "partition": tell}
+        else:  # the census's classes, input shape and clients checked as the data's are (still exit 2)
+            backend_args = {**backend_args, "partition": tell, "check": lambda seen: check_fit(config, spec, seen)}
         return _train(config, out, data, spec, clock, resume=resume, progress=progress, echo=echo,
                       figures=figures, backend_args=backend_args, track=track)
     finally:

@@ -190,12 +190,15 @@ def secure_refusal(config: RunConfig, spec: MethodSpec) -> str | None:
     masks need parties, which only Flower's clients are; the server may read sums alone — the model
     update and FFC's statistics, not a part's extras or its own weighted aggregation, CCVR's
     per-class moments or the centralised calibration's features, nor the clients' own models the
-    diagnostics measure; and noise the server adds to a sum it sees is not combined with it yet."""
+    diagnostics measure, nor the data set itself; and noise the server adds to a sum it sees is not combined with it yet."""
     if config.backend != "flower":
         return (f"honoured on backend = 'flower' only, not {config.backend!r}: SecAgg+'s parties are Flower's "
                 "clients (the embedded backends have none to mask)")
     if config.privacy.noise_multiplier > 0:
         return "not combined with privacy.noise_multiplier > 0 yet (the server would add the noise to a sum it sees)"
+    if config.flower.server_reads_data:
+        return ("the server would open the data set itself (flower.server_reads_data = true: the pool's statistics, "
+                "a data set's own clients)")
     if config.privacy.adaptive:
         return ("not combined with adaptive clipping yet (privacy.target_quantile > 0: each client's clipped-or-not "
                 "bit would travel in the clear beside its masked update)")
@@ -232,7 +235,7 @@ def check_fit(config: RunConfig, spec: MethodSpec, data: Federation | ServerView
     """What the data decide of a run: the model's keys where the data set declares no shape
     (:func:`check_model_fit`), the clients a round samples (where their number is known before a
     Flower census) against ``train.min_clients``. A run checks its built federation, ``check`` its outline."""
-    if declared_shape(config.data) is None and data.input_shape is not None:
+    if declared_shape(config.data) is None and data.input_shape:  # (): a Flower server's view before its census
         check_model_fit(config, spec, data.input_shape, data.num_classes)
     if data.num_clients is not None:
         sampled = len(sample_clients(config.seed, 0, data.num_clients, config.train.participation))

@@ -18,6 +18,8 @@ import torch
 import fedlatent
 from fedlatent.backends import simulation
 from fedlatent.cli import main
+from fedlatent.errors import ConfigError
+from fedlatent.experiment.runner.validation import check_model_fit, validate
 from fedlatent.federated import accounting
 from fedlatent.federated.codec import GaussianCodec, UpdateCodec, server_codec
 from fedlatent.federated.lockstep import lockstep_update
@@ -203,6 +205,8 @@ BAD = {
     "fednova": (['algorithm.name="fednova"', *PRIVATE], "part 'fednova'"),
     "ffc": (['algorithm.name="spherefed"', *PRIVATE], "ffc calibration's statistics"),
     "ccvr": (['algorithm.name="ccvr"', *PRIVATE], "ccvr calibration's statistics"),
+    "batchnorm": (['model.arch="resnet18"', *PRIVATE], "running statistics would travel in the update"),
+    "batchnorm only": (['data.dataset="cifar10"', 'model.arch="cifar_convnet"', *PRIVATE], "no GroupNorm variant"),
 }
 
 
@@ -220,6 +224,17 @@ def _exits_2(overrides: list[str], tmp_path: Path, capsys) -> str:
 def test_a_bad_privacy_setting_exits_2_in_one_line_before_any_run_folder(case: str, tmp_path: Path, capsys) -> None:
     overrides, message = BAD[case]
     assert message in _exits_2(overrides, tmp_path, capsys)
+
+
+def test_batchnorm_kept_on_the_clients_or_replaced_by_groupnorm_is_accepted_under_noise() -> None:
+    """The refusal names two ways out, and both pass validation: FedBN keeps every BatchNorm layer
+    (statistics included) on its client, so none travels; GroupNorm keeps no running statistics."""
+    for extra in (['algorithm.name="fedbn"'], ['model.norm="group"']):
+        config = _config(*PRIVATE, 'model.arch="resnet18"', *extra)
+        check_model_fit(config, validate(config), (1, 8, 8), 10)
+    with pytest.raises(ConfigError, match="fedbn"):
+        config = _config(*PRIVATE, 'model.arch="resnet18"')
+        check_model_fit(config, validate(config), (1, 8, 8), 10)
 
 
 def test_without_the_extra_a_plain_run_works_and_a_private_one_names_it(tmp_path: Path) -> None:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import math
+from collections.abc import Collection
 
 import torch
 
@@ -168,15 +169,16 @@ def check_sample_private(config: RunConfig, spec: MethodSpec) -> None:
                           f"{accounting.EXTRA}")
 
 
-def batch_norm_refusal(config: RunConfig, model: torch.nn.Module) -> str | None:
-    """Why sample-level DP-SGD cannot train ``model`` (BatchNorm: a sample's output depends on its
-    batch, so its gradient is not its own), naming the setting that replaces BatchNorm by GroupNorm;
-    None when the model has no BatchNorm."""
-    names = [n for n, m in model.named_modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
+def batch_norm_refusal(config: RunConfig, model: torch.nn.Module, why: str, kept: Collection[str] = ()) -> str | None:
+    """Why ``model``'s BatchNorm layers cannot take part (``why``: what their statistics break), naming
+    the setting that replaces BatchNorm by GroupNorm; None when the model has no BatchNorm layer whose
+    running statistics are outside ``kept`` (the state entries each client keeps to itself)."""
+    names = [n for n, m in model.named_modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)
+             and f"{n}.running_mean" not in kept]
     if not names:
         return None
     arch = config.model.arch
-    head = f"model '{arch}' has BatchNorm ({names[0]}): its batch statistics mix a batch's samples"
+    head = f"model '{arch}' has BatchNorm ({names[0]}): {why}"
     if all(n.startswith("projector.") for n in names):
         return f"{head}; set model.projector = 0 (no projector), or use a model with GroupNorm"
     if "norm" in MODELS.get(arch).keys:
@@ -264,6 +266,13 @@ def check_model_fit(config: RunConfig, spec: MethodSpec, input_shape: tuple[int,
                             config.data.dataset)
     check_model(spec, model)
     if math.isfinite(config.privacy.sample_clip_norm):
-        reason = batch_norm_refusal(config, model)
+        reason = batch_norm_refusal(config, model, "its batch statistics mix a batch's samples")
         if reason:
             raise ConfigError(f"privacy.sample_clip_norm = {config.privacy.sample_clip_norm}: {reason}")
+    if config.privacy.noise_multiplier > 0:
+        kept = spec.personalization.local_keys([n for n, _ in model.named_parameters()], list(model.state_dict()))
+        reason = batch_norm_refusal(config, model, "its running statistics would travel in the update, clipped "
+                                    "with the weights and noised (a noised variance can turn negative)", kept)
+        if reason:
+            raise ConfigError(f"privacy.noise_multiplier = {config.privacy.noise_multiplier}: {reason}, or keep "
+                              "BatchNorm on the clients (algorithm.name = 'fedbn')")

@@ -25,6 +25,25 @@ ROOT = Path(__file__).resolve().parents[1]
 DIGITS_CONFIG = ROOT / "configs" / "digits_fedavg.toml"
 
 
+LONG_SKIP = "long (minutes): run with --long or FEDLATENT_LONG_TESTS=1"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--long", action="store_true", help="also run the tests marked long (minutes each)")
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m selects: a long test is slow too
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked ``long`` are ``slow`` as well, and skipped unless ``--long`` (or
+    ``FEDLATENT_LONG_TESTS=1``) asks for them: the README's ``pytest`` stays within CI's budget."""
+    run_long = config.getoption("--long") or bool(os.environ.get("FEDLATENT_LONG_TESTS"))
+    for item in items:
+        if item.get_closest_marker("long") is not None:
+            item.add_marker(pytest.mark.slow)
+            if not run_long:
+                item.add_marker(pytest.mark.skip(reason=LONG_SKIP))
+
+
 @pytest.fixture
 def digits_config() -> Path:
     """The shipped FedAvg-on-digits configuration (10 IID clients, MLP, 20 rounds)."""

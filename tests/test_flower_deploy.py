@@ -43,6 +43,29 @@ def flwr_run(fed: LocalFederation, out: Path, overrides: str):
     return done
 
 
+def assert_only_the_clientapps_opened_the_data(fed: LocalFederation) -> None:
+    """The open guard's log: a ServerApp process started and never opened the data set's file; a
+    ClientApp's process did."""
+    seen = fed.guard_lines()
+    assert ("flwr-serverapp", "started") in seen, seen[:5]
+    assert not [x for x in seen if x[0] == "flwr-serverapp" and x[1] != "started"]
+    assert [x for x in seen if x[0] != "flwr-serverapp" and x[1].startswith("open ")], seen[:5]
+
+
+def test_one_round_on_three_supernodes_completes_and_the_serverapp_never_opens_the_data(federation, tmp_path):
+    """The README's deployment recipe at CI's budget: one round of FedAvg on the three SuperNodes,
+    each node's client served and the global model evaluated on the nodes; the ServerApp's process
+    never opened the data set's file, the ClientApps' did."""
+    flwr_run(federation, tmp_path / "run", "train.rounds=1")
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert (summary["status"], summary["backend"], summary["rounds_completed"]) == ("completed", "flower", 1)
+    assert 0.1 < summary["final"]["accuracy"] <= 1.0
+    line = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[0])
+    assert line["clients"] == [0, 1, 2] and not line.get("dropped")
+    assert_only_the_clientapps_opened_the_data(federation)
+
+
+@pytest.mark.long  # two rounds and the SecAgg+ stages: minutes on two cores
 def test_ffc_under_secagg_on_three_supernodes_is_ffc_in_the_clear(federation, tmp_path):
     """SphereFed + FFC under SecAgg+ on the three SuperNodes (each client a party; the run before the
     one that kills a node): the global model after round 2, its head calibrated by FFC from the
@@ -63,12 +86,10 @@ def test_ffc_under_secagg_on_three_supernodes_is_ffc_in_the_clear(federation, tm
     assert ours.keys() == theirs.keys()
     assert max(float((ours[k].double() - theirs[k].double()).abs().max()) for k in ours) <= 1e-4
     assert secure["final"]["accuracy"] == pytest.approx(clear["final"]["accuracy"], abs=1e-9)
-    seen = federation.guard_lines()
-    assert ("flwr-serverapp", "started") in seen, seen[:5]
-    assert not [x for x in seen if x[0] == "flwr-serverapp" and x[1] != "started"]
-    assert [x for x in seen if x[0] != "flwr-serverapp" and x[1].startswith("open ")], seen[:5]
+    assert_only_the_clientapps_opened_the_data(federation)
 
 
+@pytest.mark.long  # three rounds, one waiting out flower.timeout: minutes on two cores
 def test_three_supernodes_run_and_one_killed_during_a_round_does_not_stop_the_run(federation, tmp_path):
     """One run on the three SuperNodes (one ``flwr run``: each starts app processes, a minute or more
     on two cores): round 1 is served by every node; then SuperNode 2 is killed once it has received

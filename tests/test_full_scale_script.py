@@ -68,10 +68,7 @@ def _fedlatent(tmp_path: Path) -> dict[str, str]:
             "FEDLATENT_CACHE_DIR": str(tmp_path / "cache"), "MPLBACKEND": "Agg", "OMP_NUM_THREADS": "1"}
 
 
-@pytest.mark.slow
-@pytest.mark.skipif(not os.environ.get("FEDLATENT_LONG_TESTS"),
-                    reason="every step of the GPU script on a CPU (~5 min): FEDLATENT_LONG_TESTS=1 runs it; CI runs "
-                           "the lease script's test, which runs the first step and its resume")
+@pytest.mark.long  # every step of the GPU script on a CPU (~5 min); the lease script's test runs the first step
 def test_the_full_scale_script_runs_every_step_writes_its_table_and_resumes(tmp_path: Path) -> None:
     out, results = tmp_path / "out", tmp_path / "results"
     env = {**_fedlatent(tmp_path), "BUDGET": "1200", "RESULTS": str(results)}

@@ -6,7 +6,8 @@ rule for a client it has never seen, on their test splits. Which clients are hel
 draw from the run's seed (stream :data:`~fedlatent.seeding.HOLDOUT`), made after the partition, so
 that the partition itself and every other draw stay as they are. The clients that train keep their
 partition order and are numbered 0 … n − h − 1 in the run (metrics, states, checkpoints); the
-held-out ones keep their partition ids (:attr:`~fedlatent.data.types.Federation.new_clients`).
+held-out ones follow, n − h … n − 1 in partition order (:attr:`~fedlatent.data.types.Federation.new_clients`;
+``summary.json``'s ``final.new_clients``, and their partition ids ``final.new_client_partition_ids``).
 
 >>> held_out(10, 3, seed=0)
 [5, 6, 9]
@@ -39,8 +40,9 @@ def holdout_ids(config: RunConfig, num_clients: int) -> list[int]:
 
 
 def split(federation: Federation, ids: list[int]) -> Federation:
-    """``federation`` whose clients ``ids`` (partition ids) are moved to ``new_clients``; each must
-    have a test split, which is what it is evaluated on."""
+    """``federation`` whose clients ``ids`` (partition ids, in order) are moved to ``new_clients``,
+    numbered after the clients left to train; each must have a test split, which is what it is
+    evaluated on."""
     if not ids:
         return federation
     untested = [cid for cid in ids if federation.clients[cid].test is None or not len(federation.clients[cid].test)]
@@ -48,8 +50,9 @@ def split(federation: Federation, ids: list[int]) -> Federation:
         raise ConfigError(f"data.holdout_clients: held-out client(s) {untested} have no test split to be evaluated on; "
                           "set data.local_test_fraction > 0")
     chosen = set(ids)
-    return dataclasses.replace(federation, clients=[c for i, c in enumerate(federation.clients) if i not in chosen],
-                               new_clients={cid: federation.clients[cid] for cid in ids})
+    kept = [c for i, c in enumerate(federation.clients) if i not in chosen]
+    return dataclasses.replace(federation, clients=kept,
+                               new_clients={len(kept) + j: federation.clients[cid] for j, cid in enumerate(ids)})
 
 
 def for_run(config: RunConfig, federation: Federation) -> Federation:

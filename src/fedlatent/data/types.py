@@ -69,7 +69,7 @@ class ClientData:
 @dataclass
 class Federation:
     """Everything a run trains and evaluates on: the clients that train and, with
-    ``data.holdout_clients``, the ``new_clients`` that never do (by their partition ids), evaluated
+    ``data.holdout_clients``, the ``new_clients`` that never do (numbered after them), evaluated
     as clients the federation has not seen (:mod:`fedlatent.data.holdout`)."""
 
     clients: list[ClientData]

@@ -22,6 +22,7 @@ import torch
 
 from fedlatent.analysis import classifier_cost
 from fedlatent.config import RunConfig
+from fedlatent.data.holdout import holdout_ids
 from fedlatent.data.types import GlobalData
 from fedlatent.federated.accounting import SampleAccountant
 from fedlatent.federated.calibrate import apply_statistics, head_keys
@@ -80,7 +81,7 @@ class Run(Protocol):
         """Each client's personalised report from the final global ``state`` (none without a local test split)."""
 
     def new_clients(self, state: Tensors, personal: bool) -> tuple[dict[int, Tally], list[dict[str, Any]]]:
-        """The clients that never train (``data.holdout_clients``), by partition id: the global ``state``'s
+        """The clients that never train (``data.holdout_clients``), by their ids (after the training clients'): the global ``state``'s
         tally on each one's test split and, with ``personal``, each one's report under its program's
         new-client rule (:func:`~fedlatent.federated.personal.new_client_reports`); the model left holding ``state``."""
 
@@ -187,7 +188,7 @@ def classifier_round(s: Run, uploads: list[Upload], calibrates: bool) -> dict[st
 def finish(s: Run, last: dict[str, Any] | None = None) -> dict[str, Any]:
     """The final evaluation: the global model (after calibration when the method has one, and the ε
     after it under DP), the clients' personalised reports and the new clients' (:func:`evaluate_new`,
-    with their rows and partition ids); the model is left holding the final weights. ``last``: the
+    with their rows, ids and partition ids); the model is left holding the final weights. ``last``: the
     metrics line of the round played last in this process; when it is the final round's, its
     evaluation is of the same global model (a round's calibration comes before its evaluation)
     and is reused rather than computed again."""
@@ -211,7 +212,10 @@ def finish(s: Run, last: dict[str, Any] | None = None) -> dict[str, Any]:
         rows = s.reports(state)
         if rows:
             final.update(combine_reports(rows))
-    final.update(evaluate_new(s, state))
+    new = evaluate_new(s, state)
+    if new:  # where they sit in the partition (fedlatent partition's rows)
+        new["new_client_partition_ids"] = holdout_ids(s.config, len(s.train_sizes) + len(new["new_clients"]))
+    final.update(new)
     s.model.load_state_dict(state)
     return final
 

@@ -91,7 +91,7 @@ def client_report(ws: Workspace, spec: MethodSpec, client_id: int, client: Clien
 def new_client_reports(ws: Workspace, spec: MethodSpec, clients: dict[int, ClientData], global_state: Tensors, *,
                        num_classes: int, batch_size: int, device: torch.device, settings: LocalSettings,
                        seed: int, personal: bool) -> tuple[dict[int, Tally], list[dict[str, Any]]]:
-    """The client half for clients that never trained (``data.holdout_clients``, by partition id):
+    """The client half for clients that never trained (``data.holdout_clients``, by their ids):
     the global model's :class:`~fedlatent.federated.evaluation.Tally` on each one's test split and,
     with ``personal``, each one's report under the program's new-client rule (its training drawn from
     ``derive_seed(seed, HOLDOUT, client)``); the model is left holding ``global_state``."""
@@ -112,7 +112,7 @@ def new_client_reports(ws: Workspace, spec: MethodSpec, clients: dict[int, Clien
 
 
 def combine_new(tallies: dict[int, Tally], rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """The server half for the new clients (by partition id, ``new_clients``): the global model's
+    """The server half for the new clients (their ids: ``new_clients``): the global model's
     ``new_client_accuracy``, balanced accuracy and loss over their test splits together
     (sample-weighted, as the global test split's are), and their reports'
     ``new_client_personal_mean`` / ``_std`` / ``_worst`` and majority baseline (rows in client-id

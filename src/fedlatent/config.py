@@ -87,6 +87,9 @@ class DataConfig:
                                    "train/val/test)", low=10)
     seed: int = _key(-1, "seed of the data (generation and partition); -1 = the run seed",
                      low=-1, high=2**32 - 1)
+    holdout_clients: float = _key(0.0, "clients of the partition that never train, evaluated as new clients: a "
+                                  "fraction in (0, 1) of data.num_clients (rounded down, at least 1) or a whole "
+                                  "count; drawn from the run seed; 0 = none", low=0.0)
     options: dict = _key({}, "keys a data set or partition declares for itself (written flat in [data])")
 
     def clients(self, default: int = DEFAULT_CLIENTS) -> int:
@@ -451,6 +454,11 @@ def _check_consistency(config: RunConfig) -> None:
     if d.merge_test and d.local_test_fraction == 0:
         raise ConfigError("data.merge_test = true needs data.local_test_fraction > 0 (the clients' test "
                           "splits are then the only test data)")
+    if d.holdout_clients:
+        if d.num_clients == "auto":
+            raise ConfigError(f"data.holdout_clients = {d.holdout_clients:g} needs a fixed data.num_clients (not "
+                              "'auto'): the clients held out are counted from it")
+        holdout_count(d.holdout_clients, int(d.num_clients))
     if config.server.lr <= 0 and config.server.lr != -1.0:
         raise ConfigError(f"server.lr = {config.server.lr}: must be > 0 (or -1 for the optimiser's default)")
     if not all(isinstance(h, int) and not isinstance(h, bool) and h > 0 for h in config.model.hidden) \
@@ -462,6 +470,19 @@ def _check_consistency(config: RunConfig) -> None:
     _check_diagnostics(config.diagnostics)
     _check_tracking(config.tracking)
     _check_privacy(config.privacy)
+
+
+def holdout_count(value: float, num_clients: int) -> int:
+    """How many of ``num_clients`` clients ``data.holdout_clients = value`` holds out: a fraction ρ in
+    (0, 1) gives ⌊ρ·n⌋ (nudged up by 1e-9, as ``train.participation``), at least 1; a whole number
+    ≥ 1 is the count. At least one client must be left to train."""
+    if not math.isfinite(value) or (value >= 1 and value != int(value)):
+        raise ConfigError(f"data.holdout_clients = {value:g}: a fraction in (0, 1) or a whole number of clients")
+    count = max(1, math.floor(value * num_clients + 1e-9)) if value < 1 else int(value)
+    if count >= num_clients:
+        raise ConfigError(f"data.holdout_clients = {value:g} holds out {count} of the {num_clients} clients: at least "
+                          "one must be left to train")
+    return count
 
 
 def _check_privacy(cfg: PrivacyConfig) -> None:
@@ -645,12 +666,14 @@ def to_toml(config: RunConfig) -> str:
     """Write the resolved configuration as TOML that :func:`load_config` reads back unchanged. A
     ``[tracking]`` section left at its defaults (no tracker) is not written: it changes no number,
     and the run folders written before it existed stay resumable; nor is a ``[privacy]`` section at
-    its defaults (the plain update codec: today's numbers, bit for bit)."""
+    its defaults (the plain update codec: today's numbers, bit for bit), nor ``data.holdout_clients = 0``."""
     data = to_dict(config)
     if config.tracking == TrackingConfig():
         del data["tracking"]
     if config.privacy == PrivacyConfig():
         del data["privacy"]
+    if not config.data.holdout_clients:  # none held out: the run folders written before the key stay resumable
+        del data["data"]["holdout_clients"]
     lines = [f"{k} = {toml_value(v)}" for k, v in data.items() if not isinstance(v, (dict, list))]
     for name, value in data.items():
         if isinstance(value, dict):

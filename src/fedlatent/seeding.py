@@ -23,6 +23,10 @@ SAMPLE_NOISE = 20
 # SecAgg+ (backends.flower.secagg): the stochastic rounding of the clients' updates and statistics,
 # and the order of the parties on its graph's ring; streams of their own
 SECAGG_UPDATES, SECAGG_STATISTICS, SECAGG_GRAPH = 21, 22, 23
+# data.holdout_clients: which clients never train (derive_seed(seed, HOLDOUT)) and each new client's
+# adaptation at evaluation (derive_seed(seed, HOLDOUT, client)); a stream of its own, so that holding
+# clients out changes no other draw
+HOLDOUT = 24
 
 # numpy's SeedSequence (O'Neill's seed_seq hash, numpy/random/bit_generator.pyx): its constants
 _MASK32 = 0xFFFFFFFF

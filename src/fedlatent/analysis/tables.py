@@ -85,19 +85,23 @@ def per_client_table(rows: list[dict[str, Any]]) -> str:
 # model on each client's test split (the keys stay those of the summary contract)
 GLOBAL_ON_CLIENTS = {"personalized_accuracy": "client_accuracy", "personalized_accuracy_std": "client_accuracy_std",
                      "personalized_accuracy_worst": "client_accuracy_worst",
-                     "personalized_balanced_accuracy": "client_balanced_accuracy"}
+                     "personalized_balanced_accuracy": "client_balanced_accuracy",
+                     "new_client_personal_mean": "new_client_global_mean", "new_client_personal_std": "new_client_global_std",
+                     "new_client_personal_worst": "new_client_global_worst"}
 
 
 def summary_table(summary: dict[str, Any]) -> str:
     """The final result of one run as a two-column table; a note when the clients' mean accuracy is
     below the majority-class baseline (:func:`majority_note`); a personalised run's per-client
-    results below it (:func:`per_client_table`). A run that does not personalise
+    results below it (:func:`per_client_table`), and the clients that never trained
+    (``data.holdout_clients``) beside them. A run that does not personalise
     (``summary["personalized"]`` false) labels the per-client values as the global model's."""
     final = summary.get("final", {})
     personal = summary.get("personalized", True)  # summaries written before the key: as they were printed
     keys = ["accuracy", "balanced_accuracy", "loss", "uncalibrated_accuracy", "personalized_accuracy",
             "personalized_accuracy_std", "personalized_accuracy_worst", "personalized_balanced_accuracy",
-            "majority_baseline_accuracy"]
+            "majority_baseline_accuracy", "new_client_accuracy", "new_client_personal_mean", "new_client_personal_std",
+            "new_client_personal_worst", "new_client_majority_baseline"]
     labels = {"loss": "test_loss", **({} if personal else GLOBAL_ON_CLIENTS)}
     rows = [[labels.get(k, k), final[k]] for k in keys if k in final]
     rows += [["headline", summary.get("headline", "accuracy")],  # the metric the data set is compared by
@@ -108,11 +112,13 @@ def summary_table(summary: dict[str, Any]) -> str:
     note = majority_note(final, personal)
     if note:
         table += f"\n{note}"
-    per_client = final.get("per_client")
-    if not per_client:
-        return table
     model = "its personalised model" if personal else "the global model"
-    return f"{table}\n\nper client ({model} on its test split):\n{per_client_table(per_client)}"
+    if final.get("per_client"):
+        table += f"\n\nper client ({model} on its test split):\n{per_client_table(final['per_client'])}"
+    if final.get("new_per_client"):  # the clients that never trained (data.holdout_clients)
+        rule = "its method's new-client rule" if personal else "the global model"
+        table += f"\n\nper new client ({rule} on its test split):\n{per_client_table(final['new_per_client'])}"
+    return table
 
 
 def majority_note(final: dict[str, Any], personal: bool) -> str:

@@ -29,9 +29,9 @@ from fedlatent.federated.accounting import SampleAccountant
 from fedlatent.federated.client import LocalSettings, Workspace, state_to_cpu, workspace_for
 from fedlatent.federated.lockstep import local_update
 from fedlatent.federated.diagnostics import Diagnostics
-from fedlatent.federated.evaluation import client_validation, evaluate
+from fedlatent.federated.evaluation import Tally, client_validation, evaluate
 from fedlatent.federated.failures import ClientFailure, error_detail
-from fedlatent.federated.personal import client_report
+from fedlatent.federated.personal import client_report, new_client_reports
 from fedlatent.federated.codec import server_codec
 from fedlatent.federated.round import (ClientTask, checked_all, client_generators, client_round, clients_per_round,
                                        encoded, local_settings, round_lr)
@@ -144,6 +144,13 @@ class Setup:
                               generator=torch.Generator().manual_seed(derive_seed(cfg.seed, FINETUNE, cid)))
                 for cid, client in enumerate(self.federation.clients)]
         return [row for row in rows if row is not None]
+
+    def new_clients(self, state: Tensors, personal: bool) -> tuple[dict[int, Tally], list[dict[str, Any]]]:
+        cfg = self.config
+        local = settings(self, round_lr(cfg.train, cfg.train.rounds - 1), self.spec.personalization.epochs)
+        return new_client_reports(self.workspace, self.spec, self.federation.new_clients, state,
+                                  num_classes=self.federation.num_classes, batch_size=cfg.eval.batch_size,
+                                  device=self.device, settings=local, seed=cfg.seed, personal=personal)
 
 
 def sample_accountant(config: RunConfig, sizes: list[int]) -> SampleAccountant | None:

@@ -68,7 +68,9 @@ class ClientData:
 
 @dataclass
 class Federation:
-    """Everything a run trains and evaluates on."""
+    """Everything a run trains and evaluates on: the clients that train and, with
+    ``data.holdout_clients``, the ``new_clients`` that never do (numbered after them), evaluated
+    as clients the federation has not seen (:mod:`fedlatent.data.holdout`)."""
 
     clients: list[ClientData]
     test: Split | None
@@ -76,6 +78,7 @@ class Federation:
     input_shape: tuple[int, ...]
     name: str = ""
     augment: Augmentation | bool = False   # truthy when training batches are augmented
+    new_clients: dict[int, ClientData] = field(default_factory=dict)
 
     @property
     def num_clients(self) -> int:

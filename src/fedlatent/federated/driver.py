@@ -2,7 +2,7 @@
 
 A backend supplies its clients through the :class:`Run` interface — train these clients; gather
 their statistics for a calibration; their validation accuracies; the global test split's scores;
-their personalised reports —
+their personalised reports; the clients that never train, evaluated as new clients —
 whether they train in this process (``backends.simulation``, ``backends.vectorized``: their
 trainer) or answer Flower messages (``backends.flower.server_app``). Everything else is here:
 planning a round and closing it (``federated.round``), the clients' new states kept, the
@@ -22,12 +22,14 @@ import torch
 
 from fedlatent.analysis import classifier_cost
 from fedlatent.config import RunConfig
+from fedlatent.data.holdout import holdout_ids
 from fedlatent.data.types import GlobalData
 from fedlatent.federated.accounting import SampleAccountant
 from fedlatent.federated.calibrate import apply_statistics, head_keys
 from fedlatent.federated.client import trained_samples
 from fedlatent.federated.failures import ClientFailure
-from fedlatent.federated.personal import combine_reports
+from fedlatent.federated.evaluation import Tally
+from fedlatent.federated.personal import combine_new, combine_reports
 from fedlatent.federated.round import ClientTask, calibration_due, close_round, nbytes, plan_round
 from fedlatent.federated.server import Server
 from fedlatent.federated.state import Checkpoints, has_checkpoint, load_checkpoint
@@ -78,6 +80,11 @@ class Run(Protocol):
     def reports(self, state: Tensors) -> list[dict[str, Any]]:
         """Each client's personalised report from the final global ``state`` (none without a local test split)."""
 
+    def new_clients(self, state: Tensors, personal: bool) -> tuple[dict[int, Tally], list[dict[str, Any]]]:
+        """The clients that never train (``data.holdout_clients``), by their ids (after the training clients'): the global ``state``'s
+        tally on each one's test split and, with ``personal``, each one's report under its program's
+        new-client rule (:func:`~fedlatent.federated.personal.new_client_reports`); the model left holding ``state``."""
+
     def warn(self, message: str) -> None: ...
 
 
@@ -109,6 +116,8 @@ def play_round(s: Run, rnd: int) -> dict[str, Any]:
         line.update(classifier_round(s, result.uploads, due))
     if (rnd + 1) % cfg.eval.every == 0 or rnd + 1 == cfg.train.rounds:
         line.update(evaluate_global(s))
+        line.update({k: v for k, v in evaluate_new(s, s.server.global_state).items()
+                     if k not in ("new_clients", "new_per_client")})
     line["time_round_s"] = time.perf_counter() - started
     if s.diagnostics is not None and s.diagnostics.due(rnd + 1):
         s.diagnostics.record(rnd + 1, s.model, s.server.global_state, result.uploads)
@@ -125,6 +134,15 @@ def evaluate_global(s: Run, state: Tensors | None = None) -> dict[str, float]:
     if values:
         out["val_accuracy"] = float(np.mean([values[cid] for cid in sorted(values)]))
     return out
+
+
+def evaluate_new(s: Run, state: Tensors) -> dict[str, Any]:
+    """The clients that never train (``data.holdout_clients``) on the global ``state`` and, unless
+    ``eval.personalized = "never"``, on their program's new-client rule
+    (:func:`~fedlatent.federated.personal.combine_new`); nothing without clients held out."""
+    if not s.config.data.holdout_clients:
+        return {}
+    return combine_new(*s.new_clients(state, s.config.eval.personalized != "never"))
 
 
 def calibrations_in(spec: MethodSpec, rounds: int) -> int:
@@ -169,7 +187,8 @@ def classifier_round(s: Run, uploads: list[Upload], calibrates: bool) -> dict[st
 
 def finish(s: Run, last: dict[str, Any] | None = None) -> dict[str, Any]:
     """The final evaluation: the global model (after calibration when the method has one, and the ε
-    after it under DP) and the clients' personalised reports; the model is left holding the final weights. ``last``: the
+    after it under DP), the clients' personalised reports and the new clients' (:func:`evaluate_new`,
+    with their rows, ids and partition ids); the model is left holding the final weights. ``last``: the
     metrics line of the round played last in this process; when it is the final round's, its
     evaluation is of the same global model (a round's calibration comes before its evaluation)
     and is reused rather than computed again."""
@@ -193,6 +212,10 @@ def finish(s: Run, last: dict[str, Any] | None = None) -> dict[str, Any]:
         rows = s.reports(state)
         if rows:
             final.update(combine_reports(rows))
+    new = evaluate_new(s, state)
+    if new:  # where they sit in the partition (fedlatent partition's rows)
+        new["new_client_partition_ids"] = holdout_ids(s.config, len(s.train_sizes) + len(new["new_clients"]))
+    final.update(new)
     s.model.load_state_dict(state)
     return final
 

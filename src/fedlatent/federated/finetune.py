@@ -8,7 +8,7 @@ its BatchNorm statistics too: its modules run in eval mode while the head trains
 """
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from contextlib import contextmanager
 
 from fedlatent.models.base import FedModel
@@ -16,9 +16,12 @@ from fedlatent.models.base import FedModel
 SCOPES = ("all", "head")
 
 
-def finetuned_names(model: FedModel, scope: str, head_bias: bool) -> set[str]:
-    """The parameters a fine-tuning of ``scope`` trains; a head without bias (``head_bias`` False,
+def finetuned_names(model: FedModel, scope: str | Collection[str], head_bias: bool) -> set[str]:
+    """The parameters a fine-tuning of ``scope`` trains — every one, the head's, or those named (a new
+    client's own layers, ``data.holdout_clients``); a head without bias (``head_bias`` False,
     SphereFed) keeps its zero bias."""
+    if not isinstance(scope, str):
+        return set(scope)
     head = {f"classifier.{n}" for n, _ in model.classifier.named_parameters()}
     if not head_bias:
         head.discard("classifier.bias")
@@ -33,10 +36,10 @@ def _extractor_eval(model: FedModel, _args: object) -> None:
 
 
 @contextmanager
-def finetuning(model: FedModel, scope: str, head_bias: bool) -> Iterator[None]:
+def finetuning(model: FedModel, scope: str | Collection[str], head_bias: bool) -> Iterator[None]:
     """Within the block only :func:`finetuned_names` are trainable and, for ``scope = "head"``, the
     extractor runs in eval mode; the model's flags are restored afterwards."""
-    if scope not in SCOPES:
+    if isinstance(scope, str) and scope not in SCOPES:
         raise ValueError(f"fine-tuning scope {scope!r}: expected one of {SCOPES}")
     flags = {n: p.requires_grad for n, p in model.named_parameters()}
     trained = finetuned_names(model, scope, head_bias)

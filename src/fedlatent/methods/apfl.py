@@ -14,6 +14,9 @@ v trains with the run's update rule (``train.optimizer``: the paper's SGD by def
 SGD at the round's rate η, clipped to [0, 1]. The mixture mixes the parameters; a BatchNorm layer's
 running statistics are v's. Each client is evaluated on α v + (1 − α) w̄ with the round's global
 weights w̄ (the global model where it has no v yet). α fixed at 0 leaves w to train exactly as FedAvg.
+A client that never trained (``data.holdout_clients``) is evaluated on α₀ v + (1 − α₀) w̄, α₀ =
+``alpha`` and v the global model fine-tuned on its training split (APFL learns v and α over rounds the
+new client never had).
 """
 from __future__ import annotations
 
@@ -80,10 +83,21 @@ class ApflProgram(ClientProgram):
         own = prefixed(client_state, PERSONAL)
         if not own:
             return global_state
-        alpha = client_state[ALPHA]
-        names = set(parameters)
-        return {k: mixed(alpha, own[k].unsqueeze(0), v.unsqueeze(0))[0] if k in names else own[k]
-                for k, v in global_state.items()}
+        return mixture(parameters, client_state[ALPHA], own, global_state)
+
+    new_client_rule = "α's initial value mixing the global model with the global model fine-tuned on its training split"
+
+    def adapted_new(self, parameters: list[str], global_state: Tensors, tune: Tune) -> Tensors:
+        """A new client has no v nor α: v is the global model fine-tuned on its training split (every
+        parameter, on v's own loss), mixed with w̄ by α's initial value ``alpha``."""
+        return mixture(parameters, torch.tensor([self.alpha]), tune(global_state, "all"), global_state)
+
+
+def mixture(parameters: list[str], alpha: Tensor, own: Tensors, global_state: Tensors) -> Tensors:
+    """α v + (1 − α) w̄ over the ``parameters`` (α (1,), in each entry's dtype); the buffers v's."""
+    names = set(parameters)
+    return {k: mixed(alpha.to(own[k].dtype), own[k].unsqueeze(0), v.unsqueeze(0))[0] if k in names else own[k]
+            for k, v in global_state.items()}
 
 
 @register_preset("apfl", alpha=0.5, adapt_alpha=True)

@@ -415,6 +415,15 @@ class DittoProgram(ClientProgram):
                   tune: Tune | None) -> Tensors:
         return prefixed(client_state, PERSONAL) or global_state
 
+    new_client_rule = "a personal model trained from the global one on its training split, pulled towards it by λ"
+
+    def adapted_new(self, parameters: list[str], global_state: Tensors, tune: Tune) -> Tensors:
+        """A new client's personal model: v from w̄, trained on the task loss plus (λ/2)‖v − w̄‖² (Algorithm 1's
+        personal objective h_k with the final w̄), for the evaluation's epochs;
+        the constraints ``parts`` are not applied (their windows and kernels come from rounds the
+        client never trained)."""
+        return tune(global_state, "all", self.lam)
+
 
 # -------------------------------------------------------------------------------------- presets
 

@@ -7,7 +7,8 @@ alone for ``local_epochs`` (FedRep's head phase, the task loss only), then the s
 (``freeze_local``) or all of them with the method's parts for ``shared_epochs`` (0 =
 ``train.local_epochs``), and keeps the own entries in the client's state. An upload carries every
 entry; the server averages only the shared ones. Each client is evaluated on its own entries with
-the global ones.
+the global ones; a client that never trained (``data.holdout_clients``), on its own layers
+fine-tuned from the global ones on its training split.
 """
 from __future__ import annotations
 
@@ -39,6 +40,7 @@ class Partial(ClientProgram):
         super().__init__()
         self.local = local
         self.local_epochs, self.freeze_local, self.shared_epochs = local_epochs, freeze_local, shared_epochs
+        self.epochs = local_epochs or 1  # a new client's own layers: as long as a round's own-layer phase
 
     def local_keys(self, parameters: list[str], keys: list[str]) -> list[str]:
         return list(self.local(parameters, keys))
@@ -87,6 +89,16 @@ class Partial(ClientProgram):
     def evaluated(self, parameters: list[str], client_state: Tensors, global_state: Tensors,
                   tune: Tune | None) -> Tensors:
         return self.own_state(parameters, client_state, global_state)
+
+    new_client_rule = "its own layers fine-tuned from the global ones on its training split"
+
+    def adapted_new(self, parameters: list[str], global_state: Tensors, tune: Tune) -> Tensors:
+        """A new client's own layers trained from the global ones (the server's values of entries it
+        never averages: FedRep's and FedPer's heads and FedBN's BatchNorm layers as initialised)
+        with the shared layers fixed, its BatchNorm statistics recomputed by the training's passes."""
+        names = set(parameters)
+        own = [k for k in self.local_keys(parameters, list(global_state)) if k in names]
+        return tune(global_state, own) if own else global_state
 
 
 def layer_of(key: str) -> str:

@@ -8,7 +8,9 @@ FedBN), and implements only the hooks it needs: the weights a round starts from 
 the clients' training data: a round-start procedure), the round around the trainer (:meth:`round`:
 FedRep's two phases), each local step (:meth:`step`: the declared copies each take a step, or any
 number of inner steps on the batch), its round-scoped values (:meth:`begin` / :meth:`finish`: APFL's
-α) and the model a client is evaluated on (:meth:`evaluated`). The client trainer
+α), the model a client is evaluated on (:meth:`evaluated`) and the one a client that never trained
+is evaluated on (:meth:`adapted_new`, ``data.holdout_clients``: a personalising program states its
+rule in :attr:`ClientProgram.new_client_rule`, else it has none and such a run is refused). The client trainer
 (``federated.lockstep``) runs every program the same way, iterating over the declared copies;
 programs never own a loop and keep no per-client state on themselves.
 
@@ -17,7 +19,7 @@ Each program is registered by name (:func:`register_program`); a method preset c
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar
 
@@ -110,7 +112,15 @@ class Step(Protocol):
 
 Train = Callable[[list[Tensors], "MethodSpec", list["ClientRound"], Any], list["Upload"]]
 P = TypeVar("P", bound="ClientProgram")
-Tune = Callable[[Tensors, str], Tensors]  # (start weights, scope) ↦ fine-tuned on the client's training split
+
+
+class Tune(Protocol):
+    """Fine-tunes weights on the client's training split (``federated.personal``): from ``start``,
+    the parameters of ``scope`` — ``"all"``, ``"head"`` or the names of those to train — with
+    (``pull``/2)‖v − start‖² added to the loss (Ditto's personal objective)."""
+
+    def __call__(self, start: Tensors, scope: str | Collection[str], pull: float = 0.0) -> Tensors: ...
+
 
 PROGRAMS: dict[str, type[ClientProgram]] = {}
 
@@ -137,7 +147,18 @@ class ClientProgram:
     stacks_runs: ClassVar[bool] = True    # clients of several runs may train in one stack
     # the attributes stacked runs may differ in (methods.coefficients; its copies' pulls are too)
     coefficients: ClassVar[tuple[str, ...]] = ()
-    epochs: int = 1                  # local epochs of an evaluation-time training (fine-tuning's)
+    epochs: int = 1                  # local epochs of an evaluation-time training (fine-tuning's, a new client's)
+    # how a client that never trained is evaluated (data.holdout_clients; :meth:`adapted_new`), in a
+    # few words; None: the program has no rule (a run holding clients out is refused)
+    new_client_rule: ClassVar[str | None] = "the global model"
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """A program that personalises has a new-client rule only where its own class states one
+        (``new_client_rule`` beside its :meth:`adapted_new`): a rule inherited from a program that
+        evaluates its clients otherwise would misreport it."""
+        super().__init_subclass__(**kwargs)
+        if cls.personalizes and "new_client_rule" not in cls.__dict__:
+            cls.new_client_rule = None
 
     def __init__(self) -> None:
         self.parts = []
@@ -178,6 +199,12 @@ class ClientProgram:
         training split (None where the evaluation does not train)."""
         return global_state
 
+    def adapted_new(self, parameters: list[str], global_state: Tensors, tune: Tune) -> Tensors:
+        """The weights a client that never trained (``data.holdout_clients``) is evaluated with, by the
+        program's :attr:`new_client_rule`: from the global weights, ``tune`` trains on the new client's
+        training split. The global model by default."""
+        return global_state
+
 
 @register_program("finetune")
 class Finetune(ClientProgram):
@@ -193,9 +220,14 @@ class Finetune(ClientProgram):
         super().__init__()
         self.epochs, self.scope = epochs, scope
 
+    new_client_rule = "the global model fine-tuned on its training split"
+
     def evaluated(self, parameters: list[str], client_state: Tensors, global_state: Tensors,
                   tune: Tune | None) -> Tensors:
         return tune(global_state, self.scope) if tune is not None else global_state
+
+    def adapted_new(self, parameters: list[str], global_state: Tensors, tune: Tune) -> Tensors:
+        return tune(global_state, self.scope)
 
 
 def prefixed(state: Mapping[str, Tensor], prefix: str) -> Tensors:

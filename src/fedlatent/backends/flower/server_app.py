@@ -361,6 +361,10 @@ class ServerRun:
                 values.update({int(k): v for k, v in M.unpack_values(reply.content["values"]).items()})
         return values
 
+    def new_clients(self, state: Tensors, personal: bool) -> tuple[dict[int, evaluation.Tally], list[dict[str, Any]]]:
+        """None: no client is held out on Flower (``validation.check_holdout`` refuses ``data.holdout_clients``)."""
+        return {}, []
+
     def broadcast(self, message_type: str, records: dict[str, Any],
                   own: dict[int, dict[str, Any]] | None = None, nodes: list[int] | None = None) -> dict[int, Message]:
         """The same ``records`` to every SuperNode of the census (or to ``nodes``), each with its ``own``

@@ -24,6 +24,7 @@ from fedlatent.analysis.tables import partition_overview, partition_table
 from fedlatent.backends import auto, simulation, vectorized
 from fedlatent.backends.simulation import Trainer
 from fedlatent.config import RunConfig, to_toml
+from fedlatent.data import holdout
 from fedlatent.data.federation import build_federation, counts_table, declared_view, server_view
 from fedlatent.data.registry import DATASETS
 from fedlatent.data.types import Federation, ServerView
@@ -80,7 +81,8 @@ def prepare(config: RunConfig) -> tuple[Federation | ServerView, MethodSpec]:
     (:func:`~fedlatent.data.federation.declared_view`; the nodes build their clients and evaluate the
     global model) or, with ``flower.server_reads_data``, read from the data set
     (:func:`~fedlatent.data.federation.server_view`) — and check what needs it
-    (:func:`~fedlatent.experiment.runner.validation.check_fit`): what ``fedlatent check`` checks. What
+    (:func:`~fedlatent.experiment.runner.validation.check_fit`): what ``fedlatent check`` checks; then
+    the clients held out (``data.holdout_clients``) set apart (:func:`fedlatent.data.holdout.for_run`). What
     a Flower server learns only from its census is checked then (:func:`_run_in`)."""
     spec = validate(config)
     if config.backend != "flower":
@@ -90,6 +92,8 @@ def prepare(config: RunConfig) -> tuple[Federation | ServerView, MethodSpec]:
     else:  # the server opens no data: the rest of check_fit follows the nodes' census (_run_in)
         data = declared_view(config.data)
     check_fit(config, spec, data)
+    if isinstance(data, Federation):  # the clients that never train (data.holdout_clients) set apart
+        data = holdout.for_run(config, data)
     return data, spec
 
 

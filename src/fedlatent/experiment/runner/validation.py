@@ -29,7 +29,7 @@ import torch
 
 from fedlatent.backends import vectorized
 from fedlatent.backends.flower.secagg_settings import Settings
-from fedlatent.config import DataConfig, PrivacyConfig, RunConfig
+from fedlatent.config import DataConfig, PrivacyConfig, RunConfig, holdout_count
 from fedlatent.data.federation import outline
 from fedlatent.data.registry import DATASETS
 from fedlatent.data.types import Federation, Outline, ServerView
@@ -82,6 +82,8 @@ def validate(config: RunConfig) -> MethodSpec:
         check_sample_private(config, spec)
     if config.privacy.secure_aggregation != "off":
         check_secure(config, spec)
+    if config.data.holdout_clients:
+        check_holdout(config, spec)
     shape = declared_shape(config.data)
     if shape is not None:
         check_model_fit(config, spec, *shape)
@@ -226,6 +228,21 @@ def check_secure(config: RunConfig, spec: MethodSpec) -> None:
                           f"{reason}")
 
 
+def check_holdout(config: RunConfig, spec: MethodSpec) -> None:
+    """``data.holdout_clients``: a backend that evaluates new clients, and a new-client rule of the
+    method's program when the clients' personalised evaluation is asked (not ``eval.personalized =
+    "never"``: the held-out clients are then evaluated on the global model alone)."""
+    value = config.data.holdout_clients
+    if config.backend == "flower":
+        raise ConfigError(f"data.holdout_clients = {value:g}: held-out clients are evaluated on the embedded "
+                          "backends (simulation, vectorized, auto), not 'flower' yet")
+    program = spec.personalization
+    if config.eval.personalized != "never" and program.new_client_rule is None:
+        raise ConfigError(f"data.holdout_clients = {value:g}: {spec.name}'s {program.kind} program has no rule for a "
+                          "client that never trained; set eval.personalized = 'never' to evaluate the held-out "
+                          "clients on the global model alone")
+
+
 def validate_data(config: RunConfig, spec: MethodSpec) -> None:
     """The checks of :func:`check_fit` on the data's outline (:func:`fedlatent.data.federation.outline`,
     which refuses what building the federation refuses): what ``fedlatent check`` makes of the data,
@@ -235,12 +252,16 @@ def validate_data(config: RunConfig, spec: MethodSpec) -> None:
 
 def check_fit(config: RunConfig, spec: MethodSpec, data: Federation | ServerView | Outline) -> None:
     """What the data decide of a run: the model's keys where the data set declares no shape
-    (:func:`check_model_fit`), the clients a round samples (where their number is known before a
+    (:func:`check_model_fit`), the clients held out (``data.holdout_clients``) against the
+    partition's, the clients a round samples of those left (where their number is known before a
     Flower census) against ``train.min_clients``. A run checks its built federation, ``check`` its outline."""
     if declared_shape(config.data) is None and data.input_shape:  # (): a Flower server's view before its census
         check_model_fit(config, spec, data.input_shape, data.num_classes)
     if data.num_clients is not None:
-        sampled = len(sample_clients(config.seed, 0, data.num_clients, config.train.participation))
+        training = data.num_clients
+        if config.data.holdout_clients:  # the clients left to train (at least one) are those sampled
+            training -= holdout_count(config.data.holdout_clients, data.num_clients)
+        sampled = len(sample_clients(config.seed, 0, training, config.train.participation))
         if config.train.min_clients > sampled:
             raise ConfigError(f"train.min_clients = {config.train.min_clients}: more than the {sampled} clients "
                               f"sampled per round")

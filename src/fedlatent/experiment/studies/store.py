@@ -19,7 +19,8 @@ from fedlatent.analysis.tables import format_mean_std, latex_table, markdown_tab
 
 FINAL_KEYS = ("accuracy", "balanced_accuracy", "loss", "uncalibrated_accuracy", "personalized_accuracy",
               "personalized_accuracy_std", "personalized_accuracy_worst", "personalized_balanced_accuracy",
-              "majority_baseline_accuracy")
+              "majority_baseline_accuracy", "new_client_accuracy", "new_client_personal_mean",
+              "new_client_personal_std", "new_client_personal_worst")
 DIAGNOSTIC_KEYS = ("significant", "effective_rank", "uniformity", "layer_alignment_top")  # scalar diagnostics of the global model
 STD_CAPTION = ("mean ± sample standard deviation (ddof = 1) over seeds; accuracies of the last round "
                "(never the best round)")
@@ -133,6 +134,8 @@ def cell_table(rows: list[dict[str, Any]], axes: list[str], select: str = "last"
     if personal:
         metrics += (["personalized_balanced_accuracy"] if balanced else []) + ["personalized_accuracy",
                                                                               "majority_baseline_accuracy"]
+    # the clients that never trained (data.holdout_clients): the global model, and the method's new-client rule
+    metrics += [k for k in ("new_client_accuracy", "new_client_personal_mean") if any(_has(r, k) for r in rows)]
     if any(_has(r, "uncalibrated_accuracy") for r in rows):
         metrics.append("uncalibrated_accuracy")
     metrics += [f"diag_{k}" for k in DIAGNOSTIC_KEYS if any(_has(r, f"diag_{k}") for r in rows)]

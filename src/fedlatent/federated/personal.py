@@ -9,6 +9,7 @@ model, on every client's own test split, so tables compare like with like. A cli
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -30,13 +31,18 @@ def client_model(ws: Workspace, spec: MethodSpec, client_state: Tensors, global_
     """The model client ``cid`` would use, as its program has it: personal, partly its own, mixed,
     fine-tuned on its ``train`` split (``settings``: the fine-tuning's; None: no training), or the
     global one."""
-    def tune(start: Tensors, scope: str) -> Tensors:
-        """``start`` trained on the client's split: every parameter or the head alone (``scope``)."""
+    def tune(start: Tensors, scope: str, steps: int = 0, lr: float = 0.0, plain: bool = False) -> Tensors:
+        """``start`` trained on the client's split: every parameter or the head alone (``scope``), for
+        the program's epochs or ``steps`` steps, at ``lr`` or the run's last rate, by the run's update
+        rule or plain gradient steps (``plain``: Per-FedAvg's adaptation step)."""
         assert settings is not None
-        plain = MethodSpec("finetune", loss=spec.loss, temperature=spec.temperature)  # no parts: nothing federation-wide is read
-        rc = ClientRound(cid, ws.model, {}, {}, {}, settings.lr, len(train), 1, len(train), settings.momentum)
+        s = replace(settings, steps=steps or settings.steps, lr=lr or settings.lr)
+        if plain:
+            s = replace(s, optimizer="sgd", momentum=0.0, weight_decay=0.0, keep_optimizer=False)
+        task = MethodSpec("finetune", loss=spec.loss, temperature=spec.temperature)  # no parts: nothing federation-wide is read
+        rc = ClientRound(cid, ws.model, {}, {}, {}, s.lr, len(train), 1, len(train), s.momentum)
         with finetuning(ws.model, scope, spec.head.bias):
-            return local_update(ws, start, train, plain, rc, settings, generator).state
+            return local_update(ws, start, train, task, rc, s, generator).state
 
     parameters = [n for n, _ in ws.model.named_parameters()]
     ws.model.load_state_dict(spec.personalization.evaluated(parameters, client_state, global_state,

@@ -80,11 +80,18 @@ class Step(Protocol):
     data: Any
     lr: float
 
-    def objective(self, copy: str, weights: Callable[[Mapping[str, Tensor]], Mapping[str, Tensor]] | None = None
-                  ) -> Objective:
+    def objective(self, copy: str, weights: Callable[[Mapping[str, Tensor]], Mapping[str, Tensor]] | None = None,
+                  recorded: bool = True) -> Objective:
         """The copy's loss on the step's batch: its task loss plus its parts' terms, recorded in the
-        clients' metrics; ``weights``: run the model on ``weights(params)`` instead of the copy's own
-        (APFL's mixture), by a functional forward."""
+        clients' metrics (``recorded`` False: an inner computation's, left out of them); ``weights``:
+        run the model on ``weights(params)`` instead of the copy's own (APFL's mixture, Per-FedAvg's
+        adapted weights, pFedMe's personal model), by a functional forward."""
+        ...
+
+    def part(self, index: int, parts: int) -> Step:
+        """The step on part ``index`` of ``parts`` consecutive parts of each client's batch (Per-FedAvg's
+        batches D, D', D''): the rows ⌊index·n/parts⌋ … ⌊(index + 1)·n/parts⌋ − 1 of a batch of n
+        rows; a batch of fewer than ``parts`` rows is each of its parts whole."""
         ...
 
     def train(self, copy: str, objective: Objective | None = None, extras: Sequence[Tensor] = (),
@@ -110,7 +117,16 @@ class Step(Protocol):
 
 Train = Callable[[list[Tensors], "MethodSpec", list["ClientRound"], Any], list["Upload"]]
 P = TypeVar("P", bound="ClientProgram")
-Tune = Callable[[Tensors, str], Tensors]  # (start weights, scope) ↦ fine-tuned on the client's training split
+
+
+class Tune(Protocol):
+    """Weights trained on the client's training split at evaluation (fine-tuning's, an adaptation step's)."""
+
+    def __call__(self, start: Tensors, scope: str, steps: int = 0, lr: float = 0.0, plain: bool = False) -> Tensors:
+        """``start`` trained with every parameter or the classifier alone (``scope``) for the program's
+        epochs, or ``steps`` steps when > 0, at the rate ``lr`` when > 0 (else the run's last), by the
+        run's update rule or, ``plain``, by plain gradient steps (no momentum, no weight decay)."""
+        ...
 
 PROGRAMS: dict[str, type[ClientProgram]] = {}
 
@@ -142,16 +158,23 @@ class ClientProgram:
     def __init__(self) -> None:
         self.parts = []
 
+    @property
+    def passes(self) -> float:
+        """Forward and backward passes over a step's batch, in units of one pass of every sample
+        (what its FLOPs are counted as): one per declared copy by default."""
+        return float(len(self.copies))
+
     def local_keys(self, parameters: list[str], keys: list[str]) -> list[str]:
         """The state entries each client keeps to itself, never averaged (``parameters`` and
         ``keys``: the model's parameter and state names, in its order)."""
         return []
 
-    def start(self, model: FedModel, starts: list[Tensors], rcs: list[ClientRound],
-              datas: Sequence[Any]) -> list[Tensors]:
+    def start(self, model: FedModel, starts: list[Tensors], spec: MethodSpec, rcs: list[ClientRound],
+              datas: Sequence[Any], s: Any) -> list[Tensors]:
         """The weights each client of ``rcs`` starts its round from (``starts``: the round's global
         weights, one object for clients of one run); a round-start procedure may read the clients'
-        training ``datas`` (draws seeded from ``rc.seed``)."""
+        training ``datas`` with the round's local settings ``s`` (batch size, device) and the
+        method's task loss (draws seeded from ``rc.seed``)."""
         return starts
 
     def round(self, model: FedModel, starts: list[Tensors], spec: MethodSpec, rcs: list[ClientRound],

@@ -22,28 +22,15 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-import torch
 from torch import Tensor
 
 from fedlatent.errors import ConfigError, not_allowed
+from fedlatent.methods.inner import gradients, per_client_dot
 from fedlatent.methods.parts import MethodSpec
 from fedlatent.methods.program import GLOBAL, ClientProgram, Step, Tensors, Tune, register_program
 from fedlatent.methods.registry import register_preset
 
 VARIANTS = ("fo", "hf")
-
-
-def gradients(loss: Tensor, weights: Mapping[str, Tensor], create_graph: bool = False) -> dict[str, Tensor]:
-    """The gradients of ``loss`` (summed over the clients) with respect to the trained ``weights``
-    (those that require grad), by name."""
-    trained = {n: t for n, t in weights.items() if t.requires_grad}
-    values = torch.autograd.grad(loss.sum(), list(trained.values()), create_graph=create_graph)
-    return dict(zip(trained, values))
-
-
-def per_client_dot(a: Mapping[str, Tensor], b: Mapping[str, Tensor]) -> Tensor:
-    """Σ_n ⟨a_n, b_n⟩ per client: (clients,) from tensors with a leading client axis."""
-    return torch.cat([(a[n] * b[n]).flatten(1) for n in a], 1).sum(1)
 
 
 @register_program("perfedavg")

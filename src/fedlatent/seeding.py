@@ -23,6 +23,9 @@ SAMPLE_NOISE = 20
 # SecAgg+ (backends.flower.secagg): the stochastic rounding of the clients' updates and statistics,
 # and the order of the parties on its graph's ring; streams of their own
 SECAGG_UPDATES, SECAGG_STATISTICS, SECAGG_GRAPH = 21, 22, 23
+# FedALA's sample of a client's training data at the start of its round (methods.fedala): a stream of
+# its own, so that the sample changes no batch draw
+ADAPTIVE_AGGREGATION = 24
 
 # numpy's SeedSequence (O'Neill's seed_seq hash, numpy/random/bit_generator.pyx): its constants
 _MASK32 = 0xFFFFFFFF

@@ -18,7 +18,7 @@ model's buffers. f is the copy's objective (the task loss and the method's terms
 """
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -30,6 +30,11 @@ from fedlatent.methods.parts import ClientRound, MethodSpec
 from fedlatent.methods.program import (GLOBAL, PERSONAL, ClientProgram, Step, Tensors, Tune, prefixed,
                                        register_program)
 from fedlatent.methods.registry import register_preset
+
+
+def constant(weights: Mapping[str, Tensor]) -> Callable[[Mapping[str, Tensor]], Mapping[str, Tensor]]:
+    """The forward's weights ``weights`` whatever the step's (θ's objective)."""
+    return lambda _: weights
 
 
 @register_program("pfedme")
@@ -66,7 +71,7 @@ class PFedMeProgram(ClientProgram):
             for k in range(self.inner_steps):  # the last step's loss is the one recorded
                 leaves = {n: t.detach().requires_grad_(True) for n, t in theta.items()}
                 at_theta = {**w, **leaves}  # θ's parameters, w's buffers
-                loss = st.objective(GLOBAL, lambda _, at=at_theta: at, recorded=k == self.inner_steps - 1)(w)
+                loss = st.objective(GLOBAL, constant(at_theta), recorded=k == self.inner_steps - 1)(w)
                 g = gradients(loss, leaves)
                 theta = {n: t.detach() - self.personal_lr * (g[n] + self.lam * (t.detach() - fixed[n]))
                          for n, t in leaves.items()}

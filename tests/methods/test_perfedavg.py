@@ -162,3 +162,13 @@ def test_a_bad_key_exits_2_in_one_line_before_any_folder(setting: str, key: str,
                  "--set", setting, "--out", str(out)]) == 2
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and "Traceback" not in err and key in err and not out.exists()
+
+
+@pytest.mark.parametrize("name", ["perfedavg", "pfedme"])
+def test_fp16_is_refused_in_one_line_before_any_folder(name: str, tmp_path: Path, capsys) -> None:
+    """Their inner gradients are taken without fp16's loss scaling: refused, never silently underflowing."""
+    out = tmp_path / "run"
+    assert main(["run", str(CONFIG), "--no-progress", "--set", f'algorithm.name="{name}"',
+                 "--set", 'train.precision="fp16"', "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "inner gradients" in err and "train.precision" in err and not out.exists()

@@ -39,6 +39,7 @@ class PerFedAvgProgram(ClientProgram):
     client evaluated after one adaptation step at rate α from the global model (Per-FedAvg)."""
 
     personalizes = True
+    inner_gradients = True
 
     def __init__(self, alpha: float, variant: str, split_batch: bool) -> None:
         super().__init__()

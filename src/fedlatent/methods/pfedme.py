@@ -43,6 +43,7 @@ class PFedMeProgram(ClientProgram):
     by K gradient steps per batch; each client evaluated on its θ (pFedMe)."""
 
     personalizes = True
+    inner_gradients = True
 
     def __init__(self, lam: float, inner_steps: int, personal_lr: float) -> None:
         super().__init__()

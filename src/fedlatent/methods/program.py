@@ -152,6 +152,8 @@ class ClientProgram:
     copies: tuple[ModelCopy, ...] = (ModelCopy(GLOBAL),)
     parts: list[Part]                # the loss terms of the program's own copies (Ditto's constraints)
     personalizes: ClassVar[bool] = False  # each client is evaluated on a model of its own
+    # its step takes gradients of its own (inner steps) outside fp16's loss scaling: refused under fp16
+    inner_gradients: ClassVar[bool] = False
     stacks_runs: ClassVar[bool] = True    # clients of several runs may train in one stack
     # the attributes stacked runs may differ in (methods.coefficients; its copies' pulls are too)
     coefficients: ClassVar[tuple[str, ...]] = ()

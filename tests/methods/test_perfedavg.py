@@ -34,9 +34,9 @@ def test_alpha_zero_on_whole_batches_trains_fedavg_exactly(backend: str, variant
 
 
 def _parts(idx: torch.Tensor, parts: int) -> list[torch.Tensor]:
-    """The batch's consecutive parts, rows ⌊i·n/p⌋ … ⌊(i + 1)·n/p⌋ − 1; each whole when n < p."""
+    """The batch's consecutive parts, rows ⌊i·n/p⌋ … ⌊(i + 1)·n/p⌋ − 1; each whole when n < 2p."""
     n = len(idx)
-    return [idx] * parts if n < parts else [idx[i * n // parts:(i + 1) * n // parts] for i in range(parts)]
+    return [idx] * parts if n < 2 * parts else [idx[i * n // parts:(i + 1) * n // parts] for i in range(parts)]
 
 
 def _hand_loop(config, s, initial: dict, alpha: float, variant: str) -> dict:
@@ -114,7 +114,8 @@ def test_two_rounds_match_a_float64_hand_loop(backend: str, variant: str) -> Non
 
 def test_the_batch_parts_are_consecutive_and_a_short_batch_is_whole() -> None:
     """The step's parts on the vectorized backend, where clients' batches of different sizes share a
-    padded step (row weights pick each member's part) or one size is sliced."""
+    padded step (row weights pick each member's part) or one size is sliced; a batch that would
+    leave a part of one sample is each part whole."""
     from fedlatent.federated.lockstep import _GroupStep
 
     class _R:
@@ -123,19 +124,19 @@ def test_the_batch_parts_are_consecutive_and_a_short_batch_is_whole() -> None:
         data = None
         rcs = [None] * 3
 
-    x = torch.arange(3 * 5, dtype=torch.float64).reshape(3, 5, 1)
-    padded = _GroupStep(_R, None, [0, 1, 2], [5, 4, 1], x, x[..., 0].long(),
-                        torch.tensor([[1.0] * 5, [1.0] * 4 + [0.0], [1.0] + [0.0] * 4]), None, None, None, {},
+    x = torch.arange(3 * 5, dtype=torch.float64).reshape(3, 5, 1)  # a batch of 3 in halves: 1 and 2 rows
+    padded = _GroupStep(_R, None, [0, 1, 2], [5, 4, 3], x, x[..., 0].long(),
+                        torch.tensor([[1.0] * 5, [1.0] * 4 + [0.0], [1.0] * 3 + [0.0] * 2]), None, None, None, {},
                         torch.arange(3), None, False)
     halves = [padded.part(i, 2) for i in range(2)]
-    assert halves[0].row_weights.tolist() == [[1, 1, 0, 0, 0], [1, 1, 0, 0, 0], [1, 0, 0, 0, 0]]
-    assert halves[1].row_weights.tolist() == [[0, 0, 1, 1, 1], [0, 0, 1, 1, 0], [1, 0, 0, 0, 0]]
-    assert halves[1].sizes == [3, 2, 1]
-    whole = _GroupStep(_R, None, [0, 1, 2], [5, 5, 5], x, x[..., 0].long(), None, None, None, None, {},
-                       torch.arange(3), None, False)
+    assert halves[0].row_weights.tolist() == [[1, 1, 0, 0, 0], [1, 1, 0, 0, 0], [1, 1, 1, 0, 0]]
+    assert halves[1].row_weights.tolist() == [[0, 0, 1, 1, 1], [0, 0, 1, 1, 0], [1, 1, 1, 0, 0]]
+    assert halves[1].sizes == [3, 2, 3]
+    whole = _GroupStep(_R, None, [0, 1, 2], [6, 6, 6], x6 := torch.arange(18.0).reshape(3, 6, 1), x6[..., 0].long(),
+                       None, None, None, None, {}, torch.arange(3), None, False)
     thirds = [whole.part(i, 3) for i in range(3)]
-    assert [p.x[0, :, 0].tolist() for p in thirds] == [[0.0], [1.0, 2.0], [3.0, 4.0]]
-    assert whole.part(0, 1) is whole
+    assert [p.x[0, :, 0].tolist() for p in thirds] == [[0.0, 1.0], [2.0, 3.0], [4.0, 5.0]]
+    assert whole.part(0, 1) is whole and whole.part(2, 4) is whole  # 6 rows in quarters: a part of one
 
 
 @pytest.mark.slow

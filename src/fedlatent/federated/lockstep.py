@@ -904,7 +904,7 @@ class _GroupStep:
             return self
         size = self.x.shape[1]
         if self.row_weights is None:
-            if size < parts:
+            if size < 2 * parts:
                 return self
             lo, hi = index * size // parts, (index + 1) * size // parts
             return _GroupStep(self.r, self.group, self.members, [hi - lo] * len(self.members), self.x[:, lo:hi],
@@ -912,7 +912,7 @@ class _GroupStep:
                               _batch_rows(self.prev_out, lo, hi), self.present, self.global_params, self.index,
                               self.trace, self.again)
         n = torch.tensor(self.sizes)
-        short = n < parts
+        short = n < 2 * parts
         first = torch.where(short, 0, index * n // parts)
         end = torch.where(short, n, (index + 1) * n // parts)
         rows = torch.arange(size)

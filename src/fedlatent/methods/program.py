@@ -93,7 +93,8 @@ class Step(Protocol):
     def part(self, index: int, parts: int) -> Step:
         """The step on part ``index`` of ``parts`` consecutive parts of each client's batch (Per-FedAvg's
         batches D, D', D''): the rows ⌊index·n/parts⌋ … ⌊(index + 1)·n/parts⌋ − 1 of a batch of n
-        rows; a batch of fewer than ``parts`` rows is each of its parts whole."""
+        rows; a batch of fewer than 2·``parts`` rows (a part of one sample: BatchNorm cannot train on
+        it) is each of its parts whole."""
         ...
 
     def train(self, copy: str, objective: Objective | None = None, extras: Sequence[Tensor] = (),

@@ -1,5 +1,5 @@
 """FedALA (``methods.fedala``): no adaptive layers starts every round from the global model, which is
-FedAvg exactly; a float64 hand loop of three rounds (W learned until convergence in a client's first
+FedAvg exactly, and so do weights fixed at one up to rounding; a float64 hand loop of three rounds (W learned until convergence in a client's first
 round with a local model, one pass later, the start weights, the kept and evaluated local model);
 the sample's batches, resume, bad keys."""
 from __future__ import annotations
@@ -33,6 +33,17 @@ def test_no_adaptive_layers_starts_from_the_global_model_which_is_fedavg_exactly
     assert [line["train_loss"] for line in ala_lines] == [line["train_loss"] for line in fedavg_lines]
     for state in ala.client_states:  # each kept its local model, and learned no W
         assert prefixed(state, LOCAL_MODEL) and not prefixed(state, WEIGHTS)
+
+
+@pytest.mark.parametrize("backend", sorted(TRAINERS))
+def test_weights_fixed_at_one_start_from_the_global_model_which_is_fedavg(backend: str) -> None:
+    """η = 0 keeps W at its initial ones: ŵ = w + (w̄ − w) = w̄ up to rounding, FedAvg to 1e-12 in float64."""
+    fedavg, _, _ = _rounds(small_config("fedavg", rounds=3), TRAINERS[backend], float64=True)
+    ala, _, _ = _rounds(small_config("fedala", rounds=3, eta=0.0), TRAINERS[backend], float64=True)
+    for k, v in fedavg.server.global_state.items():
+        torch.testing.assert_close(ala.server.global_state[k], v, rtol=0, atol=1e-12)
+    for state in ala.client_states:  # W was learned (with η = 0) and kept
+        assert all(bool((w == 1).all()) for w in prefixed(state, WEIGHTS).values()) and prefixed(state, WEIGHTS)
 
 
 def test_the_sample_is_a_seeded_share_of_the_split_in_full_batches() -> None:

@@ -43,10 +43,10 @@ class ModelCopy:
     (their terms, SCAFFOLD's drift, FedDyn's decay); ``kept``, its trained weights also stay in the
     client's state (FedALA's local model, which the next round's start reads). Any other copy is the
     client's own: ``kept`` in its state across rounds (starting from the round's start weights until
-    it has one), trained on
-    the program's own parts, pulled towards the round's start weights by (``pull``/2)‖v − w̄‖²
-    (Ditto). ``stacked``: the copy trains on the vectorized backend's client axis beside the
-    others (a copy that cannot is trained one client at a time: that backend refuses it)."""
+    it has one), trained on the program's own parts, pulled towards the round's start weights by
+    (``pull``/2)‖v − w̄‖² (Ditto). ``stacked``: the copy trains on the vectorized backend's client
+    axis beside the others (a copy that cannot is trained one client at a time: that backend
+    refuses it)."""
 
     name: str
     kept: bool = False

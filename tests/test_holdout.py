@@ -198,9 +198,10 @@ def _adapted(config) -> tuple[simulation.Setup, int, dict[str, torch.Tensor], ob
 
 
 def hand_tuned(s: simulation.Setup, cid: int, names: set[str], settings, epochs: int,
-               pull: float = 0.0) -> dict[str, torch.Tensor]:
+               pull: float = 0.0, steps: int = 0) -> dict[str, torch.Tensor]:
     """SGD with momentum in float64 on the new client's training split from the global weights, the
-    parameters ``names`` trained, (pull/2)‖v − w̄‖² added: the batches drawn as the client's."""
+    parameters ``names`` trained, (pull/2)‖v − w̄‖² added: the batches drawn as the client's; only
+    the first ``steps`` batches where > 0."""
     model = simulation.make_model(s.config, s.federation, s.spec).double()
     start = {k: v.double() for k, v in s.server.global_state.items()}
     params = {n: start[n].clone().requires_grad_(n in names) for n, _ in model.named_parameters()}
@@ -208,14 +209,15 @@ def hand_tuned(s: simulation.Setup, cid: int, names: set[str], settings, epochs:
     opt = torch.optim.SGD(trained, lr=settings.lr, momentum=settings.momentum)
     train = s.federation.new_clients[cid].train
     generator = torch.Generator().manual_seed(derive_seed(s.config.seed, HOLDOUT, cid))
-    for _ in range(epochs):
-        for idx in batches(len(train), settings.batch_size, settings.drop_last, generator):
-            opt.zero_grad()
-            loss = F.cross_entropy(functional_call(model, params, (train.x[idx].double(),)).logits, train.y[idx])
-            if pull:
-                loss = loss + pull / 2 * sum((params[n] - start[n]).square().sum() for n in sorted(names))
-            loss.backward()
-            opt.step()
+    drawn = [idx for _ in range(epochs) for idx in batches(len(train), settings.batch_size, settings.drop_last,
+                                                            generator)]
+    for idx in drawn[:steps] if steps else drawn:
+        opt.zero_grad()
+        loss = F.cross_entropy(functional_call(model, params, (train.x[idx].double(),)).logits, train.y[idx])
+        if pull:
+            loss = loss + pull / 2 * sum((params[n] - start[n]).square().sum() for n in sorted(names))
+        loss.backward()
+        opt.step()
     return {n: p.detach() for n, p in params.items()}
 
 
@@ -256,6 +258,26 @@ def test_apfl_rule_mixes_the_global_model_with_its_fine_tuned_copy_by_the_initia
     _close(state, {n: 0.25 * tuned[n] + 0.75 * glob[n].double() for n in names})
 
 
+def test_perfedavg_rule_is_one_plain_step_at_alpha_from_the_global_model() -> None:
+    s, cid, state, settings = _adapted(synthetic({"name": "perfedavg", "alpha": 0.03}))
+    names = {n for n, _ in s.workspace.model.named_parameters()}
+    plain = dataclasses.replace(settings, lr=0.03, momentum=0.0)
+    _close(state, hand_tuned(s, cid, names, plain, 1, steps=1))
+    assert any(not torch.equal(state[n], s.server.global_state[n]) for n in names)
+
+
+def test_pfedme_rule_solves_the_personal_problem_from_the_global_model() -> None:
+    s, cid, state, settings = _adapted(synthetic({"name": "pfedme", "lam": 2.0, "personal_lr": 0.02}))
+    names = {n for n, _ in s.workspace.model.named_parameters()}
+    _close(state, hand_tuned(s, cid, names, dataclasses.replace(settings, lr=0.02, momentum=0.0), 1, pull=2.0))
+
+
+def test_fedala_rule_is_its_first_round_of_local_training_from_the_global_model() -> None:
+    s, cid, state, settings = _adapted(synthetic({"name": "fedala"}))
+    names = {n for n, _ in s.workspace.model.named_parameters()}
+    _close(state, hand_tuned(s, cid, names, settings, 1))
+
+
 def test_the_report_rows_are_the_rule_models_on_the_test_splits() -> None:
     config = synthetic({"name": "fedbabu", "finetune_epochs": 1})
     s, cid, state, _ = _adapted(config)
@@ -280,7 +302,8 @@ class NoRule(ClientProgram):
 
 def test_a_personalising_program_without_a_rule_of_its_own_has_none() -> None:
     assert NoRule.new_client_rule is None
-    assert all(PROGRAMS[name].new_client_rule for name in ("none", "finetune", "partial", "ditto", "apfl"))
+    assert all(PROGRAMS[name].new_client_rule for name in ("none", "finetune", "partial", "ditto", "apfl",
+                                                            "perfedavg", "pfedme", "fedala"))
     spec = MethodSpec("norule", personalization=NoRule())
     with pytest.raises(ConfigError, match="no rule for a client that never trained"):
         check_holdout(digits(), spec)

@@ -217,14 +217,16 @@ def test_a_killed_stacked_sweep_resumes_to_the_same_results(tmp_path: Path, digi
 
 
 PART_STATE = {"ditto": [], "ditto_cosine": [], "moon": [], "fedproto": [], "feduv": [], "feddecorr": [], "spherefed": [],
-              "scaffold": [], "feddyn": []}
+              "scaffold": [], "feddyn": [], "perfedavg": [], "pfedme": [], "fedala": []}
 
 
 @pytest.mark.parametrize("method", sorted(PART_STATE))
 def test_runs_of_parts_with_state_stacked_equal_each_alone_whichever_asks_first(digits_config: Path,
                                                                                 method: str) -> None:
     """Methods whose parts keep state across steps or rounds (Ditto's, MOON's previous models,
-    FedProto's prototypes, FedUV, FedDecorr, SphereFed) or read the trained weights off ``rc.model``
+    FedProto's prototypes, FedUV, FedDecorr, SphereFed), whose programs take inner steps or keep
+    state (Per-FedAvg, pFedMe's θ, FedALA's local model and W, learned at the round's start from the
+    clients' own seeds) or read the trained weights off ``rc.model``
     when they finish (SCAFFOLD's c_i, FedDyn's λ_k and upload): one lockstep call trains every stacked
     run's clients with the first request's parts and model, so that state must be each client's own
     and the model the stack's — each run stacked equals it alone, whichever thread asks first. MK-MMD and MMD-D are not here: at a first

@@ -365,10 +365,12 @@ def image_clients_config(tmp_path, sizes: list[int], overrides: list[str]):
         'model.arch="cnn"', "train.batch_size=8", "train.lr=0.002", *overrides])
 
 
-@pytest.mark.parametrize("algorithm,rounds", [({"name": "fedavg"}, 2), ({"name": "ditto_cosine", "lam": 0.1}, 1)])
+@pytest.mark.parametrize("algorithm,rounds", [({"name": "fedavg"}, 2), ({"name": "ditto_cosine", "lam": 0.1}, 1),
+                                             ({"name": "fedala"}, 2)])
 def test_cnn_with_batchnorm_matches_simulation(tmp_path, algorithm: dict, rounds: int) -> None:
     """The small CNN's BatchNorm running statistics are stacked and updated per client (global
-    copies and Ditto's personal models alike), also when only some clients take a step. BatchNorm
+    copies and Ditto's personal models alike; FedALA's start in eval mode), also when only some
+    clients take a step. BatchNorm
     over batches of 8 of random images amplifies rounding fast: at lr 0.01 two correct float32
     convolutions (oneDNN's and the native one, both in the simulation backend) differ by 4e-7
     after one round and 4e-4 after two, and vmap's grouped convolution rounds differently again,
@@ -377,6 +379,17 @@ def test_cnn_with_batchnorm_matches_simulation(tmp_path, algorithm: dict, rounds
     config = image_clients_config(tmp_path, [24, 19, 30], [f"train.rounds={rounds}"])
     config.algorithm = dict(algorithm)
     _assert_same_run(config, atol=1e-4)
+
+
+@pytest.mark.parametrize("algorithm", [{"name": "perfedavg", "variant": "hf"}, {"name": "pfedme", "inner_steps": 2}])
+def test_inner_steps_through_batchnorm_match_simulation_in_float64(tmp_path, algorithm: dict) -> None:
+    """The inner forward passes of Per-FedAvg's step (its thirds, the Hessian-vector product) and of
+    pFedMe's (θ's steps) move the stacked BatchNorm statistics per client as one client's do. In
+    float64: their steps amplify rounding far more than FedAvg's (BatchNorm on a third of a batch,
+    pFedMe's λν = 1.35), so float32 runs of the two backends part by ~1e-4 within a round."""
+    config = image_clients_config(tmp_path, [48, 38, 60], ["train.rounds=1", "train.batch_size=24"])
+    config.algorithm = dict(algorithm)
+    _assert_same_run(config, atol=1e-12, float64=True)
 
 
 def test_vectorized_run_end_to_end_writes_the_same_summary_keys(tmp_path) -> None:

@@ -27,6 +27,9 @@ SECAGG_UPDATES, SECAGG_STATISTICS, SECAGG_GRAPH = 21, 22, 23
 # adaptation at evaluation (derive_seed(seed, HOLDOUT, client)); a stream of its own, so that holding
 # clients out changes no other draw
 HOLDOUT = 24
+# FedALA's sample of a client's training data at the start of its round (methods.fedala): a stream of
+# its own, so that the sample changes no batch draw
+ADAPTIVE_AGGREGATION = 25
 
 # numpy's SeedSequence (O'Neill's seed_seq hash, numpy/random/bit_generator.pyx): its constants
 _MASK32 = 0xFFFFFFFF

@@ -1,6 +1,6 @@
 """The client programs (``methods.program``): every preset's program registered and listed, the new
-personalised presets (FedPer, FedBN, APFL) on digits on the simulation and vectorized backends, and
-a backend refusing a program it cannot run before any run folder exists."""
+personalised presets (FedPer, FedBN, APFL, Per-FedAvg, pFedMe, FedALA) on digits on the simulation and vectorized
+backends, and a backend refusing a program it cannot run before any run folder exists."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -21,7 +21,8 @@ from tests.stacked_runs import run_on_each_backend
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "configs" / "digits_fedavg.toml"
-NEW = ("apfl", "fedbn", "fedper")
+NEW = ("apfl", "fedala", "fedbn", "fedper", "perfedavg", "pfedme")
+STATELESS = ("fedbn", "perfedavg")  # nothing of a client's own on the MLP
 
 
 def _digits(name: str, *overrides: str):
@@ -40,7 +41,7 @@ def _setup(config, trainer):
 def test_every_preset_names_a_registered_program_and_the_listing_shows_it(capsys) -> None:
     kinds = {name: resolve({"name": name}).personalization.kind for name in PRESETS}
     assert set(kinds.values()) <= set(PROGRAMS)
-    assert {kinds[n] for n in NEW} == {"partial", "apfl"} and kinds["ditto"] == "ditto"
+    assert {kinds[n] for n in NEW} == {"partial", "apfl", "fedala", "perfedavg", "pfedme"} and kinds["ditto"] == "ditto"
     assert kinds["fedbabu"] == "finetune" and kinds["fedavg"] == "none"
     assert main(["methods"]) == 0
     listing = capsys.readouterr().out
@@ -49,16 +50,21 @@ def test_every_preset_names_a_registered_program_and_the_listing_shows_it(capsys
     for kind in PROGRAMS:
         assert f"#   {kind}: " in listing
     assert "# client program: apfl" in listing and "personal_layers = 1" in listing and "adapt_alpha = true" in listing
+    assert "# client program: perfedavg" in listing and 'variant = "fo"' in listing and "split_batch = true" in listing
+    assert "# client program: pfedme" in listing and "lam = 15.0" in listing and "inner_steps = 5" in listing
+    assert "# client program: fedala" in listing and "rand_percent = 80" in listing and "ala_layers = 1" in listing
 
 
 @pytest.mark.parametrize("name", NEW)
 def test_new_preset_trains_alike_on_the_simulation_and_vectorized_backends(name: str) -> None:
     """The same global weights (``run_on_each_backend``) and the same client states (own layers,
-    APFL's personal model and α) in turn and in lockstep."""
+    APFL's personal model and α, pFedMe's θ, FedALA's local model and W, learned in round 2) in turn
+    and in lockstep (Per-FedAvg's batch halves: sliced in turn, picked by row weights in a padded
+    stacked step)."""
     alone = run_on_each_backend(_digits(name), _setup, {"simulation": simulation.train_in_turn,
                                                         "vectorized": lockstep_update})
     states = [s.client_states for s in alone.values()]
-    if name == "fedbn":  # the MLP has no BatchNorm: nothing of a client's own
+    if name in STATELESS:  # FedBN: the MLP has no BatchNorm; Per-FedAvg keeps nothing
         assert not any(states[0])
     else:
         assert all(states[0])

@@ -592,7 +592,7 @@ def _program_round(ws: Workspace, starts: list[Tensors], datas: list[Split], spe
 
     def train(starts_: list[Tensors], spec_: MethodSpec, rcs_: list[ClientRound], s_: LocalSettings) -> list[Upload]:
         return _train_together(ws, starts_, datas, spec_, rcs_, s_, generators, methods)
-    return program.round(ws.model, program.start(ws.model, starts, rcs, datas), spec, rcs, s, train)
+    return program.round(ws.model, program.start(ws.model, starts, spec, rcs, datas, s), spec, rcs, s, train)
 
 
 def _train_together(ws: Workspace, starts: list[Tensors], datas: list[Split], spec: MethodSpec,
@@ -817,7 +817,8 @@ def _take_steps(r: _Round) -> None:
                 index, rows, again))
             if spec.count_flops:
                 if r.per_sample is None:
-                    r.per_sample = _sample_flops(r.ws, tuple(x.shape[2:]), r.frozen is not None, len(r.copies))
+                    r.per_sample = _sample_flops(r.ws, tuple(x.shape[2:]), r.frozen is not None,
+                                                 spec.personalization.passes)
                 step_flops, forward_flops = r.per_sample
                 for c in members:  # the previous local model runs for the clients that have one
                     r.flops[c] += batch_sizes[c] * (step_flops + (r.previous is not None and bool(r.present[c]))
@@ -846,12 +847,12 @@ class _GroupStep:
         return _recorder(self.r.sums, self.r.seen, self.index, self.trace,
                          f"{trained.decl.name}_" if trained.personal else "", trained.decl.loss_key)
 
-    def objective(self, copy: str, weights: Callable[[Mapping[str, Tensor]], Mapping[str, Tensor]] | None = None
-                  ) -> Callable[[Mapping[str, Tensor]], Tensor]:
+    def objective(self, copy: str, weights: Callable[[Mapping[str, Tensor]], Mapping[str, Tensor]] | None = None,
+                  recorded: bool = True) -> Callable[[Mapping[str, Tensor]], Tensor]:
         r, trained = self.r, self.r.copies[copy]
         spec, decl = r.spec, trained.decl
         forward = trained.forward if weights is None else trained.functional
-        record = self._recorder(trained)
+        record = self._recorder(trained) if recorded else _unrecorded
         parts = r.coefficients.parts(self.members, personal=trained.personal)
 
         def loss(params: Mapping[str, Tensor]) -> Tensor:
@@ -893,6 +894,32 @@ class _GroupStep:
             extra = torch.autograd.grad(terms.sum(), leaves, allow_unused=True)
             return [g if e is None else g + e.reshape(g.shape) for g, e in zip(grads, extra)]
         return gradients
+
+    def part(self, index: int, parts: int) -> _GroupStep:
+        """The step on part ``index`` of ``parts`` of each member's batch: its rows sliced where the
+        members' batches are whole (one size), else the padded batch with row weights picking each
+        member's part of its real rows (rows independent: a padded step has no BatchNorm and no term
+        reading the batch, so the two agree)."""
+        if parts == 1:
+            return self
+        size = self.x.shape[1]
+        if self.row_weights is None:
+            if size < 2 * parts:
+                return self
+            lo, hi = index * size // parts, (index + 1) * size // parts
+            return _GroupStep(self.r, self.group, self.members, [hi - lo] * len(self.members), self.x[:, lo:hi],
+                              self.y[:, lo:hi], None, _batch_rows(self.global_out, lo, hi),
+                              _batch_rows(self.prev_out, lo, hi), self.present, self.global_params, self.index,
+                              self.trace, self.again)
+        n = torch.tensor(self.sizes)
+        short = n < 2 * parts
+        first = torch.where(short, 0, index * n // parts)
+        end = torch.where(short, n, (index + 1) * n // parts)
+        rows = torch.arange(size)
+        weights = ((rows >= first[:, None]) & (rows < end[:, None])).to(self.row_weights)
+        return _GroupStep(self.r, self.group, self.members, (end - first).tolist(), self.x, self.y, weights,
+                          self.global_out, self.prev_out, self.present, self.global_params, self.index, self.trace,
+                          self.again)
 
     def weights(self, copy: str) -> dict[str, Tensor]:
         stack = self.r.copies[copy].stack
@@ -946,6 +973,17 @@ def _finish(r: _Round) -> list[Upload]:
                                      r.flops[c] if spec.count_flops else None,
                                      r.traces[c] if r.traces is not None else None, program.copies))
     return [uploads[i] for i in sorted(range(r.count), key=r.order.__getitem__)]  # the caller's order
+
+
+def _unrecorded(key: str, values: Tensor, present: Tensor | None = None) -> None:
+    """The recorder of an objective left out of the metrics (an inner computation's)."""
+
+
+def _batch_rows(out: ModelOutput | None, lo: int, hi: int) -> ModelOutput | None:
+    """The rows ``lo`` … ``hi`` − 1 of each client's batch in a (clients, batch, …) output."""
+    if out is None:
+        return None
+    return ModelOutput(out.logits[:, lo:hi], out.z[:, lo:hi], {k: v[:, lo:hi] for k, v in out.features.items()})
 
 
 def _stack_rows(group: Group, rows: Tensor) -> Tensor:
@@ -1004,13 +1042,14 @@ def _recorder(sums: dict[str, Tensor], seen: dict[str, Tensor], index: Tensor,
     return record
 
 
-def _sample_flops(ws: Workspace, shape: tuple[int, ...], frozen: bool, copies: int) -> tuple[int, int]:
+def _sample_flops(ws: Workspace, shape: tuple[int, ...], frozen: bool, passes: float) -> tuple[int, int]:
     """FLOPs of one sample's local step (:func:`fedlatent.models.flops.per_sample_flops`): the
-    forward and backward of each of the program's ``copies`` (the global copy, Ditto's personal
-    model), the frozen round-start model's forward when a part reads it; and of one forward, which
-    the previous local model adds for each client that has one."""
+    program's ``passes`` of forward and backward (one per copy: the global copy, Ditto's personal
+    model; :attr:`~fedlatent.methods.program.ClientProgram.passes`), the frozen round-start model's
+    forward when a part reads it; and of one forward, which the previous local model adds for each
+    client that has one."""
     forward, backward = per_sample_flops(ws.model, shape)
-    return copies * (forward + backward) + frozen * forward, forward
+    return round(passes * (forward + backward)) + frozen * forward, forward
 
 
 def _with_terms(task: Tensor, parts: list[Part], ctx: LockstepContext,

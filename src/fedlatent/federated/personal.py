@@ -12,6 +12,7 @@ same way on the global model and on their program's new-client rule (:func:`new_
 from __future__ import annotations
 
 from collections.abc import Collection
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -37,15 +38,21 @@ def client_model(ws: Workspace, spec: MethodSpec, client_state: Tensors, global_
     fine-tuned on its ``train`` split (``settings``: the fine-tuning's; None: no training), or the
     global one; ``new``: a client that never trained, by the program's new-client rule
     (:meth:`~fedlatent.methods.program.ClientProgram.adapted_new`)."""
-    def tune(start: Tensors, scope: str | Collection[str], pull: float = 0.0) -> Tensors:
+    def tune(start: Tensors, scope: str | Collection[str], pull: float = 0.0, steps: int = 0, lr: float = 0.0,
+             plain: bool = False) -> Tensors:
         """``start`` trained on the client's split: every parameter, the head alone or the parameters
-        named (``scope``), with (``pull``/2)‖v − start‖² (FedProx's term) beside the task loss."""
+        named (``scope``), with (``pull``/2)‖v − start‖² (FedProx's term) beside the task loss, for the
+        program's epochs or ``steps`` steps, at ``lr`` or the run's last rate, by the run's update rule
+        or plain gradient steps (``plain``: Per-FedAvg's adaptation step)."""
         assert settings is not None
+        s = replace(settings, steps=steps or settings.steps, lr=lr or settings.lr)
+        if plain:
+            s = replace(s, optimizer="sgd", momentum=0.0, weight_decay=0.0, keep_optimizer=False)
         # no parts of the method: nothing federation-wide is read
-        plain = MethodSpec("finetune", loss=spec.loss, temperature=spec.temperature, parts=[Prox(pull)] if pull else [])
-        rc = ClientRound(cid, ws.model, {}, {}, {}, settings.lr, len(train), 1, len(train), settings.momentum)
+        task = MethodSpec("finetune", loss=spec.loss, temperature=spec.temperature, parts=[Prox(pull)] if pull else [])
+        rc = ClientRound(cid, ws.model, {}, {}, {}, s.lr, len(train), 1, len(train), s.momentum)
         with finetuning(ws.model, scope, spec.head.bias):
-            return local_update(ws, start, train, plain, rc, settings, generator).state
+            return local_update(ws, start, train, task, rc, s, generator).state
 
     parameters = [n for n, _ in ws.model.named_parameters()]
     program = spec.personalization

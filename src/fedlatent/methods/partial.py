@@ -51,8 +51,8 @@ class Partial(ClientProgram):
         own = prefixed(client_state, LOCAL)
         return {**global_state, **{k: own[k] for k in self.local_keys(parameters, list(global_state)) if k in own}}
 
-    def start(self, model: FedModel, starts: list[Tensors], rcs: list[ClientRound],
-              datas: Sequence[Any]) -> list[Tensors]:
+    def start(self, model: FedModel, starts: list[Tensors], spec: MethodSpec, rcs: list[ClientRound],
+              datas: Sequence[Any], s: Any) -> list[Tensors]:
         names = [n for n, _ in model.named_parameters()]
         if not self.local_keys(names, list(starts[0])):  # nothing of the client's own: the round's start as it is
             return starts

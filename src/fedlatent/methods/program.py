@@ -41,12 +41,14 @@ LOCAL = "local."        # the layers a client keeps to itself (partial personali
 class ModelCopy:
     """A copy of the model a client trains in its round.
 
-    ``global`` starts from the round's global weights and is uploaded; it takes the method's parts
-    (their terms, SCAFFOLD's drift, FedDyn's decay). Any other copy is the client's own: ``kept`` in
-    its state across rounds (starting from the round's start weights until it has one), trained on
-    the program's own parts, pulled towards the round's start weights by (``pull``/2)‖v − w̄‖²
-    (Ditto). ``stacked``: the copy trains on the vectorized backend's client axis beside the
-    others (a copy that cannot is trained one client at a time: that backend refuses it)."""
+    ``global`` starts from the round's start weights and is uploaded; it takes the method's parts
+    (their terms, SCAFFOLD's drift, FedDyn's decay); ``kept``, its trained weights also stay in the
+    client's state (FedALA's local model, which the next round's start reads). Any other copy is the
+    client's own: ``kept`` in its state across rounds (starting from the round's start weights until
+    it has one), trained on the program's own parts, pulled towards the round's start weights by
+    (``pull``/2)‖v − w̄‖² (Ditto). ``stacked``: the copy trains on the vectorized backend's client
+    axis beside the others (a copy that cannot is trained one client at a time: that backend
+    refuses it)."""
 
     name: str
     kept: bool = False
@@ -82,11 +84,19 @@ class Step(Protocol):
     data: Any
     lr: float
 
-    def objective(self, copy: str, weights: Callable[[Mapping[str, Tensor]], Mapping[str, Tensor]] | None = None
-                  ) -> Objective:
+    def objective(self, copy: str, weights: Callable[[Mapping[str, Tensor]], Mapping[str, Tensor]] | None = None,
+                  recorded: bool = True) -> Objective:
         """The copy's loss on the step's batch: its task loss plus its parts' terms, recorded in the
-        clients' metrics; ``weights``: run the model on ``weights(params)`` instead of the copy's own
-        (APFL's mixture), by a functional forward."""
+        clients' metrics (``recorded`` False: an inner computation's, left out of them); ``weights``:
+        run the model on ``weights(params)`` instead of the copy's own (APFL's mixture, Per-FedAvg's
+        adapted weights, pFedMe's personal model), by a functional forward."""
+        ...
+
+    def part(self, index: int, parts: int) -> Step:
+        """The step on part ``index`` of ``parts`` consecutive parts of each client's batch (Per-FedAvg's
+        batches D, D', D''): the rows ⌊index·n/parts⌋ … ⌊(index + 1)·n/parts⌋ − 1 of a batch of n
+        rows; a batch of fewer than 2·``parts`` rows (a part of one sample: BatchNorm cannot train on
+        it) is each of its parts whole."""
         ...
 
     def train(self, copy: str, objective: Objective | None = None, extras: Sequence[Tensor] = (),
@@ -115,11 +125,17 @@ P = TypeVar("P", bound="ClientProgram")
 
 
 class Tune(Protocol):
-    """Fine-tunes weights on the client's training split (``federated.personal``): from ``start``,
-    the parameters of ``scope`` — ``"all"``, ``"head"`` or the names of those to train — with
-    (``pull``/2)‖v − start‖² added to the loss (Ditto's personal objective)."""
+    """Weights trained on the client's training split at evaluation (``federated.personal``):
+    fine-tuning's, an adaptation step's, a new client's."""
 
-    def __call__(self, start: Tensors, scope: str | Collection[str], pull: float = 0.0) -> Tensors: ...
+    def __call__(self, start: Tensors, scope: str | Collection[str], pull: float = 0.0, steps: int = 0,
+                 lr: float = 0.0, plain: bool = False) -> Tensors:
+        """``start`` trained with the parameters of ``scope`` — ``"all"``, ``"head"`` or the names of
+        those to train — with (``pull``/2)‖v − start‖² added to the loss (Ditto's personal objective),
+        for the program's epochs or ``steps`` steps when > 0, at the rate ``lr`` when > 0 (else the
+        run's last), by the run's update rule or, ``plain``, by plain gradient steps (no momentum, no
+        weight decay)."""
+        ...
 
 
 PROGRAMS: dict[str, type[ClientProgram]] = {}
@@ -144,6 +160,8 @@ class ClientProgram:
     copies: tuple[ModelCopy, ...] = (ModelCopy(GLOBAL),)
     parts: list[Part]                # the loss terms of the program's own copies (Ditto's constraints)
     personalizes: ClassVar[bool] = False  # each client is evaluated on a model of its own
+    # its step takes gradients of its own (inner steps) outside fp16's loss scaling: refused under fp16
+    inner_gradients: ClassVar[bool] = False
     stacks_runs: ClassVar[bool] = True    # clients of several runs may train in one stack
     # the attributes stacked runs may differ in (methods.coefficients; its copies' pulls are too)
     coefficients: ClassVar[tuple[str, ...]] = ()
@@ -163,16 +181,23 @@ class ClientProgram:
     def __init__(self) -> None:
         self.parts = []
 
+    @property
+    def passes(self) -> float:
+        """Forward and backward passes over a step's batch, in units of one pass of every sample
+        (what its FLOPs are counted as): one per declared copy by default."""
+        return float(len(self.copies))
+
     def local_keys(self, parameters: list[str], keys: list[str]) -> list[str]:
         """The state entries each client keeps to itself, never averaged (``parameters`` and
         ``keys``: the model's parameter and state names, in its order)."""
         return []
 
-    def start(self, model: FedModel, starts: list[Tensors], rcs: list[ClientRound],
-              datas: Sequence[Any]) -> list[Tensors]:
+    def start(self, model: FedModel, starts: list[Tensors], spec: MethodSpec, rcs: list[ClientRound],
+              datas: Sequence[Any], s: Any) -> list[Tensors]:
         """The weights each client of ``rcs`` starts its round from (``starts``: the round's global
         weights, one object for clients of one run); a round-start procedure may read the clients'
-        training ``datas`` (draws seeded from ``rc.seed``)."""
+        training ``datas`` with the round's local settings ``s`` (batch size, device) and the
+        method's task loss (draws seeded from ``rc.seed``)."""
         return starts
 
     def round(self, model: FedModel, starts: list[Tensors], spec: MethodSpec, rcs: list[ClientRound],

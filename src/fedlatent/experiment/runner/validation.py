@@ -70,6 +70,10 @@ def validate(config: RunConfig) -> MethodSpec:
         reason = precision.refusal(config.train.precision, config.train.device)
         if reason:
             raise ConfigError(f"train.precision = {config.train.precision!r} on {config.train.device!r}: {reason}")
+    program = spec.personalization
+    if program.inner_gradients and precision.resolve(config.train.precision, config.train.device) == "fp16":
+        raise ConfigError(f"train.precision = 'fp16': the {program.kind} program's inner gradients are taken "
+                          "without fp16's loss scaling (they may underflow); use 'fp32' or 'bf16'")
     if config.train.compile:
         reason = compiled.refusal(config.train.device, config.backend)
         if reason:

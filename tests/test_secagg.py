@@ -1,9 +1,11 @@
 """SecAgg+ on the Flower backend (``backends/flower/secagg*.py``): the protocol's arithmetic party
 by party (the unmasked sum is the sum of the quantised vectors, bit for bit, with parties dropping
-out at each stage), then runs through fedlatent's messages on the in-process grid — FedAvg within
-the quantisation error of the plain Flower run, FFC's head within 1e-4 of FFC in the clear, a node
-lost after sharing its keys, too few survivors, what each node and the server get to see — and the
-settings refused in one line before any run folder exists."""
+out at each stage), CCVR's per-class sums through the codecs (pooled within the quantisation error
+of the clear sums), then runs through fedlatent's messages on the in-process grid — FedAvg within
+the quantisation error of the plain Flower run, FFC's head within 1e-4 of FFC in the clear, CCVR's
+pooled statistics within the quantisation error of CCVR in the clear, a node lost after sharing its
+keys, too few survivors, what each node and the server get to see — and the settings refused in one
+line before any run folder exists."""
 from __future__ import annotations
 
 import json
@@ -19,12 +21,14 @@ from flwr.common.secure_aggregation.crypto.symmetric_encryption import encrypt  
 from flwr.common.secure_aggregation.secaggplus_utils import share_keys_plaintext_concat  # noqa: E402
 
 from fedlatent.backends.flower import secagg_codec  # noqa: E402
+from fedlatent.calibration.ccvr import class_sums, pool_sums, sample_virtual_features  # noqa: E402
 from fedlatent.backends.flower.secagg import (Party, Reconstruction, dequantize, mask_total, neighbours,  # noqa: E402
                                               quantize, shortfall)
 from fedlatent.cli import main  # noqa: E402
 from fedlatent.errors import RunStopped  # noqa: E402
 from fedlatent.experiment import run as run_experiment  # noqa: E402
-from fedlatent.federated import driver  # noqa: E402
+from fedlatent.federated import calibrate, driver  # noqa: E402
+from fedlatent.federated.codec import UpdateCodec  # noqa: E402
 from tests.flower_procs import InProcessGrid  # noqa: E402
 from tests.test_flower import config, max_diff, record_globals  # noqa: E402
 
@@ -151,6 +155,86 @@ def test_quantisation_is_within_one_step_and_signed():
     assert set(np.round(draws / step, 6)) == {0.0, 1.0} and abs(draws.mean() / step - 0.3) < 0.05  # unbiased
 
 
+# CCVR's per-class sums through the codecs ------------------------------------------------------
+def through_the_codecs(stats: dict[int, dict[str, torch.Tensor]], total: int, bound: float,
+                       levels: int) -> tuple[list[dict[str, torch.Tensor]], dict[str, torch.Tensor]]:
+    """Each client's statistics through its :class:`MaskingCodec` (one party of a session among all of
+    them, its rounding drawn from seed 0) and their sum through :class:`UnmaskingCodec`, as the
+    server reads it: the uploads and the sum."""
+    ids, threshold = sorted(stats), 2
+    parties = {c: Party.new(c, "s", threshold) for c in ids}
+    public = {c: (p.pk1, p.pk2) for c, p in parties.items()}
+    inbox: dict[int, dict[int, bytes]] = {c: {} for c in ids}
+    for src, party in parties.items():
+        for dst, ciphertext in party.share("s", public).items():
+            inbox[dst][src] = ciphertext
+    uploads = []
+    for c in ids:
+        masking = secagg_codec.Masking("statistics", parties[c], "s", inbox[c], bound, levels,
+                                       secagg_codec.rounding(0, "statistics", 0, c))
+        codec = secagg_codec.MaskingCodec(UpdateCodec(), masking, total)
+        assert codec.statistics_as_sums
+        uploads.append(codec.encode_statistics(stats[c]))
+    revealed: dict[int, list[bytes]] = {}
+    for c in ids:
+        for owner, share in parties[c].reveal("s", ids, []).items():
+            revealed.setdefault(owner, []).append(share)
+    known = Reconstruction({c: set(ids) for c in ids}, {c: k[0] for c, k in public.items()}, set(ids), set(ids),
+                           revealed)
+    size = uploads[0]["secagg"].numel()
+    num_classes, dim = stats[ids[0]]["first"].shape
+    entries = secagg_codec.layout(calibrate.summed_statistics("ccvr", num_classes, dim))
+    server = secagg_codec.UnmaskingCodec(levels)
+    server.expect("statistics", lambda clients: secagg_codec.Unmasking(ids, mask_total(known, threshold, size),
+                                                                      entries, bound, float(total)))
+    return uploads, server.total(uploads, 0)
+
+
+def test_ccvr_sums_pooled_through_the_codecs_are_the_clear_ones_within_the_quantisation_error():
+    """Three clients' per-class sums (N_c, Σ z, Σ zzᵀ) divided by T, quantised on a coarse grid
+    (δ = 2R / L, R = 1, L = 2^24) and masked: each upload one vector of C + Cl + Cl² entries of
+    Z_{2^64} (mostly beyond the grid's L / 2: masked), and the unmasked sums within E = m·δ·T of the
+    clear ones (each of the m clients off by less than one step, times T). Pooled by ``pool_sums``:
+    the counts exact, each mean within E(1 + |μ|) / (N − E), each covariance entry within
+    E(3(1 + |μ|)² + |Σ|) / (N − 1 − E) (|μ|, |Σ|: the class's largest entries); the virtual features
+    of one seeded generator within the mean's bound plus ‖ΔΣ^(1/2)‖₂ · ‖ε‖, ‖ΔΣ^(1/2)‖₂ at most
+    l · (covariance bound) / √λ_min(Σ) (the symmetric root's Lipschitz bound)."""
+    rng = torch.Generator().manual_seed(3)
+    num_classes, dim, bound, levels = 3, 4, 1.0, 2 ** 24
+    stats, sizes = {}, (150, 210, 90)
+    for c, n in enumerate(sizes):
+        z = 0.3 * torch.randn(n, dim, generator=rng, dtype=torch.float64) + 0.1 * c
+        y = torch.randint(0, num_classes, (n,), generator=rng)
+        count, first, second = class_sums(z, y, num_classes)
+        stats[c] = {"count": count, "first": first, "second": second}
+    total = sum(sizes)
+    uploads, summed = through_the_codecs(stats, total, bound, levels)
+    size = num_classes * (1 + dim + dim * dim)
+    for upload in uploads:
+        assert list(upload) == ["secagg"] and upload["secagg"].dtype == torch.int64 and upload["secagg"].numel() == size
+        assert float((upload["secagg"].abs() > levels // 2).double().mean()) > 0.9
+    clear = {key: sum(s[key] for s in stats.values()) for key in ("count", "first", "second")}
+    e = len(sizes) * (2 * bound / levels) * total
+    for key in clear:
+        diff = float((summed[key] - clear[key]).abs().max())
+        assert 0 < diff <= e, key
+    mean, cov, count = pool_sums(clear["count"], clear["first"], clear["second"], dtype=torch.float64)
+    mean_q, cov_q, count_q = pool_sums(summed["count"], summed["first"], summed["second"], dtype=torch.float64)
+    assert torch.equal(count, count_q)
+    n = count.double()
+    mu, sigma = mean.abs().amax(1), cov.abs().amax((1, 2))
+    mean_bound = e * (1 + mu) / (n - e)
+    cov_bound = e * (3 * (1 + mu) ** 2 + sigma) / (n - 1 - e)
+    assert torch.all((mean_q - mean).abs().amax(1) <= mean_bound)
+    assert torch.all((cov_q - cov).abs().amax((1, 2)) <= cov_bound)
+    x, labels = sample_virtual_features(mean, cov, 40, torch.Generator().manual_seed(5))
+    x_q, labels_q = sample_virtual_features(mean_q, cov_q, 40, torch.Generator().manual_seed(5))
+    eps = torch.randn(3 * 40, dim, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
+    root = dim * cov_bound / torch.linalg.eigvalsh(cov)[:, 0].sqrt()
+    sample_bound = (mean_bound + root * float(eps.norm(dim=1).max()))[labels]
+    assert torch.equal(labels, labels_q) and torch.all((x_q - x).abs().amax(1) <= sample_bound)
+
+
 # through the messages ---------------------------------------------------------------------------
 class Recording(InProcessGrid):
     """An in-process grid that keeps every message sent and every reply, by node."""
@@ -238,6 +322,44 @@ def test_ffc_under_secagg_is_ffc_in_the_clear_within_1e_4(tmp_path, monkeypatch)
     assert secure["final"]["bytes_calibration_up"] == clear["final"]["bytes_calibration_up"]
 
 
+def test_ccvr_under_secagg_is_ccvr_in_the_clear_within_the_quantisation_error(tmp_path, monkeypatch):
+    """CCVR after one round on a coarse grid (L = 2^20 levels; statistics' range R = 1: δ = 2 / 2^20):
+    the per-class Gaussians the server pools from the unmasked sums within the bounds of the test
+    above (E = m·δ·T, m = 4 clients, T their training samples; plus 1e-6 for the float32 they are
+    returned in) of ``pool_sums`` of the clients' clear sums, which the clients computed and never
+    sent; the counts exact. Against CCVR in the clear: the retrained head within 1e-3 (the round's
+    update is quantised too, and SGD on the virtual features is not bounded by a formula: 4e-5
+    observed) and the same accuracy. The statistics reach the server as masked vectors alone: no
+    mean, covariance or count."""
+    extra = ['algorithm.name="ccvr"', "algorithm.ccvr_epochs=2", "train.rounds=1"]
+    coarse = ["privacy.secagg_statistics_range=1.0", "privacy.secagg_quantization_range=1048576"]
+    heads = calibrated_heads(monkeypatch)
+    clear = run_experiment(config("flower", extra), tmp_path / "clear", echo=None, grid=InProcessGrid(2))
+    pooled: list[tuple[torch.Tensor, ...]] = []
+    sums: list[tuple[torch.Tensor, ...]] = []
+    real_pooled, real_sums = calibrate.pooled_classes, calibrate.class_sums
+    monkeypatch.setattr(calibrate, "pooled_classes", lambda *a: pooled.append(real_pooled(*a)) or pooled[-1])
+    monkeypatch.setattr(calibrate, "class_sums", lambda *a: sums.append(real_sums(*a)) or sums[-1])
+    grid = Recording(2)
+    secure = run_experiment(config("flower", [*extra, *coarse, SECURE]), tmp_path / "secure", echo=None, grid=grid)
+    assert len(sums) == 4 and len(pooled) == 1
+    mean, cov, count = pool_sums(*(sum(s[i] for s in sums) for i in range(3)), dtype=torch.float64)
+    mean_q, cov_q, count_q = (t.double() for t in pooled[0])
+    assert torch.equal(count, count_q)
+    n = count.double()
+    e = 4 * (2 / 2 ** 20) * float(n.sum())
+    mu, sigma = mean.abs().amax(1), cov.abs().amax((1, 2))
+    mean_diff, cov_diff = (mean_q - mean).abs().amax(1), (cov_q - cov).abs().amax((1, 2))
+    assert torch.all(mean_diff <= e * (1 + mu) / (n - e) + 1e-6) and float(mean_diff.max()) > 1e-6
+    assert torch.all(cov_diff <= e * (3 * (1 + mu) ** 2 + sigma) / (n - 1 - e) + 1e-6)
+    assert len(heads) == 2 and 0 < max_diff(*heads) <= 1e-3
+    assert secure["final"]["accuracy"] == pytest.approx(clear["final"]["accuracy"], abs=1e-9)
+    replies = [reply for sent, reply in grid.log if sent.metadata.message_type == "query.statistics"]
+    names = [name for reply in replies for name in reply.content.array_records]
+    assert sorted(names) == [f"stats.{c}" for c in range(4)]
+    assert all(list(reply.content[name]) == ["secagg"] for reply in replies for name in reply.content.array_records)
+
+
 class GoesSilent(InProcessGrid):
     """Node 2 answers until it has sent its round-1 shares (``after``), then never again."""
 
@@ -303,7 +425,8 @@ BAD = {
                                    "more than the privacy.secagg_num_shares = 3"),
     "scaffold": ([*FLOWER, 'algorithm.name="scaffold"'], "part 'scaffold' uploads extras"),
     "fednova": ([*FLOWER, 'algorithm.name="fednova"'], "part 'fednova' aggregates with weights of its own"),
-    "ccvr": ([*FLOWER, 'algorithm.name="ccvr"'], "the ccvr calibration's statistics are not sums"),
+    "centralized calibration": ([*FLOWER, 'algorithm.calibration="centralized"'],
+                                "the centralized calibration's statistics are not sums (FFC's and CCVR's are)"),
     "noise": ([*FLOWER, "privacy.clip_norm=1", "privacy.noise_multiplier=1"], "not combined with"),
     "client diagnostics": ([*FLOWER, 'diagnostics.which=["collapse"]', "diagnostics.clients=true"],
                            "each client's own upload"),

@@ -289,7 +289,7 @@ class PrivacyConfig:
 
     # secure aggregation (SecAgg+, Bell et al. 2020) on the Flower backend: the server learns only sums
     secure_aggregation: str = _key("off", "'secaggplus': each client masks what it sends (its update, its FFC "
-                                   "statistics) so that the server learns only their sum (backend = 'flower' only)",
+                                   "or CCVR statistics) so that the server learns only their sum (backend = 'flower' only)",
                                    choices=("off", "secaggplus"))
     secagg_num_shares: int = _key(0, "SecAgg+: each client's neighbours, itself included, among which its secrets "
                                   "are shared (an odd number >= 3; 0 = every client of the session)", low=0)
@@ -300,7 +300,8 @@ class PrivacyConfig:
                                       "[-range, range], the quantisation's span; one outside fails the client "
                                       "(0 = privacy.clip_norm where finite, else 8)", low=0.0)
     secagg_statistics_range: float = _key(1.0, "SecAgg+: the same for the calibration statistics, each divided by "
-                                          "the clients' total training samples (normalised features: within 1)",
+                                          "the clients' total training samples (FFC's, CCVR's sums of normalised "
+                                          "features: within 1)",
                                           low=0.0, low_open=True)
     secagg_quantization_range: int = _key(2 ** 40, "SecAgg+: levels of the quantisation grid over "
                                           "[-range, range] (its step: 2 range / levels; at most 2**40, so that "

@@ -113,6 +113,25 @@ def test_virtual_features_moments() -> None:
     assert np.abs(centred @ orthogonal).max() < 1e-6
 
 
+def test_virtual_features_move_continuously_with_the_covariance() -> None:
+    """Two nearly equal eigenvalues (1 and 1 + 1e-12) whose eigenvectors a perturbation of 1e-9
+    turns freely: the samples of one generator move by about the perturbation (the symmetric square
+    root is Lipschitz with constant 1 / (2 sqrt(lambda_min)) here), not by the samples' size; and
+    they are mean + Sigma^(1/2) eps, Sigma^(1/2) the root numpy computes from the same eigenpairs."""
+    rng = np.random.default_rng(4)
+    q, _ = np.linalg.qr(rng.normal(size=(3, 3)))
+    cov = q @ np.diag([1.0, 1.0 + 1e-12, 0.5]) @ q.T
+    bump = rng.normal(size=(3, 3)) * 1e-9
+    moved = cov + 0.5 * (bump + bump.T)
+    mean = torch.zeros(1, 3, dtype=torch.float64)
+    x, _ = sample_virtual_features(mean, torch.from_numpy(cov[None]), 50, torch.Generator().manual_seed(2))
+    y, _ = sample_virtual_features(mean, torch.from_numpy(moved[None]), 50, torch.Generator().manual_seed(2))
+    eps = torch.randn(50, 3, generator=torch.Generator().manual_seed(2), dtype=torch.float64).numpy()
+    assert float((x - y).abs().max()) < 1e-7 * max(1.0, float(np.abs(eps).max()))
+    lam, vec = np.linalg.eigh(cov)
+    np.testing.assert_allclose(x.numpy(), eps @ (vec @ np.diag(np.sqrt(lam)) @ vec.T).T, atol=1e-12)
+
+
 def test_virtual_features_counts_determinism_and_indefinite_input() -> None:
     mean = torch.randn(3, 2)
     cov = torch.eye(2).repeat(3, 1, 1)

@@ -181,10 +181,14 @@ def sample_virtual_features(
 ) -> tuple[Tensor, Tensor]:
     """Draw virtual features from ``N(mu_c, Sigma_c)`` for every class (CCVR Sec. 4).
 
-    ``Sigma_c`` is symmetrised and factorised by an eigendecomposition in float64 with negative
-    eigenvalues clipped to zero, so singular covariances (fewer samples than dimensions,
-    collapsed features, a class with a zero covariance) are handled: samples then lie in the
-    covariance's support.
+    ``Sigma_c`` is symmetrised and factorised in float64 as its symmetric square root
+    ``Q diag(sqrt(lambda)) Q^T`` (an eigendecomposition, negative eigenvalues clipped to zero), so
+    singular covariances (fewer samples than dimensions, collapsed features, a class with a zero
+    covariance) are handled: samples then lie in the covariance's support. The symmetric root, not
+    ``Q diag(sqrt(lambda))``, because it is a continuous function of ``Sigma_c``: the eigenvectors of
+    close eigenvalues turn freely under a perturbation of the last bits, so ``Q``'s samples would
+    jump, the root's move with the perturbation (statistics rounded differently, or quantised under
+    secure aggregation, give nearby virtual features for one ``generator``).
 
     Args:
         mean: ``(C, l)``.
@@ -216,7 +220,7 @@ def sample_virtual_features(
         raise ValueError("counts_per_class must be non-negative")
     cov64 = cov.to(torch.float64)
     eigenvalues, eigenvectors = torch.linalg.eigh(0.5 * (cov64 + cov64.transpose(1, 2)))
-    factors = eigenvectors * eigenvalues.clamp_min(0).sqrt().unsqueeze(1)  # Q diag(sqrt(lambda))
+    factors = (eigenvectors * eigenvalues.clamp_min(0).sqrt().unsqueeze(1)) @ eigenvectors.transpose(1, 2)
     features, labels = [], []
     for c, m in enumerate(counts):
         if m == 0:

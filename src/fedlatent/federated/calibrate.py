@@ -7,9 +7,10 @@ check, an oracle by design, to which every client sends its features and labels.
 
 Both halves go through the run's update codec: the client's statistics leave through its
 ``encode_statistics`` (clipped to a bound under DP) and the server sums them with its ``total``
-(noise added under DP). When the codec bounds the statistics, CCVR's clients send per-class sums
-(Σ n, Σ z, Σ zzᵀ) instead of moments, and FFC's noisy Σ V is projected onto the positive
-semidefinite matrices before the solve."""
+(noise added under DP; unmasked under secure aggregation). When the codec bounds or masks the
+statistics (:attr:`~fedlatent.federated.codec.UpdateCodec.statistics_as_sums`), CCVR's clients send
+per-class sums (Σ n, Σ z, Σ zzᵀ) instead of moments; when it bounds them, FFC's noisy Σ V is
+projected onto the positive semidefinite matrices before the solve."""
 from __future__ import annotations
 
 import torch
@@ -43,13 +44,25 @@ def ffc_head(model: FedModel, split: Split, num_classes: int, batch_size: int, d
     return ffc_statistics(features(model, split, batch_size, device).double(), split.y, num_classes)
 
 
+def summed_statistics(kind: str, num_classes: int, dim: int) -> Tensors:
+    """Zeros of the shapes a client's statistics have when they travel as sums (FFC's V (l × l) and
+    U (l × C); CCVR's per-class count (C), Σ z (C × l) and Σ zzᵀ (C × l × l)), by key: what a server
+    that reads only their sum (secure aggregation) lays that sum out as."""
+    if kind == "ffc":
+        return {"V": torch.zeros(dim, dim), "U": torch.zeros(dim, num_classes)}
+    if kind == "ccvr":
+        return {"count": torch.zeros(num_classes), "first": torch.zeros(num_classes, dim),
+                "second": torch.zeros(num_classes, dim, dim)}
+    raise ValueError(f"the {kind!r} calibration's statistics are not sums")
+
+
 def client_statistics(model: FedModel, global_state: Tensors, train: Split, cal: Calibration, batch_size: int,
                       device: torch.device, codec: UpdateCodec | None = None) -> Tensors:
     """The client half: what this client sends for calibration, from its training split under the
     global model, as the run's ``codec`` encodes it (the plain codec by default). FFC (SphereFed
     Sec. 3.3): V = ZᵀZ and U = Zᵀ onehot(y) in float64; CCVR (Luo et al. 2021, Eq. 3-4): per-class
-    count, mean and unbiased covariance of z, or, when the codec bounds the statistics, per-class
-    sums (:func:`~fedlatent.calibration.ccvr.class_sums`); the centralised baseline: the features and
+    count, mean and unbiased covariance of z, or, when the codec bounds or masks the statistics,
+    per-class sums (:func:`~fedlatent.calibration.ccvr.class_sums`); the centralised baseline: the features and
     labels themselves (an oracle that sees every client's data)."""
     codec = codec or UpdateCodec()
     model.load_state_dict(global_state)
@@ -57,7 +70,7 @@ def client_statistics(model: FedModel, global_state: Tensors, train: Split, cal:
     if cal.kind == "ffc":
         v, u = ffc_head(model, train, num_classes, batch_size, device)
         return codec.encode_statistics({"V": v, "U": u})
-    if cal.kind == "ccvr" and codec.statistics_bound is not None:
+    if cal.kind == "ccvr" and codec.statistics_as_sums:
         count, first, second = class_sums(features(model, train, batch_size, device), train.y, num_classes)
         return codec.encode_statistics({"count": count, "first": first, "second": second})
     if cal.kind == "ccvr":
@@ -80,7 +93,7 @@ def apply_statistics(global_state: Tensors, stats: list[Tensors], cal: Calibrati
     ``cal.loss``: cross-entropy, or MSE (the paper's sanity check reports the better of the two).
     FFC's sums are the run's update ``codec``'s :meth:`~fedlatent.federated.codec.UpdateCodec.total`
     (the plain sums by default), the point where secure aggregation and DP noise plug in, as are
-    CCVR's when the codec bounds the statistics (``release``: which of the run's calibrations this
+    CCVR's when the codec bounds or masks the statistics (``release``: which of the run's calibrations this
     is, for the codec's noise). Under a bound, FFC solves with Σ V made positive semidefinite
     (:func:`~fedlatent.calibration.psd.nearest_psd`) and ``cal.ridge``; CCVR pools the noisy sums
     (:func:`~fedlatent.calibration.ccvr.pool_sums`, its covariances projected alike)."""
@@ -112,9 +125,10 @@ def apply_statistics(global_state: Tensors, stats: list[Tensors], cal: Calibrati
 def pooled_classes(stats: list[Tensors], codec: UpdateCodec, release: int,
                    dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """CCVR's pooled per-class (mean, covariance, count): from the clients' moments
-    (:func:`~fedlatent.calibration.ccvr.pool_statistics`), or, when the ``codec`` bounds the
-    statistics, from their sums as its ``total`` gives them (noisy under DP) in ``dtype``."""
-    if codec.statistics_bound is None:
+    (:func:`~fedlatent.calibration.ccvr.pool_statistics`), or, when the ``codec`` bounds or masks
+    the statistics, from their sums as its ``total`` gives them (noisy under DP, unmasked under
+    secure aggregation) in ``dtype``."""
+    if not codec.statistics_as_sums:
         return pool_statistics([(s["mean"], s["cov"], s["count"]) for s in stats])
     summed = codec.total(stats, release)
     return pool_sums(summed["count"], summed["first"], summed["second"], dtype=dtype)

@@ -28,7 +28,8 @@ Not yet through the codec: the parts' extras (SCAFFOLD's Δc, FedDyn's Δλ), su
 server hooks. The calibration statistics go through it (:meth:`UpdateCodec.total`): FFC's V and U
 as they are; CCVR's per-class moments as they are, pooled by
 :func:`fedlatent.calibration.ccvr.pool_statistics`, or, when the codec bounds the statistics
-(:attr:`UpdateCodec.statistics_bound`), as per-class sums (Σ n, Σ z, Σ zzᵀ), which noise can be added to.
+(:attr:`UpdateCodec.statistics_bound`) or masks them (:attr:`UpdateCodec.statistics_as_sums`), as
+per-class sums (Σ n, Σ z, Σ zzᵀ), which noise can be added to and secure aggregation can sum.
 """
 from __future__ import annotations
 
@@ -90,6 +91,13 @@ class UpdateCodec:
         """The privacy loss ε after ``rounds`` rounds and ``releases`` releases of calibration
         statistics, or None: the codec gives no DP guarantee."""
         return None
+
+    @property
+    def statistics_as_sums(self) -> bool:
+        """Whether CCVR's clients send per-class sums (Σ n, Σ z, Σ zzᵀ) rather than moments: when the
+        codec bounds the statistics (noise is added to sums) or masks them (secure aggregation: the
+        server reads sums alone)."""
+        return self.statistics_bound is not None
 
     def encode_statistics(self, statistics: Tensors) -> Tensors:
         """A client's calibration statistics as they travel; the plain codec sends them as they are."""

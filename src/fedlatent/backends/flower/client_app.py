@@ -46,7 +46,7 @@ from fedlatent.backends.flower import messages as M
 from fedlatent.backends.flower.diagnostics import GLOBAL_TEST
 from fedlatent.backends.flower.secagg import Party
 from fedlatent.backends.flower.secagg_settings import Settings
-from fedlatent.backends.flower.secagg_codec import VECTOR, Masking, MaskingCodec, flatten, layout, rounding
+from fedlatent.backends.flower.secagg_codec import Masking, MaskingCodec, rounding
 from fedlatent.backends.simulation import make_model
 from fedlatent.config import RunConfig, from_dict
 from fedlatent.data.compact import Images
@@ -305,7 +305,8 @@ def test(msg: Message, context: Context) -> Message:
 @app.query("statistics")
 def statistics(msg: Message, context: Context) -> Message:
     """Each served client's calibration statistics (FFC: V, U; CCVR: per-class count, mean,
-    covariance) of its training split under the global model."""
+    covariance, or per-class sums where the codec bounds or masks them) of its training split under
+    the global model; under secure aggregation, as one masked vector (:meth:`.MaskingCodec.encode_statistics`)."""
     job = _job(msg, context)
     global_state = M.from_record(msg.content["global"])
     content = RecordDict()
@@ -313,13 +314,15 @@ def statistics(msg: Message, context: Context) -> Message:
     for cid, client in job.clients.items():
         if secure is not None and cid not in secure["clients"]:
             continue  # out of the session: nothing leaves in the clear
-        stats = client_statistics(job.workspace.model, global_state, client.train, job.spec.calibration,
-                                  job.config.eval.batch_size, job.device, job.codec)
+        codec = job.codec
         if secure is not None:  # masked, each divided by the clients' total training samples
             masking = _masking(msg, context, job, cid, "statistics", 0)
-            try:
-                stats = {VECTOR: masking.vector(flatten(stats, layout(stats)) / int(secure["total_samples"]))}
-            finally:
+            codec = MaskingCodec(job.codec, masking, int(secure["total_samples"]))
+        try:
+            stats = client_statistics(job.workspace.model, global_state, client.train, job.spec.calibration,
+                                      job.config.eval.batch_size, job.device, codec)
+        finally:
+            if secure is not None:
                 context.state[f"{PARTY}{cid}"] = masking.party.to_record()
         content[f"stats.{cid}"] = M.to_record(stats)
     return Message(content, reply_to=msg)

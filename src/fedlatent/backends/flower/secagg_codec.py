@@ -9,9 +9,11 @@ integer buffers too), quantised and masked. The server unmasks Σ_k x_k over the
 vectors arrived and returns w̄ + T · Σ_k x_k / Σ_k n_k — the weighted mean over those clients, the
 plain mean's numerator over the same denominator, off by the quantisation alone: at most one grid
 step 2R / levels per entry and client (stochastic rounding), times T / Σ_k n_k. The n_k are the
-census's, known to the server anyway. FFC's statistics travel the same way, divided by T
-(Σ_k V_k / T is the mean of z zᵀ over every training sample: entries within [−1, 1] for
-normalised features), and come back as Σ_k V_k, Σ_k U_k.
+census's, known to the server anyway. The calibration statistics travel the same way
+(:meth:`MaskingCodec.encode_statistics`), as sums divided by T: FFC's V_k, U_k (Σ_k V_k / T is the
+mean of z zᵀ over every training sample: entries within [−1, 1] for normalised features) and
+CCVR's per-class sums (N_kc, Σ z, Σ zzᵀ over client k's samples of class c: each entry over T within
+n_k / T · max(1, ‖z‖²), the same range), and come back as their sums over the clients.
 """
 from __future__ import annotations
 
@@ -88,9 +90,12 @@ class Masking:
 
 class MaskingCodec(UpdateCodec):
     """A client's side under SecAgg+: its ``inner`` codec's message (clipped where ``clip_norm`` asks),
-    then the pre-weighted update x = (n_k / ``total_samples``) · (w_k − w̄) as one masked vector."""
+    then the pre-weighted update x = (n_k / ``total_samples``) · (w_k − w̄) as one masked vector; its
+    calibration statistics, as sums (CCVR's per-class sums, not moments), divided by ``total_samples``
+    and masked likewise."""
 
     name = "secaggplus"
+    statistics_as_sums = True  # the server reads their sum alone
 
     def __init__(self, inner: UpdateCodec, masking: Masking, total_samples: int) -> None:
         self.inner, self.masking, self.total_samples = inner, masking, total_samples
@@ -101,6 +106,12 @@ class MaskingCodec(UpdateCodec):
         delta = flatten(upload.state, entries) - flatten(reference, entries)
         vector = self.masking.vector(delta * (upload.num_samples / self.total_samples))
         return dataclasses.replace(upload, state={VECTOR: vector})
+
+    def encode_statistics(self, statistics: Tensors) -> Tensors:
+        """The ``inner`` codec's statistics (clipped where ``statistics_clip_norm`` asks), every entry
+        (sorted by key, flattened) divided by T and masked: one vector."""
+        statistics = self.inner.encode_statistics(statistics)
+        return {VECTOR: self.masking.vector(flatten(statistics, layout(statistics)) / self.total_samples)}
 
 
 @dataclass
@@ -123,9 +134,10 @@ class UnmaskingCodec(UpdateCodec):
     """The server's side under SecAgg+: the sum of a session's masked vectors, unmasked by the
     protocol's last stage (:meth:`expect`: run for the clients whose vectors the server combines, those
     the failure policy kept), is all it reads — the weighted mean of the updates
-    (:meth:`round_combine`) or the sums of FFC's statistics (:meth:`total`)."""
+    (:meth:`round_combine`) or the sums of FFC's statistics and CCVR's per-class sums (:meth:`total`)."""
 
     name = "secaggplus"
+    statistics_as_sums = True
 
     def __init__(self, levels: int) -> None:
         self.levels = levels

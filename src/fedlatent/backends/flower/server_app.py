@@ -42,6 +42,7 @@ from fedlatent.data.federation import pooled_channel_stats
 from fedlatent.data.types import Outline, ServerView
 from fedlatent.errors import DataError
 from fedlatent.federated import evaluation
+from fedlatent.federated.calibrate import summed_statistics
 from fedlatent.federated.failures import ClientFailure, RunStopped
 from fedlatent.federated.server import Server
 from fedlatent.federated.state import write_atomically
@@ -440,8 +441,8 @@ class ServerRun:
                 self.warn(f"calibration: SuperNode {node}'s clients sent no statistics: {reply.error.reason}")
             elif reply is not None and reply.has_content():
                 stats.update({cid: s for cid, s in _statistics(reply.content).items() if cid in session.shared})
-        classes, features = self.model.classifier.weight.shape  # FFC's U (l × C) and V (l × l), as the clients send
-        entries = layout({"U": torch.zeros(features, classes), "V": torch.zeros(features, features)})
+        classes, features = self.model.classifier.weight.shape  # FFC's V, U or CCVR's sums, as the clients send
+        entries = layout(summed_statistics(self.spec.calibration.kind, classes, features))
         self.expect(session, "statistics", {cid: s[VECTOR] for cid, s in stats.items()}, entries,
                     Settings.of(self.config.privacy).statistics_range)
         return stats

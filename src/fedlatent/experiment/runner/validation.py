@@ -196,8 +196,8 @@ def batch_norm_refusal(config: RunConfig, model: torch.nn.Module, why: str, kept
 def secure_refusal(config: RunConfig, spec: MethodSpec) -> str | None:
     """Why SecAgg+ cannot cover what ``spec``'s clients send on ``config``'s backend, or None: the
     masks need parties, which only Flower's clients are; the server may read sums alone — the model
-    update and FFC's statistics, not a part's extras or its own weighted aggregation, CCVR's
-    per-class moments or the centralised calibration's features, nor the clients' own models the
+    update, FFC's statistics and CCVR's per-class sums, not a part's extras or its own weighted
+    aggregation, the centralised calibration's features, nor the clients' own models the
     diagnostics measure, nor the data set itself; and noise the server adds to a sum it sees is not combined with it yet."""
     if config.backend != "flower":
         return (f"honoured on backend = 'flower' only, not {config.backend!r}: SecAgg+'s parties are Flower's "
@@ -215,8 +215,8 @@ def secure_refusal(config: RunConfig, spec: MethodSpec) -> str | None:
             return f"the part '{part.name}' aggregates with weights of its own, and SecAgg+ sums pre-weighted updates"
         if type(part).server_update is not Part.server_update:
             return f"the part '{part.name}' uploads extras that the server reads outside the update codec"
-    if spec.calibration.kind not in ("none", "ffc"):
-        return f"the {spec.calibration.kind} calibration's statistics are not sums (FFC's are)"
+    if spec.calibration.kind not in ("none", "ffc", "ccvr"):
+        return f"the {spec.calibration.kind} calibration's statistics are not sums (FFC's and CCVR's are)"
     d = config.diagnostics
     if d.clients or "alignment" in d.which:
         return "the diagnostics would measure each client's own upload (diagnostics.clients, 'alignment')"

@@ -11,13 +11,12 @@ import torch
 from torch.func import functional_call, hessian
 from torch.nn import functional as F
 
-import fedlatent
 from fedlatent.backends import simulation
 from fedlatent.cli import main
 from fedlatent.federated.client import Workspace, batches
 from fedlatent.federated.personal import client_model
-from fedlatent.federated.state import load_checkpoint
 from fedlatent.seeding import FINETUNE, LOCAL_TRAINING, derive_seed
+from tests.methods.resume import resumed_equals_uninterrupted
 from tests.methods.test_apfl import CONFIG, TRAINERS, _rounds
 from tests.methods.test_ditto import small_config
 
@@ -141,17 +140,7 @@ def test_the_batch_parts_are_consecutive_and_a_short_batch_is_whole() -> None:
 
 @pytest.mark.slow
 def test_resume_reproduces_the_uninterrupted_run(tmp_path: Path, monkeypatch, crash_at_round_2) -> None:
-    config = small_config("perfedavg", rounds=3, variant="hf")
-    with pytest.raises(KeyboardInterrupt):  # crash_at_round_2: killed after two of the three rounds
-        fedlatent.run(config, tmp_path / "resumed")
-    monkeypatch.undo()
-    final_full = fedlatent.run(config, tmp_path / "full")["final"]
-    final_resumed = fedlatent.run(config, tmp_path / "resumed", resume=True)["final"]
-    g1, _, _, _ = load_checkpoint(tmp_path / "full" / "checkpoints", config.data.num_clients)
-    g2, _, _, _ = load_checkpoint(tmp_path / "resumed" / "checkpoints", config.data.num_clients)
-    for k in g1:
-        torch.testing.assert_close(g2[k], g1[k], rtol=0, atol=0)
-    assert final_full["personalized_accuracy"] == final_resumed["personalized_accuracy"]
+    resumed_equals_uninterrupted(small_config("perfedavg", rounds=3, variant="hf"), tmp_path, monkeypatch)
 
 
 @pytest.mark.parametrize("setting, key", [('algorithm.variant="so"', "algorithm.variant"),

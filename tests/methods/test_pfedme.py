@@ -10,13 +10,12 @@ import torch
 from torch.func import functional_call
 from torch.nn import functional as F
 
-import fedlatent
 from fedlatent.backends import simulation
 from fedlatent.cli import main
 from fedlatent.federated.client import PERSONAL, Workspace, batches, prefixed
 from fedlatent.federated.personal import client_model
-from fedlatent.federated.state import load_checkpoint
 from fedlatent.seeding import LOCAL_TRAINING, derive_seed
+from tests.methods.resume import resumed_equals_uninterrupted
 from tests.methods.test_apfl import CONFIG, TRAINERS, _rounds
 from tests.methods.test_ditto import small_config
 
@@ -96,21 +95,8 @@ def test_two_rounds_match_a_float64_hand_loop(backend: str) -> None:
 
 @pytest.mark.slow
 def test_resume_reproduces_the_uninterrupted_run(tmp_path: Path, monkeypatch, crash_at_round_2) -> None:
-    config = small_config("pfedme", rounds=3)
-    with pytest.raises(KeyboardInterrupt):  # crash_at_round_2: killed after two of the three rounds
-        fedlatent.run(config, tmp_path / "resumed")
-    monkeypatch.undo()
-    final_full = fedlatent.run(config, tmp_path / "full")["final"]
-    final_resumed = fedlatent.run(config, tmp_path / "resumed", resume=True)["final"]
-    g1, _, clients1, _ = load_checkpoint(tmp_path / "full" / "checkpoints", config.data.num_clients)
-    g2, _, clients2, _ = load_checkpoint(tmp_path / "resumed" / "checkpoints", config.data.num_clients)
-    for k in g1:
-        torch.testing.assert_close(g2[k], g1[k], rtol=0, atol=0)
-    for c1, c2 in zip(clients1, clients2):
-        assert prefixed(c1, PERSONAL) and set(c1) == set(c2)
-        for k in c1:
-            torch.testing.assert_close(c2[k], c1[k], rtol=0, atol=0)
-    assert final_full["personalized_accuracy"] == final_resumed["personalized_accuracy"]
+    clients = resumed_equals_uninterrupted(small_config("pfedme", rounds=3), tmp_path, monkeypatch)
+    assert all(prefixed(c, PERSONAL) for c in clients)
 
 
 @pytest.mark.parametrize("setting, key", [("algorithm.inner_steps=0", "algorithm.inner_steps"),

@@ -7,10 +7,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import os
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -38,6 +34,7 @@ from fedlatent.methods import resolve
 from fedlatent.methods.parts import MethodSpec
 from fedlatent.methods.program import PROGRAMS, ClientProgram
 from fedlatent.seeding import HOLDOUT, derive_seed
+from tests.code_before import runs_before_and_now
 
 ROOT = Path(__file__).resolve().parents[1]
 DIGITS = ROOT / "configs" / "digits_fedavg.toml"
@@ -364,31 +361,13 @@ for name in ("fedavg", "apfl"):
 """
 
 
-def _runs(src: Path, out: Path) -> None:
-    env = {**os.environ, "PYTHONPATH": str(src), "OMP_NUM_THREADS": "1"}
-    done = subprocess.run([sys.executable, "-c", SCRIPT, str(out)], env=env, capture_output=True, text=True,
-                          cwd=out.parent)
-    assert done.returncode == 0, done.stderr[-2000:]
-
-
 @pytest.mark.slow
 def test_no_client_held_out_gives_the_numbers_and_folders_of_the_code_before(tmp_path: Path) -> None:
-    git = shutil.which("git")
-    if git is None or subprocess.run([git, "-C", str(ROOT), "cat-file", "-e", f"{BEFORE}^{{commit}}"],
-                                     capture_output=True).returncode != 0:
-        pytest.skip(f"commit {BEFORE} is not in this checkout's history")
-    before = tmp_path / "before"
-    before.mkdir()
-    archive = subprocess.run([git, "-C", str(ROOT), "archive", BEFORE, "src"], capture_output=True, check=True)
-    subprocess.run(["tar", "-x", "-C", str(before)], input=archive.stdout, check=True)
-    (tmp_path / "old").mkdir()
-    (tmp_path / "new").mkdir()
-    _runs(before / "src", tmp_path / "old")
-    _runs(ROOT / "src", tmp_path / "new")
-    names = sorted(p.name for p in (tmp_path / "old").iterdir())
+    old_runs, new_runs = runs_before_and_now(BEFORE, SCRIPT, tmp_path)
+    names = sorted(p.name for p in old_runs.iterdir())
     assert names == ["apfl-simulation", "apfl-vectorized", "fedavg-simulation", "fedavg-vectorized"]
     for name in names:
-        old, new = tmp_path / "old" / name, tmp_path / "new" / name
+        old, new = old_runs / name, new_runs / name
         assert (new / "config.toml").read_text() == (old / "config.toml").read_text(), name  # same folder digest
         assert _record(new) == _record(old), name
         final = [{k: v for k, v in json.loads((d / "summary.json").read_text())["final"].items() if "seconds" not in k}

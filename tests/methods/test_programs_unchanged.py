@@ -6,13 +6,11 @@ server state, every client's state)."""
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.code_before import runs_before_and_now
 
 ROOT = Path(__file__).resolve().parents[2]
 BEFORE = "da1d3a6"  # main before the client programs (the methods' kind strings)
@@ -41,13 +39,6 @@ for name in ("ditto", "fedrep"):
 """
 
 
-def _runs(src: Path, out: Path) -> None:
-    env = {**os.environ, "PYTHONPATH": str(src), "OMP_NUM_THREADS": "1"}
-    done = subprocess.run([sys.executable, "-c", SCRIPT, str(out)], env=env, capture_output=True, text=True,
-                          cwd=out.parent)
-    assert done.returncode == 0, done.stderr[-2000:]
-
-
 def _record(run: Path) -> tuple[list[dict], dict, dict]:
     """A run's metrics lines and final evaluation without their clocks, and its last checkpoint's digests."""
     lines = [{k: v for k, v in json.loads(line).items() if not k.startswith("time_")}
@@ -61,22 +52,11 @@ def _record(run: Path) -> tuple[list[dict], dict, dict]:
 
 @pytest.mark.slow
 def test_ditto_and_fedrep_give_the_numbers_of_the_code_before(tmp_path: Path) -> None:
-    git = shutil.which("git")
-    if git is None or subprocess.run([git, "-C", str(ROOT), "cat-file", "-e", f"{BEFORE}^{{commit}}"],
-                                     capture_output=True).returncode != 0:
-        pytest.skip(f"commit {BEFORE} is not in this checkout's history")
-    before = tmp_path / "before"
-    before.mkdir()
-    archive = subprocess.run([git, "-C", str(ROOT), "archive", BEFORE, "src"], capture_output=True, check=True)
-    subprocess.run(["tar", "-x", "-C", str(before)], input=archive.stdout, check=True)
-    (tmp_path / "old").mkdir()
-    (tmp_path / "new").mkdir()
-    _runs(before / "src", tmp_path / "old")
-    _runs(ROOT / "src", tmp_path / "new")
-    runs = sorted(p.name for p in (tmp_path / "old").iterdir())
+    old_runs, new_runs = runs_before_and_now(BEFORE, SCRIPT, tmp_path)
+    runs = sorted(p.name for p in old_runs.iterdir())
     assert runs == ["ditto-simulation", "ditto-vectorized", "fedrep-simulation", "fedrep-vectorized"]
     for name in runs:
-        old, new = _record(tmp_path / "old" / name), _record(tmp_path / "new" / name)
+        old, new = _record(old_runs / name), _record(new_runs / name)
         assert new[0] == old[0], name
         assert new[1] == old[1], name
         assert new[2] == old[2], name

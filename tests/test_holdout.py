@@ -18,7 +18,7 @@ from torch.nn import functional as F
 import fedlatent
 from fedlatent.backends import simulation
 from fedlatent.cli import main
-from fedlatent.config import holdout_count
+from fedlatent.config import ModelConfig, holdout_count
 from fedlatent.data import holdout
 from fedlatent.data.federation import build_federation
 from fedlatent.data.types import ClientData, Split
@@ -27,12 +27,14 @@ from fedlatent.experiment.runner import single
 from fedlatent.experiment.runner.validation import check_holdout
 from fedlatent.federated import driver
 from fedlatent.federated.client import batches
+from fedlatent.federated.finetune import batchnorm_statistics
 from fedlatent.federated.personal import client_model
 from fedlatent.federated.round import round_lr
 from fedlatent.federated.state import load_checkpoint
 from fedlatent.methods import resolve
 from fedlatent.methods.parts import MethodSpec
 from fedlatent.methods.program import PROGRAMS, ClientProgram
+from fedlatent.models import build_model
 from fedlatent.seeding import HOLDOUT, derive_seed
 from tests.code_before import runs_before_and_now
 
@@ -273,6 +275,46 @@ def test_fedala_rule_is_its_first_round_of_local_training_from_the_global_model(
     s, cid, state, settings = _adapted(synthetic({"name": "fedala"}))
     names = {n for n, _ in s.workspace.model.named_parameters()}
     _close(state, hand_tuned(s, cid, names, settings, 1))
+
+
+class Recorded:
+    """A tune that records how it was called and returns its start."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple] = []
+
+    def __call__(self, start, scope, pull=0.0, steps=0, lr=0.0, plain=False, statistics=False):
+        self.calls.append((sorted(scope) if not isinstance(scope, str) else scope, statistics))
+        return start
+
+
+def test_fedbn_rule_estimates_the_statistics_of_the_batchnorm_layers_it_keeps_and_fedper_none() -> None:
+    model = build_model(ModelConfig(arch="cnn"), (3, 32, 32), 4, "cifar10")
+    parameters, state = [n for n, _ in model.named_parameters()], model.state_dict()
+    for name, statistics in (("fedbn", True), ("fedper", False)):
+        tune = Recorded()
+        resolve({"name": name}).personalization.adapted_new(parameters, state, tune)
+        [(scope, estimated)] = tune.calls
+        assert estimated is statistics, name
+        assert scope and all(n in parameters for n in scope)
+
+
+def test_batchnorm_statistics_are_the_average_of_the_batches_mean_and_unbiased_variance() -> None:
+    torch.manual_seed(0)
+    model = build_model(ModelConfig(arch="cnn"), (3, 32, 32), 3, "cifar10")
+    split = Split(torch.randn(23, 3, 32, 32) * 2 + 1, torch.zeros(23, dtype=torch.long))
+    model.eval()
+    norm = next(m for m in model.modules() if isinstance(m, torch.nn.BatchNorm2d))
+    inputs: list[torch.Tensor] = []
+    hook = norm.register_forward_pre_hook(lambda _m, args: inputs.append(args[0].detach().double()))
+    batchnorm_statistics(model, split, batch_size=10)  # batches of 10, 10 and 3
+    hook.remove()
+    assert len(inputs) == 3 and not model.training and norm.momentum == 0.1
+    means = torch.stack([x.mean((0, 2, 3)) for x in inputs])
+    variances = torch.stack([x.var((0, 2, 3), unbiased=True) for x in inputs])
+    torch.testing.assert_close(norm.running_mean.double(), means.mean(0), rtol=0, atol=1e-5)
+    torch.testing.assert_close(norm.running_var.double(), variances.mean(0), rtol=0, atol=1e-5)
+    assert int(norm.num_batches_tracked) == 3
 
 
 def test_the_report_rows_are_the_rule_models_on_the_test_splits() -> None:

@@ -4,13 +4,18 @@ fixed feature extractor.
 FedBABU (Oh et al., ICLR 2022) fine-tunes the whole model, the head it kept fixed during training
 included; SphereFed's personalised "Ours (SGD)" (Dong et al., ECCV 2022, Appendix B) keeps the
 global feature extractor fixed and fine-tunes only the classifier. A fixed extractor stays fixed in
-its BatchNorm statistics too: its modules run in eval mode while the head trains.
+its BatchNorm statistics too: its modules run in eval mode while the head trains. A client that
+keeps its own BatchNorm layers (FedBN) and never trained re-estimates their statistics on its data
+(:func:`batchnorm_statistics`).
 """
 from __future__ import annotations
 
 from collections.abc import Collection, Iterator
 from contextlib import contextmanager
 
+import torch
+
+from fedlatent.data.types import Split
 from fedlatent.models.base import FedModel
 
 SCOPES = ("all", "head")
@@ -53,3 +58,31 @@ def finetuning(model: FedModel, scope: str | Collection[str], head_bias: bool) -
             hook.remove()
         for n, p in model.named_parameters():
             p.requires_grad_(flags[n])
+
+
+def batchnorm_statistics(model: FedModel, split: Split, batch_size: int) -> None:
+    """Every BatchNorm layer's running mean and variance set to their averages over ``split``'s batches
+    (each layer's statistics reset, then its cumulative average, momentum None: one pass in train
+    mode without gradients, the batches in order). A new client's own statistics (AdaBN, Li et al.
+    2016, "Revisiting Batch Normalization For Practical Domain Adaptation"), in place of a running
+    average that keeps most of the values it started from after the few batches of one epoch."""
+    norms = [m for m in model.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
+    if not norms or not len(split):
+        return
+    momenta = [m.momentum for m in norms]
+    training = model.training
+    device = next(model.parameters()).device
+    try:
+        for m in norms:
+            m.reset_running_stats()
+            m.momentum = None
+        model.train()
+        with torch.no_grad():
+            for i in range(0, len(split), batch_size):
+                x = split.x[i:i + batch_size]
+                if len(x) > 1:  # a batch of one has no variance to estimate
+                    model(x.to(device))
+    finally:
+        for m, momentum in zip(norms, momenta):
+            m.momentum = momentum
+        model.train(training)

@@ -24,7 +24,7 @@ from fedlatent.federated.calibrate import ffc_head
 from fedlatent.federated.client import LocalSettings, Workspace
 from fedlatent.federated.lockstep import local_update
 from fedlatent.federated.evaluation import Tally, evaluate, fairness, majority_rate, scores, tally
-from fedlatent.federated.finetune import finetuning
+from fedlatent.federated.finetune import batchnorm_statistics, finetuning
 from fedlatent.methods.fedprox import Prox
 from fedlatent.methods.parts import ClientRound, MethodSpec, Tensors
 from fedlatent.models.base import FedModel
@@ -39,11 +39,12 @@ def client_model(ws: Workspace, spec: MethodSpec, client_state: Tensors, global_
     global one; ``new``: a client that never trained, by the program's new-client rule
     (:meth:`~fedlatent.methods.program.ClientProgram.adapted_new`)."""
     def tune(start: Tensors, scope: str | Collection[str], pull: float = 0.0, steps: int = 0, lr: float = 0.0,
-             plain: bool = False) -> Tensors:
+             plain: bool = False, statistics: bool = False) -> Tensors:
         """``start`` trained on the client's split: every parameter, the head alone or the parameters
         named (``scope``), with (``pull``/2)‖v − start‖² (FedProx's term) beside the task loss, for the
         program's epochs or ``steps`` steps, at ``lr`` or the run's last rate, by the run's update rule
-        or plain gradient steps (``plain``: Per-FedAvg's adaptation step)."""
+        or plain gradient steps (``plain``: Per-FedAvg's adaptation step); ``statistics``: then its
+        BatchNorm statistics estimated on the split (:func:`~fedlatent.federated.finetune.batchnorm_statistics`)."""
         assert settings is not None
         s = replace(settings, steps=steps or settings.steps, lr=lr or settings.lr)
         if plain:
@@ -52,7 +53,12 @@ def client_model(ws: Workspace, spec: MethodSpec, client_state: Tensors, global_
         task = MethodSpec("finetune", loss=spec.loss, temperature=spec.temperature, parts=[Prox(pull)] if pull else [])
         rc = ClientRound(cid, ws.model, {}, {}, {}, s.lr, len(train), 1, len(train), s.momentum)
         with finetuning(ws.model, scope, spec.head.bias):
-            return local_update(ws, start, train, task, rc, s, generator).state
+            tuned = local_update(ws, start, train, task, rc, s, generator).state
+        if not statistics:
+            return tuned
+        ws.model.load_state_dict(tuned)
+        batchnorm_statistics(ws.model, train, s.batch_size)
+        return {k: v.detach().clone() for k, v in ws.model.state_dict().items()}
 
     parameters = [n for n, _ in ws.model.named_parameters()]
     program = spec.personalization

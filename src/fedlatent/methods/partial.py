@@ -90,15 +90,20 @@ class Partial(ClientProgram):
                   tune: Tune | None) -> Tensors:
         return self.own_state(parameters, client_state, global_state)
 
-    new_client_rule = "its own layers fine-tuned from the global ones on its training split"
+    new_client_rule = ("its own layers fine-tuned from the global ones on its training split, the running "
+                       "statistics of the BatchNorm layers it keeps then estimated on that split")
 
     def adapted_new(self, parameters: list[str], global_state: Tensors, tune: Tune) -> Tensors:
         """A new client's own layers trained from the global ones (the server's values of entries it
         never averages: FedRep's and FedPer's heads and FedBN's BatchNorm layers as initialised)
-        with the shared layers fixed, its BatchNorm statistics recomputed by the training's passes."""
+        with the shared layers fixed; where it keeps BatchNorm layers (FedBN, LG-FedAvg's CNN
+        representation), their running statistics are then estimated anew on its split, as their
+        average over its batches (AdaBN), not left at the initial values a few batches move little."""
+        kept = self.local_keys(parameters, list(global_state))
         names = set(parameters)
-        own = [k for k in self.local_keys(parameters, list(global_state)) if k in names]
-        return tune(global_state, own) if own else global_state
+        own = [k for k in kept if k in names]
+        statistics = any(k.endswith(".running_mean") for k in kept)
+        return tune(global_state, own, statistics=statistics) if own else global_state
 
 
 def layer_of(key: str) -> str:

@@ -129,12 +129,13 @@ class Tune(Protocol):
     fine-tuning's, an adaptation step's, a new client's."""
 
     def __call__(self, start: Tensors, scope: str | Collection[str], pull: float = 0.0, steps: int = 0,
-                 lr: float = 0.0, plain: bool = False) -> Tensors:
+                 lr: float = 0.0, plain: bool = False, statistics: bool = False) -> Tensors:
         """``start`` trained with the parameters of ``scope`` — ``"all"``, ``"head"`` or the names of
         those to train — with (``pull``/2)‖v − start‖² added to the loss (Ditto's personal objective),
         for the program's epochs or ``steps`` steps when > 0, at the rate ``lr`` when > 0 (else the
         run's last), by the run's update rule or, ``plain``, by plain gradient steps (no momentum, no
-        weight decay)."""
+        weight decay); ``statistics``: then every BatchNorm layer's running statistics estimated anew
+        as their average over the split."""
         ...
 
 

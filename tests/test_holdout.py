@@ -88,6 +88,35 @@ def test_the_draw_is_a_function_of_the_seed_and_leaves_the_partition_as_it_was()
     assert torch.equal(fed.test.x, full.test.x)
 
 
+def test_the_standardisation_reads_the_training_clients_samples_alone(monkeypatch) -> None:
+    """The inputs' mean and std come from the samples of the clients that train: the held-out
+    clients' indices never reach the standardiser (nor, with none held out, is any left out)."""
+    from fedlatent.data import federation as fed_module
+    seen: dict[str, list] = {"standardised": [], "clients": []}
+    standardiser, split_fractions = fed_module._standardiser, fed_module.P.split_fractions
+
+    def standardise(cfg, x, idx):
+        seen["standardised"].append(np.sort(idx))
+        return standardiser(cfg, x, idx)
+
+    def fractions(idx, *args, **kwargs):
+        seen["clients"].append(np.sort(idx))
+        return split_fractions(idx, *args, **kwargs)
+    monkeypatch.setattr(fed_module, "_standardiser", standardise)
+    monkeypatch.setattr(fed_module.P, "split_fractions", fractions)
+    config = digits()
+    build_federation(config.data, config.data_seed)
+    new = holdout.holdout_ids(config, 6)
+    [used], clients = seen["standardised"], seen["clients"]
+    assert len(clients) == 6 and len(new) == 2
+    assert np.array_equal(used, np.sort(np.concatenate([c for i, c in enumerate(clients) if i not in new])))
+    assert not set(used.tolist()) & set(np.concatenate([clients[i] for i in new]).tolist())
+    seen["standardised"], seen["clients"] = [], []
+    plain = digits("data.holdout_clients=0")
+    build_federation(plain.data, plain.data_seed)
+    assert np.array_equal(seen["standardised"][0], np.sort(np.concatenate(seen["clients"])))
+
+
 @pytest.mark.parametrize("value, clients, count", [(0.25, 8, 2), (0.3, 10, 3), (0.05, 10, 1), (3.0, 10, 3),
                                                    (1.0, 2, 1), (0.5, 3, 1)])
 def test_a_fraction_rounds_down_to_at_least_one_and_a_count_is_itself(value, clients, count) -> None:

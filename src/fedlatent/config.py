@@ -89,7 +89,7 @@ class DataConfig:
                      low=-1, high=2**32 - 1)
     holdout_clients: float = _key(0.0, "clients of the partition that never train, evaluated as new clients: a "
                                   "fraction in (0, 1) of data.num_clients (rounded down, at least 1) or a whole "
-                                  "count; drawn from the run seed; 0 = none", low=0.0)
+                                  "count; drawn from the data seed; 0 = none", low=0.0)
     options: dict = _key({}, "keys a data set or partition declares for itself (written flat in [data])")
 
     def clients(self, default: int = DEFAULT_CLIENTS) -> int:

@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from fedlatent.config import DataConfig
+from fedlatent.data import holdout
 from fedlatent.data import partition as P
 from fedlatent.data.augment import Augmentation
 from fedlatent.data.cache import lines_held
@@ -259,7 +260,9 @@ def _from_pool(cfg: DataConfig, pool: Pool, seed: int) -> Federation:
     train_idx, test_rows, held_out, parts = _plan(cfg, pool.labels(), seed)
     test_xy = _test_split(pool, test_rows, held_out)
     partition = PARTITIONS.get(cfg.partition)
-    split, mean, std = _standardiser(cfg, x, train_idx)
+    new = holdout.partition_ids(cfg, len(parts), seed)  # data.holdout_clients: their samples standardise nothing
+    split, mean, std = _standardiser(cfg, x, train_idx if not new else np.concatenate(
+        [train_idx[part] for i, part in enumerate(parts) if i not in new]))
     clients = []
     for i, part in enumerate(parts):
         idx = train_idx[part]

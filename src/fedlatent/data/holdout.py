@@ -3,8 +3,9 @@
 A run with clients held out trains on the others and evaluates the held-out ones as new clients
 (PFLlib's "new clients"; Marfoq et al. 2022's unseen clients): the global model and the method's
 rule for a client it has never seen, on their test splits. Which clients are held out is a seeded
-draw from the run's seed (stream :data:`~fedlatent.seeding.HOLDOUT`), made after the partition, so
-that the partition itself and every other draw stay as they are. The clients that train keep their
+draw from the data seed (the run's unless ``data.seed`` is set; stream :data:`~fedlatent.seeding.HOLDOUT`),
+made after the partition, so that the partition itself and every other draw stay as they are; the
+inputs' standardisation is computed from the training clients' samples alone. The clients that train keep their
 partition order and are numbered 0 … n − h − 1 in the run (metrics, states, checkpoints); the
 held-out ones follow, n − h … n − 1 in partition order (:attr:`~fedlatent.data.types.Federation.new_clients`;
 ``summary.json``'s ``final.new_clients``, and their partition ids ``final.new_client_partition_ids``).
@@ -18,7 +19,7 @@ import dataclasses
 
 import numpy as np
 
-from fedlatent.config import RunConfig, holdout_count
+from fedlatent.config import DataConfig, RunConfig, holdout_count
 from fedlatent.data.types import Federation
 from fedlatent.errors import ConfigError
 from fedlatent.seeding import HOLDOUT, derive_seed
@@ -30,13 +31,18 @@ def held_out(num_clients: int, count: int, *, seed: int) -> list[int]:
     return sorted(int(c) for c in rng.choice(num_clients, count, replace=False))
 
 
-def holdout_ids(config: RunConfig, num_clients: int) -> list[int]:
-    """The partition ids of the clients ``config`` holds out of ``num_clients`` (none when
-    ``data.holdout_clients = 0``), drawn from ``derive_seed(config.seed, HOLDOUT)``."""
-    value = config.data.holdout_clients
-    if not value:
+def partition_ids(cfg: DataConfig, num_clients: int, data_seed: int) -> list[int]:
+    """The partition ids of the clients ``data.holdout_clients`` holds out of ``num_clients`` (none
+    when it is 0), drawn from ``derive_seed(data_seed, HOLDOUT)``: a choice of the data, made where
+    the federation is built (its standardisation leaves their samples out)."""
+    if not cfg.holdout_clients:
         return []
-    return held_out(num_clients, holdout_count(value, num_clients), seed=derive_seed(config.seed, HOLDOUT))
+    return held_out(num_clients, holdout_count(cfg.holdout_clients, num_clients), seed=derive_seed(data_seed, HOLDOUT))
+
+
+def holdout_ids(config: RunConfig, num_clients: int) -> list[int]:
+    """The partition ids of the clients ``config``'s run holds out of ``num_clients``."""
+    return partition_ids(config.data, num_clients, config.data_seed)
 
 
 def split(federation: Federation, ids: list[int]) -> Federation:

@@ -209,6 +209,7 @@ def test_new_client_accuracy_is_the_final_global_model_on_their_test_splits(tmp_
     assert final["new_client_accuracy"] == correct / total
     last = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[-1])
     assert last["new_client_accuracy"] == correct / total
+    assert not any(k.startswith("new_client_personal") for k in last)  # the rule's training: the final block's
 
 
 def _adapted(config) -> tuple[simulation.Setup, int, dict[str, torch.Tensor], object]:

@@ -116,8 +116,8 @@ def play_round(s: Run, rnd: int) -> dict[str, Any]:
         line.update(classifier_round(s, result.uploads, due))
     if (rnd + 1) % cfg.eval.every == 0 or rnd + 1 == cfg.train.rounds:
         line.update(evaluate_global(s))
-        line.update({k: v for k, v in evaluate_new(s, s.server.global_state).items()
-                     if k not in ("new_clients", "new_per_client")})
+        line.update({k: v for k, v in evaluate_new(s, s.server.global_state, personal=False).items()
+                     if k != "new_clients"})
     line["time_round_s"] = time.perf_counter() - started
     if s.diagnostics is not None and s.diagnostics.due(rnd + 1):
         s.diagnostics.record(rnd + 1, s.model, s.server.global_state, result.uploads)
@@ -136,13 +136,15 @@ def evaluate_global(s: Run, state: Tensors | None = None) -> dict[str, float]:
     return out
 
 
-def evaluate_new(s: Run, state: Tensors) -> dict[str, Any]:
-    """The clients that never train (``data.holdout_clients``) on the global ``state`` and, unless
-    ``eval.personalized = "never"``, on their program's new-client rule
-    (:func:`~fedlatent.federated.personal.combine_new`); nothing without clients held out."""
+def evaluate_new(s: Run, state: Tensors, personal: bool = True) -> dict[str, Any]:
+    """The clients that never train (``data.holdout_clients``) on the global ``state`` and, with
+    ``personal`` unless ``eval.personalized = "never"``, on their program's new-client rule
+    (:func:`~fedlatent.federated.personal.combine_new`); nothing without clients held out. A round's
+    evaluation takes the global model alone: the rule trains on every new client's split, which
+    the final evaluation does once, as the trained clients' personalised reports."""
     if not s.config.data.holdout_clients:
         return {}
-    return combine_new(*s.new_clients(state, s.config.eval.personalized != "never"))
+    return combine_new(*s.new_clients(state, personal and s.config.eval.personalized != "never"))
 
 
 def calibrations_in(spec: MethodSpec, rounds: int) -> int:

@@ -45,7 +45,6 @@ from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
-import quadprog
 import torch
 import torch.nn.functional as F
 from scipy.optimize import minimize
@@ -209,7 +208,8 @@ def optimize_kernel_weights(estimates: Tensor, covariance: Tensor, *, eps: float
 
     Solved on a rescaled but equivalent problem (m̂ / max m̂, (Q + εI) / mean diag) with
     ``quadprog`` (Goldfarb–Idnani dual active set: exact for this strictly convex QP, ~0.1 ms for
-    19 kernels); when Q + εI is not positive definite (ε = 0 and a singular Q) with
+    19 kernels); when Q + εI is not positive definite (ε = 0 and a singular Q), or quadprog is not
+    installed (a device image with only its own packages), with
     ``scipy.optimize.minimize(method="SLSQP")`` from the feasible start m̂₊/‖m̂₊‖². ε = 1e-3 is the
     paper's value, 1e-5 the release's. Inputs are detached; the solve runs in float64 on the CPU.
 
@@ -553,7 +553,14 @@ def _solve_power_qp(m: np.ndarray, a: np.ndarray) -> np.ndarray | None:
 
 
 def _quadprog(mt: np.ndarray, at: np.ndarray) -> np.ndarray | None:
-    """min uᵀ·at·u s.t. mtᵀu = 1, u ≥ 0 by quadprog (None when ``at`` is not positive definite)."""
+    """min uᵀ·at·u s.t. mtᵀu = 1, u ≥ 0 by quadprog (None when ``at`` is not positive definite).
+
+    Also None where quadprog is not installed (a GPU image with only its own packages): the
+    caller's SLSQP then solves the same problem, so fedlatent imports and runs without it.
+    """
+    quadprog = _quadprog_module()
+    if quadprog is None:
+        return None
     k = mt.shape[0]
     constraints = np.column_stack([mt, np.eye(k)])
     bounds = np.concatenate([[1.0], np.zeros(k)])
@@ -561,6 +568,16 @@ def _quadprog(mt: np.ndarray, at: np.ndarray) -> np.ndarray | None:
         return quadprog.solve_qp(2.0 * at, np.zeros(k), constraints, bounds, meq=1)[0]
     except ValueError:  # "matrix G is not positive definite" or "constraints are inconsistent"
         return None
+
+
+@functools.cache
+def _quadprog_module() -> Any:
+    """The quadprog module, imported where it is used, or None where it is absent."""
+    try:
+        import quadprog
+    except ImportError:
+        return None
+    return quadprog
 
 
 def _slsqp(mt: np.ndarray, at: np.ndarray) -> Iterator[np.ndarray | None]:

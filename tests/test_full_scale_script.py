@@ -2,7 +2,12 @@
 device runs in its few minutes: checked here on a CPU in their smoke mode (``SMOKE=1``: a few images
 a class, one round, each step's first setting and seed) on a generated archive of the shared
 CIFAR-10 archive's layout, so that a broken script is found before a device's minutes are spent on
-it; and the table writer ``benchmarks/full_scale_table.py`` on runs stopped at different rounds."""
+it; and the table writer ``benchmarks/full_scale_table.py`` on runs stopped at different rounds.
+
+The lease is checked as a device machine would run it (the dry run): from a bare copy of the working
+tree (tracked and untracked-not-ignored files, no ``../shared`` beside it), the archive carried into
+the copy's ignored ``data/``, the packages the device image lacks hidden
+(``tests/device_image/sitecustomize.py``), ``$OUT`` set as the device tool sets it."""
 from __future__ import annotations
 
 import importlib.util
@@ -10,6 +15,9 @@ import json
 import os
 import subprocess
 import sys
+import re
+import shlex
+import shutil
 import tarfile
 from pathlib import Path
 from typing import Any
@@ -148,28 +156,119 @@ def test_the_table_compares_every_row_over_the_same_last_five_rounds(tmp_path: P
     assert len(per_round) == 1 + 8 + 6 and per_round[0] == "run,setting,method,seed,round,test_accuracy,train_loss"
 
 
+def _bare_copy(dest: Path, archive: Path | None) -> Path:
+    """The working tree as the device tool sends it — tracked and untracked-not-ignored files — with
+    ``archive`` carried to its ignored ``data/cifar10-jpeg.tar.gz``; nothing beside it."""
+    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
+                            capture_output=True, check=True).stdout.decode().split("\0")
+    for rel in filter(None, listed):
+        source, target = ROOT / rel, dest / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if source.is_symlink():  # travels as a link (src/fedlatent/configs → the checkout's configs/)
+            target.symlink_to(os.readlink(source))
+        elif source.is_file():
+            shutil.copy2(source, target)
+    if archive is not None:
+        (dest / "data").mkdir()
+        shutil.copy2(archive, dest / "data" / "cifar10-jpeg.tar.gz")
+    return dest
+
+
+def _lease(tree: Path, out: Path, tmp_path: Path, **env: str) -> subprocess.CompletedProcess:
+    """``benchmarks/gpu_lease.sh`` run in ``tree`` as on a device machine: ``$OUT`` set, the lease's
+    defaults (lease folder ``$OUT/lease``, pack ``$OUT/state``, the archive in ``data/``), the
+    device image's missing packages hidden, the scratch folder at one path for every lease (as
+    ``/tmp/fedlatent-lease`` is on each device machine) and a cache of the lease's own."""
+    out.mkdir(parents=True)
+    base = {k: v for k, v in os.environ.items() if k not in ("PACK", "UNPACK", "OUT", "PYTHONPATH")}
+    variables = {**base, "OUT": str(out), "SMOKE": "1", "DEVICE": "cpu", "JOBS": "1", "PYTHON": sys.executable,
+                 "PYTHONPATH": str(tree / "tests" / "device_image"), "COMMIT": "abc1234", "STEPS": "feduv_a0.01",
+                 "SCRATCH": str(tmp_path / "scratch"), "FEDLATENT_CACHE_DIR": str(out.parent / f"{out.name}-cache"),
+                 "MPLBACKEND": "Agg", "OMP_NUM_THREADS": "1", **env}
+    return subprocess.run(["bash", "benchmarks/gpu_lease.sh"], cwd=tree, env=variables, capture_output=True,
+                          text=True, timeout=900)
+
+
+def test_the_lease_names_everything_missing_in_one_line_before_it_starts(tmp_path: Path) -> None:
+    tree = _bare_copy(tmp_path / "tree", None)
+    done = _lease(tree, tmp_path / "out", tmp_path, DEVICE="cuda", UNPACK="runs/lease-state")
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2 and len(lines) == 1 and lines[0].startswith("lease: cannot start: "), done.stderr
+    assert "torch sees no CUDA device" in lines[0] and "data/cifar10-jpeg.tar.gz" in lines[0] and "UNPACK" in lines[0]
+    assert not any((tmp_path / "out").iterdir())
+
+
+def test_a_failing_step_still_packs_the_lease(tmp_path: Path) -> None:
+    """A corrupt archive fails the full-scale step (the budget leaves the bench no time): the lease
+    exits non-zero, and what comes back under ``$OUT`` is the pack and the summary alone."""
+    bad = tmp_path / "cifar10-jpeg.tar.gz"
+    bad.write_bytes(b"not a gzip stream")
+    tree = _bare_copy(tmp_path / "tree", bad)
+    out = tmp_path / "out"
+    done = _lease(tree, out, tmp_path, BUDGET="150")
+    assert done.returncode != 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "the full-scale steps failed" in done.stdout + done.stderr
+    assert sorted(p.name for p in out.iterdir()) == ["SUMMARY.txt", "state"]
+    assert (out / "state" / "index.json").is_file() and "commit abc1234" in (out / "SUMMARY.txt").read_text()
+
+
 @pytest.mark.slow
-def test_the_lease_script_benches_runs_the_steps_packs_and_a_second_lease_resumes_from_the_pack(tmp_path: Path) -> None:
-    out = tmp_path / "lease"
-    env = {**_fedlatent(tmp_path), "BUDGET": "900", "STEPS": "feduv_a0.01", "SCRATCH": str(tmp_path / "scratch"),
-           "PACK": str(tmp_path / "returned" / "state")}
-    command = ["bash", str(ROOT / "benchmarks" / "gpu_lease.sh"), str(out), str(_archive(tmp_path))]
-    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+def test_the_dry_run_a_lease_from_a_bare_copy_benches_runs_packs_and_the_next_lease_resumes(tmp_path: Path) -> None:
+    """The dry run: two leases as a device machine runs them, the second on a fresh copy of the tree
+    from the first's pack alone (what the device tool brought back, carried into the next call)."""
+    archive = _archive(tmp_path)
+    out = tmp_path / "device-out"
+    done = _lease(_bare_copy(tmp_path / "tree", archive), out, tmp_path)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-    for precision in ("auto", "fp32"):
-        text = (out / f"bench_{precision}.txt").read_text()
-        assert "| fedlatent (vectorized) | fp32" in text and json.loads((out / f"bench_{precision}.json").read_text())
-    assert (out / "runs" / "feduv_a0.01" / "comparison.md").is_file() and not (out / "runs" / "cifar10-jpeg").exists()
-    assert "| cifar10-a0.01 | moon-mu1 | 35.70 |" in (out / "tables" / "feduv_a0.01.md").read_text()
-    assert "commit abc1234" in (out / "environment.txt").read_text() and (out / "lease.log").is_file()
-    # the next lease on a fresh machine: OUT restored from the packed state alone (what the device tool
-    # brought back and carries into the next call)
-    state = tmp_path / "returned" / "state"
-    assert sorted(p.name for p in state.iterdir())[-1] == "state.00" and (state / "index.json").is_file()
-    assert all(p.stat().st_size <= 16 << 20 for p in state.iterdir())
-    fresh = tmp_path / "lease2"
-    again = subprocess.run([*command[:2], str(fresh), command[3]], cwd=ROOT,
-                           env={**env, "PACK": "", "UNPACK": str(state)}, capture_output=True, text=True, timeout=600)
+    assert sorted(p.name for p in out.iterdir()) == ["SUMMARY.txt", "state"]  # the lease folder became its pack
+    state = out / "state"
+    files = sorted(state.iterdir())
+    assert files[-1].name == "state.00" and (state / "index.json").is_file()
+    assert len(files) + 1 <= 8 and all(p.stat().st_size <= 16 << 20 for p in files)  # the device tool's limits
+    summary = (out / "SUMMARY.txt").read_text()
+    assert "commit abc1234" in summary and "| fedlatent (vectorized) | fp32" in summary
+    assert "| cifar10-a0.01 | moon-mu1 | 35.70 |" in summary
+    tree = _bare_copy(tmp_path / "tree2", archive)
+    shutil.copytree(state, tree / "runs" / "lease-state")
+    shutil.rmtree(tmp_path / "scratch")  # a fresh machine: the same scratch path (the runs' data.root), empty
+    out2 = tmp_path / "device-out2"
+    again = _lease(tree, out2, tmp_path, UNPACK="runs/lease-state")
     assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-2000:]
     assert "bench (auto): kept from an earlier lease" in again.stdout and "4 of 4 runs finished already" in again.stdout
-    assert (fresh / "environment.txt").read_text().count("== lease") == 2 and (fresh / "lease.log").is_file()
+    restored = tmp_path / "restored"
+    from importlib import util
+    spec = util.spec_from_file_location("lease_state", ROOT / "benchmarks" / "lease_state.py")
+    assert spec is not None and spec.loader is not None
+    lease_state = util.module_from_spec(spec)
+    spec.loader.exec_module(lease_state)
+    lease_state.unpack(out2 / "state", restored)
+    assert (restored / "environment.txt").read_text().count("== lease") == 2 and (restored / "lease.log").is_file()
+    assert json.loads((restored / "bench_auto.json").read_text())
+
+
+def _readme_calls() -> list[tuple[str, list[str]]]:
+    """Each device-tool call in benchmarks/README.md: its command and its carry."""
+    text = (ROOT / "benchmarks" / "README.md").read_text()
+    calls = []
+    for match in re.finditer(r"run\(command='([^']*)'(.*?)\)\n", text, flags=re.S):
+        carry = re.search(r"carry=\[([^\]]*)\]", match.group(2))
+        calls.append((match.group(1), re.findall(r"'([^']*)'", carry.group(1)) if carry else []))
+    return calls
+
+
+def test_every_lease_call_in_the_readme_carries_every_path_its_command_reads() -> None:
+    """A device machine receives the tree and what ``carry`` names: the archive the lease reads by
+    default (``data/``, ignored) and the folder ``UNPACK`` names must be among them."""
+    calls = _readme_calls()
+    assert len(calls) >= 2 and any("UNPACK=" in command for command, _ in calls)
+    for command, carry in calls:
+        assert "benchmarks/gpu_lease.sh" in command
+        words = shlex.split(command)
+        script = words.index("benchmarks/gpu_lease.sh")
+        needed = [w.split("=", 1)[1] for w in words[:script] if w.startswith("UNPACK=")]
+        arguments = words[script + 1:]
+        needed.append(arguments[1] if len(arguments) > 1 else "data/cifar10-jpeg.tar.gz")
+        for path in needed:
+            assert any(path == c or path.startswith(c.rstrip("/") + "/") for c in carry), (command, path, carry)
+            ignored = subprocess.run(["git", "check-ignore", "-q", path], cwd=ROOT)
+            assert ignored.returncode == 0, f"{path}: carry takes ignored paths; a tracked one travels anyway"

@@ -18,6 +18,8 @@
 # LEASE/bench_auto.txt    the throughput table (and .json: the raw timings), precision auto; bench_fp32.* in fp32
 # LEASE/compile_stacked.txt  torch.compile of the stacked step's forward against eager (benchmarks/compile_stacked.py;
 #                       and .json; at most 240 s, once per LEASE; COMPILE=0 skips it, SMOKE=1 too unless COMPILE=1)
+# LEASE/profile_round.txt  one round of fedlatent and one epoch of the bare loop under torch.profiler
+#                       (benchmarks/profile_round.py; and .json; at most 120 s, once per LEASE; PROFILE=0 skips it)
 # LEASE/runs/<step>/    the full-scale sweeps (checkpoints, metrics, summaries; comparison.md when finished)
 # LEASE/tables/<step>.md  paper beside fedlatent per row, with .csv (per-round metrics) and .json (history)
 # LEASE/lease.log       everything the commands printed
@@ -114,7 +116,8 @@ finish() {  # on every exit: the pack for the next lease, then the lease's statu
 summary() {  # the lease's tables in one file, readable where the pack is not unpacked
   {
     tail -n 3 "$out/environment.txt"
-    for f in "$out"/bench_auto.txt "$out"/bench_fp32.txt "$out"/compile_stacked.txt "$out"/tables/*.md; do
+    for f in "$out"/bench_auto.txt "$out"/bench_fp32.txt "$out"/profile_round.txt "$out"/compile_stacked.txt \
+        "$out"/tables/*.md; do
       [ -f "$f" ] && { echo; echo "== ${f#"$out"/}"; cat "$f"; }
     done
   } > "$1" 2> /dev/null
@@ -143,6 +146,22 @@ for precision in auto fp32; do
     fail "bench ($precision): did not finish" $?; rm -f "$out/bench_$precision.json"
   fi
 done
+# where a round's time goes (torch.profiler: top operators, kernel launches, the device's busy time and
+# the host-side gaps), fedlatent's round beside the bare loop's epoch: the reason when the goal is missed
+if [ -f "$out/profile_round.json" ] && [ "${BENCH:-0}" != 1 ]; then
+  echo "profile (one round): kept from an earlier lease ($out/profile_round.txt)"
+elif [ "${PROFILE:-1}" = 1 ]; then
+  smoke=(); if [ "${SMOKE:-0}" = 1 ]; then smoke=(--samples 2); fi
+  t=$(( $(left) - 120 - keep )); if [ "$t" -gt 120 ]; then t=120; fi
+  if [ "$t" -le 30 ]; then echo "profile (one round): no time left"; else
+    if timeout --signal=INT --kill-after=15 "$t" "$python" "$here/profile_round.py" --device "$device" "${smoke[@]}" \
+        --json "$out/profile_round.json" > "$out/profile_round.tmp"; then
+      mv "$out/profile_round.tmp" "$out/profile_round.txt" && cat "$out/profile_round.txt"
+    else
+      echo "profile (one round): did not finish in $t s (exit $?)"; rm -f "$out/profile_round.json"
+    fi
+  fi
+fi
 # torch.compile of the stacked step's forward against eager (a measurement: fedlatent has no switch for it)
 if [ -f "$out/compile_stacked.json" ] && [ "${BENCH:-0}" != 1 ]; then
   echo "compile (stacked step): kept from an earlier lease ($out/compile_stacked.txt)"

@@ -227,6 +227,7 @@ def test_the_dry_run_a_lease_from_a_bare_copy_benches_runs_packs_and_the_next_le
     assert len(files) + 1 <= 8 and all(p.stat().st_size <= 16 << 20 for p in files)  # the device tool's limits
     summary = (out / "SUMMARY.txt").read_text()
     assert "commit abc1234" in summary and "| fedlatent (vectorized) | fp32" in summary
+    assert "bare loop: top operators by self time on the CPU" in summary  # benchmarks/profile_round.py
     assert "| cifar10-a0.01 | moon-mu1 | 35.70 |" in summary
     tree = _bare_copy(tmp_path / "tree2", archive)
     shutil.copytree(state, tree / "runs" / "lease-state")

@@ -321,6 +321,17 @@ class PrivacyConfig:
 
 
 @dataclass
+class CompressionConfig:
+    kind: str = _key("none", "compression of each client's update on its way to the server: 'none' (as it is) or "
+                     "'topk' (the fraction of entries of largest magnitude; Stich et al. 2018)",
+                     choices=("none", "topk"))
+    fraction: float = _key(0.01, "top-k: the share of the update's entries each client sends (0 < fraction <= 1), "
+                           "rounded up to a whole entry", low=0.0, high=1.0, low_open=True)
+    error_feedback: bool = _key(True, "top-k: what a client leaves out is kept on the client and added to its next "
+                                "update (error feedback; false: dropped)")
+
+
+@dataclass
 class RunConfig:
     seed: int = _key(0, "seed of every random choice of the run (numpy's legacy generator, used by "
                      "the Dirichlet partition, takes 0 .. 2**32 - 1)", low=0, high=2**32 - 1)
@@ -338,6 +349,7 @@ class RunConfig:
     flower: FlowerConfig = field(default_factory=FlowerConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     privacy: PrivacyConfig = field(default_factory=PrivacyConfig)
+    compression: CompressionConfig = field(default_factory=CompressionConfig)
 
     @property
     def data_seed(self) -> int:
@@ -471,6 +483,7 @@ def _check_consistency(config: RunConfig) -> None:
     _check_diagnostics(config.diagnostics)
     _check_tracking(config.tracking)
     _check_privacy(config.privacy)
+    _check_compression(config)
 
 
 def holdout_count(value: float, num_clients: int) -> int:
@@ -562,6 +575,20 @@ def _check_names(key: str, names: list[str], allowed: Iterable[str], noun: str) 
                                       unknown[0], allowed))
     if len(set(names)) != len(names):
         raise ConfigError(f"{key} = {names!r}: names a {noun} twice")
+
+
+def _check_compression(config: RunConfig) -> None:
+    """Top-k's error feedback carries past rounds' updates into a message: its norm is then no longer
+    bounded by privacy.clip_norm (the DP noise's sensitivity), and a masked SecAgg+ vector is dense."""
+    if config.compression.kind == "none":
+        return
+    p = config.privacy
+    if p.noise_multiplier > 0:
+        raise ConfigError(f"compression.kind = {config.compression.kind!r} with privacy.noise_multiplier > 0: a "
+                          "compressed update is not bounded by the clip norm the noise is scaled to")
+    if p.secure_aggregation != "off":
+        raise ConfigError(f"compression.kind = {config.compression.kind!r} with privacy.secure_aggregation = "
+                          f"{p.secure_aggregation!r}: the masked vector is dense, nothing would be saved")
 
 
 def _check_tracking(t: TrackingConfig) -> None:
@@ -673,6 +700,8 @@ def to_toml(config: RunConfig) -> str:
         del data["tracking"]
     if config.privacy == PrivacyConfig():
         del data["privacy"]
+    if config.compression == CompressionConfig():  # no compression: the run folders written before it stay resumable
+        del data["compression"]
     if not config.data.holdout_clients:  # none held out: the run folders written before the key stay resumable
         del data["data"]["holdout_clients"]
     lines = [f"{k} = {toml_value(v)}" for k, v in data.items() if not isinstance(v, (dict, list))]

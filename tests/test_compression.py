@@ -6,6 +6,7 @@ fraction of 1 the plain run up to rounding, the chain's order enforced, and the 
 in one line before any run folder exists."""
 from __future__ import annotations
 
+import json
 import math
 import subprocess
 import sys
@@ -160,3 +161,17 @@ def test_a_bad_compression_setting_exits_2_in_one_line_before_any_run_folder(cas
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.strip().count("\n") == 0 and key in proc.stderr
     assert not out.exists()
+
+
+def test_top_k_runs_on_the_nodes_as_on_the_embedded_backend(tmp_path: Path, monkeypatch) -> None:
+    """Through fedlatent's Flower apps (in-process grid, two nodes of two clients): each node keeps
+    its clients' residuals in its context, and every round's weights and bytes are the embedded run's."""
+    pytest.importorskip("flwr", reason="Flower is not installed (pip install 'fedlatent[flower]')")
+    from tests.flower_procs import InProcessGrid
+    from tests.test_flower import assert_parity, run_both
+    results = run_both(tmp_path, monkeypatch, ['compression.kind="topk"', "compression.fraction=0.05"],
+                       grid=InProcessGrid(2))
+    assert_parity(*results)
+    lines = [[json.loads(line)["bytes_up"] for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
+             for name in ("embedded", "flower")]
+    assert lines[0] == lines[1]

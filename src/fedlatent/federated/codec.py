@@ -268,7 +268,9 @@ class UpdateCodec:
         if not self.chain.combiner.terminal:
             raise TypeError(f"{type(self).__name__} combines a round's messages through round_combine(rnd, reference, "
                             "withheld, state)")
-        return self.chain.combiner.combine(messages, keys, weights, RoundContext(-1, {}, (), {}))
+        combined = self.chain.combiner.combine(messages, keys, weights, RoundContext(-1, {}, (), {}))
+        assert not isinstance(combined, UpdateSum)
+        return combined
 
     def round_bound(self, state: Tensors) -> float:
         """The clip bound of the round that starts with the server ``state`` (∞: none)."""
@@ -286,8 +288,8 @@ class UpdateCodec:
         if self.chain.combiner.terminal:
             return self.combine
         rc = RoundContext(rnd, reference, withheld, state, self.round_bound(state))
-        chain = self.chain
-        assert chain.finisher is not None
+        chain, finisher = self.chain, self.chain.finisher
+        assert finisher is not None
 
         def combine(messages: list[Upload], keys: list[str] | None = None,
                     weights: list[float] | None = None) -> Tensors:
@@ -295,7 +297,7 @@ class UpdateCodec:
             assert isinstance(total, UpdateSum)
             for link in chain.sum_links:
                 total = link.apply(total, rc)
-            return chain.finisher.finish(total, rc)
+            return finisher.finish(total, rc)
         return combine
 
     def server_update(self, rnd: int, uploads: list[Upload], state: Tensors) -> None:

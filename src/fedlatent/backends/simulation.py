@@ -192,7 +192,8 @@ def initial_server(config: RunConfig, federation: GlobalData, spec: MethodSpec,
     server = Server(spec, state_to_cpu(model), [n for n, _ in model.named_parameters()], trainable_names(model),
                     config.server, num_clients,
                     server_codec(config.privacy, config.seed, num_clients,
-                                 clients_per_round(num_clients, config.train.participation), config.compression))
+                                 clients_per_round(num_clients, config.train.participation), config.compression,
+                                 config.train.min_clients))
     return model, server
 
 

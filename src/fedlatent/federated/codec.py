@@ -62,6 +62,7 @@ from fedlatent.federated.adaptive_clipping import CLIP_NORM, CODEC, AdaptiveClip
 from fedlatent.federated.codec_chain import (Chain, Combiner, EncodeContext, EncodeLink, Finisher, RoundContext,
                                              ServerStateLink, SumLink, UpdateSum, coded_keys)
 from fedlatent.federated.compression import compression_link
+from fedlatent.federated.distributed_dp import ModularSum, SkellamAccountant, SkellamShare, SkellamSpec
 from fedlatent.methods.parts import Combine, Tensors, Upload
 from fedlatent.seeding import PRIVACY_NOISE, PRIVACY_STATISTICS, derive_seed
 
@@ -245,12 +246,13 @@ class UpdateCodec:
         return {k: v for link in self.chain.server_state for k, v in link.payload(state).items()}
 
     def encode(self, upload: Upload, reference: Tensors, withheld: Collection[str], payload: Tensors,
-               client_state: Tensors | None = None) -> Upload:
+               client_state: Tensors | None = None, rnd: int = 0) -> Upload:
         """The message ``upload`` travels as, from a client that started from ``reference`` (the
         round's global state) with the round's ``payload``; ``withheld``: entries that do not travel (a
         fixed head, the clients' own layers), left as they are; ``client_state``: the client's new
-        state, where a link keeps its per-client state. The plain codec returns ``upload`` itself."""
-        ctx = EncodeContext(reference, withheld, payload, client_state)
+        state, where a link keeps its per-client state; ``rnd``: the round (0-based). The plain codec
+        returns ``upload`` itself."""
+        ctx = EncodeContext(reference, withheld, payload, client_state, rnd)
         for link in self.chain.encoders:
             upload = link.encode(upload, ctx)
         return upload
@@ -384,6 +386,24 @@ class GaussianCodec(ClipCodec):
         return None if self.accountant is None else self.accountant.epsilon(rounds, releases)
 
 
+class DistributedCodec(UpdateCodec):
+    """Distributed DP (:mod:`fedlatent.federated.distributed_dp`): the clip link and each client's
+    Skellam share on the client; the modular sum and the fixed denominator w̄ + S/m on the server; ε
+    from ``accountant`` for the worst case of survivors it was built for."""
+
+    name = "distributed-skellam"
+
+    def __init__(self, spec: SkellamSpec, accountant: SkellamAccountant) -> None:
+        self.spec, self.accountant = spec, accountant
+        self.modular = ModularSum(spec)
+        super().__init__(Chain([ClipLink(spec.clip_norm), SkellamShare(spec)], self.modular, [],
+                               FixedDenominator(spec.per_round)))
+
+    def epsilon(self, rounds: int, releases: int = 0) -> float | None:
+        dimension = self.modular.dimension
+        return 0.0 if dimension is None else self.accountant.epsilon(rounds, dimension)
+
+
 def client_links(cfg: PrivacyConfig, compression: CompressionConfig | None = None) -> list[EncodeLink]:
     """The client's encode links ``[privacy]`` and ``[compression]`` ask for: the clip (at
     ``clip_norm``, or at the clip norm an adaptive server sends, and of the statistics at
@@ -409,17 +429,22 @@ def build_codec(cfg: PrivacyConfig, compression: CompressionConfig | None = None
 
 
 def server_codec(cfg: PrivacyConfig, seed: int, num_clients: int, per_round: int,
-                 compression: CompressionConfig | None = None) -> UpdateCodec:
+                 compression: CompressionConfig | None = None, survivors: int = 1) -> UpdateCodec:
     """The server's codec: DP-FedAvg's :class:`GaussianCodec` when ``noise_multiplier`` > 0 (its
     accountant for ``per_round`` of ``num_clients`` clients a round, given σ itself: with adaptive
     clipping the updates' noise is σ_Δ, so that with the count's it spends σ's privacy), else
-    :func:`build_codec`'s with the server's side of adaptive clipping when ``target_quantile`` > 0."""
+    :func:`build_codec`'s with the server's side of adaptive clipping when ``target_quantile`` > 0;
+    distributed DP's :class:`DistributedCodec` when ``distributed`` asks for it, its ε for the worst
+    case of ``survivors`` clients in a round's sum."""
     adaptive = AdaptiveClipping(cfg.clip_norm, cfg.target_quantile, cfg.clip_learning_rate, cfg.clip_count_noise,
                                 per_round, seed) if cfg.adaptive else None
     if cfg.noise_multiplier == 0:
         if adaptive is None:
             return build_codec(cfg, compression)
         return ClipCodec(cfg.clip_norm, adaptive=adaptive, statistics_clip_norm=cfg.statistics_clip_norm)
+    if cfg.distributed == "skellam":
+        spec = SkellamSpec(cfg.clip_norm, cfg.noise_multiplier, per_round, cfg.distributed_bits, seed)
+        return DistributedCodec(spec, SkellamAccountant(spec, max(1, survivors), cfg.delta))
     statistics_sigma = cfg.statistics_sigma if math.isfinite(cfg.statistics_clip_norm) else 0.0
     accountant = Accountant(num_clients, per_round, cfg.noise_multiplier, cfg.delta, statistics_sigma)
     update_sigma = cfg.noise_multiplier if adaptive is None else \

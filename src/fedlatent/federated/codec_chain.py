@@ -21,12 +21,13 @@ class EncodeContext:
     """What an encode link sees beside the message: the round's global state the client started
     from (``reference``), the entries that never travel (``withheld``), the round's ``payload``, and
     the client's own new state (``client_state``: a link's per-client state lives there under
-    ``codec.<link>.``; None where the backend keeps none for it)."""
+    ``codec.<link>.``; None where the backend keeps none for it) and the round ``rnd`` (0-based)."""
 
     reference: Tensors
     withheld: Collection[str]
     payload: Tensors
     client_state: Tensors | None = None
+    rnd: int = 0
 
 
 class EncodeLink:

@@ -255,5 +255,5 @@ def encoded(codec: UpdateCodec, outcomes: list[Upload | ClientFailure], task: Cl
     :meth:`Server.untransmitted`; ``states``: the clients' new states by id, where the codec's links
     keep their per-client state)."""
     states = states or {}
-    return [codec.encode(o, task.global_state, withheld, task.payload, states.get(o.client_id))
+    return [codec.encode(o, task.global_state, withheld, task.payload, states.get(o.client_id), task.round)
             if isinstance(o, Upload) else o for o in outcomes]

@@ -163,6 +163,9 @@ def test_a_run_on_both_embedded_backends_agrees_and_reports_epsilon() -> None:
                                        (['privacy.distributed="skellam"', "privacy.clip_norm=1",
                                          "privacy.noise_multiplier=1", "privacy.target_quantile=0.5",
                                          "privacy.clip_count_noise=1"], "privacy.target_quantile"),
+                                       (['privacy.distributed="skellam"', "privacy.clip_norm=1",
+                                         "privacy.noise_multiplier=1", "diagnostics.clients=true"],
+                                        "diagnostics.clients"),
                                        (["privacy.distributed_bits=4"], "privacy.distributed_bits")])
 def test_a_bad_distributed_setting_exits_2_in_one_line_before_any_run_folder(case, key, tmp_path: Path) -> None:
     out = tmp_path / "run"

@@ -613,6 +613,10 @@ def _check_distributed(config: RunConfig) -> None:
         if on:
             raise ConfigError(f"privacy.distributed = 'skellam' with privacy.{key} set: not built yet (the "
                               "distributed noise covers the updates of the embedded backends alone)")
+    d = config.diagnostics
+    if d.clients or "alignment" in d.which:
+        raise ConfigError("privacy.distributed = 'skellam' with diagnostics.clients or 'alignment': a client's message "
+                          "is its noised vector, not an update the diagnostics could measure")
     if config.backend == "flower":
         raise ConfigError("privacy.distributed = 'skellam' runs on the embedded backends (simulation, vectorized); "
                           "on Flower it waits for SecAgg+ to carry its vectors")

@@ -175,3 +175,12 @@ def test_top_k_runs_on_the_nodes_as_on_the_embedded_backend(tmp_path: Path, monk
     lines = [[json.loads(line)["bytes_up"] for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
              for name in ("embedded", "flower")]
     assert lines[0] == lines[1]
+
+
+def test_a_resumed_run_restores_each_clients_residual_and_ends_as_the_whole_run(tmp_path: Path, crash_at_round_2,
+                                                                                monkeypatch) -> None:
+    from tests.methods.resume import resumed_equals_uninterrupted
+    config = fedlatent.load_config(CONFIG, ["data.num_clients=4", "train.rounds=3", 'compression.kind="topk"',
+                                            "compression.fraction=0.05"])
+    states = resumed_equals_uninterrupted(config, tmp_path, monkeypatch)
+    assert all(residual(state) for state in states)  # the residuals are in the checkpointed client states

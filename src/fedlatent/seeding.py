@@ -30,6 +30,9 @@ HOLDOUT = 24
 # FedALA's sample of a client's training data at the start of its round (methods.fedala): a stream of
 # its own, so that the sample changes no batch draw
 ADAPTIVE_AGGREGATION = 25
+# distributed DP (federated.distributed_dp): the round's random rotation, shared by every client and
+# the server, and each client's conditional rounding and Skellam noise share; streams of their own
+DISTRIBUTED_ROTATION, DISTRIBUTED_NOISE = 26, 27
 
 # numpy's SeedSequence (O'Neill's seed_seq hash, numpy/random/bit_generator.pyx): its constants
 _MASK32 = 0xFFFFFFFF

@@ -117,7 +117,7 @@ class Setup:
                         for cid in selected]
         states = {rc.client_id: rc.state for rc in rcs}
         return encoded(self.server.codec, checked_all(outcomes, states), tasks[0],
-                       self.server.untransmitted()), states
+                       self.server.untransmitted(), states), states
 
     def statistics(self, state: Tensors) -> dict[int, Tensors]:
         return {cid: calibrate.client_statistics(self.model, state, c.train, self.spec.calibration,
@@ -192,7 +192,8 @@ def initial_server(config: RunConfig, federation: GlobalData, spec: MethodSpec,
     server = Server(spec, state_to_cpu(model), [n for n, _ in model.named_parameters()], trainable_names(model),
                     config.server, num_clients,
                     server_codec(config.privacy, config.seed, num_clients,
-                                 clients_per_round(num_clients, config.train.participation)))
+                                 clients_per_round(num_clients, config.train.participation), config.compression,
+                                 config.train.min_clients))
     return model, server
 
 

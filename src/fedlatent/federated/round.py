@@ -31,6 +31,7 @@ from fedlatent.data.augment import Augmentation
 from fedlatent.data.types import Split
 from fedlatent.federated.client import LocalSettings, Workspace
 from fedlatent.federated.codec import UpdateCodec
+from fedlatent.federated.codec_chain import CODED_BYTES
 from fedlatent.federated.lockstep import local_update
 from fedlatent.federated import precision
 from fedlatent.federated.failures import (ClientFailure, RunStopped, all_finite, first_nonfinite, losses_finite,
@@ -174,7 +175,8 @@ def close_round(server: Server, config: RunConfig, rnd: int, tasks: list[ClientT
     }
     untransmitted = server.untransmitted()
     down = _once_each([t.global_state for t in tasks], lambda state: traffic(state, untransmitted))
-    up = [traffic(u.state, untransmitted) for u in uploads]
+    up = [(int(u.metrics[CODED_BYTES]), 0) if CODED_BYTES in u.metrics else traffic(u.state, untransmitted)
+          for u in uploads]  # a message a codec link made smaller (top-k) counts as it travels
     metrics["bytes_down"] = sum(d for d, _ in down) + sum(_once_each([t.payload for t in tasks], nbytes))
     metrics["bytes_up"] = sum(d for d, _ in up) + sum(nbytes(e) for u in uploads for e in u.extras.values())
     metrics["bytes_head_down"] = sum(h for _, h in down)
@@ -246,10 +248,12 @@ def checked_all(outcomes: list[Upload | ClientFailure], states: dict[int, Tensor
 
 
 def encoded(codec: UpdateCodec, outcomes: list[Upload | ClientFailure], task: ClientTask,
-            withheld: Collection[str]) -> list[Upload | ClientFailure]:
+            withheld: Collection[str], states: dict[int, Tensors] | None = None) -> list[Upload | ClientFailure]:
     """The client half's last step, after its own check (:func:`checked`, :func:`checked_all`):
     each upload as the message it travels as (:meth:`UpdateCodec.encode` from the round's global
     state and payload, as ``task`` holds them; ``withheld``: the entries that never travel,
-    :meth:`Server.untransmitted`)."""
-    return [codec.encode(o, task.global_state, withheld, task.payload) if isinstance(o, Upload) else o
-            for o in outcomes]
+    :meth:`Server.untransmitted`; ``states``: the clients' new states by id, where the codec's links
+    keep their per-client state)."""
+    states = states or {}
+    return [codec.encode(o, task.global_state, withheld, task.payload, states.get(o.client_id), task.round)
+            if isinstance(o, Upload) else o for o in outcomes]

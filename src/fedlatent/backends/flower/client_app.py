@@ -149,7 +149,7 @@ def job_for(config_toml: str, node_config: dict[str, Any], normalization: Tensor
         initial = state_to_cpu(model)
         frozen, local = untransmitted_keys(spec, [n for n, _ in model.named_parameters()], trainable_names(model),
                                            list(initial))
-        _BUILT[key] = Job(config, spec, federation, {}, ws, device, initial, build_codec(config.privacy),
+        _BUILT[key] = Job(config, spec, federation, {}, ws, device, initial, build_codec(config.privacy, config.compression),
                           frozenset(frozen + local))
     job = _BUILT[key]
     if data_path:  # the node's own file holds its one client: client partition-id
@@ -228,7 +228,8 @@ def train(msg: Message, context: Context) -> Message:
         try:
             upload, new_state = client_update(job.workspace, job.spec, task, job.clients[task.client_id].train,
                                               state, settings, cfg.seed)
-            [outcome] = encoded(codec, [checked(upload, new_state)], task, job.untransmitted)
+            [outcome] = encoded(codec, [checked(upload, new_state)], task, job.untransmitted,
+                                 {task.client_id: new_state})
         except ConfigError as exc:  # the user's error: the server ends the run with it (exit 2)
             outcome = ClientFailure(task.client_id, "config", str(exc))
         except Exception as exc:  # any other error of the client's update is that client's failure

@@ -26,7 +26,8 @@ import torch
 
 from fedlatent.backends.flower.secagg import Party, dequantize, quantize
 from fedlatent.federated.codec import UpdateCodec
-from fedlatent.methods.parts import Combine, Tensors, Upload
+from fedlatent.federated.codec_chain import Chain, Combiner, EncodeContext, EncodeLink, Finisher, RoundContext, UpdateSum
+from fedlatent.methods.parts import Tensors, Upload
 from fedlatent.seeding import SECAGG_STATISTICS, SECAGG_UPDATES, derive_seed
 
 VECTOR = "secagg"  # the one entry of a masked message
@@ -88,30 +89,36 @@ class Masking:
         return torch.from_numpy(self.party.mask(self.session, self.ciphertexts, quantized).view(np.int64))
 
 
+class MaskLink(EncodeLink):
+    """The chain's last client link under SecAgg+: the pre-weighted update x = (n_k / ``total_samples``)
+    · (m_k − w̄) of the message so far, as one masked vector; the calibration statistics, every entry
+    (sorted by key, flattened) divided by ``total_samples`` and masked likewise."""
+
+    stage = "mask"
+
+    def __init__(self, masking: Masking, total_samples: int) -> None:
+        self.masking, self.total_samples = masking, total_samples
+
+    def encode(self, message: Upload, ctx: EncodeContext) -> Upload:
+        entries = layout(ctx.reference, ctx.withheld)
+        delta = flatten(message.state, entries) - flatten(ctx.reference, entries)
+        vector = self.masking.vector(delta * (message.num_samples / self.total_samples))
+        return dataclasses.replace(message, state={VECTOR: vector})
+
+    def encode_statistics(self, statistics: Tensors) -> Tensors:
+        return {VECTOR: self.masking.vector(flatten(statistics, layout(statistics)) / self.total_samples)}
+
+
 class MaskingCodec(UpdateCodec):
-    """A client's side under SecAgg+: its ``inner`` codec's message (clipped where ``clip_norm`` asks),
-    then the pre-weighted update x = (n_k / ``total_samples``) · (w_k − w̄) as one masked vector; its
-    calibration statistics, as sums (CCVR's per-class sums, not moments), divided by ``total_samples``
-    and masked likewise."""
+    """A client's side under SecAgg+: its ``inner`` codec's links (the clip where ``clip_norm`` asks),
+    then the mask (:class:`MaskLink`); its calibration statistics as sums (CCVR's per-class sums,
+    not moments), clipped by the inner links where ``statistics_clip_norm`` asks, then masked."""
 
     name = "secaggplus"
-    statistics_as_sums = True  # the server reads their sum alone
 
     def __init__(self, inner: UpdateCodec, masking: Masking, total_samples: int) -> None:
         self.inner, self.masking, self.total_samples = inner, masking, total_samples
-
-    def encode(self, upload: Upload, reference: Tensors, withheld: Collection[str], payload: Tensors) -> Upload:
-        upload = self.inner.encode(upload, reference, withheld, payload)
-        entries = layout(reference, withheld)
-        delta = flatten(upload.state, entries) - flatten(reference, entries)
-        vector = self.masking.vector(delta * (upload.num_samples / self.total_samples))
-        return dataclasses.replace(upload, state={VECTOR: vector})
-
-    def encode_statistics(self, statistics: Tensors) -> Tensors:
-        """The ``inner`` codec's statistics (clipped where ``statistics_clip_norm`` asks), every entry
-        (sorted by key, flattened) divided by T and masked: one vector."""
-        statistics = self.inner.encode_statistics(statistics)
-        return {VECTOR: self.masking.vector(flatten(statistics, layout(statistics)) / self.total_samples)}
+        super().__init__(Chain([*inner.chain.encoders, MaskLink(masking, total_samples)]))
 
 
 @dataclass
@@ -130,25 +137,17 @@ class Unmasking:
 Unmask = Callable[[list[int] | None], Unmasking]  # stage 3 for these clients' vectors (None: all that arrived)
 
 
-class UnmaskingCodec(UpdateCodec):
-    """The server's side under SecAgg+: the sum of a session's masked vectors, unmasked by the
-    protocol's last stage (:meth:`expect`: run for the clients whose vectors the server combines, those
-    the failure policy kept), is all it reads — the weighted mean of the updates
-    (:meth:`round_combine`) or the sums of FFC's statistics and CCVR's per-class sums (:meth:`total`)."""
+class UnmaskedSum(Combiner):
+    """The server chain's combiner under SecAgg+: the sum of a session's masked vectors, unmasked by
+    the protocol's last stage (``pending``: the unmasking of the next "update" or "statistics"
+    session, its per-round server state), read as T · Σ_k x_k by entry."""
 
-    name = "secaggplus"
-    statistics_as_sums = True
-
+    reads_sums = True
     def __init__(self, levels: int) -> None:
         self.levels = levels
         self.pending: dict[str, Unmask] = {}
 
-    def expect(self, kind: str, unmask: Unmask) -> None:
-        """The next ``kind`` ("update" or "statistics") of messages to combine is read with what
-        ``unmask`` returns for their clients."""
-        self.pending[kind] = unmask
-
-    def _sum(self, kind: str, clients: list[int] | None, vectors: list[torch.Tensor]) -> Tensors:
+    def summed(self, kind: str, clients: list[int] | None, vectors: list[torch.Tensor]) -> Tensors:
         """T · Σ_k x_k, by entry (float64), from the masked ``vectors`` of ``clients`` (None: of every
         client whose vector arrived, in id order)."""
         unmask = self.pending.pop(kind, None)
@@ -161,31 +160,51 @@ class UnmaskingCodec(UpdateCodec):
         total = np.sum([v.numpy().view(np.uint64) for v in vectors], axis=0, dtype=np.uint64) - u.mask
         return unflatten(dequantize(total, u.bound, self.levels) * u.scale, u.entries)
 
-    def combine(self, messages: list[Upload], keys: list[str] | None = None,
-                weights: list[float] | None = None) -> Tensors:
-        """Refused: the mean needs the round's reference (:meth:`round_combine`)."""
-        raise TypeError("UnmaskingCodec combines a round's messages through round_combine(rnd, reference, withheld)")
+    def combine(self, messages: list[Upload], keys: list[str] | None, weights: list[float] | None,
+                rc: RoundContext) -> UpdateSum:
+        if weights is not None:
+            raise ValueError("SecAgg+ sums updates the clients weighted themselves; a combine with weights of "
+                             "its own (FedNova's, FedDyn's) cannot be taken")
+        sums = self.summed("update", [m.client_id for m in messages], [m.state[VECTOR] for m in messages])
+        order = list(rc.reference if keys is None else keys)
+        return UpdateSum(sums, order, len(messages), sum(m.num_samples for m in messages))
 
-    def round_combine(self, rnd: int, reference: Tensors, withheld: Collection[str], state: Tensors) -> Combine:
-        def combine(messages: list[Upload], keys: list[str] | None = None,
-                    weights: list[float] | None = None) -> Tensors:
-            if weights is not None:
-                raise ValueError("SecAgg+ sums updates the clients weighted themselves; a combine with weights of "
-                                 "its own (FedNova's, FedDyn's) cannot be taken")
-            summed = self._sum("update", [m.client_id for m in messages], [m.state[VECTOR] for m in messages])
-            samples = sum(m.num_samples for m in messages)
-            out: Tensors = {}
-            for key in reference if keys is None else keys:
-                ref = reference[key]
-                if key not in summed:
-                    out[key] = ref
-                    continue
-                value = ref.double() + (summed[key] / samples).to(ref.device)
-                out[key] = (value if ref.is_floating_point() else value.round()).to(ref.dtype)
-            return out
-        return combine
-
-    def total(self, statistics: list[Tensors], release: int) -> Tensors:
+    def total(self, statistics: list[Tensors]) -> Tensors:
         """Σ_k of the clients' statistics, from their masked vectors (in client-id order, as the
         protocol's clients are)."""
-        return self._sum("statistics", None, [s[VECTOR] for s in statistics])
+        return self.summed("statistics", None, [s[VECTOR] for s in statistics])
+
+
+class SampleMean(Finisher):
+    """w̄ + S / Σ_k n_k over the clients summed (integer entries rounded), each entry back in its dtype;
+    an entry without a sum is the reference's."""
+
+    def finish(self, total: UpdateSum, rc: RoundContext) -> Tensors:
+        out: Tensors = {}
+        for key in total.order:
+            ref = rc.reference[key]
+            if key not in total.sums:
+                out[key] = ref
+                continue
+            value = ref.double() + (total.sums[key] / total.samples).to(ref.device)
+            out[key] = (value if ref.is_floating_point() else value.round()).to(ref.dtype)
+        return out
+
+
+class UnmaskingCodec(UpdateCodec):
+    """The server's side under SecAgg+: the unmasking combiner (:class:`UnmaskedSum`: run for the clients
+    whose vectors the server combines, those the failure policy kept) and the sample-mean finisher —
+    the weighted mean of the updates (:meth:`round_combine`) or the sums of FFC's statistics and
+    CCVR's per-class sums (:meth:`total`) are all it reads."""
+
+    name = "secaggplus"
+
+    def __init__(self, levels: int) -> None:
+        self.unmask = UnmaskedSum(levels)
+        self.levels, self.pending = levels, self.unmask.pending
+        super().__init__(Chain(combiner=self.unmask, finisher=SampleMean()))
+
+    def expect(self, kind: str, unmask: Unmask) -> None:
+        """The next ``kind`` ("update" or "statistics") of messages to combine is read with what
+        ``unmask`` returns for their clients."""
+        self.pending[kind] = unmask

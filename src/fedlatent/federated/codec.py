@@ -44,7 +44,8 @@ from fedlatent.federated.accounting import Accountant
 from fedlatent.federated.adaptive_clipping import CLIP_NORM, CODEC, AdaptiveClipping, unclipped_bit, update_noise_multiplier
 from fedlatent.methods.aggregation import weighted_mean
 from fedlatent.methods.parts import Combine, Tensors, Upload
-from fedlatent.seeding import PRIVACY_NOISE, PRIVACY_STATISTICS, derive_seed
+from fedlatent.federated.randomness import Randomness, Source, privacy_generator, standard_normal
+from fedlatent.seeding import PRIVACY_NOISE, PRIVACY_STATISTICS
 
 
 class UpdateCodec:
@@ -210,7 +211,7 @@ class GaussianCodec(ClipCodec):
 
     name = "gaussian"
 
-    def __init__(self, clip_norm: float, noise_multiplier: float, per_round: int, seed: int,
+    def __init__(self, clip_norm: float, noise_multiplier: float, per_round: int, seed: int | Randomness,
                  accountant: Accountant | None = None, *, adaptive: AdaptiveClipping | None = None,
                  statistics_clip_norm: float = math.inf, statistics_noise_multiplier: float = 0.0) -> None:
         super().__init__(clip_norm, adaptive=adaptive, statistics_clip_norm=statistics_clip_norm)
@@ -240,12 +241,12 @@ class GaussianCodec(ClipCodec):
             return self.noisy_mean(messages, keys, reference, withheld, self.noise(rnd), bound)
         return combine
 
-    def noise(self, rnd: int) -> torch.Generator:
+    def noise(self, rnd: int) -> Source:
         """Round ``rnd``'s noise generator: (run seed, PRIVACY_NOISE, round)."""
-        return torch.Generator().manual_seed(derive_seed(self.seed, PRIVACY_NOISE, rnd))
+        return privacy_generator(self.seed, PRIVACY_NOISE, rnd)
 
     def noisy_mean(self, messages: list[Upload], keys: list[str] | None, reference: Tensors,
-                   withheld: Collection[str], generator: torch.Generator, bound: float) -> Tensors:
+                   withheld: Collection[str], generator: Source, bound: float) -> Tensors:
         """w̄ + (Σ_k Δ_k + N(0, σ²C²)) / m over ``keys`` (every key of the first message: None), C =
         ``bound``, the sum and the noise in float64 and the result in each entry's dtype."""
         scale = self.noise_multiplier * bound
@@ -257,7 +258,7 @@ class GaussianCodec(ClipCodec):
                 continue
             total = torch.stack([m.state[key].to(ref.device, torch.float64) for m in messages]).sum(0) \
                 - len(messages) * ref.double()
-            noise = torch.randn(ref.shape, generator=generator, dtype=torch.float64).to(ref.device)
+            noise = standard_normal(ref.shape, generator, torch.float64).to(ref.device)
             out[key] = (ref.double() + (total + scale * noise) / self.per_round).to(ref.dtype)
         return out
 
@@ -271,9 +272,8 @@ class GaussianCodec(ClipCodec):
         if self.statistics_bound is None or self.statistics_noise_multiplier == 0:
             return summed
         scale = self.statistics_noise_multiplier * self.statistics_bound
-        generator = torch.Generator().manual_seed(derive_seed(self.seed, PRIVACY_STATISTICS, release))
-        return {key: value.double() + scale * torch.randn(value.shape, generator=generator,
-                                                          dtype=torch.float64).to(value.device)
+        generator = privacy_generator(self.seed, PRIVACY_STATISTICS, release)
+        return {key: value.double() + scale * standard_normal(value.shape, generator, torch.float64).to(value.device)
                 for key, value in summed.items()}
 
 
@@ -287,7 +287,7 @@ def build_codec(cfg: PrivacyConfig) -> UpdateCodec:
     return ClipCodec(cfg.clip_norm, statistics_clip_norm=cfg.statistics_clip_norm)
 
 
-def server_codec(cfg: PrivacyConfig, seed: int, num_clients: int, per_round: int) -> UpdateCodec:
+def server_codec(cfg: PrivacyConfig, seed: int | Randomness, num_clients: int, per_round: int) -> UpdateCodec:
     """The server's codec: DP-FedAvg's :class:`GaussianCodec` when ``noise_multiplier`` > 0 (its
     accountant for ``per_round`` of ``num_clients`` clients a round, given σ itself: with adaptive
     clipping the updates' noise is σ_Δ, so that with the count's it spends σ's privacy), else

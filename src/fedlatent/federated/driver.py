@@ -284,4 +284,6 @@ def restore(s: Run, ckpt: Path, num_clients: int, warn: Callable[[str], None]) -
         warn(f"--resume: no intact checkpoint under {ckpt}; starting again from the initial state (round 0)")
         return 0, 0.0
     s.server.global_state, s.server.state, s.client_states, info = loaded
+    if s.server.randomness is not None:  # a secret run goes on with the key its checkpoint kept
+        s.server.randomness.bind(s.server.state)
     return info["round"], info["elapsed_s"]

@@ -1,0 +1,160 @@
+"""privacy.randomness (federated.randomness): the review's attack — a participant holding the run's
+configuration and every message it received regenerates a round's noise and recovers another
+client's update — works against a seeded run and fails against a secret one; secret draws are
+standard normals, secret selections are distinct clients, two secret runs differ, a secret run's
+key survives a resume and never travels, and seeded runs draw exactly what they drew before."""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import fedlatent
+from fedlatent.config import PrivacyConfig
+from fedlatent.federated.codec import server_codec
+from fedlatent.federated.randomness import (SECRET_KEY, Randomness, SecretStream, resolve, secure_normal,
+                                            standard_normal)
+from fedlatent.federated.round import clients_per_round, sample_clients
+from fedlatent.methods.parts import Upload
+from fedlatent.seeding import PRIVACY_NOISE, derive_seed
+from tests.private_runs import small_config
+
+SIGMA, CLIP, DIM = 3.0, 1.0, 20_000  # the review's setting: σ = 3, two clients a round
+
+
+def _round(randomness: Randomness) -> tuple[dict, dict, dict, dict]:
+    """One DP-FedAvg round of two clients over a ``DIM``-entry model under ``randomness``: the global
+    state w̄ before, the two clients' clipped updates Δ₀, Δ₁ and the published w̄'."""
+    cfg = PrivacyConfig(clip_norm=CLIP, noise_multiplier=SIGMA)
+    codec = server_codec(cfg, randomness, num_clients=2, per_round=2)
+    g = torch.Generator().manual_seed(7)
+    reference = {"w": torch.randn(DIM, generator=g)}
+    deltas = [{"w": torch.randn(DIM, generator=g) * (0.5 / math.sqrt(DIM))} for _ in range(2)]  # ‖Δ‖ ≈ 0.5 < C
+    uploads = [Upload(k, {"w": reference["w"] + d["w"]}, 10, 1, 0.1, 0.0) for k, d in enumerate(deltas)]
+    published = codec.round_combine(0, reference, (), {})(uploads)
+    return reference, deltas[0], deltas[1], published
+
+
+def _attack(seed: int, reference: dict, own: dict, published: dict) -> torch.Tensor:
+    """The participant's reconstruction of the other client's update: m (w̄' − w̄) − Δ_own − σC·n̂,
+    n̂ the round's noise regenerated from the configuration's seed."""
+    regenerated = torch.randn(DIM, generator=torch.Generator().manual_seed(derive_seed(seed, PRIVACY_NOISE, 0)),
+                              dtype=torch.float64)
+    total = 2 * (published["w"].double() - reference["w"].double())
+    return total - own["w"].double() - SIGMA * CLIP * regenerated
+
+
+def test_the_attack_recovers_another_clients_update_in_a_seeded_run_and_misses_by_the_noise_in_a_secret_one() -> None:
+    """Seeded: the reconstruction of client 1's update is off by float32 rounding alone (relative
+    error < 1e-4; the review found 4e-6). Secret: it is off by σC(n − n̂), two independent
+    N(0, σ²C²) per entry, so the error's RMS per entry is √2·σC within 2 % over 20 000 entries,
+    ~80 times the update's own norm: the participant learns nothing of the update."""
+    reference, own, other, published = _round(Randomness("seeded", seed=0))
+    seeded_error = (_attack(0, reference, own, published) - other["w"].double()).norm() / other["w"].norm()
+    assert seeded_error < 1e-4
+    reference, own, other, published = _round(Randomness("secret", seed=0))
+    error = _attack(0, reference, own, published) - other["w"].double()
+    rms = float(error.pow(2).mean().sqrt())
+    assert abs(rms / (math.sqrt(2) * SIGMA * CLIP) - 1) < 0.02
+    assert error.norm() / other["w"].norm() > 50
+    print(f"attack: seeded relative error {float(seeded_error):.2e}; secret error RMS {rms:.3f} "
+          f"(sqrt(2) sigma C = {math.sqrt(2) * SIGMA * CLIP:.3f}), relative {float(error.norm() / other['w'].norm()):.1f}")
+
+
+def test_two_secret_runs_of_one_configuration_draw_different_noise_and_a_key_repeats_its_own() -> None:
+    """Two Randomness("secret") draw independent keys, so their rounds' noise differs (correlation
+    ≈ 0 over 20 000 entries); one key's stream repeats (what a resumed run relies on)."""
+    a, b = Randomness("secret", 0), Randomness("secret", 0)
+    assert a.key != b.key and len(a.key) == 32
+    na, nb = (standard_normal(DIM, r.generator(PRIVACY_NOISE, 0), torch.float64) for r in (a, b))
+    assert abs(float(torch.corrcoef(torch.stack([na, nb]))[0, 1])) < 5 / math.sqrt(DIM)
+    again = standard_normal(DIM, Randomness("secret", 0, key=a.key).generator(PRIVACY_NOISE, 0), torch.float64)
+    assert torch.equal(na, again)
+    other_round = standard_normal(DIM, a.generator(PRIVACY_NOISE, 1), torch.float64)
+    assert not torch.equal(na, other_round)
+
+
+def test_secure_normals_are_standard_normal() -> None:
+    """2·10⁶ secure normals: mean within 5 standard errors of 0 (false alarm < 10⁻⁶), variance within
+    5 of 1 (the variance's standard error √(2/n)), and the 4th moment near 3 (Gaussian, not the sum's
+    summands' law rescaled wrongly). A stream's successive draws differ."""
+    stream = SecretStream(b"k" * 32, 1)
+    n = 2_000_000
+    x = secure_normal(n, stream)
+    assert abs(x.mean()) < 5 / math.sqrt(n)
+    assert abs(x.var() - 1) < 5 * math.sqrt(2 / n)
+    assert abs((x ** 4).mean() - 3) < 5 * math.sqrt(96 / n)
+    assert not np.array_equal(x[:10], secure_normal(10, stream))
+
+
+def test_seeded_draws_and_selections_are_todays_bit_for_bit() -> None:
+    """Seeded: the generator is (seed, stream, round)'s torch.Generator, its normals torch.randn's, and
+    the selection sample_clients' for every round — the numbers of runs before privacy.randomness."""
+    r = Randomness("seeded", 5)
+    expected = torch.randn((3, 4), generator=torch.Generator().manual_seed(derive_seed(5, PRIVACY_NOISE, 2)),
+                           dtype=torch.float64)
+    assert torch.equal(standard_normal((3, 4), r.generator(PRIVACY_NOISE, 2), torch.float64), expected)
+    for rnd in range(20):
+        assert r.select(rnd, 10, clients_per_round(10, 0.3)) == sample_clients(5, rnd, 10, 0.3)
+
+
+def test_secret_selection_draws_distinct_clients_evenly_and_not_the_seeded_sequence() -> None:
+    """Secret: m distinct clients in id order each round; over 3000 rounds each of 10 clients is chosen
+    about 3000·3/10 times (within 5 binomial standard deviations); the sequence is not the seed's."""
+    r = Randomness("secret", 0)
+    chosen = [r.select(rnd, 10, 3) for rnd in range(3000)]
+    assert all(len(set(c)) == 3 and c == sorted(c) for c in chosen)
+    counts = np.bincount([c for row in chosen for c in row], minlength=10)
+    sd = math.sqrt(3000 * 0.3 * 0.7)
+    assert np.all(np.abs(counts - 900) < 5 * sd)
+    assert chosen[:20] != [sample_clients(0, rnd, 10, 0.3) for rnd in range(20)]
+
+
+def test_auto_is_secret_on_flower_and_seeded_elsewhere() -> None:
+    assert resolve("auto", "flower") == "secret"
+    assert [resolve("auto", b) for b in ("simulation", "vectorized")] == ["seeded", "seeded"]
+    assert resolve("seeded", "flower") == "seeded"
+
+
+def test_the_key_is_server_state_a_resumed_run_adopts_and_no_payload_carries(tmp_path: Path) -> None:
+    """A secret run's key is in its server state (so a checkpoint keeps it) and in no client's payload;
+    a Randomness bound to a state holding a key adopts it (the resume)."""
+    from tests.private_runs import set_up
+    config = small_config("privacy.clip_norm=0.5", "privacy.noise_multiplier=0.8", 'privacy.randomness="secret"')
+    s = set_up(config)
+    key = bytes(s.server.state[SECRET_KEY].tolist())
+    assert key == s.server.randomness.key and len(key) == 32
+    assert all(SECRET_KEY not in p for p in s.server.payload().values())
+    fresh = Randomness("secret", 0)
+    fresh.bind(s.server.state)
+    assert fresh.key == key
+
+
+def _final_weights(out: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+    last = sorted((out / "checkpoints").iterdir())[-1]
+    return load_file(str(last / "global.safetensors"))
+
+
+@pytest.mark.parametrize("backend", ["simulation", "vectorized"])
+def test_two_secret_runs_differ_and_two_seeded_runs_repeat(backend: str, tmp_path: Path) -> None:
+    """Two-round private runs of one configuration: seeded, the global models are equal to the bit;
+    secret, they differ (their noise does), and summary.json says which randomness ran and, seeded,
+    for whom ε holds."""
+    base = ["train.rounds=2", "privacy.clip_norm=0.5", "privacy.noise_multiplier=0.8", f'backend="{backend}"',
+            "eval.every=2"]
+    weights, summaries = {}, {}
+    for mode in ("seeded", "secret"):
+        for i in range(2):
+            out = tmp_path / f"{mode}{i}"
+            summaries[mode, i] = fedlatent.run(small_config(*base, f'privacy.randomness="{mode}"'), out)
+            weights[mode, i] = _final_weights(out)
+    assert all(torch.equal(weights["seeded", 0][k], weights["seeded", 1][k]) for k in weights["seeded", 0])
+    assert not all(torch.equal(weights["secret", 0][k], weights["secret", 1][k]) for k in weights["secret", 0])
+    assert summaries["seeded", 0]["privacy_randomness"] == "seeded" and "seed" in summaries["seeded", 0]["privacy_note"]
+    assert summaries["secret", 0]["privacy_randomness"] == "secret" and "privacy_note" not in summaries["secret", 0]
+    assert json.loads((tmp_path / "secret0" / "summary.json").read_text())["privacy_randomness"] == "secret"

@@ -207,6 +207,21 @@ BAD = {
     "ccvr": (['algorithm.name="ccvr"', *PRIVATE], "ccvr calibration's statistics"),
     "batchnorm": (['model.arch="resnet18"', *PRIVATE], "running statistics would travel in the update"),
     "batchnorm only": (['data.dataset="cifar10"', 'model.arch="cifar_convnet"', *PRIVATE], "no GroupNorm variant"),
+    # σ = inf passes a range check and would make round 1's model infinite; nan compares false with any bound
+    "infinite sigma": (["privacy.clip_norm=1", "privacy.noise_multiplier=inf"],
+                       "privacy.noise_multiplier = inf: must be a finite number"),
+    "nan sigma": (["privacy.clip_norm=1", "privacy.noise_multiplier=nan"], "privacy.noise_multiplier = nan"),
+    "infinite sample sigma": (["privacy.sample_clip_norm=1", "privacy.sample_noise_multiplier=inf"],
+                              "privacy.sample_noise_multiplier = inf"),
+    "infinite statistics sigma": ([*PRIVATE, "privacy.statistics_noise_multiplier=inf"],
+                                  "privacy.statistics_noise_multiplier = inf"),
+    "infinite count noise": (["privacy.clip_norm=1", "privacy.target_quantile=0.5", "privacy.clip_count_noise=inf"],
+                             "privacy.clip_count_noise = inf"),
+    # the quantile's bound says what it enforces: 1 itself is refused, and so is 1.5, by the same words
+    "quantile one": (["privacy.clip_norm=1", "privacy.target_quantile=1"], "privacy.target_quantile = 1.0: must be < 1.0"),
+    "quantile above one": (["privacy.clip_norm=1", "privacy.target_quantile=1.5"],
+                           "privacy.target_quantile = 1.5: must be < 1.0"),
+    "unknown randomness": (['privacy.randomness="os"'], "privacy.randomness"),
 }
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 
 import numpy as np
@@ -158,3 +159,30 @@ def test_two_secret_runs_differ_and_two_seeded_runs_repeat(backend: str, tmp_pat
     assert summaries["seeded", 0]["privacy_randomness"] == "seeded" and "seed" in summaries["seeded", 0]["privacy_note"]
     assert summaries["secret", 0]["privacy_randomness"] == "secret" and "privacy_note" not in summaries["secret", 0]
     assert json.loads((tmp_path / "secret0" / "summary.json").read_text())["privacy_randomness"] == "secret"
+
+
+def test_a_private_run_shows_epsilon_on_each_progress_line_and_in_the_table_and_warns_when_it_is_meaningless(
+        tmp_path: Path, capsys) -> None:
+    """σ = 0.01: each progress line carries ``eps``, the final table ``privacy_epsilon`` (as
+    summary.json has it, 4 significant digits) and ``privacy_randomness``; the run ends with the seeded
+    note and a warning naming ε > 10. A plain run shows none of them."""
+    from fedlatent.cli import main
+    from tests.private_runs import CONFIG, SMALL
+    args = [a for o in [*SMALL, "train.rounds=2", "privacy.clip_norm=1", "privacy.noise_multiplier=0.01"]
+            for a in ("--set", o)]
+    out = tmp_path / "run"
+    assert main(["run", str(CONFIG), "--no-figures", *args, "--out", str(out)]) == 0
+    captured = capsys.readouterr()
+    summary = json.loads((out / "summary.json").read_text())
+    progress = [line for line in captured.err.splitlines() if ": round " in line]
+    assert len(progress) == 2 and all(", eps " in line for line in progress)
+    assert f"privacy_epsilon  {summary['privacy_epsilon']:.4g}" in captured.out
+    assert re.search(r"privacy_randomness\s+seeded", captured.out)
+    assert summary["privacy_epsilon"] > 10
+    assert "fedlatent: note: privacy.randomness = 'seeded'" in captured.err
+    assert "fedlatent: warning: privacy_epsilon = " in captured.err and "is above 10" in captured.err
+    plain = tmp_path / "plain"
+    assert main(["run", str(CONFIG), "--no-figures", "--set", "train.rounds=1", *[a for o in SMALL[:1] for a in
+                                                                               ("--set", o)], "--out", str(plain)]) == 0
+    captured = capsys.readouterr()
+    assert "eps" not in captured.err and "privacy_" not in captured.out and "note:" not in captured.err

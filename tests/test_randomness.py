@@ -186,3 +186,53 @@ def test_a_private_run_shows_epsilon_on_each_progress_line_and_in_the_table_and_
                                                                                ("--set", o)], "--out", str(plain)]) == 0
     captured = capsys.readouterr()
     assert "eps" not in captured.err and "privacy_" not in captured.out and "note:" not in captured.err
+
+
+def test_dp_sgd_noise_in_a_secret_run_is_each_clients_own_and_differs_between_runs(tmp_path: Path) -> None:
+    """Sample-level DP-SGD under privacy.randomness = "secret": each client's step noise is keyed by its
+    own OS entropy, so two one-round runs end on different models, where two seeded runs are equal."""
+    base = ["train.rounds=1", "privacy.sample_clip_norm=1", "privacy.sample_noise_multiplier=1",
+            'privacy.batch_sampling="poisson"', 'backend="simulation"']
+    weights = {}
+    for mode in ("seeded", "secret"):
+        for i in range(2):
+            out = tmp_path / f"{mode}{i}"
+            fedlatent.run(small_config(*base, f'privacy.randomness="{mode}"'), out)
+            weights[mode, i] = _final_weights(out)
+    assert all(torch.equal(weights["seeded", 0][k], weights["seeded", 1][k]) for k in weights["seeded", 0])
+    assert not all(torch.equal(weights["secret", 0][k], weights["secret", 1][k]) for k in weights["secret", 0])
+
+
+def _message_bytes(message) -> bytes:
+    """Every array's bytes and every config value's text of a Flower message's content."""
+    content = message.content
+    parts = [arr.numpy().tobytes() for record in content.array_records.values() for arr in record.values()]
+    parts += [repr(dict(record)).encode() for record in content.config_records.values()]
+    return b"".join(parts)
+
+
+def test_on_flower_a_noised_run_is_secret_by_default_and_no_message_carries_its_key(tmp_path: Path) -> None:
+    """DP-FedAvg on Flower's in-process grid with privacy.randomness left at "auto": the run is secret
+    (summary.json), its key is in the ServerApp's checkpoint and in none of the bytes of any message
+    the nodes received."""
+    pytest.importorskip("flwr", reason="Flower is not installed (pip install 'fedlatent[flower]')")
+    from safetensors.torch import load_file
+
+    from fedlatent.experiment import run as run_experiment
+    from tests.flower_procs import InProcessGrid
+
+    class RecordingGrid(InProcessGrid):
+        def send_and_receive(self, messages, *, timeout=None):
+            messages = list(messages)
+            self.received = getattr(self, "received", []) + [_message_bytes(m) for m in messages]
+            return super().send_and_receive(messages, timeout=timeout)
+
+    grid = RecordingGrid(2)
+    config = small_config('backend="flower"', "flower.supernodes=2", "flower.cpus=2", "train.rounds=2", "privacy.clip_norm=0.5", "privacy.noise_multiplier=0.8",
+                          "eval.every=2")
+    summary = run_experiment(config, tmp_path / "flower", echo=None, grid=grid)
+    assert summary["privacy_randomness"] == "secret" and summary["status"] == "completed"
+    last = sorted((tmp_path / "flower" / "checkpoints").iterdir())[-1]
+    key = bytes(load_file(str(last / "server.safetensors"))[SECRET_KEY].tolist())
+    assert len(key) == 32 and grid.received
+    assert not any(key in blob or key.hex().encode() in blob for blob in grid.received)

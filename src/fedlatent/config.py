@@ -274,7 +274,7 @@ class PrivacyConfig:
                            "key from the OS's CSPRNG, kept in the checkpoints, never sent: no other party can "
                            "recompute the noise), 'seeded' (from the run's seed: the run repeats to the bit, "
                            "and its epsilon holds only against observers who do not hold the seed) or 'auto' "
-                           "(secret on backend = 'flower', else seeded)", choices=("auto", "secret", "seeded"))
+                           "(secret on backend = 'flower' when noise is added, else seeded)", choices=("auto", "secret", "seeded"))
     # adaptive clipping (Andrew et al. 2021) and the calibration statistics under DP
     target_quantile: float = _key(0.0, "adaptive clipping: the quantile gamma of the clients' update norms that the "
                                   "clip norm tracks, starting from clip_norm (0 = off: clip_norm stays fixed; "

@@ -36,7 +36,7 @@ from fedlatent.federated.codec import server_codec
 from fedlatent.federated.round import (ClientTask, checked_all, client_generators, client_round, clients_per_round,
                                        encoded, local_settings, round_lr)
 from fedlatent.federated.round import sample_clients as sample_clients  # the embedded backend's sampling
-from fedlatent.federated.randomness import Randomness, resolve
+from fedlatent.federated.randomness import Randomness
 from fedlatent.federated.server import Server
 from fedlatent.federated.state import write_atomically
 from fedlatent.methods.head import apply_head
@@ -194,7 +194,7 @@ def initial_server(config: RunConfig, federation: GlobalData, spec: MethodSpec,
     in round 1)."""
     torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0)
     model = devices.prepare(make_model(config, federation, spec), config.train.device)
-    randomness = Randomness(resolve(config.privacy.randomness, config.backend), config.seed)
+    randomness = Randomness.of(config.privacy, config.backend, config.seed)
     server = Server(spec, state_to_cpu(model), [n for n, _ in model.named_parameters()], trainable_names(model),
                     config.server, num_clients,
                     server_codec(config.privacy, randomness, num_clients,

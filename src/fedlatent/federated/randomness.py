@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from fedlatent.config import PrivacyConfig
 from fedlatent.seeding import CLIENT_SAMPLING, derive_seed
 
 SEEDED, SECRET = "seeded", "secret"
@@ -47,12 +48,18 @@ KEY_BYTES = 32
 _SUMMANDS = 4  # Box–Muller draws per secure normal (Opacus's secure_mode; Holohan & Braghin 2021)
 
 
-def resolve(mode: str, backend: str) -> str:
+def resolve(mode: str, backend: str, private: bool = True) -> str:
     """``privacy.randomness`` on ``backend``: ``"auto"`` is ``"secret"`` on Flower (the nodes hold the
-    configuration) and ``"seeded"`` on the embedded backends (reproducible research)."""
+    configuration) in a ``private`` run (noise > 0: a guarantee to protect) and ``"seeded"`` on the
+    embedded backends (reproducible research) and in a run without noise; a choice made stays."""
     if mode != "auto":
         return mode
-    return SECRET if backend == "flower" else SEEDED
+    return SECRET if backend == "flower" and private else SEEDED
+
+
+def noised(privacy: PrivacyConfig) -> bool:
+    """Whether ``privacy`` adds DP noise anywhere (client-level or sample-level)."""
+    return privacy.noise_multiplier > 0 or privacy.sample_noise_multiplier > 0
 
 
 class SecretStream:
@@ -110,6 +117,11 @@ class Randomness:
     mode: str
     seed: int
     key: bytes = field(default=b"", repr=False)
+
+    @classmethod
+    def of(cls, privacy: PrivacyConfig, backend: str, seed: int) -> Randomness:
+        """A run's: ``privacy.randomness`` resolved on ``backend`` (:func:`resolve`), from ``seed`` or a fresh key."""
+        return cls(resolve(privacy.randomness, backend, noised(privacy)), seed)
 
     def __post_init__(self) -> None:
         if self.mode not in (SECRET, SEEDED):

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from fedlatent.config import RunConfig
-from fedlatent.federated.randomness import SEEDED, resolve
+from fedlatent.federated.randomness import SEEDED, noised, resolve
 
 MEANINGFUL_EPSILON = 10.0  # above it ε is reported with a warning that it protects nothing in practice
 EPSILON_KEYS = ("privacy_epsilon", "sample_level_epsilon")  # client-level DP-FedAvg's, sample-level DP-SGD's
@@ -30,7 +30,7 @@ def summary_fields(config: RunConfig, summary: dict[str, Any]) -> dict[str, Any]
     seeded, ``auto`` resolved) and, when seeded, ``privacy_note`` (for whom ε holds)."""
     if not private(summary):
         return {}
-    mode = resolve(config.privacy.randomness, config.backend)
+    mode = resolve(config.privacy.randomness, config.backend, noised(config.privacy))
     return {"privacy_randomness": mode, **({"privacy_note": SEEDED_NOTE} if mode == SEEDED else {})}
 
 

@@ -275,6 +275,10 @@ class PrivacyConfig:
                            "recompute the noise), 'seeded' (from the run's seed: the run repeats to the bit, "
                            "and its epsilon holds only against observers who do not hold the seed) or 'auto' "
                            "(secret on backend = 'flower' when noise is added, else seeded)", choices=("auto", "secret", "seeded"))
+    over_bound: str = _key("clip", "the server's check of the clip bound (privacy.clip_norm finite, no secure "
+                           "aggregation): an update whose norm exceeds the round's clip norm beyond rounding "
+                           "is clipped again ('clip') or left out of the round ('drop'); counted in "
+                           "metrics.jsonl as privacy_over_bound", choices=("clip", "drop"))
     # adaptive clipping (Andrew et al. 2021) and the calibration statistics under DP
     target_quantile: float = _key(0.0, "adaptive clipping: the quantile gamma of the clients' update norms that the "
                                   "clip norm tracks, starting from clip_norm (0 = off: clip_norm stays fixed; "

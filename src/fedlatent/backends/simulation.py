@@ -85,7 +85,6 @@ class Setup:
     warn: Callable[[str], None] = field(default=lambda message: _warn(message))
     train_sizes: list[int] = field(init=False)  # the census of training-set sizes, taken once
     sample_accountant: SampleAccountant | None = field(init=False)  # sample-level DP-SGD's ε, when noised
-    replies_checked = True  # train() applies each client's own non-finite check
     tells_each_drop = False  # the run's end counts the dropped clients in one line
 
     def __post_init__(self) -> None:

@@ -47,7 +47,6 @@ class Run(Protocol):
     server: Server
     client_states: list[Tensors]
     diagnostics: Any  # ``federated.diagnostics.Diagnostics`` or Flower's, or None
-    replies_checked: bool  # the clients' own non-finite check already applied to their replies
     tells_each_drop: bool  # a warning line for each client the failure policy leaves out, as it happens
     sample_accountant: SampleAccountant | None  # sample-level DP-SGD's accountant, when its steps are noised
 
@@ -96,7 +95,7 @@ def play_round(s: Run, rnd: int) -> dict[str, Any]:
     tasks = plan_round(s.server, cfg, rnd, s.train_sizes)
     codec_fields = s.server.codec.round_metrics(s.server.state)  # as the round starts: its clip norm
     outcomes, states = s.train(tasks)
-    result = close_round(s.server, cfg, rnd, tasks, outcomes, replies_checked=s.replies_checked)
+    result = close_round(s.server, cfg, rnd, tasks, outcomes)
     if s.tells_each_drop:
         for failure in result.dropped:
             s.warn(f"round {rnd + 1}: client {failure.client} left out: {failure.detail}")

@@ -30,7 +30,8 @@ from fedlatent.config import PrivacyConfig, RunConfig, TrainConfig
 from fedlatent.data.augment import Augmentation
 from fedlatent.data.types import Split
 from fedlatent.federated.client import LocalSettings, Workspace
-from fedlatent.federated.codec import UpdateCodec
+from fedlatent.federated.bound import enforce_bound
+from fedlatent.federated.codec import ClipCodec, UpdateCodec
 from fedlatent.federated.lockstep import local_update
 from fedlatent.federated import precision
 from fedlatent.federated.failures import (ClientFailure, RunStopped, all_finite, first_nonfinite, losses_finite,
@@ -153,17 +154,31 @@ def plan_round(server: Server, config: RunConfig, rnd: int, train_sizes: list[in
     return [ClientTask(cid, rnd, server.global_state, payload, lr, len(train_sizes), total) for cid in selected]
 
 
+def server_bound(server: Server, config: RunConfig, tasks: list[ClientTask],
+                 uploads: list[Upload]) -> tuple[list[Upload], list[ClientFailure], int | None]:
+    """Under a clipping codec (``privacy.clip_norm`` finite, no secure aggregation: the server sees
+    each update), each update held to the round's clip norm by ``privacy.over_bound``
+    (:func:`~fedlatent.federated.bound.enforce_bound`); returns the uploads kept, those dropped and
+    how many were over (None: nothing checked, no clip bound promised)."""
+    if not isinstance(server.codec, ClipCodec) or not uploads or not tasks:
+        return uploads, [], None
+    bound = server.codec.clip_norm_of(server.state)
+    return enforce_bound(uploads, tasks[0].global_state, server.untransmitted(), bound, config.privacy.over_bound)
+
+
 def _client_of(outcome: Upload | ClientFailure) -> int:
     return outcome.client_id if isinstance(outcome, Upload) else outcome.client
 
 
 def close_round(server: Server, config: RunConfig, rnd: int, tasks: list[ClientTask],
-                outcomes: list[Upload | ClientFailure], replies_checked: bool = False) -> RoundResult:
-    """Apply the failure policy to the replies (sorted by client id), aggregate what is kept and
-    take the server step; raise :class:`RunStopped` when the new global model is not finite.
-    ``replies_checked``: the outcomes come from :func:`checked_all` in this process (see
-    :func:`~fedlatent.federated.failures.screen`)."""
-    uploads, dropped = screen(rnd, sorted(outcomes, key=_client_of), config.train, replies_checked)
+                outcomes: list[Upload | ClientFailure]) -> RoundResult:
+    """Screen every reply (non-finite: the failure policy, on every backend — the server never
+    trusts a client's own check) and, where the codec clips, hold each update to the clip bound
+    (:func:`server_bound`); aggregate what is kept and take the server step; raise
+    :class:`RunStopped` when the new global model is not finite."""
+    uploads, dropped = screen(rnd, sorted(outcomes, key=_client_of), config.train)
+    uploads, over_bound, over = server_bound(server, config, tasks, uploads)
+    dropped += over_bound
     if uploads:  # none left (every client dropped, train.min_clients = 0): the global model stays
         server.aggregate(uploads, rnd)
     bad = first_nonfinite(server.global_state)
@@ -184,6 +199,8 @@ def close_round(server: Server, config: RunConfig, rnd: int, tasks: list[ClientT
     metrics["bytes_head_up"] = sum(h for _, h in up)
     if dropped:
         metrics["dropped"] = [failure.record() for failure in dropped]
+    if over is not None:  # the server's check of the clip bound: the updates over C this round
+        metrics["privacy_over_bound"] = over
     for key in sorted({k for u in uploads for k in u.metrics if k.startswith(("term_", "personal_"))}):
         metrics[key] = float(np.mean([u.metrics[key] for u in uploads if key in u.metrics]))
     metrics["time_train_s"] = sum(u.metrics["train_seconds"] for u in uploads)

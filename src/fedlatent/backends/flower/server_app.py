@@ -174,7 +174,6 @@ class ServerRun:
     rounds_done: int = 0  # the rounds before the one training now: what a stopped session has completed
     unmasking: UnmaskingCodec | None = None  # the server's codec under SecAgg+ (set up with the server)
 
-    replies_checked = False  # the nodes' replies are screened for non-finite values here
     tells_each_drop = True  # a deployment's log tells each client left out as it happens
     sample_accountant = None  # sample-level DP-SGD runs on the embedded backends only
 

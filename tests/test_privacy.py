@@ -222,6 +222,15 @@ BAD = {
     "quantile above one": (["privacy.clip_norm=1", "privacy.target_quantile=1.5"],
                            "privacy.target_quantile = 1.5: must be < 1.0"),
     "unknown randomness": (['privacy.randomness="os"'], "privacy.randomness"),
+    # per-client releases computed from un-noised updates or data, outside ε
+    "client diagnostics": ([*PRIVATE, 'diagnostics.which=["alignment"]', "diagnostics.clients=true"],
+                           "diagnostics.clients = true (each local model: the un-noised upload)"),
+    "tsne": ([*PRIVATE, 'diagnostics.which=["tsne"]'], "'tsne' (the clients' features): a per-client release"),
+    "data figures": ([*PRIVATE, 'diagnostics.which=["data"]'], "'data' (each client's label counts"),
+    "step trace": ([*PRIVATE, "diagnostics.trace_terms=true"], "diagnostics.trace_terms = true"),
+    "tsne under dp-sgd": (["privacy.sample_clip_norm=1", "privacy.sample_noise_multiplier=1",
+                           'privacy.batch_sampling="poisson"', 'diagnostics.which=["tsne"]'],
+                          "privacy.sample_noise_multiplier > 0 with diagnostics.which 'tsne'"),
 }
 
 

@@ -134,3 +134,12 @@ def test_a_nan_put_in_after_the_clients_own_check_goes_through_the_failure_polic
     lines = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert all(CHEAT not in x["clients"] for x in lines)
     assert all([(d["client"], d["kind"]) for d in x["dropped"]] == [(CHEAT, "nonfinite")] for x in lines)
+
+
+def test_under_dp_metrics_lines_hold_no_per_client_training_loss(tmp_path: Path) -> None:
+    """Each client's training loss is computed from its data without noise: under DP the metrics lines
+    leave ``client_train_loss`` out (a plain run keeps it); global diagnostics stay allowed."""
+    for name, extra in (("plain", []), ("private", ["privacy.clip_norm=0.5", "privacy.noise_multiplier=0.8"])):
+        fedlatent.run(small_config("train.rounds=1", 'diagnostics.which=["alignment"]', *extra), tmp_path / name)
+        line = json.loads((tmp_path / name / "metrics.jsonl").read_text().splitlines()[0])
+        assert ("client_train_loss" in line) == (name == "plain") and line["train_loss"] is not None

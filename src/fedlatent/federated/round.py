@@ -188,8 +188,9 @@ def close_round(server: Server, config: RunConfig, rnd: int, tasks: list[ClientT
     metrics: dict[str, Any] = {
         "clients": [u.client_id for u in uploads],
         "train_loss": float(np.mean([u.metrics["train_loss"] for u in uploads])) if uploads else None,
-        "client_train_loss": [u.metrics["train_loss"] for u in uploads],
     }
+    if not (config.privacy.noise_multiplier > 0 or config.privacy.sample_noise_multiplier > 0):
+        metrics["client_train_loss"] = [u.metrics["train_loss"] for u in uploads]  # under DP: a release outside ε
     untransmitted = server.untransmitted()
     down = _once_each([t.global_state for t in tasks], lambda state: traffic(state, untransmitted))
     up = [traffic(u.state, untransmitted) for u in uploads]

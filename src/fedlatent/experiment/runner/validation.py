@@ -82,6 +82,7 @@ def validate(config: RunConfig) -> MethodSpec:
         vectorized.check(config, spec)
     if config.privacy.noise_multiplier > 0:
         check_private(config, spec)
+    check_releases(config)
     if math.isfinite(config.privacy.sample_clip_norm):
         check_sample_private(config, spec)
     if config.privacy.secure_aggregation != "off":
@@ -92,6 +93,26 @@ def validate(config: RunConfig) -> MethodSpec:
     if shape is not None:
         check_model_fit(config, spec, *shape)
     return spec
+
+
+def check_releases(config: RunConfig) -> None:
+    """Under DP noise (client- or sample-level), no setting that releases per-client quantities computed
+    from un-noised updates or data, outside ε (docs/privacy.md, "What each party sees"): the client
+    diagnostics (measures of each local model, the un-noised upload, across client pairs), t-SNE of
+    the clients' features, the data figures (each client's label counts and input ranges) and the
+    step trace (each client's loss terms every step). The per-client training losses are left out of
+    metrics.jsonl instead (``round.close_round``)."""
+    p, d = config.privacy, config.diagnostics
+    if not (p.noise_multiplier > 0 or p.sample_noise_multiplier > 0):
+        return
+    key = "privacy.noise_multiplier" if p.noise_multiplier > 0 else "privacy.sample_noise_multiplier"
+    released = ("diagnostics.clients = true (each local model: the un-noised upload)" if d.which and d.clients else
+                "diagnostics.which 'tsne' (the clients' features)" if "tsne" in d.which else
+                "diagnostics.which 'data' (each client's label counts and input ranges)" if "data" in d.which else
+                "diagnostics.trace_terms = true (each client's loss terms every step)" if d.trace_terms else None)
+    if released:
+        raise ConfigError(f"{key} > 0 with {released}: a per-client release outside epsilon; refused (turn it "
+                          "off, or run without noise)")
 
 
 def private_refusal(spec: MethodSpec, cfg: PrivacyConfig) -> str | None:

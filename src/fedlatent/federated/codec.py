@@ -299,7 +299,9 @@ def server_codec(cfg: PrivacyConfig, seed: int | Randomness, num_clients: int, p
             return build_codec(cfg)
         return ClipCodec(cfg.clip_norm, adaptive=adaptive, statistics_clip_norm=cfg.statistics_clip_norm)
     statistics_sigma = cfg.statistics_sigma if math.isfinite(cfg.statistics_clip_norm) else 0.0
-    accountant = Accountant(num_clients, per_round, cfg.noise_multiplier, cfg.delta, statistics_sigma)
+    randomness = seed if isinstance(seed, Randomness) else Randomness("seeded", seed)  # the selection the server knows
+    accountant = Accountant(num_clients, per_round, cfg.noise_multiplier, cfg.delta, statistics_sigma,
+                            lambda rnd: randomness.select(rnd, num_clients, per_round))
     update_sigma = cfg.noise_multiplier if adaptive is None else \
         update_noise_multiplier(cfg.noise_multiplier, cfg.clip_count_noise)
     return GaussianCodec(cfg.clip_norm, update_sigma, per_round, seed, accountant, adaptive=adaptive,

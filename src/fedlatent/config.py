@@ -136,6 +136,11 @@ class TrainConfig:
     participation: float = _key(1.0, "fraction ρ of the N clients sampled each round: floor(ρ·N) of them, "
                                 "at least 1 (the seed papers' int(N·ρ): 10 clients at 0.15 → 1, at 0.35 → 3); "
                                 "for m clients a round, set m/N", low=0.0, high=1.0, low_open=True)
+    client_sampling: str = _key("fixed", "how a round selects its clients: 'fixed' (floor(participation * N) distinct "
+                                "clients, uniformly without replacement) or 'poisson' (each client independently "
+                                "with probability participation, the sampling dp-accounting's PLD accountant "
+                                "supports; a round may then select none, and the model stays)",
+                                choices=("fixed", "poisson"))
     drop_last: bool = _key(False, "drop each epoch's last incomplete batch")
     lr_schedule: str = _key("constant", "learning rate over rounds", choices=("constant", "cosine", "multistep"))
     lr_min: float = _key(0.0, "cosine schedule: final learning rate", low=0.0)
@@ -270,6 +275,9 @@ class PrivacyConfig:
                                "permutation, as without DP) or 'poisson' (each sample in each step's batch with "
                                "probability batch_size / n_k, the sampling the accountant assumes)",
                                choices=("shuffled", "poisson"))
+    accountant: str = _key("rdp", "the accountant of client-level DP-FedAvg: 'rdp' (dp-accounting's RDP accountant) "
+                           "or 'pld' (its privacy-loss-distribution accountant, tighter; needs "
+                           "train.client_sampling = 'poisson')", choices=("rdp", "pld"))
     randomness: str = _key("auto", "the source of the DP noise and of each round's client selection: 'secret' (a "
                            "key from the OS's CSPRNG, kept in the checkpoints, never sent: no other party can "
                            "recompute the noise), 'seeded' (from the run's seed: the run repeats to the bit, "

@@ -165,7 +165,8 @@ def sample_accountant(config: RunConfig, sizes: list[int],
                             privacy.sample_noise_multiplier, privacy.delta,
                             lambda rnd: sample_clients(config.seed, rnd, len(sizes), train.participation)
                             if randomness is None else
-                            randomness.select(rnd, len(sizes), clients_per_round(len(sizes), train.participation)))
+                            randomness.sample(rnd, len(sizes), train.participation, train.client_sampling,
+                                              clients_per_round(len(sizes), train.participation)))
 
 
 def make_model(config: RunConfig, federation: GlobalData, spec: MethodSpec) -> FedModel:
@@ -197,7 +198,9 @@ def initial_server(config: RunConfig, federation: GlobalData, spec: MethodSpec,
     server = Server(spec, state_to_cpu(model), [n for n, _ in model.named_parameters()], trainable_names(model),
                     config.server, num_clients,
                     server_codec(config.privacy, randomness, num_clients,
-                                 clients_per_round(num_clients, config.train.participation)), randomness)
+                                 clients_per_round(num_clients, config.train.participation),
+                                 config.train.participation if config.train.client_sampling == "poisson" else None),
+                    randomness)
     return model, server
 
 

@@ -145,6 +145,61 @@ class Accountant:
         return min(epsilon, float(compute_epsilon(self.orders, plain, self.delta)[0]))
 
 
+class PoissonAccountant:
+    """ε at ``delta`` of DP-FedAvg under Poisson client sampling (``train.client_sampling = "poisson"``:
+    each client in each round independently with probability q = ``rate``), by dp-accounting's
+    ``kind`` accountant, "rdp" or "pld" (the privacy-loss distribution, which supports Poisson
+    sampling and not sampling without replacement). Under the add-or-remove-one relation the
+    amplification by Poisson sampling is proved under, one client moves the sum of updates clipped
+    to C by at most C: a round is ``PoissonSampledDpEvent(q, GaussianDpEvent(σ))`` (McMahan et al.
+    2018), and a release of calibration statistics (every client, clipped to B, noise σ_s·B) the
+    Gaussian of multiplier σ_s. (Its ε is under add-or-remove-one, the fixed-size sampling's
+    under replace-one: a replacement is a removal and an addition, so the two are not one scale.)
+    The server's mean divides by m = ⌊qN⌋ (``train.participation``'s count), qN where it is whole:
+    McMahan et al.'s fixed denominator qW."""
+
+    def __init__(self, rate: float, noise_multiplier: float, delta: float, statistics_noise_multiplier: float = 0.0,
+                 kind: str = "rdp") -> None:
+        self.rate, self.noise_multiplier, self.delta, self.kind = rate, noise_multiplier, delta, kind
+        self.statistics_noise_multiplier = statistics_noise_multiplier
+        self.cache: dict[tuple[int, int], float] = {}
+
+    def event(self, rounds: int, releases: int) -> DpEvent:
+        """The run's ``DpEvent`` after ``rounds`` rounds and ``releases`` releases of statistics."""
+        import dp_accounting
+
+        gaussian = dp_accounting.GaussianDpEvent(self.noise_multiplier)
+        one = gaussian if self.rate >= 1 else dp_accounting.PoissonSampledDpEvent(self.rate, gaussian)
+        events = [dp_accounting.SelfComposedDpEvent(one, rounds)]
+        if releases:
+            if self.statistics_noise_multiplier <= 0:
+                raise ValueError("statistics were released without noise: no finite epsilon")
+            events.append(dp_accounting.SelfComposedDpEvent(
+                dp_accounting.GaussianDpEvent(self.statistics_noise_multiplier), releases))
+        return dp_accounting.ComposedDpEvent(events)
+
+    def epsilon(self, rounds: int, releases: int = 0) -> float:
+        """ε after ``rounds`` rounds and ``releases`` releases (0 before the first)."""
+        if rounds <= 0 and releases <= 0:
+            return 0.0
+        if (rounds, releases) not in self.cache:
+            from dp_accounting import NeighboringRelation
+            from dp_accounting.pld import PLDAccountant
+            from dp_accounting.rdp import RdpAccountant
+
+            relation = NeighboringRelation.ADD_OR_REMOVE_ONE
+            accountant = PLDAccountant(relation) if self.kind == "pld" else RdpAccountant(neighboring_relation=relation)
+            absl = logging.getLogger("absl")  # the RDP series' warnings per fractional order, as SampleAccountant's
+            level = absl.level
+            absl.setLevel(logging.ERROR)
+            try:
+                accountant.compose(self.event(rounds, releases))
+                self.cache[rounds, releases] = float(accountant.get_epsilon(self.delta))
+            finally:
+                absl.setLevel(level)
+        return self.cache[rounds, releases]
+
+
 def sample_step_event(rate: float, noise_multiplier: float) -> DpEvent:
     """One local step of sample-level DP-SGD: the Gaussian of multiplier σ_s (add-or-remove
     sensitivity C_s of the sum of per-sample gradients clipped to C_s, noise σ_s·C_s) on a Poisson

@@ -40,7 +40,7 @@ from collections.abc import Collection
 import torch
 
 from fedlatent.config import PrivacyConfig
-from fedlatent.federated.accounting import Accountant
+from fedlatent.federated.accounting import Accountant, PoissonAccountant
 from fedlatent.federated.adaptive_clipping import CLIP_NORM, CODEC, AdaptiveClipping, unclipped_bit, update_noise_multiplier
 from fedlatent.methods.aggregation import weighted_mean
 from fedlatent.methods.parts import Combine, Tensors, Upload
@@ -212,7 +212,7 @@ class GaussianCodec(ClipCodec):
     name = "gaussian"
 
     def __init__(self, clip_norm: float, noise_multiplier: float, per_round: int, seed: int | Randomness,
-                 accountant: Accountant | None = None, *, adaptive: AdaptiveClipping | None = None,
+                 accountant: Accountant | PoissonAccountant | None = None, *, adaptive: AdaptiveClipping | None = None,
                  statistics_clip_norm: float = math.inf, statistics_noise_multiplier: float = 0.0) -> None:
         super().__init__(clip_norm, adaptive=adaptive, statistics_clip_norm=statistics_clip_norm)
         if not (noise_multiplier >= 0 and math.isfinite(clip_norm)):
@@ -287,11 +287,13 @@ def build_codec(cfg: PrivacyConfig) -> UpdateCodec:
     return ClipCodec(cfg.clip_norm, statistics_clip_norm=cfg.statistics_clip_norm)
 
 
-def server_codec(cfg: PrivacyConfig, seed: int | Randomness, num_clients: int, per_round: int) -> UpdateCodec:
+def server_codec(cfg: PrivacyConfig, seed: int | Randomness, num_clients: int, per_round: int,
+                 poisson_rate: float | None = None) -> UpdateCodec:
     """The server's codec: DP-FedAvg's :class:`GaussianCodec` when ``noise_multiplier`` > 0 (its
     accountant for ``per_round`` of ``num_clients`` clients a round, given σ itself: with adaptive
-    clipping the updates' noise is σ_Δ, so that with the count's it spends σ's privacy), else
-    :func:`build_codec`'s with the server's side of adaptive clipping when ``target_quantile`` > 0."""
+    clipping the updates' noise is σ_Δ, so that with the count's it spends σ's privacy; under Poisson
+    client sampling of rate ``poisson_rate``, the :class:`PoissonAccountant` of ``privacy.accountant``),
+    else :func:`build_codec`'s with the server's side of adaptive clipping when ``target_quantile`` > 0."""
     adaptive = AdaptiveClipping(cfg.clip_norm, cfg.target_quantile, cfg.clip_learning_rate, cfg.clip_count_noise,
                                 per_round, seed) if cfg.adaptive else None
     if cfg.noise_multiplier == 0:
@@ -300,8 +302,10 @@ def server_codec(cfg: PrivacyConfig, seed: int | Randomness, num_clients: int, p
         return ClipCodec(cfg.clip_norm, adaptive=adaptive, statistics_clip_norm=cfg.statistics_clip_norm)
     statistics_sigma = cfg.statistics_sigma if math.isfinite(cfg.statistics_clip_norm) else 0.0
     randomness = seed if isinstance(seed, Randomness) else Randomness("seeded", seed)  # the selection the server knows
-    accountant = Accountant(num_clients, per_round, cfg.noise_multiplier, cfg.delta, statistics_sigma,
-                            lambda rnd: randomness.select(rnd, num_clients, per_round))
+    accountant: Accountant | PoissonAccountant = \
+        Accountant(num_clients, per_round, cfg.noise_multiplier, cfg.delta, statistics_sigma,
+                   lambda rnd: randomness.select(rnd, num_clients, per_round)) if poisson_rate is None else \
+        PoissonAccountant(poisson_rate, cfg.noise_multiplier, cfg.delta, statistics_sigma, cfg.accountant)
     update_sigma = cfg.noise_multiplier if adaptive is None else \
         update_noise_multiplier(cfg.noise_multiplier, cfg.clip_count_noise)
     return GaussianCodec(cfg.clip_norm, update_sigma, per_round, seed, accountant, adaptive=adaptive,

@@ -30,7 +30,7 @@ from fedlatent.federated.client import trained_samples
 from fedlatent.federated.failures import ClientFailure
 from fedlatent.federated.evaluation import Tally
 from fedlatent.federated.personal import combine_new, combine_reports
-from fedlatent.federated.round import ClientTask, calibration_due, close_round, nbytes, plan_round
+from fedlatent.federated.round import ClientTask, calibration_due, close_round, nbytes, plan_round, round_lr
 from fedlatent.federated.server import Server
 from fedlatent.federated.state import Checkpoints, has_checkpoint, load_checkpoint
 from fedlatent.methods.parts import MethodSpec, Tensors, Upload
@@ -94,7 +94,7 @@ def play_round(s: Run, rnd: int) -> dict[str, Any]:
     started = time.perf_counter()
     tasks = plan_round(s.server, cfg, rnd, s.train_sizes)
     codec_fields = s.server.codec.round_metrics(s.server.state)  # as the round starts: its clip norm
-    outcomes, states = s.train(tasks)
+    outcomes, states = s.train(tasks) if tasks else ([], {})  # Poisson sampling may select no client
     result = close_round(s.server, cfg, rnd, tasks, outcomes)
     if s.tells_each_drop:
         for failure in result.dropped:
@@ -105,7 +105,7 @@ def play_round(s: Run, rnd: int) -> dict[str, Any]:
     due = calibration_due(s.spec, rnd)
     if due:
         s.server.global_state, result.metrics["bytes_calibration_up"] = calibrated(s, s.server.global_state, rnd)
-    line: dict[str, Any] = {"round": rnd + 1, "lr": tasks[0].lr, **result.metrics, **codec_fields}
+    line: dict[str, Any] = {"round": rnd + 1, "lr": round_lr(cfg.train, rnd), **result.metrics, **codec_fields}
     epsilon = s.server.codec.epsilon(rnd + 1, calibrations_in(s.spec, rnd + 1))
     if epsilon is not None:  # DP-FedAvg: the privacy spent by the rounds (and calibrations) so far, at privacy.delta
         line["privacy_epsilon"] = epsilon

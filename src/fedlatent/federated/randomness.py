@@ -152,6 +152,24 @@ class Randomness:
         order = np.argsort(SecretStream(self.key, CLIENT_SAMPLING, rnd).uniform(num_clients), kind="stable")
         return sorted(int(c) for c in order[:count])
 
+    def poisson(self, rnd: int, num_clients: int, rate: float) -> list[int]:
+        """Round ``rnd``'s Poisson sample: each of ``num_clients`` clients in independently with
+        probability ``rate`` (``train.client_sampling = "poisson"``), in id order; possibly none."""
+        if rate >= 1:
+            return list(range(num_clients))
+        if self.secret:
+            draws = SecretStream(self.key, CLIENT_SAMPLING, rnd).uniform(num_clients)
+        else:
+            draws = np.random.default_rng(derive_seed(self.seed, CLIENT_SAMPLING, rnd)).random(num_clients)
+        return [int(c) for c in np.flatnonzero(draws < rate)]
+
+    def sample(self, rnd: int, num_clients: int, participation: float, scheme: str, count: int) -> list[int]:
+        """Round ``rnd``'s clients under ``train.client_sampling`` = ``scheme``: ``count`` of them
+        (:meth:`select`), or the Poisson sample of rate ``participation`` (:meth:`poisson`)."""
+        if scheme == "poisson":
+            return self.poisson(rnd, num_clients, participation)
+        return self.select(rnd, num_clients, count)
+
     def bind(self, state: dict[str, torch.Tensor]) -> None:
         """Keep the secret key in the server ``state`` (a checkpoint's) or, where the state holds one
         already (a resumed run's), adopt it; a seeded run keeps nothing."""

@@ -145,10 +145,9 @@ def local_settings(train: TrainConfig, lr: float, epochs: int, augment: Augmenta
 def plan_round(server: Server, config: RunConfig, rnd: int, train_sizes: list[int]) -> list[ClientTask]:
     """Round ``rnd``'s (0-based) tasks, in client-id order; ``train_sizes`` is the census of the
     clients' training-set sizes."""
-    selected = server.randomness.select(rnd, len(train_sizes),
-                                        clients_per_round(len(train_sizes), config.train.participation)) \
-        if server.randomness is not None else sample_clients(config.seed, rnd, len(train_sizes),
-                                                              config.train.participation)
+    n, t = len(train_sizes), config.train
+    selected = server.randomness.sample(rnd, n, t.participation, t.client_sampling, clients_per_round(n, t.participation)) \
+        if server.randomness is not None else sample_clients(config.seed, rnd, n, t.participation)
     payload = {k: v for part_payload in server.payload().values() for k, v in part_payload.items()}
     lr, total = round_lr(config.train, rnd), sum(train_sizes)
     return [ClientTask(cid, rnd, server.global_state, payload, lr, len(train_sizes), total) for cid in selected]

@@ -83,6 +83,7 @@ def validate(config: RunConfig) -> MethodSpec:
     if config.privacy.noise_multiplier > 0:
         check_private(config, spec)
     check_releases(config)
+    check_client_sampling(config)
     if math.isfinite(config.privacy.sample_clip_norm):
         check_sample_private(config, spec)
     if config.privacy.secure_aggregation != "off":
@@ -93,6 +94,22 @@ def validate(config: RunConfig) -> MethodSpec:
     if shape is not None:
         check_model_fit(config, spec, *shape)
     return spec
+
+
+def check_client_sampling(config: RunConfig) -> None:
+    """Poisson client sampling and the PLD accountant: PLD only with Poisson sampling (dp-accounting's
+    PLD accountant has no sampling without replacement); Poisson sampling not with adaptive clipping
+    or SecAgg+ yet (the count's sensitivity under add-or-remove, and a session's fixed parties)."""
+    t, p = config.train, config.privacy
+    if p.accountant == "pld" and t.client_sampling != "poisson":
+        raise ConfigError("privacy.accountant = 'pld' needs train.client_sampling = 'poisson': dp-accounting's PLD "
+                          "accountant supports Poisson sampling, not the fixed-size sampling without replacement")
+    if t.client_sampling == "poisson" and p.adaptive:
+        raise ConfigError("train.client_sampling = 'poisson' is not combined with adaptive clipping yet "
+                          "(privacy.target_quantile > 0)")
+    if t.client_sampling == "poisson" and p.secure_aggregation != "off":
+        raise ConfigError("train.client_sampling = 'poisson' is not combined with privacy.secure_aggregation yet "
+                          "(a SecAgg+ session needs its parties' number fixed)")
 
 
 def check_releases(config: RunConfig) -> None:

@@ -236,3 +236,50 @@ def test_on_flower_a_noised_run_is_secret_by_default_and_no_message_carries_its_
     key = bytes(load_file(str(last / "server.safetensors"))[SECRET_KEY].tolist())
     assert len(key) == 32 and grid.received
     assert not any(key in blob or key.hex().encode() in blob for blob in grid.received)
+
+
+BEFORE = "a32049f"  # main before privacy.randomness and the server's checks
+SCRIPT = """
+import sys
+from pathlib import Path
+import fedlatent
+out = Path(sys.argv[1])
+base = ["data.num_clients=6", "train.participation=0.5", "train.rounds=3", "model.hidden=[16]"]
+dp = ["privacy.clip_norm=0.5", "privacy.noise_multiplier=0.8", "privacy.delta=1e-4"]
+runs = {
+    "dp-simulation": [*dp, 'backend="simulation"'],
+    "dp-vectorized": [*dp, 'backend="vectorized"'],
+    "adaptive": [*dp, "privacy.target_quantile=0.5", "privacy.clip_count_noise=1.0", 'backend="simulation"'],
+    "ffc": [*dp, 'algorithm.name="spherefed"', "algorithm.ffc_every=1", "privacy.statistics_clip_norm=50",
+            "privacy.statistics_noise_multiplier=4", 'backend="simulation"'],
+    "dp-sgd": ["privacy.sample_clip_norm=1", "privacy.sample_noise_multiplier=1", 'privacy.batch_sampling="poisson"',
+               'backend="simulation"'],
+}
+for name, extra in runs.items():
+    fedlatent.run(fedlatent.load_config(None, [*base, *extra]), out / name)
+"""
+
+
+@pytest.mark.slow
+def test_seeded_private_runs_give_the_weights_and_lines_of_the_code_before(tmp_path: Path) -> None:
+    """DP-FedAvg on both embedded backends, adaptive clipping, private FFC and DP-SGD, seeded (the
+    simulation's default): the final global weights equal the code before's bit for bit, and every
+    metrics line too but for the keys this change adds or removes (privacy_over_bound;
+    client_train_loss under DP) and ε, which is never above the old (the smaller of two bounds)."""
+    from safetensors.torch import load_file
+
+    from tests.code_before import runs_before_and_now
+    old_runs, new_runs = runs_before_and_now(BEFORE, SCRIPT, tmp_path)
+    names = sorted(p.name for p in old_runs.iterdir())
+    assert len(names) == 5
+    changed = {"privacy_over_bound", "client_train_loss", "privacy_epsilon"}
+    for name in names:
+        old, new = old_runs / name, new_runs / name
+        a, b = (load_file(str(sorted((d / "checkpoints").iterdir())[-1] / "global.safetensors")) for d in (old, new))
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), name
+        lines = [[json.loads(x) for x in (d / "metrics.jsonl").read_text().splitlines()] for d in (old, new)]
+        for was, now in zip(*lines):
+            strip = lambda line: {k: v for k, v in line.items() if k not in changed and not k.startswith("time_")}  # noqa: E731
+            assert strip(now) == strip(was), name
+            if "privacy_epsilon" in was:
+                assert now["privacy_epsilon"] <= was["privacy_epsilon"] * (1 + 1e-12)

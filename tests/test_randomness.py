@@ -283,3 +283,32 @@ def test_seeded_private_runs_give_the_weights_and_lines_of_the_code_before(tmp_p
             assert strip(now) == strip(was), name
             if "privacy_epsilon" in was:
                 assert now["privacy_epsilon"] <= was["privacy_epsilon"] * (1 + 1e-12)
+
+
+def test_a_secret_run_stopped_and_resumed_goes_on_with_its_own_key(tmp_path: Path, crash_at_round_2,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """The OS's keys made a known sequence (B for the stopped run, C for its resume, B again for a
+    run never stopped): the resumed run adopts B from its checkpoint — its metrics lines, final
+    weights and key are those of the uninterrupted run with key B, not of a key C run."""
+    import secrets as secrets_module
+
+    from safetensors.torch import load_file
+
+    keys = iter([b"B" * 32, b"C" * 32, b"B" * 32])
+    monkeypatch.setattr(secrets_module, "token_bytes", lambda n: next(keys))
+    config = small_config("train.rounds=4", "privacy.clip_norm=0.5", "privacy.noise_multiplier=0.8",
+                          'privacy.randomness="secret"', 'backend="simulation"')
+    with pytest.raises(KeyboardInterrupt):
+        fedlatent.run(config, tmp_path / "stopped")
+    from fedlatent.backends import simulation
+    monkeypatch.setattr(simulation, "run_round", crash_at_round_2)  # the real round again (the keys' patch stays)
+    fedlatent.run(config, tmp_path / "stopped", resume=True)
+    fedlatent.run(config, tmp_path / "whole")
+    lines = {run: [{k: v for k, v in json.loads(x).items() if not k.startswith("time_")}
+                   for x in (tmp_path / run / "metrics.jsonl").read_text().splitlines()] for run in ("stopped", "whole")}
+    assert lines["stopped"] == lines["whole"] and len(lines["whole"]) == 4
+    for name in ("global.safetensors", "server.safetensors"):
+        a, b = (load_file(str(sorted((tmp_path / run / "checkpoints").iterdir())[-1] / name))
+                for run in ("stopped", "whole"))
+        assert all(torch.equal(a[k], b[k]) for k in a), name
+    assert bytes(b[SECRET_KEY].tolist()) == b"B" * 32

@@ -133,7 +133,7 @@ class Accountant:
 
         if rounds <= 0 and releases <= 0:
             return 0.0
-        released = 0.0
+        released: float | np.ndarray = 0.0
         if releases:
             if self.release_rdp is None:
                 raise ValueError("statistics were released without noise: no finite epsilon")

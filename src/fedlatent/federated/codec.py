@@ -242,7 +242,7 @@ class GaussianCodec(ClipCodec):
         return combine
 
     def noise(self, rnd: int) -> Source:
-        """Round ``rnd``'s noise generator: (run seed, PRIVACY_NOISE, round)."""
+        """Round ``rnd``'s noise generator: (run seed, PRIVACY_NOISE, round), or privacy.randomness's secret stream."""
         return privacy_generator(self.seed, PRIVACY_NOISE, rnd)
 
     def noisy_mean(self, messages: list[Upload], keys: list[str] | None, reference: Tensors,

@@ -225,9 +225,10 @@ def test_vectorized_drops_a_nonfinite_client_after_the_fact(tmp_path: Path, monk
                for r in _metrics(out))
 
 
-def test_an_embedded_round_checks_each_reply_once(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The replies checked_all found finite are not screened again (one finiteness check of the
-    replies, one of the new global model a round); replies from another process are."""
+def test_an_embedded_round_screens_the_replies_on_the_server_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The clients' own check (their replies and states at once), then the server's screen of the
+    replies — it never trusts a client's check (issue 53: a value changed after it) — then the new
+    global model: three finiteness checks a round, in the embedded round as for replies received."""
     from fedlatent import load_config
     from fedlatent.data.federation import build_federation
     from fedlatent.federated import failures, round as round_
@@ -246,7 +247,7 @@ def test_an_embedded_round_checks_each_reply_once(monkeypatch: pytest.MonkeyPatc
     config = load_config(DIGITS, ["data.num_clients=4", 'backend="simulation"'])
     s = simulation.setup(config, build_federation(config.data, config.data_seed), resolve(config.algorithm, config.terms))
     simulation.run_round(s, 0)
-    assert checked == [8, 1]  # four replies and four client states at once, then the global model
+    assert checked == [8, 4, 1]  # four replies and four client states at once, the server's screen, the global model
     checked.clear()
     tasks = round_.plan_round(s.server, config, 1, s.train_sizes)
     outcomes, _ = s.train(tasks)

@@ -135,7 +135,8 @@ def test_dp_fedavg_parity_through_messages(case, tmp_path, monkeypatch):
     every round, the same ε at δ in every metrics line and in summary.json (the final calibration's
     release counted in it), the same adaptive clip norm every round."""
     pytest.importorskip("dp_accounting", reason="the privacy extra (pip install 'fedlatent[privacy]')")
-    extra = ["privacy.clip_norm=0.1", "privacy.noise_multiplier=0.5", "train.participation=0.5", *DP[case]]
+    extra = ["privacy.clip_norm=0.1", "privacy.noise_multiplier=0.5", "train.participation=0.5", *DP[case],
+             'privacy.randomness="seeded"']  # parity needs the seed's draws (on Flower "auto" is secret)
     embedded, flower, embedded_rounds, flower_rounds = run_both(tmp_path, monkeypatch, extra, grid=InProcessGrid(2))
     assert_parity(embedded, flower, embedded_rounds, flower_rounds)
     lines = {name: [json.loads(x) for x in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+from collections import Counter
 import subprocess
 import sys
 from pathlib import Path
@@ -23,6 +24,7 @@ from fedlatent.experiment.runner.validation import check_model_fit, validate
 from fedlatent.federated import accounting
 from fedlatent.federated.codec import GaussianCodec, UpdateCodec, server_codec
 from fedlatent.federated.lockstep import lockstep_update
+from fedlatent.federated.round import sample_clients
 from fedlatent.methods.parts import Upload
 from tests.private_runs import CONFIG, SMALL, TRAINERS
 from tests.private_runs import set_up as _setup
@@ -56,6 +58,34 @@ def test_epsilon_equals_the_accountant_called_directly(num_clients, per_round, s
     assert ours.epsilon(rounds) == pytest.approx(_direct_epsilon(num_clients, per_round, sigma, rounds, delta),
                                                  rel=1e-12)
     assert ours.epsilon(0) == 0.0
+
+
+def _plain_epsilon(num_clients: int, per_round: int, sigma: float, rounds: int, delta: float, seed: int = 0) -> float:
+    """The plain composition over the most-selected client's participations: dp-accounting's RDP
+    accountant, replace-one, the Gaussian of multiplier σ/2 composed max_k c_k times, no sampling."""
+    most = max(Counter(c for r in range(rounds)
+                       for c in sample_clients(seed, r, num_clients, per_round / num_clients)).values())
+    accountant = dp_accounting.rdp.RdpAccountant(neighboring_relation=dp_accounting.NeighboringRelation.REPLACE_ONE)
+    accountant.compose(dp_accounting.SelfComposedDpEvent(dp_accounting.GaussianDpEvent(sigma / 2), most))
+    return accountant.get_epsilon(delta)
+
+
+@pytest.mark.parametrize("num_clients, per_round, sigma, rounds", [(100, 10, 0.5, 10), (100, 10, 1.1, 100),
+                                                                   (10, 5, 0.8, 20), (6, 3, 0.8, 3)])
+def test_with_fixed_size_sampling_epsilon_is_the_smaller_of_the_amplified_and_the_worst_clients_plain_bound(
+        num_clients, per_round, sigma, rounds) -> None:
+    """The server's accountant (server_codec, seed 0's selection): ε equals min(the amplified RDP
+    bound, the plain composition over the most-selected client's rounds), both from dp-accounting
+    directly, so never above the amplified bound it reported before; at σ = 0.5, 10 of 100 clients,
+    10 rounds the plain bound wins (81.1 against 131)."""
+    config = _config(f"privacy.noise_multiplier={sigma}", "privacy.clip_norm=1", "privacy.delta=1e-5")
+    codec = server_codec(config.privacy, 0, num_clients, per_round)
+    amplified = _direct_epsilon(num_clients, per_round, sigma, rounds, 1e-5)
+    plain = _plain_epsilon(num_clients, per_round, sigma, rounds, 1e-5)
+    assert codec.epsilon(rounds) == pytest.approx(min(amplified, plain), rel=1e-12)
+    assert codec.epsilon(rounds) <= amplified * (1 + 1e-12)
+    if (num_clients, sigma, rounds) == (100, 0.5, 10):
+        assert plain < amplified
 
 
 def test_full_participation_is_the_gaussian_alone_within_the_classic_rdp_bound() -> None:
@@ -207,6 +237,30 @@ BAD = {
     "ccvr": (['algorithm.name="ccvr"', *PRIVATE], "ccvr calibration's statistics"),
     "batchnorm": (['model.arch="resnet18"', *PRIVATE], "running statistics would travel in the update"),
     "batchnorm only": (['data.dataset="cifar10"', 'model.arch="cifar_convnet"', *PRIVATE], "no GroupNorm variant"),
+    # σ = inf passes a range check and would make round 1's model infinite; nan compares false with any bound
+    "infinite sigma": (["privacy.clip_norm=1", "privacy.noise_multiplier=inf"],
+                       "privacy.noise_multiplier = inf: must be a finite number"),
+    "nan sigma": (["privacy.clip_norm=1", "privacy.noise_multiplier=nan"], "privacy.noise_multiplier = nan"),
+    "infinite sample sigma": (["privacy.sample_clip_norm=1", "privacy.sample_noise_multiplier=inf"],
+                              "privacy.sample_noise_multiplier = inf"),
+    "infinite statistics sigma": ([*PRIVATE, "privacy.statistics_noise_multiplier=inf"],
+                                  "privacy.statistics_noise_multiplier = inf"),
+    "infinite count noise": (["privacy.clip_norm=1", "privacy.target_quantile=0.5", "privacy.clip_count_noise=inf"],
+                             "privacy.clip_count_noise = inf"),
+    # the quantile's bound says what it enforces: 1 itself is refused, and so is 1.5, by the same words
+    "quantile one": (["privacy.clip_norm=1", "privacy.target_quantile=1"], "privacy.target_quantile = 1.0: must be < 1.0"),
+    "quantile above one": (["privacy.clip_norm=1", "privacy.target_quantile=1.5"],
+                           "privacy.target_quantile = 1.5: must be < 1.0"),
+    "unknown randomness": (['privacy.randomness="os"'], "privacy.randomness"),
+    # per-client releases computed from un-noised updates or data, outside ε
+    "client diagnostics": ([*PRIVATE, 'diagnostics.which=["alignment"]', "diagnostics.clients=true"],
+                           "diagnostics.clients = true (each local model: the un-noised upload)"),
+    "tsne": ([*PRIVATE, 'diagnostics.which=["tsne"]'], "'tsne' (the clients' features): a per-client release"),
+    "data figures": ([*PRIVATE, 'diagnostics.which=["data"]'], "'data' (each client's label counts"),
+    "step trace": ([*PRIVATE, "diagnostics.trace_terms=true"], "diagnostics.trace_terms = true"),
+    "tsne under dp-sgd": (["privacy.sample_clip_norm=1", "privacy.sample_noise_multiplier=1",
+                           'privacy.batch_sampling="poisson"', 'diagnostics.which=["tsne"]'],
+                          "privacy.sample_noise_multiplier > 0 with diagnostics.which 'tsne'"),
 }
 
 

@@ -118,12 +118,20 @@ def _run(args: argparse.Namespace) -> None:
     summary = run(config, out, resume=args.resume, progress=shown, figures=not args.no_figures)
     print(f"\n{summary['method']} on {summary['dataset']} ({out}):")
     print(summary_table(summary))
+    _privacy_lines(summary)
     dropped = summary.get("clients_dropped", [])
     if dropped:
         rounds = sorted({d["round"] for d in dropped})
         print(f"fedlatent: warning: {len(dropped)} client update(s) dropped by the failure policy in "
               f"{len(rounds)} of {summary['rounds_completed']} rounds (summary.json: clients_dropped)",
               file=sys.stderr)
+
+
+def _privacy_lines(summary: dict) -> None:
+    """A private run's notes on stderr: for whom its ε holds (a seeded run) and an ε too large to mean anything."""
+    from fedlatent.experiment.runner.privacy_report import terminal_lines
+    for line in terminal_lines(summary):
+        print(line, file=sys.stderr)
 
 
 def _check(args: argparse.Namespace) -> None:

@@ -23,11 +23,12 @@ from fedlatent.errors import ConfigError, not_allowed, unknown_key
 
 
 def _key(default: Any, doc: str, *, choices: Iterable[str] | None = None,
-         low: float | None = None, high: float | None = None, low_open: bool = False, auto: str = "") -> Any:
+         low: float | None = None, high: float | None = None, low_open: bool = False, auto: str = "",
+         high_open: bool = False) -> Any:
     """A config field with its documentation and the values it allows (``auto``: what the value
     ``"auto"`` means, for a number that may also be left to the data)."""
     meta = {"doc": doc, "choices": tuple(choices) if choices else None, "low": low, "high": high,
-            "low_open": low_open, "auto": auto}
+            "low_open": low_open, "auto": auto, "high_open": high_open}
     if isinstance(default, (list, dict)):
         return field(default_factory=lambda: type(default)(default), metadata=meta)
     return field(default=default, metadata=meta)
@@ -135,6 +136,11 @@ class TrainConfig:
     participation: float = _key(1.0, "fraction ρ of the N clients sampled each round: floor(ρ·N) of them, "
                                 "at least 1 (the seed papers' int(N·ρ): 10 clients at 0.15 → 1, at 0.35 → 3); "
                                 "for m clients a round, set m/N", low=0.0, high=1.0, low_open=True)
+    client_sampling: str = _key("fixed", "how a round selects its clients: 'fixed' (floor(participation * N) distinct "
+                                "clients, uniformly without replacement) or 'poisson' (each client independently "
+                                "with probability participation, the sampling dp-accounting's PLD accountant "
+                                "supports; a round may then select none, and the model stays)",
+                                choices=("fixed", "poisson"))
     drop_last: bool = _key(False, "drop each epoch's last incomplete batch")
     lr_schedule: str = _key("constant", "learning rate over rounds", choices=("constant", "cosine", "multistep"))
     lr_min: float = _key(0.0, "cosine schedule: final learning rate", low=0.0)
@@ -269,10 +275,22 @@ class PrivacyConfig:
                                "permutation, as without DP) or 'poisson' (each sample in each step's batch with "
                                "probability batch_size / n_k, the sampling the accountant assumes)",
                                choices=("shuffled", "poisson"))
+    accountant: str = _key("rdp", "the accountant of client-level DP-FedAvg: 'rdp' (dp-accounting's RDP accountant) "
+                           "or 'pld' (its privacy-loss-distribution accountant, tighter; needs "
+                           "train.client_sampling = 'poisson')", choices=("rdp", "pld"))
+    randomness: str = _key("auto", "the source of the DP noise and of each round's client selection: 'secret' (a "
+                           "key from the OS's CSPRNG, kept in the checkpoints, never sent: no other party can "
+                           "recompute the noise), 'seeded' (from the run's seed: the run repeats to the bit, "
+                           "and its epsilon holds only against observers who do not hold the seed) or 'auto' "
+                           "(secret on backend = 'flower' when noise is added, else seeded)", choices=("auto", "secret", "seeded"))
+    over_bound: str = _key("clip", "the server's check of the clip bound (privacy.clip_norm finite, no secure "
+                           "aggregation): an update whose norm exceeds the round's clip norm beyond rounding "
+                           "is clipped again ('clip') or left out of the round ('drop'); counted in "
+                           "metrics.jsonl as privacy_over_bound", choices=("clip", "drop"))
     # adaptive clipping (Andrew et al. 2021) and the calibration statistics under DP
     target_quantile: float = _key(0.0, "adaptive clipping: the quantile gamma of the clients' update norms that the "
                                   "clip norm tracks, starting from clip_norm (0 = off: clip_norm stays fixed; "
-                                  "0.5 = the median; 0 <= gamma < 1)", low=0.0, high=1.0)
+                                  "0.5 = the median; 0 <= gamma < 1)", low=0.0, high=1.0, high_open=True)
     clip_learning_rate: float = _key(0.2, "adaptive clipping: eta_C of the geometric update "
                                      "C <- C * exp(-eta_C * (b - gamma))", low=0.0, low_open=True)
     clip_count_noise: float = _key(0.0, "adaptive clipping: sigma_b, standard deviation of the Gaussian noise on "
@@ -390,12 +408,13 @@ def _coerce(key: str, value: Any, tp: Any, meta: dict) -> Any:
         raise ConfigError(not_allowed(f"{key} = {value!r}: allowed values are {', '.join(meta['choices'])}", value,
                                       meta["choices"]))
     low, high = meta.get("low"), meta.get("high")
+    upper = f"< {high}" if meta.get("high_open") else f"<= {high}"
     if low is not None and (value < low or (meta.get("low_open") and value == low)):
         bound = f"> {low}" if meta.get("low_open") else f">= {low}"
-        raise ConfigError(f"{key} = {value!r}: must be {bound}" + (f" and <= {high}" if high is not None else "")
+        raise ConfigError(f"{key} = {value!r}: must be {bound}" + (f" and {upper}" if high is not None else "")
                           + (_auto(meta) if meta.get("auto") else ""))
-    if high is not None and value > high:
-        raise ConfigError(f"{key} = {value!r}: must be <= {high}")
+    if high is not None and (value > high or (meta.get("high_open") and value == high)):
+        raise ConfigError(f"{key} = {value!r}: must be {upper}")
     return value
 
 
@@ -511,8 +530,7 @@ def _check_privacy(cfg: PrivacyConfig) -> None:
     """What the range checks of ``[privacy]`` leave: nan, δ < 1, and noise only with a bound to scale it."""
     if cfg.clip_norm != cfg.clip_norm:
         raise ConfigError("privacy.clip_norm = nan: must be > 0 (inf: no clipping)")
-    if cfg.noise_multiplier != cfg.noise_multiplier:
-        raise ConfigError("privacy.noise_multiplier = nan: must be >= 0 (0: no noise)")
+    _check_noise_finite(cfg)
     if not 0 < cfg.delta < 1:
         raise ConfigError(f"privacy.delta = {cfg.delta}: must be > 0 and < 1")
     if cfg.noise_multiplier > 0 and math.isinf(cfg.clip_norm):
@@ -520,8 +538,6 @@ def _check_privacy(cfg: PrivacyConfig) -> None:
                           "the noise's scale is noise_multiplier * clip_norm")
     if cfg.sample_clip_norm != cfg.sample_clip_norm:
         raise ConfigError("privacy.sample_clip_norm = nan: must be > 0 (inf: no per-sample clipping)")
-    if cfg.sample_noise_multiplier != cfg.sample_noise_multiplier:
-        raise ConfigError("privacy.sample_noise_multiplier = nan: must be >= 0 (0: no noise)")
     if cfg.sample_noise_multiplier > 0 and math.isinf(cfg.sample_clip_norm):
         raise ConfigError(f"privacy.sample_noise_multiplier = {cfg.sample_noise_multiplier} needs a finite "
                           "privacy.sample_clip_norm: the noise's scale is sample_noise_multiplier * sample_clip_norm")
@@ -536,6 +552,15 @@ def _check_privacy(cfg: PrivacyConfig) -> None:
     _check_secure_aggregation(cfg)
 
 
+def _check_noise_finite(cfg: PrivacyConfig) -> None:
+    """Every noise multiplier a finite number: nan compares false with every bound, and σ = ∞ would
+    pass the range check and make the first noisy round's model infinite."""
+    for key in ("noise_multiplier", "sample_noise_multiplier", "clip_count_noise", "statistics_noise_multiplier"):
+        value = getattr(cfg, key)
+        if value != "auto" and not math.isfinite(float(value)):
+            raise ConfigError(f"privacy.{key} = {value}: must be a finite number >= 0 (0: no noise)")
+
+
 def _check_adaptive_and_statistics(cfg: PrivacyConfig) -> None:
     """Adaptive clipping's keys (a start to adapt from, a quantile below 1, a count noise that leaves
     the updates' noise finite: Andrew et al. 2021, Theorem 1) and the statistics' noise (only in a
@@ -545,8 +570,6 @@ def _check_adaptive_and_statistics(cfg: PrivacyConfig) -> None:
             raise ConfigError(f"privacy.{key} = nan: expected a number")
     if cfg.statistics_sigma != cfg.statistics_sigma:
         raise ConfigError("privacy.statistics_noise_multiplier = nan: expected a number >= 0 or \"auto\"")
-    if cfg.adaptive and not cfg.target_quantile < 1:
-        raise ConfigError(f"privacy.target_quantile = {cfg.target_quantile}: must be < 1 (0: no adaptive clipping)")
     if cfg.adaptive and math.isinf(cfg.clip_norm):
         raise ConfigError(f"privacy.target_quantile = {cfg.target_quantile} needs a finite privacy.clip_norm: the "
                           "adaptive clip norm starts from it")
@@ -613,6 +636,9 @@ def _check_distributed(config: RunConfig) -> None:
         if on:
             raise ConfigError(f"privacy.distributed = 'skellam' with privacy.{key} set: not built yet (the "
                               "distributed noise covers the updates of the embedded backends alone)")
+    if p.randomness == "secret":
+        raise ConfigError("privacy.distributed = 'skellam' with privacy.randomness = 'secret': not built yet (its "
+                          "shares and rotations are drawn from the run's seed); use privacy.randomness = 'seeded'")
     d = config.diagnostics
     if d.clients or "alignment" in d.which:
         raise ConfigError("privacy.distributed = 'skellam' with diagnostics.clients or 'alignment': a client's message "

@@ -90,6 +90,9 @@ GLOBAL_ON_CLIENTS = {"personalized_accuracy": "client_accuracy", "personalized_a
                      "new_client_personal_worst": "new_client_global_worst"}
 
 
+PRIVACY_ROWS = ("privacy_epsilon", "privacy_delta", "sample_level_epsilon", "sample_level_delta", "privacy_randomness")
+
+
 def summary_table(summary: dict[str, Any]) -> str:
     """The final result of one run as a two-column table; a note when the clients' mean accuracy is
     below the majority-class baseline (:func:`majority_note`); a personalised run's per-client
@@ -108,6 +111,8 @@ def summary_table(summary: dict[str, Any]) -> str:
              ["rounds_completed", summary.get("rounds_completed")],
              ["wall_seconds", float(summary.get("wall_seconds", 0.0))]]
     rows += [[k, float(summary[k])] for k in ("setup_seconds", "train_seconds") if summary.get(k) is not None]
+    rows += [[k, f"{summary[k]:.4g}" if isinstance(summary[k], float) else summary[k]]  # a private run's guarantee
+             for k in PRIVACY_ROWS if summary.get(k) is not None]
     table = format_table(["metric", "value"], rows)
     note = majority_note(final, personal)
     if note:

@@ -36,6 +36,7 @@ from fedlatent.federated.codec import server_codec
 from fedlatent.federated.round import (ClientTask, checked_all, client_generators, client_round, clients_per_round,
                                        encoded, local_settings, round_lr)
 from fedlatent.federated.round import sample_clients as sample_clients  # the embedded backend's sampling
+from fedlatent.federated.randomness import Randomness
 from fedlatent.federated.server import Server
 from fedlatent.federated.state import write_atomically
 from fedlatent.methods.head import apply_head
@@ -84,12 +85,11 @@ class Setup:
     warn: Callable[[str], None] = field(default=lambda message: _warn(message))
     train_sizes: list[int] = field(init=False)  # the census of training-set sizes, taken once
     sample_accountant: SampleAccountant | None = field(init=False)  # sample-level DP-SGD's ε, when noised
-    replies_checked = True  # train() applies each client's own non-finite check
     tells_each_drop = False  # the run's end counts the dropped clients in one line
 
     def __post_init__(self) -> None:
         self.train_sizes = [len(c.train) for c in self.federation.clients]
-        self.sample_accountant = sample_accountant(self.config, self.train_sizes)
+        self.sample_accountant = sample_accountant(self.config, self.train_sizes, self.server.randomness)
 
     # the clients as the run driver (federated.driver) asks for them: all in this process
     @property
@@ -153,15 +153,20 @@ class Setup:
                                   device=self.device, settings=local, seed=cfg.seed, personal=personal)
 
 
-def sample_accountant(config: RunConfig, sizes: list[int]) -> SampleAccountant | None:
+def sample_accountant(config: RunConfig, sizes: list[int],
+                      randomness: Randomness | None = None) -> SampleAccountant | None:
     """The accountant of the run's sample-level DP-SGD (``privacy.sample_noise_multiplier`` > 0) for
-    clients of training-set ``sizes``, selected as the run selects them; None without noise."""
+    clients of training-set ``sizes``, selected as the run selects them (by ``randomness`` where
+    given: a secret selection's); None without noise."""
     privacy, train = config.privacy, config.train
     if privacy.sample_noise_multiplier == 0:
         return None
     return SampleAccountant(sizes, train.batch_size, train.local_epochs, train.local_steps,
                             privacy.sample_noise_multiplier, privacy.delta,
-                            lambda rnd: sample_clients(config.seed, rnd, len(sizes), train.participation))
+                            lambda rnd: sample_clients(config.seed, rnd, len(sizes), train.participation)
+                            if randomness is None else
+                            randomness.sample(rnd, len(sizes), train.participation, train.client_sampling,
+                                              clients_per_round(len(sizes), train.participation)))
 
 
 def make_model(config: RunConfig, federation: GlobalData, spec: MethodSpec) -> FedModel:
@@ -189,11 +194,14 @@ def initial_server(config: RunConfig, federation: GlobalData, spec: MethodSpec,
     in round 1)."""
     torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0)
     model = devices.prepare(make_model(config, federation, spec), config.train.device)
+    randomness = Randomness.of(config.privacy, config.backend, config.seed)
     server = Server(spec, state_to_cpu(model), [n for n, _ in model.named_parameters()], trainable_names(model),
                     config.server, num_clients,
-                    server_codec(config.privacy, config.seed, num_clients,
+                    server_codec(config.privacy, randomness, num_clients,
                                  clients_per_round(num_clients, config.train.participation), config.compression,
-                                 config.train.min_clients))
+                                 config.train.min_clients,
+                                 config.train.participation if config.train.client_sampling == "poisson" else None),
+                    randomness)
     return model, server
 
 

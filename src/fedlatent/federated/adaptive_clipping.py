@@ -23,7 +23,8 @@ from dataclasses import dataclass
 import torch
 
 from fedlatent.methods.parts import Tensors, Upload
-from fedlatent.seeding import PRIVACY_CLIP_COUNT, derive_seed
+from fedlatent.federated.randomness import Randomness, privacy_generator, standard_normal
+from fedlatent.seeding import PRIVACY_CLIP_COUNT
 
 CLIP_NORM = "codec.clip_norm"  # the round's clip norm: the server state's and the payload's key
 CODEC = "codec"  # an upload's extras written by the codec (not a part's)
@@ -65,7 +66,7 @@ class AdaptiveClipping:
     learning_rate: float
     count_noise: float
     per_round: int
-    seed: int
+    seed: int | Randomness  # a Randomness: privacy.randomness's source (a bare seed: the seeded one)
 
     def current(self, state: Tensors) -> float:
         """The clip norm the server holds: C₀ before the first update."""
@@ -81,8 +82,8 @@ class AdaptiveClipping:
         unclipped = sum(float(u.extras[CODEC][UNCLIPPED]) for u in uploads)
         noise = 0.0
         if self.count_noise > 0:
-            generator = torch.Generator().manual_seed(derive_seed(self.seed, PRIVACY_CLIP_COUNT, rnd))
-            noise = self.count_noise * float(torch.randn((), generator=generator, dtype=torch.float64))
+            generator = privacy_generator(self.seed, PRIVACY_CLIP_COUNT, rnd)
+            noise = self.count_noise * float(standard_normal((), generator, torch.float64))
         state[CLIP_NORM] = torch.tensor(next_clip_norm(self.current(state), unclipped, self.per_round,
                                                        self.target_quantile, self.learning_rate, noise),
                                         dtype=torch.float64)

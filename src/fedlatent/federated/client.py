@@ -54,6 +54,7 @@ class LocalSettings:
     sample_clip_norm: float = float("inf")
     sample_noise_multiplier: float = 0.0
     poisson: bool = False
+    secret_noise: bool = False  # DP-SGD's noise keyed by the client's own OS entropy (privacy.randomness = "secret")
 
 
 @dataclass

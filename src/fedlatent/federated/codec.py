@@ -57,22 +57,17 @@ from collections.abc import Collection
 import torch
 
 from fedlatent.config import CompressionConfig, PrivacyConfig
-from fedlatent.federated.accounting import Accountant
+from fedlatent.federated.accounting import Accountant, PoissonAccountant
 from fedlatent.federated.adaptive_clipping import CLIP_NORM, CODEC, AdaptiveClipping, unclipped_bit, update_noise_multiplier
 from fedlatent.federated.codec_chain import (Chain, Combiner, EncodeContext, EncodeLink, Finisher, RoundContext,
                                              ServerStateLink, SumLink, UpdateSum, coded_keys)
 from fedlatent.federated.compression import compression_link
 from fedlatent.federated.distributed_dp import ModularSum, SkellamAccountant, SkellamShare, SkellamSpec
 from fedlatent.methods.parts import Combine, Tensors, Upload
-from fedlatent.seeding import PRIVACY_NOISE, PRIVACY_STATISTICS, derive_seed
+from fedlatent.federated.randomness import Randomness, privacy_generator, standard_normal
+from fedlatent.seeding import PRIVACY_NOISE, PRIVACY_STATISTICS
 
 
-
-
-def noise_generator(seed: int, stream: int, index: int) -> torch.Generator:
-    """The generator of one release's privacy noise: (run seed, ``stream``, ``index``) — the one place
-    the codec's noise generators are made."""
-    return torch.Generator().manual_seed(derive_seed(seed, stream, index))
 
 
 def update_norm(update: Tensors) -> float:
@@ -156,19 +151,21 @@ class GaussianNoise(SumLink):
     """N(0, σ²C² I) on the sum of the updates, one standard normal draw per entry in the sum's order
     from the round's generator (run seed, PRIVACY_NOISE, round), C the round's clip bound; on the
     statistics' sum N(0, σ_s²B²) per entry, B = ``statistics_bound``, from (run seed,
-    PRIVACY_STATISTICS, release); all in float64."""
+    PRIVACY_STATISTICS, release); all in float64. With secret randomness (``seed`` a secret
+    :class:`~fedlatent.federated.randomness.Randomness`) the same streams of its key, drawn by
+    :func:`~fedlatent.federated.randomness.standard_normal`."""
 
-    def __init__(self, noise_multiplier: float, seed: int, statistics_bound: float | None = None,
+    def __init__(self, noise_multiplier: float, seed: int | Randomness, statistics_bound: float | None = None,
                  statistics_noise_multiplier: float = 0.0) -> None:
         self.noise_multiplier, self.seed = noise_multiplier, seed
         self.statistics_bound, self.statistics_noise_multiplier = statistics_bound, statistics_noise_multiplier
 
     def apply(self, total: UpdateSum, rc: RoundContext) -> UpdateSum:
         scale = self.noise_multiplier * rc.bound
-        generator = noise_generator(self.seed, PRIVACY_NOISE, rc.rnd)
+        generator = privacy_generator(self.seed, PRIVACY_NOISE, rc.rnd)
         sums = {}
         for key, value in total.sums.items():
-            noise = torch.randn(value.shape, generator=generator, dtype=torch.float64).to(value.device)
+            noise = standard_normal(value.shape, generator, torch.float64).to(value.device)
             sums[key] = value + scale * noise
         return dataclasses.replace(total, sums=sums)
 
@@ -176,9 +173,8 @@ class GaussianNoise(SumLink):
         if self.statistics_bound is None or self.statistics_noise_multiplier == 0:
             return summed
         scale = self.statistics_noise_multiplier * self.statistics_bound
-        generator = noise_generator(self.seed, PRIVACY_STATISTICS, release)
-        return {key: value.double() + scale * torch.randn(value.shape, generator=generator,
-                                                          dtype=torch.float64).to(value.device)
+        generator = privacy_generator(self.seed, PRIVACY_STATISTICS, release)
+        return {key: value.double() + scale * standard_normal(value.shape, generator, torch.float64).to(value.device)
                 for key, value in summed.items()}
 
 
@@ -363,8 +359,8 @@ class GaussianCodec(ClipCodec):
 
     name = "gaussian"
 
-    def __init__(self, clip_norm: float, noise_multiplier: float, per_round: int, seed: int,
-                 accountant: Accountant | None = None, *, adaptive: AdaptiveClipping | None = None,
+    def __init__(self, clip_norm: float, noise_multiplier: float, per_round: int, seed: int | Randomness,
+                 accountant: Accountant | PoissonAccountant | None = None, *, adaptive: AdaptiveClipping | None = None,
                  statistics_clip_norm: float = math.inf, statistics_noise_multiplier: float = 0.0) -> None:
         if not (noise_multiplier >= 0 and math.isfinite(clip_norm)):
             raise ValueError(f"GaussianCodec needs noise_multiplier >= 0 and a finite clip_norm, got "
@@ -428,14 +424,16 @@ def build_codec(cfg: PrivacyConfig, compression: CompressionConfig | None = None
     return UpdateCodec(Chain(links))
 
 
-def server_codec(cfg: PrivacyConfig, seed: int, num_clients: int, per_round: int,
-                 compression: CompressionConfig | None = None, survivors: int = 1) -> UpdateCodec:
+def server_codec(cfg: PrivacyConfig, seed: int | Randomness, num_clients: int, per_round: int,
+                 compression: CompressionConfig | None = None, survivors: int = 1,
+                 poisson_rate: float | None = None) -> UpdateCodec:
     """The server's codec: DP-FedAvg's :class:`GaussianCodec` when ``noise_multiplier`` > 0 (its
     accountant for ``per_round`` of ``num_clients`` clients a round, given σ itself: with adaptive
-    clipping the updates' noise is σ_Δ, so that with the count's it spends σ's privacy), else
-    :func:`build_codec`'s with the server's side of adaptive clipping when ``target_quantile`` > 0;
+    clipping the updates' noise is σ_Δ, so that with the count's it spends σ's privacy; under Poisson
+    client sampling of rate ``poisson_rate``, the :class:`PoissonAccountant` of ``privacy.accountant``),
+    else :func:`build_codec`'s with the server's side of adaptive clipping when ``target_quantile`` > 0;
     distributed DP's :class:`DistributedCodec` when ``distributed`` asks for it, its ε for the worst
-    case of ``survivors`` clients in a round's sum."""
+    case of ``survivors`` clients in a round's sum (seeded draws: refused with secret randomness)."""
     adaptive = AdaptiveClipping(cfg.clip_norm, cfg.target_quantile, cfg.clip_learning_rate, cfg.clip_count_noise,
                                 per_round, seed) if cfg.adaptive else None
     if cfg.noise_multiplier == 0:
@@ -443,10 +441,15 @@ def server_codec(cfg: PrivacyConfig, seed: int, num_clients: int, per_round: int
             return build_codec(cfg, compression)
         return ClipCodec(cfg.clip_norm, adaptive=adaptive, statistics_clip_norm=cfg.statistics_clip_norm)
     if cfg.distributed == "skellam":
-        spec = SkellamSpec(cfg.clip_norm, cfg.noise_multiplier, per_round, cfg.distributed_bits, seed)
+        run_seed = seed.seed if isinstance(seed, Randomness) else seed  # seeded shares: validation refuses secret
+        spec = SkellamSpec(cfg.clip_norm, cfg.noise_multiplier, per_round, cfg.distributed_bits, run_seed)
         return DistributedCodec(spec, SkellamAccountant(spec, max(1, survivors), cfg.delta))
     statistics_sigma = cfg.statistics_sigma if math.isfinite(cfg.statistics_clip_norm) else 0.0
-    accountant = Accountant(num_clients, per_round, cfg.noise_multiplier, cfg.delta, statistics_sigma)
+    randomness = seed if isinstance(seed, Randomness) else Randomness("seeded", seed)  # the selection the server knows
+    accountant: Accountant | PoissonAccountant = \
+        Accountant(num_clients, per_round, cfg.noise_multiplier, cfg.delta, statistics_sigma,
+                   lambda rnd: randomness.select(rnd, num_clients, per_round)) if poisson_rate is None else \
+        PoissonAccountant(poisson_rate, cfg.noise_multiplier, cfg.delta, statistics_sigma, cfg.accountant)
     update_sigma = cfg.noise_multiplier if adaptive is None else \
         update_noise_multiplier(cfg.noise_multiplier, cfg.clip_count_noise)
     return GaussianCodec(cfg.clip_norm, update_sigma, per_round, seed, accountant, adaptive=adaptive,

@@ -30,7 +30,7 @@ from fedlatent.federated.client import trained_samples
 from fedlatent.federated.failures import ClientFailure
 from fedlatent.federated.evaluation import Tally
 from fedlatent.federated.personal import combine_new, combine_reports
-from fedlatent.federated.round import ClientTask, calibration_due, close_round, nbytes, plan_round
+from fedlatent.federated.round import ClientTask, calibration_due, close_round, nbytes, plan_round, round_lr
 from fedlatent.federated.server import Server
 from fedlatent.federated.state import Checkpoints, has_checkpoint, load_checkpoint
 from fedlatent.methods.parts import MethodSpec, Tensors, Upload
@@ -47,7 +47,6 @@ class Run(Protocol):
     server: Server
     client_states: list[Tensors]
     diagnostics: Any  # ``federated.diagnostics.Diagnostics`` or Flower's, or None
-    replies_checked: bool  # the clients' own non-finite check already applied to their replies
     tells_each_drop: bool  # a warning line for each client the failure policy leaves out, as it happens
     sample_accountant: SampleAccountant | None  # sample-level DP-SGD's accountant, when its steps are noised
 
@@ -95,8 +94,8 @@ def play_round(s: Run, rnd: int) -> dict[str, Any]:
     started = time.perf_counter()
     tasks = plan_round(s.server, cfg, rnd, s.train_sizes)
     codec_fields = s.server.codec.round_metrics(s.server.state)  # as the round starts: its clip norm
-    outcomes, states = s.train(tasks)
-    result = close_round(s.server, cfg, rnd, tasks, outcomes, replies_checked=s.replies_checked)
+    outcomes, states = s.train(tasks) if tasks else ([], {})  # Poisson sampling may select no client
+    result = close_round(s.server, cfg, rnd, tasks, outcomes)
     if s.tells_each_drop:
         for failure in result.dropped:
             s.warn(f"round {rnd + 1}: client {failure.client} left out: {failure.detail}")
@@ -106,7 +105,7 @@ def play_round(s: Run, rnd: int) -> dict[str, Any]:
     due = calibration_due(s.spec, rnd)
     if due:
         s.server.global_state, result.metrics["bytes_calibration_up"] = calibrated(s, s.server.global_state, rnd)
-    line: dict[str, Any] = {"round": rnd + 1, "lr": tasks[0].lr, **result.metrics, **codec_fields}
+    line: dict[str, Any] = {"round": rnd + 1, "lr": round_lr(cfg.train, rnd), **result.metrics, **codec_fields}
     epsilon = s.server.codec.epsilon(rnd + 1, calibrations_in(s.spec, rnd + 1))
     if epsilon is not None:  # DP-FedAvg: the privacy spent by the rounds (and calibrations) so far, at privacy.delta
         line["privacy_epsilon"] = epsilon
@@ -284,4 +283,6 @@ def restore(s: Run, ckpt: Path, num_clients: int, warn: Callable[[str], None]) -
         warn(f"--resume: no intact checkpoint under {ckpt}; starting again from the initial state (round 0)")
         return 0, 0.0
     s.server.global_state, s.server.state, s.client_states, info = loaded
+    if s.server.randomness is not None:  # a secret run goes on with the key its checkpoint kept
+        s.server.randomness.bind(s.server.state)
     return info["round"], info["elapsed_s"]

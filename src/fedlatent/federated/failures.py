@@ -132,23 +132,21 @@ def error_detail(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
-def screen(rnd: int, outcomes: list[Upload | ClientFailure], cfg: TrainConfig,
-           replies_checked: bool = False) -> tuple[list[Upload], list[ClientFailure]]:
+def screen(rnd: int, outcomes: list[Upload | ClientFailure], cfg: TrainConfig) -> tuple[list[Upload], list[ClientFailure]]:
     """Apply the failure policy to round ``rnd``'s (0-based) outcomes, in client order.
 
     ``outcomes`` holds an :class:`Upload` per client that returned and a :class:`ClientFailure`
     per client that raised or found its own new state non-finite (``round.checked``: the server
-    never sees client states). ``replies_checked``: the uploads are the ones ``round.checked_all``
-    found finite in this process (the embedded backends), so they are not checked again; replies
-    that crossed a process boundary are. Returns the uploads to aggregate and the clients
+    never sees client states). Every upload is checked again here, on every backend: the server
+    sums only what it has found finite itself, never trusting a client's own check. Returns the uploads to aggregate and the clients
     dropped; raises :class:`RunStopped` when the policy says stop or too few clients remain, and
     the ConfigError of a client's "config" failure."""
     kept: list[Upload] = []
     dropped: list[ClientFailure] = []
     uploads = [o for o in outcomes if isinstance(o, Upload)]
-    finite = replies_checked or all_finite(t for u in uploads for t in upload_tensors(u))
+    finite = all_finite(t for u in uploads for t in upload_tensors(u))
     # the common case: nothing to look for upload by upload
-    clean = replies_checked or (finite and losses_finite(uploads))
+    clean = finite and losses_finite(uploads)
     for outcome in outcomes:
         if isinstance(outcome, Upload):
             quantity = None if clean else nonfinite_quantity(outcome, tensors_finite=finite)

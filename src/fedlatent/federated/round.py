@@ -30,7 +30,8 @@ from fedlatent.config import PrivacyConfig, RunConfig, TrainConfig
 from fedlatent.data.augment import Augmentation
 from fedlatent.data.types import Split
 from fedlatent.federated.client import LocalSettings, Workspace
-from fedlatent.federated.codec import UpdateCodec
+from fedlatent.federated.bound import enforce_bound
+from fedlatent.federated.codec import ClipCodec, UpdateCodec
 from fedlatent.federated.codec_chain import CODED_BYTES
 from fedlatent.federated.lockstep import local_update
 from fedlatent.federated import precision
@@ -138,17 +139,31 @@ def local_settings(train: TrainConfig, lr: float, epochs: int, augment: Augmenta
                          precision="fp32" if math.isfinite(dp.sample_clip_norm) else precision.resolve(train.precision,
                                                                                                        device),
                          sample_clip_norm=dp.sample_clip_norm, sample_noise_multiplier=dp.sample_noise_multiplier,
-                         poisson=dp.batch_sampling == "poisson")
+                         poisson=dp.batch_sampling == "poisson", secret_noise=dp.randomness == "secret")
 
 
 # server half -------------------------------------------------------------------------------------
 def plan_round(server: Server, config: RunConfig, rnd: int, train_sizes: list[int]) -> list[ClientTask]:
     """Round ``rnd``'s (0-based) tasks, in client-id order; ``train_sizes`` is the census of the
     clients' training-set sizes."""
-    selected = sample_clients(config.seed, rnd, len(train_sizes), config.train.participation)
+    n, t = len(train_sizes), config.train
+    selected = server.randomness.sample(rnd, n, t.participation, t.client_sampling, clients_per_round(n, t.participation)) \
+        if server.randomness is not None else sample_clients(config.seed, rnd, n, t.participation)
     payload = {k: v for part_payload in server.payload().values() for k, v in part_payload.items()}
     lr, total = round_lr(config.train, rnd), sum(train_sizes)
     return [ClientTask(cid, rnd, server.global_state, payload, lr, len(train_sizes), total) for cid in selected]
+
+
+def server_bound(server: Server, config: RunConfig, tasks: list[ClientTask],
+                 uploads: list[Upload]) -> tuple[list[Upload], list[ClientFailure], int | None]:
+    """Under a clipping codec (``privacy.clip_norm`` finite, no secure aggregation: the server sees
+    each update), each update held to the round's clip norm by ``privacy.over_bound``
+    (:func:`~fedlatent.federated.bound.enforce_bound`); returns the uploads kept, those dropped and
+    how many were over (None: nothing checked, no clip bound promised)."""
+    if not isinstance(server.codec, ClipCodec) or not uploads or not tasks:
+        return uploads, [], None
+    bound = server.codec.clip_norm_of(server.state)
+    return enforce_bound(uploads, tasks[0].global_state, server.untransmitted(), bound, config.privacy.over_bound)
 
 
 def _client_of(outcome: Upload | ClientFailure) -> int:
@@ -156,12 +171,14 @@ def _client_of(outcome: Upload | ClientFailure) -> int:
 
 
 def close_round(server: Server, config: RunConfig, rnd: int, tasks: list[ClientTask],
-                outcomes: list[Upload | ClientFailure], replies_checked: bool = False) -> RoundResult:
-    """Apply the failure policy to the replies (sorted by client id), aggregate what is kept and
-    take the server step; raise :class:`RunStopped` when the new global model is not finite.
-    ``replies_checked``: the outcomes come from :func:`checked_all` in this process (see
-    :func:`~fedlatent.federated.failures.screen`)."""
-    uploads, dropped = screen(rnd, sorted(outcomes, key=_client_of), config.train, replies_checked)
+                outcomes: list[Upload | ClientFailure]) -> RoundResult:
+    """Screen every reply (non-finite: the failure policy, on every backend — the server never
+    trusts a client's own check) and, where the codec clips, hold each update to the clip bound
+    (:func:`server_bound`); aggregate what is kept and take the server step; raise
+    :class:`RunStopped` when the new global model is not finite."""
+    uploads, dropped = screen(rnd, sorted(outcomes, key=_client_of), config.train)
+    uploads, over_bound, over = server_bound(server, config, tasks, uploads)
+    dropped += over_bound
     if uploads:  # none left (every client dropped, train.min_clients = 0): the global model stays
         server.aggregate(uploads, rnd)
     bad = first_nonfinite(server.global_state)
@@ -171,8 +188,9 @@ def close_round(server: Server, config: RunConfig, rnd: int, tasks: list[ClientT
     metrics: dict[str, Any] = {
         "clients": [u.client_id for u in uploads],
         "train_loss": float(np.mean([u.metrics["train_loss"] for u in uploads])) if uploads else None,
-        "client_train_loss": [u.metrics["train_loss"] for u in uploads],
     }
+    if not (config.privacy.noise_multiplier > 0 or config.privacy.sample_noise_multiplier > 0):
+        metrics["client_train_loss"] = [u.metrics["train_loss"] for u in uploads]  # under DP: a release outside ε
     untransmitted = server.untransmitted()
     down = _once_each([t.global_state for t in tasks], lambda state: traffic(state, untransmitted))
     up = [(int(u.metrics[CODED_BYTES]), 0) if CODED_BYTES in u.metrics else traffic(u.state, untransmitted)
@@ -183,6 +201,8 @@ def close_round(server: Server, config: RunConfig, rnd: int, tasks: list[ClientT
     metrics["bytes_head_up"] = sum(h for _, h in up)
     if dropped:
         metrics["dropped"] = [failure.record() for failure in dropped]
+    if over is not None:  # the server's check of the clip bound: the updates over C this round
+        metrics["privacy_over_bound"] = over
     for key in sorted({k for u in uploads for k in u.metrics if k.startswith(("term_", "personal_"))}):
         metrics[key] = float(np.mean([u.metrics[key] for u in uploads if key in u.metrics]))
     metrics["time_train_s"] = sum(u.metrics["train_seconds"] for u in uploads)

@@ -35,7 +35,8 @@ from fedlatent.federated.client import LocalSettings
 from fedlatent.losses.dp_sgd import private_gradient
 from fedlatent.methods.parts import ClientRound, task_loss
 from fedlatent.models.base import FedModel, has_dropout
-from fedlatent.seeding import SAMPLE_NOISE, derive_seed
+from fedlatent.federated.randomness import Source, client_noise_source, standard_normal
+from fedlatent.seeding import SAMPLE_NOISE
 
 GLOBAL, PERSONAL = 0, 1  # the models whose steps draw noise: the local model, Ditto's personal model
 
@@ -47,11 +48,10 @@ def enabled(s: LocalSettings) -> bool:
     return math.isfinite(s.sample_clip_norm)
 
 
-def noise_generators(rcs: list[ClientRound], model: int) -> list[torch.Generator]:
+def noise_generators(rcs: list[ClientRound], model: int, secret: bool = False) -> list[Source]:
     """Each client's generator of the noise of ``model``'s steps this round: (seed, SAMPLE_NOISE,
-    round, client, model)."""
-    return [torch.Generator().manual_seed(derive_seed(rc.seed, SAMPLE_NOISE, rc.round, rc.client_id, model))
-            for rc in rcs]
+    round, client, model), or, ``secret`` (``privacy.randomness``), keyed by the client's own OS entropy."""
+    return [client_noise_source(secret, rc.seed, SAMPLE_NOISE, rc.round, rc.client_id, model) for rc in rcs]
 
 
 def per_sample_gradients(model: FedModel, loss: str, temperature: float) -> PerSample:
@@ -91,7 +91,7 @@ class PrivateGradients:
         self.per_sample = per_sample_gradients(module, loss, temperature)
         self.trainable = trainable
         self.clip_norm, self.noise_multiplier = s.sample_clip_norm, s.sample_noise_multiplier
-        self.generators = noise_generators(rcs, model) if self.noise_multiplier > 0 else None
+        self.generators = noise_generators(rcs, model, s.secret_noise) if self.noise_multiplier > 0 else None
         self.expected = [min(s.batch_size, n) for n in sizes] if s.poisson else None
 
     def __call__(self, params: Mapping[str, Tensor], members: list[int], x: Tensor, y: Tensor,
@@ -116,6 +116,6 @@ class PrivateGradients:
         generator (one call per client and step), as (members, …) tensors per weight."""
         assert self.generators is not None
         numels = [math.prod(shape) for shape in shapes]
-        flat = torch.stack([torch.randn(sum(numels), generator=self.generators[c]) for c in members])
+        flat = torch.stack([standard_normal(sum(numels), self.generators[c]) for c in members])
         flat = flat.to(like.device, like.dtype)
         return [part.reshape(len(members), *shape) for part, shape in zip(flat.split(numels, 1), shapes)]

@@ -14,6 +14,7 @@ import torch
 
 from fedlatent.config import ServerConfig
 from fedlatent.federated.codec import UpdateCodec
+from fedlatent.federated.randomness import Randomness
 from fedlatent.methods.parts import MethodSpec, Tensors, Upload
 
 OPT = "server_opt."  # server-state prefix of the optimiser's buffers
@@ -78,7 +79,8 @@ class Server:
     """Holds the global model's state and the server state; turns uploads into the next model."""
 
     def __init__(self, spec: MethodSpec, global_state: Tensors, parameters: list[str], trainable: list[str],
-                 cfg: ServerConfig, num_clients: int, codec: UpdateCodec | None = None) -> None:
+                 cfg: ServerConfig, num_clients: int, codec: UpdateCodec | None = None,
+                 randomness: Randomness | None = None) -> None:
         self.spec = spec
         self.frozen, self.local = untransmitted_keys(spec, parameters, trainable, list(global_state))
         self.codec = codec or UpdateCodec()
@@ -87,6 +89,10 @@ class Server:
         self.cfg = cfg
         self.num_clients = num_clients
         self.state: Tensors = {}
+        # the privacy noise's and the selection's source (None: the run seed's); a secret key is server state
+        self.randomness = randomness
+        if randomness is not None:
+            randomness.bind(self.state)
         self.kind, self.lr = resolve_server(cfg, spec)
 
     def untransmitted(self) -> set[str]:

@@ -39,10 +39,11 @@ from typing import Any, Callable
 import numpy as np
 import torch
 from torch import Tensor
-from flwr.app import ConfigRecord, Context, Message, RecordDict
+from flwr.app import ConfigRecord, Context, Error, Message, RecordDict
 from flwr.clientapp import ClientApp
 
 from fedlatent.backends.flower import messages as M
+from fedlatent.backends.flower import node_terms
 from fedlatent.backends.flower.diagnostics import GLOBAL_TEST
 from fedlatent.backends.flower.secagg import Party
 from fedlatent.backends.flower.secagg_settings import Settings
@@ -165,6 +166,15 @@ def _job(msg: Message, context: Context) -> Job:
                    M.from_record(norm) if norm is not None else None)
 
 
+def _refused(msg: Message, context: Context) -> Message | None:
+    """The node's error reply where the message, or the run it belongs to, asks for less than the
+    node's own terms (:mod:`.node_terms`, from its ``--node-config``); None when they hold."""
+    config = from_dict(tomllib.loads(str(msg.content["run"]["config"])))
+    reason = node_terms.refusal(dict(context.node_config), msg.metadata.message_type,
+                                "secagg" in msg.content.config_records, config)
+    return None if reason is None else Message(Error(code=node_terms.REFUSED, reason=reason), reply_to=msg)
+
+
 def _state(context: Context, cid: int) -> Tensors | None:
     name = f"{STATE}{cid}"
     return M.from_record(context.state[name]) if name in context.state.array_records else None
@@ -180,6 +190,9 @@ def census(msg: Message, context: Context) -> Message:
     tells none); the classes, the input shape and the size of the global test split it holds (0 for a
     node with its own file: it holds its clients' test splits alone); such a node with
     ``data.normalize`` on adds its normalisation census (``norm.<client>``)."""
+    refused = _refused(msg, context)
+    if refused is not None:
+        return refused
     job = _job(msg, context)
     content = RecordDict()
     own_file = bool(context.node_config.get("data-path"))
@@ -208,6 +221,9 @@ def train(msg: Message, context: Context) -> Message:
     → its upload, checked and then encoded by the run's update codec (the message, without the
     entries the server withholds from uploads), the new state kept in the context; a client that
     raises or is not finite keeps its old state."""
+    refused = _refused(msg, context)
+    if refused is not None:
+        return refused
     job = _job(msg, context)
     cfg = job.config
     outcomes: list[M.Outcome] = []
@@ -308,6 +324,9 @@ def statistics(msg: Message, context: Context) -> Message:
     """Each served client's calibration statistics (FFC: V, U; CCVR: per-class count, mean,
     covariance, or per-class sums where the codec bounds or masks them) of its training split under
     the global model; under secure aggregation, as one masked vector (:meth:`.MaskingCodec.encode_statistics`)."""
+    refused = _refused(msg, context)
+    if refused is not None:
+        return refused
     job = _job(msg, context)
     global_state = M.from_record(msg.content["global"])
     content = RecordDict()
@@ -388,6 +407,9 @@ def diagnostics(msg: Message, context: Context) -> Message:
     half, :func:`fedlatent.federated.diagnostics.split_statistics`), for the clients the server
     sent rows of the uniformity sample to (those holding the split) — or of the global test split
     (``sample.global``), the server holding no copy of it."""
+    refused = _refused(msg, context)
+    if refused is not None:
+        return refused
     job = _job(msg, context)
     asked = M.unpack_values(msg.content["diagnostics"])
     models = _models(msg)
@@ -412,6 +434,9 @@ def diagnostics(msg: Message, context: Context) -> Message:
 def tsne(msg: Message, context: Context) -> Message:
     """Each served client's t-SNE features of the asked class, through its local model when the
     server sent one (``model.client<id>``), else the global model."""
+    refused = _refused(msg, context)
+    if refused is not None:
+        return refused
     job = _job(msg, context)
     asked = M.unpack_values(msg.content["tsne"])
     models = _models(msg)

@@ -31,6 +31,7 @@ from flwr.serverapp import Grid, ServerApp
 
 from fedlatent.backends.flower import messages as M
 from fedlatent.backends.flower.diagnostics import FlowerDiagnostics
+from fedlatent.backends.flower.node_terms import is_refusal
 from fedlatent.backends.flower.secagg_settings import Settings
 from fedlatent.backends.flower.secagg_codec import VECTOR, Layout, Unmasking, UnmaskingCodec, layout
 from fedlatent.backends.flower.secagg_session import Session, open_session
@@ -40,7 +41,7 @@ from fedlatent.federated import driver
 from fedlatent.config import RunConfig, to_toml
 from fedlatent.data.federation import pooled_channel_stats
 from fedlatent.data.types import Outline, ServerView
-from fedlatent.errors import DataError
+from fedlatent.errors import ConfigError, DataError
 from fedlatent.federated import evaluation
 from fedlatent.federated.calibrate import summed_statistics
 from fedlatent.federated.failures import ClientFailure, RunStopped
@@ -174,7 +175,6 @@ class ServerRun:
     rounds_done: int = 0  # the rounds before the one training now: what a stopped session has completed
     unmasking: UnmaskingCodec | None = None  # the server's codec under SecAgg+ (set up with the server)
 
-    replies_checked = False  # the nodes' replies are screened for non-finite values here
     tells_each_drop = True  # a deployment's log tells each client left out as it happens
     sample_accountant = None  # sample-level DP-SGD runs on the embedded backends only
 
@@ -209,6 +209,7 @@ class ServerRun:
             key = by_id.get(reply.metadata.reply_to_message_id)
             if key is not None:
                 out[key] = reply
+                refused_by_node(reply)
         return out
 
     def take_census(self) -> Census:
@@ -465,6 +466,13 @@ def _statistics(content: RecordDict) -> dict[int, Tensors]:
     """A node's reply to ``query.statistics``: each client's statistics, by client id."""
     return {int(name.split(".")[1]): M.from_record(record)
             for name, record in content.array_records.items() if name.startswith("stats.")}
+
+
+def refused_by_node(reply: Message) -> None:
+    """Raise the ``ConfigError`` of a node's refusal (its own terms, :mod:`.node_terms`): the run's
+    settings and the node's terms are the user's to reconcile (exit 2), not a client's failure."""
+    if reply.has_error() and is_refusal(reply.error.reason):
+        raise ConfigError(f"SuperNode {reply.metadata.src_node_id} refuses the run: {reply.error.reason}")
 
 
 def _unserved(missing: list[int] | None) -> str:

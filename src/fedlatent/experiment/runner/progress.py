@@ -20,10 +20,14 @@ class Progress(Protocol):
 
 
 def shown(line: dict[str, Any]) -> dict[str, str]:
-    """A metrics line's training loss (of the clients' local steps) and the global model's test accuracy."""
+    """A metrics line's training loss (of the clients' local steps), the global model's test accuracy
+    and, in a private run, ε at δ so far (client-level ``eps``, sample-level ``sample_eps``)."""
     out = {"train_loss": f"{line['train_loss']:.3f}" if line.get("train_loss") is not None else "-"}
     if "test_accuracy" in line:
         out["test_acc"] = f"{line['test_accuracy']:.3f}"
+    for key, label in (("privacy_epsilon", "eps"), ("sample_level_epsilon", "sample_eps")):  # a private run's ε so far
+        if line.get(key) is not None:
+            out[label] = f"{line[key]:.3g}" if line[key] < 1e4 else f"{line[key]:.2e}"
     return out
 
 

@@ -30,7 +30,7 @@ from fedlatent.data.registry import DATASETS
 from fedlatent.data.types import Federation, ServerView
 from fedlatent.errors import ConfigError, UserInputError
 from fedlatent.experiment.runner.figures import CurvesPacing, FigureWorker, NoFigures, start_process
-from fedlatent.experiment.runner import tracking
+from fedlatent.experiment.runner import privacy_report, tracking
 from fedlatent.experiment.runner.folders import check_same_config, completed, default_out
 from fedlatent.experiment.runner.machine import cpu_model
 from fedlatent.experiment.runner.progress import progress as show_progress
@@ -333,6 +333,7 @@ def _summarize(config: RunConfig, spec: MethodSpec, out: Path, ending: dict[str,
     if metrics and "sample_level_epsilon" in metrics[-1]:  # sample-level DP-SGD's, the worst client's
         summary.update(sample_level_epsilon=metrics[-1]["sample_level_epsilon"],
                        sample_level_delta=config.privacy.delta)
+    summary.update(privacy_report.summary_fields(config, summary))  # for whom ε holds (privacy.randomness)
     if "classifier_clients" in ending.get("final", {}):
         summary.update(classifier_columns(metrics, ending["final"]))
     write_atomically(out / "summary.json", json.dumps(summary, indent=1))

@@ -82,6 +82,8 @@ def validate(config: RunConfig) -> MethodSpec:
         vectorized.check(config, spec)
     if config.privacy.noise_multiplier > 0:
         check_private(config, spec)
+    check_releases(config)
+    check_client_sampling(config)
     if math.isfinite(config.privacy.sample_clip_norm):
         check_sample_private(config, spec)
     if config.privacy.secure_aggregation != "off":
@@ -92,6 +94,42 @@ def validate(config: RunConfig) -> MethodSpec:
     if shape is not None:
         check_model_fit(config, spec, *shape)
     return spec
+
+
+def check_client_sampling(config: RunConfig) -> None:
+    """Poisson client sampling and the PLD accountant: PLD only with Poisson sampling (dp-accounting's
+    PLD accountant has no sampling without replacement); Poisson sampling not with adaptive clipping
+    or SecAgg+ yet (the count's sensitivity under add-or-remove, and a session's fixed parties)."""
+    t, p = config.train, config.privacy
+    if p.accountant == "pld" and t.client_sampling != "poisson":
+        raise ConfigError("privacy.accountant = 'pld' needs train.client_sampling = 'poisson': dp-accounting's PLD "
+                          "accountant supports Poisson sampling, not the fixed-size sampling without replacement")
+    if t.client_sampling == "poisson" and p.adaptive:
+        raise ConfigError("train.client_sampling = 'poisson' is not combined with adaptive clipping yet "
+                          "(privacy.target_quantile > 0)")
+    if t.client_sampling == "poisson" and p.secure_aggregation != "off":
+        raise ConfigError("train.client_sampling = 'poisson' is not combined with privacy.secure_aggregation yet "
+                          "(a SecAgg+ session needs its parties' number fixed)")
+
+
+def check_releases(config: RunConfig) -> None:
+    """Under DP noise (client- or sample-level), no setting that releases per-client quantities computed
+    from un-noised updates or data, outside ε (docs/privacy.md, "What each party sees"): the client
+    diagnostics (measures of each local model, the un-noised upload, across client pairs), t-SNE of
+    the clients' features, the data figures (each client's label counts and input ranges) and the
+    step trace (each client's loss terms every step). The per-client training losses are left out of
+    metrics.jsonl instead (``round.close_round``)."""
+    p, d = config.privacy, config.diagnostics
+    if not (p.noise_multiplier > 0 or p.sample_noise_multiplier > 0):
+        return
+    key = "privacy.noise_multiplier" if p.noise_multiplier > 0 else "privacy.sample_noise_multiplier"
+    released = ("diagnostics.clients = true (each local model: the un-noised upload)" if d.which and d.clients else
+                "diagnostics.which 'tsne' (the clients' features)" if "tsne" in d.which else
+                "diagnostics.which 'data' (each client's label counts and input ranges)" if "data" in d.which else
+                "diagnostics.trace_terms = true (each client's loss terms every step)" if d.trace_terms else None)
+    if released:
+        raise ConfigError(f"{key} > 0 with {released}: a per-client release outside epsilon; refused (turn it "
+                          "off, or run without noise)")
 
 
 def private_refusal(spec: MethodSpec, cfg: PrivacyConfig) -> str | None:

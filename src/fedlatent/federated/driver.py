@@ -197,7 +197,7 @@ def finish(s: Run, last: dict[str, Any] | None = None) -> dict[str, Any]:
     final: dict[str, Any] = {}
     before = _evaluation(last) if last is not None and last["round"] == s.config.train.rounds else evaluate_global(s)
     state = s.server.global_state
-    if s.spec.calibration.kind != "none":
+    if s.spec.calibration.declared.calibrates:
         rounds = s.config.train.rounds
         state, final["bytes_calibration_up"] = calibrated(s, state, rounds)
         epsilon = s.server.codec.epsilon(rounds, calibrations_in(s.spec, rounds) + 1)
@@ -206,7 +206,7 @@ def finish(s: Run, last: dict[str, Any] | None = None) -> dict[str, Any]:
         final.update({f"uncalibrated_{k.removeprefix('test_')}": v for k, v in before.items()})
         before = evaluate_global(s, state)
     if s.spec.count_flops:  # the final calibration's share of SphereFed Table 1's columns
-        once = classifier_round(s, [], s.spec.calibration.kind != "none")
+        once = classifier_round(s, [], s.spec.calibration.declared.calibrates)
         final.update({f"classifier_calibration_{k.removeprefix('classifier_')}": v for k, v in once.items()},
                      classifier_clients=len(s.train_sizes))
     final.update({k.removeprefix("test_"): v for k, v in before.items()})

@@ -29,6 +29,7 @@ import torch
 
 from fedlatent.backends import vectorized
 from fedlatent.backends.flower.secagg_settings import Settings
+from fedlatent.calibration.registry import with_sums
 from fedlatent.config import DataConfig, PrivacyConfig, RunConfig, holdout_count
 from fedlatent.data.federation import outline
 from fedlatent.data.registry import DATASETS
@@ -106,13 +107,13 @@ def private_refusal(spec: MethodSpec, cfg: PrivacyConfig) -> str | None:
                     "every client alike")
         if type(part).server_update is not Part.server_update:
             return f"the part '{part.name}' uploads extras that the server reads outside the update codec"
-    kind = spec.calibration.kind
-    if kind == "centralized":
-        return "the centralized calibration sends the clients' features themselves"
-    if kind != "none" and math.isinf(cfg.statistics_clip_norm):
+    kind, declared = spec.calibration.kind, spec.calibration.declared
+    if declared.oracle:
+        return f"the {kind} calibration sends the clients' features themselves"
+    if declared.calibrates and math.isinf(cfg.statistics_clip_norm):
         return (f"the {kind} calibration's statistics need a bound to scale their noise: set "
                 "privacy.statistics_clip_norm")
-    if kind != "none" and cfg.statistics_sigma == 0:
+    if declared.calibrates and cfg.statistics_sigma == 0:
         return f"the {kind} calibration's statistics would reach the server without noise (statistics_noise_multiplier = 0)"
     return None
 
@@ -149,7 +150,7 @@ def sample_private_refusal(config: RunConfig, spec: MethodSpec) -> str | None:
         return (f"{spec.name}'s {program.kind} program takes its own steps or a round-start procedure on the client's "
                 "data, outside the private steps (DP-SGD trains programs whose copies each take one step on their "
                 "own loss: plain training, ditto)")
-    if spec.calibration.kind != "none":
+    if spec.calibration.declared.calibrates:
         return f"the {spec.calibration.kind} calibration's statistics read the clients' data outside the private steps"
     if config.backend == "flower":
         return "sample-level DP-SGD runs on the embedded backends (simulation, vectorized, auto), not 'flower'"
@@ -215,8 +216,9 @@ def secure_refusal(config: RunConfig, spec: MethodSpec) -> str | None:
             return f"the part '{part.name}' aggregates with weights of its own, and SecAgg+ sums pre-weighted updates"
         if type(part).server_update is not Part.server_update:
             return f"the part '{part.name}' uploads extras that the server reads outside the update codec"
-    if spec.calibration.kind not in ("none", "ffc", "ccvr"):
-        return f"the {spec.calibration.kind} calibration's statistics are not sums (FFC's and CCVR's are)"
+    if spec.calibration.declared.calibrates and spec.calibration.declared.sums is None:
+        summed = " and ".join(f"{name.upper()}'s" for name in with_sums())
+        return f"the {spec.calibration.kind} calibration's statistics are not sums ({summed} are)"
     d = config.diagnostics
     if d.clients or "alignment" in d.which:
         return "the diagnostics would measure each client's own upload (diagnostics.clients, 'alignment')"

@@ -27,7 +27,7 @@ from collections.abc import Collection
 
 import torch
 
-from fedlatent.backends import vectorized
+from fedlatent.backends import capabilities, vectorized
 from fedlatent.backends.flower.secagg_settings import Settings
 from fedlatent.calibration.registry import with_sums
 from fedlatent.config import DataConfig, PrivacyConfig, RunConfig, holdout_count
@@ -57,9 +57,7 @@ def validate(config: RunConfig) -> MethodSpec:
     tracking.check(config)
     if config.backend not in BACKEND_NAMES:  # a configuration changed in code after loading
         raise ConfigError(f"backend = {config.backend!r}: allowed values are {', '.join(BACKEND_NAMES)}")
-    if config.diagnostics.trace_terms and config.backend == "flower":
-        raise ConfigError("diagnostics.trace_terms: recorded by the embedded backends' clients (simulation, "
-                          "vectorized, auto), not 'flower'")
+    check_capabilities(config)
     spec.trace = config.diagnostics.trace_terms
     spec.count_flops = "flops" in config.diagnostics.which
     if config.backend == "flower" and importlib.util.find_spec("flwr") is None:
@@ -76,7 +74,7 @@ def validate(config: RunConfig) -> MethodSpec:
         raise ConfigError(f"train.precision = 'fp16': the {program.kind} program's inner gradients are taken "
                           "without fp16's loss scaling (they may underflow); use 'fp32' or 'bf16'")
     if config.train.compile:
-        reason = compiled.refusal(config.train.device, config.backend)
+        reason = compiled.refusal(config.train.device)
         if reason:
             raise ConfigError(f"train.compile = true: {reason}")
     if config.backend == "vectorized":
@@ -93,6 +91,14 @@ def validate(config: RunConfig) -> MethodSpec:
     if shape is not None:
         check_model_fit(config, spec, *shape)
     return spec
+
+
+def check_capabilities(config: RunConfig) -> None:
+    """The features the run asks for that its backend does not honour, as the backends declare them
+    (:mod:`fedlatent.backends.capabilities`), refused in one line with one wording for all."""
+    found = capabilities.refusals(config)
+    if found:
+        raise ConfigError(found[0])
 
 
 def private_refusal(spec: MethodSpec, cfg: PrivacyConfig) -> str | None:
@@ -152,8 +158,6 @@ def sample_private_refusal(config: RunConfig, spec: MethodSpec) -> str | None:
                 "own loss: plain training, ditto)")
     if spec.calibration.declared.calibrates:
         return f"the {spec.calibration.kind} calibration's statistics read the clients' data outside the private steps"
-    if config.backend == "flower":
-        return "sample-level DP-SGD runs on the embedded backends (simulation, vectorized, auto), not 'flower'"
     if config.train.compile:
         return "sample-level DP-SGD takes per-sample gradients with torch.func, not through the compiled forward; " \
                "set train.compile = false"
@@ -200,9 +204,6 @@ def secure_refusal(config: RunConfig, spec: MethodSpec) -> str | None:
     update, FFC's statistics and CCVR's per-class sums, not a part's extras or its own weighted
     aggregation, the centralised calibration's features, nor the clients' own models the
     diagnostics measure, nor the data set itself; and noise the server adds to a sum it sees is not combined with it yet."""
-    if config.backend != "flower":
-        return (f"honoured on backend = 'flower' only, not {config.backend!r}: SecAgg+'s parties are Flower's "
-                "clients (the embedded backends have none to mask)")
     if config.privacy.noise_multiplier > 0:
         return "not combined with privacy.noise_multiplier > 0 yet (the server would add the noise to a sum it sees)"
     if config.flower.server_reads_data:
@@ -239,9 +240,6 @@ def check_holdout(config: RunConfig, spec: MethodSpec) -> None:
     method's program when the clients' personalised evaluation is asked (not ``eval.personalized =
     "never"``: the held-out clients are then evaluated on the global model alone)."""
     value = config.data.holdout_clients
-    if config.backend == "flower":
-        raise ConfigError(f"data.holdout_clients = {value:g}: held-out clients are evaluated on the embedded "
-                          "backends (simulation, vectorized, auto), not 'flower' yet")
     program = spec.personalization
     if config.eval.personalized != "never" and program.new_client_rule is None:
         raise ConfigError(f"data.holdout_clients = {value:g}: {spec.name}'s {program.kind} program has no rule for a "

@@ -1,5 +1,6 @@
 """What each backend honours, declared once: the features a run may ask for that not every backend
-carries, the backends that do, and for the others the reason in a few words. The run's checks
+carries (or did not: those the table shows honoured everywhere were once refused somewhere), the
+backends that do, and for the others the reason in a few words. The run's checks
 (``experiment.runner.validation.check_capabilities``) refuse with one wording for every backend
 (:func:`refusal`), and ``docs/backends.md``'s table is generated from here (:func:`table`;
 ``tests/test_capabilities.py`` walks it against what validation refuses). A feature not listed
@@ -46,17 +47,11 @@ NO_MASKING_PARTIES = "SecAgg+'s parties are Flower's clients (the embedded backe
 FEATURES: tuple[Feature, ...] = (
     Feature("sample-level DP-SGD", "privacy.sample_clip_norm",
             _if(lambda c: math.isfinite(c.privacy.sample_clip_norm), lambda c: c.privacy.sample_clip_norm),
-            ("simulation", "vectorized", "auto"),
-            {"flower": "the ClientApp does not take the privacy settings, and the accountant is the embedded "
-                       "driver's"}),
+            BACKENDS, {}),
     Feature("held-out clients", "data.holdout_clients",
-            _if(lambda c: bool(c.data.holdout_clients), lambda c: c.data.holdout_clients),
-            ("simulation", "vectorized", "auto"),
-            {"flower": "the nodes hold no held-out split and the server sends no new-client evaluation"}),
+            _if(lambda c: bool(c.data.holdout_clients), lambda c: c.data.holdout_clients), BACKENDS, {}),
     Feature("step trace", "diagnostics.trace_terms",
-            _if(lambda c: c.diagnostics.trace_terms, lambda c: True),
-            ("simulation", "vectorized", "auto"),
-            {"flower": "the step trace is recorded by the embedded backends' clients"}),
+            _if(lambda c: c.diagnostics.trace_terms, lambda c: True), BACKENDS, {}),
     Feature("SecAgg+", "privacy.secure_aggregation",
             _if(lambda c: c.privacy.secure_aggregation != "off", lambda c: c.privacy.secure_aggregation),
             ("flower",),

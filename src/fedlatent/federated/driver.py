@@ -30,7 +30,7 @@ from fedlatent.federated.client import trained_samples
 from fedlatent.federated.failures import ClientFailure
 from fedlatent.federated.evaluation import Tally
 from fedlatent.federated.personal import combine_new, combine_reports
-from fedlatent.federated.round import ClientTask, calibration_due, close_round, nbytes, plan_round
+from fedlatent.federated.round import ClientTask, calibration_due, close_round, nbytes, plan_round, sample_clients
 from fedlatent.federated.server import Server
 from fedlatent.federated.state import Checkpoints, has_checkpoint, load_checkpoint
 from fedlatent.methods.parts import MethodSpec, Tensors, Upload
@@ -185,6 +185,19 @@ def classifier_round(s: Run, uploads: list[Upload], calibrates: bool) -> dict[st
         sent += clients * once.bytes_per_client
         flops += once.flops
     return {"classifier_bytes": sent, "classifier_flops": flops}
+
+
+def sample_accountant(config: RunConfig, sizes: list[int]) -> SampleAccountant | None:
+    """The accountant of the run's sample-level DP-SGD (``privacy.sample_noise_multiplier`` > 0) for
+    clients of training-set ``sizes`` (the census: every backend's, Flower's from its nodes), selected
+    as the run selects them; None without noise. The driver's, so that every backend reports the
+    same ε."""
+    privacy, train = config.privacy, config.train
+    if privacy.sample_noise_multiplier == 0:
+        return None
+    return SampleAccountant(sizes, train.batch_size, train.local_epochs, train.local_steps,
+                            privacy.sample_noise_multiplier, privacy.delta,
+                            lambda rnd: sample_clients(config.seed, rnd, len(sizes), train.participation))
 
 
 def finish(s: Run, last: dict[str, Any] | None = None) -> dict[str, Any]:

@@ -265,7 +265,9 @@ def _train(config: RunConfig, out: Path, data: Federation | ServerView, spec: Me
     try:
         traced = {}  # the backend's own trainer unless a stack's, or the trace, wraps it
         trainer = backend_args.pop("trainer", None)
-        if spec.trace:
+        if spec.trace and config.backend not in TRAINERS:  # Flower: the uploads bring the nodes' traces
+            traced["trace"] = TermTrace(None, out).record
+        elif spec.trace:
             traced["trainer"] = TermTrace(trainer or TRAINERS[config.backend], out)
         elif trainer is not None:
             traced["trainer"] = trainer

@@ -15,9 +15,19 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from fedlatent.backends import vectorized
 from fedlatent.config import RunConfig
+from fedlatent.methods.parts import MethodSpec
 
 BACKENDS = ("simulation", "vectorized", "auto", "flower")
+# the backends whose clients train in this process: the run's device and precision are this machine's
+IN_PROCESS = frozenset({"simulation", "vectorized", "auto"})
+# what a backend checks of the method itself (a ConfigError naming the reason): the vectorized
+# backend's lockstep forms (a copy not stacked, a constraint without a lockstep form); auto runs
+# such a method on simulation instead
+METHOD_CHECKS: dict[str, Callable[[RunConfig, MethodSpec], None]] = {"vectorized": vectorized.check}
+# the optional extra a backend needs: (the module it installs, what it is, the extra)
+EXTRAS = {"flower": ("flwr", "Flower", "fedlatent[flower]")}
 
 
 @dataclass(frozen=True)

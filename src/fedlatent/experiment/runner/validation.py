@@ -27,7 +27,7 @@ from collections.abc import Collection
 
 import torch
 
-from fedlatent.backends import capabilities, vectorized
+from fedlatent.backends import capabilities
 from fedlatent.backends.flower.secagg_settings import Settings
 from fedlatent.calibration.registry import with_sums
 from fedlatent.config import DataConfig, PrivacyConfig, RunConfig, holdout_count
@@ -60,9 +60,10 @@ def validate(config: RunConfig) -> MethodSpec:
     check_capabilities(config)
     spec.trace = config.diagnostics.trace_terms
     spec.count_flops = "flops" in config.diagnostics.which
-    if config.backend == "flower" and importlib.util.find_spec("flwr") is None:
-        raise ConfigError("backend = 'flower': Flower is not installed; pip install 'fedlatent[flower]'")
-    if config.backend != "flower":  # Flower's nodes may train on devices this process does not see
+    module, what, extra = capabilities.EXTRAS.get(config.backend, (None, None, None))
+    if module is not None and importlib.util.find_spec(module) is None:
+        raise ConfigError(f"backend = {config.backend!r}: {what} is not installed; pip install '{extra}'")
+    if config.backend in capabilities.IN_PROCESS:  # Flower's nodes may train on devices this process does not see
         reason = devices.refusal(config.train.device)
         if reason:
             raise ConfigError(f"train.device = {config.train.device!r}: {reason}")
@@ -77,8 +78,8 @@ def validate(config: RunConfig) -> MethodSpec:
         reason = compiled.refusal(config.train.device)
         if reason:
             raise ConfigError(f"train.compile = true: {reason}")
-    if config.backend == "vectorized":
-        vectorized.check(config, spec)
+    if config.backend in capabilities.METHOD_CHECKS:
+        capabilities.METHOD_CHECKS[config.backend](config, spec)
     if config.privacy.noise_multiplier > 0:
         check_private(config, spec)
     if math.isfinite(config.privacy.sample_clip_norm):

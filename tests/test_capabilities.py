@@ -1,6 +1,6 @@
 """What each backend honours is declared once (``fedlatent.backends.capabilities``): the table
-rendered from it is what validation refuses, cell for cell, with one wording; the committed table of
-``docs/backends.md`` is the rendered one; the study's stacked runs read the same declaration."""
+rendered from it is what validation refuses, cell for cell, with one wording; the committed tables of
+``docs/backends.md`` and ``docs/architecture.md`` are the rendered one; the study's stacked runs read the same declaration."""
 from __future__ import annotations
 
 import importlib.util
@@ -67,13 +67,14 @@ def test_a_stack_of_runs_is_refused_where_the_table_says_so() -> None:
                 single._backend_args(config, None, trainer=object())
 
 
-def test_the_committed_docs_table_is_the_rendered_one() -> None:
+@pytest.mark.parametrize("page", ["backends.md", "architecture.md"])
+def test_the_committed_docs_table_is_the_rendered_one(page: str) -> None:
     spec = importlib.util.spec_from_file_location("backend_table", ROOT / "docs" / "scripts" / "backend_table.py")
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
-    page = (ROOT / "docs" / "backends.md").read_text(encoding="utf-8")
-    assert script.refresh(page) == page, "stale table in docs/backends.md: run .venv/bin/python docs/scripts/backend_table.py"
-    assert capabilities.table() in page
+    text = (ROOT / "docs" / page).read_text(encoding="utf-8")
+    assert script.refresh(text) == text, f"stale table in docs/{page}: run .venv/bin/python docs/scripts/backend_table.py"
+    assert capabilities.table() in text
 
 
 def test_a_feature_must_give_a_reason_for_every_backend_it_does_not_honour() -> None:

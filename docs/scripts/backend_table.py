@@ -1,11 +1,11 @@
-"""``docs/backends.md``'s table of what each backend honours, rendered from
-``fedlatent.backends.capabilities`` (the declarations the run's checks refuse by). The page holds it
-between ``<!-- capabilities -->`` and ``<!-- /capabilities -->``; after changing a declaration,
-rewrite it with
+"""The table of what each backend honours (``docs/backends.md``'s and ``docs/architecture.md``'s),
+rendered from ``fedlatent.backends.capabilities`` (the declarations the run's checks refuse by). A
+page holds it between ``<!-- capabilities -->`` and ``<!-- /capabilities -->``; after changing a
+declaration, rewrite them with
 
     .venv/bin/python docs/scripts/backend_table.py
 
-``tests/test_capabilities.py`` fails while the page's table differs from the rendered one.
+``tests/test_capabilities.py`` fails while a page's table differs from the rendered one.
 """
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ import re
 import sys
 from pathlib import Path
 
-PAGE = Path(__file__).resolve().parents[1] / "backends.md"
+DOCS = Path(__file__).resolve().parents[1]
+PAGES = (DOCS / "backends.md", DOCS / "architecture.md")
 BLOCK = re.compile(r"(<!-- capabilities -->\n)(.*?)(<!-- /capabilities -->)", re.S)
 
 
@@ -27,11 +28,12 @@ def refresh(text: str) -> str:
 
 
 def main() -> int:
-    text = PAGE.read_text(encoding="utf-8")
-    new = refresh(text)
-    if new != text:
-        PAGE.write_text(new, encoding="utf-8")
-        print(f"rewrote {PAGE}")
+    for page in PAGES:
+        text = page.read_text(encoding="utf-8")
+        new = refresh(text)
+        if new != text:
+            page.write_text(new, encoding="utf-8")
+            print(f"rewrote {page}")
     return 0
 
 

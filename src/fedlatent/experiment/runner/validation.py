@@ -6,7 +6,8 @@ that need the data (:func:`check_fit`) once it has built them, still before its 
 
 The keys themselves (names, types, choices, ranges) are checked when the configuration is loaded
 (:func:`fedlatent.config.from_dict`); here, what depends on several sections at once: the method and
-its parts (:func:`fedlatent.methods.resolve`), the trackers, the backend and what it records, the
+its parts (:func:`fedlatent.methods.resolve`), the trackers, the backend and what it records (the
+features each backend declares it honours, :mod:`fedlatent.backends.capabilities`), the
 device and the precision it trains in, compilation, and the keys the model must satisfy (a constraint's depth against the model's
 layers), on the model's shape built on the meta device from the data set's declared input shape
 (the ``shape`` trait of a data set: known from the configuration alone). A data set that declares no
@@ -168,8 +169,8 @@ def sample_private_refusal(config: RunConfig, spec: MethodSpec) -> str | None:
 
 
 def check_sample_private(config: RunConfig, spec: MethodSpec) -> None:
-    """Sample-level DP-SGD (a finite ``privacy.sample_clip_norm``): a method and backend it can train
-    (:func:`sample_private_refusal`), and the accountant installed when it adds noise. The model is
+    """Sample-level DP-SGD (a finite ``privacy.sample_clip_norm``): a method it can train
+    (:func:`sample_private_refusal`; every backend does, :mod:`fedlatent.backends.capabilities`), and the accountant installed when it adds noise. The model is
     checked where it is built (:func:`check_model_fit`: no BatchNorm)."""
     bound = config.privacy.sample_clip_norm
     reason = sample_private_refusal(config, spec)
@@ -200,8 +201,8 @@ def batch_norm_refusal(config: RunConfig, model: torch.nn.Module, why: str, kept
 
 
 def secure_refusal(config: RunConfig, spec: MethodSpec) -> str | None:
-    """Why SecAgg+ cannot cover what ``spec``'s clients send on ``config``'s backend, or None: the
-    masks need parties, which only Flower's clients are; the server may read sums alone — the model
+    """Why SecAgg+ cannot cover what ``spec``'s clients send, or None (its parties are Flower's
+    clients: the backends are :func:`check_capabilities`'s); the server may read sums alone — the model
     update, FFC's statistics and CCVR's per-class sums, not a part's extras or its own weighted
     aggregation, the centralised calibration's features, nor the clients' own models the
     diagnostics measure, nor the data set itself; and noise the server adds to a sum it sees is not combined with it yet."""
@@ -237,8 +238,7 @@ def check_secure(config: RunConfig, spec: MethodSpec) -> None:
 
 
 def check_holdout(config: RunConfig, spec: MethodSpec) -> None:
-    """``data.holdout_clients``: a backend that evaluates new clients, and a new-client rule of the
-    method's program when the clients' personalised evaluation is asked (not ``eval.personalized =
+    """``data.holdout_clients``: a new-client rule of the method's program when the clients' personalised evaluation is asked (not ``eval.personalized =
     "never"``: the held-out clients are then evaluated on the global model alone)."""
     value = config.data.holdout_clients
     program = spec.personalization

@@ -136,10 +136,13 @@ def _every_import(path: Path) -> set[str]:
 
 
 def test_the_method_types_sit_below_parts_and_programs_type_only_imports_included() -> None:
-    """``methods/spec.py`` holds the types that refer to one another (MethodSpec, Part, ClientProgram,
-    ClientRound, Upload); ``parts.py`` and ``program.py`` import it and never each other."""
+    """``methods/spec.py`` holds the types that refer to one another (MethodSpec, Part, ClientProgram),
+    over ``methods/contexts.py`` (what their hooks read: ClientRound, Upload, the terms' contexts);
+    ``parts.py`` and ``program.py`` import them and never each other."""
     methods = PACKAGE / "methods"
-    assert not {m for m in _every_import(methods / "spec.py") if m.startswith("fedlatent.methods")}
+    assert not {m for m in _every_import(methods / "contexts.py") if m.startswith("fedlatent.methods")}
+    assert {m for m in _every_import(methods / "spec.py") if m.startswith("fedlatent.methods")} == \
+        {"fedlatent.methods.contexts"}
     assert "fedlatent.methods.program" not in _every_import(methods / "parts.py")
     assert "fedlatent.methods.parts" not in _every_import(methods / "program.py")
     assert {"fedlatent.methods.spec"} <= _every_import(methods / "parts.py") & _every_import(methods / "program.py")

@@ -1,10 +1,10 @@
 """The method's data types: what a method is (:class:`MethodSpec`: its :class:`Part` objects, its
 :class:`ClientProgram`, head policy and :class:`Calibration`) and what its hooks read and return
-(:class:`TermContext`, :class:`LockstepContext`, :class:`ClientRound`, :class:`Upload`,
-:class:`ModelCopy`, :class:`Step`, :class:`Tune`).
+(:class:`ModelCopy`, :class:`Step`, :class:`Tune`; the terms' contexts, a client's round and its
+upload are in :mod:`fedlatent.methods.contexts`, below this module).
 
 These types refer to one another (a spec holds parts and a program; their hooks take the spec), so
-they live in one module that imports nothing else of ``methods/``: :mod:`fedlatent.methods.parts`
+they live in one module that imports nothing else of ``methods/`` but those contexts: :mod:`fedlatent.methods.parts`
 (the task loss, the parts' helpers) and :mod:`fedlatent.methods.program` (the program registry,
 fine-tuning) import it and never each other, type-only imports included (``tests/test_layers.py``).
 A ``Part`` declares what it needs (taps, the frozen global model's output, the previous local
@@ -15,101 +15,20 @@ and checkpoints.
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
-import torch
 from torch import Tensor
 
 from fedlatent.calibration.registry import CalibrationKind, calibration_kind
-from fedlatent.models.base import FedModel, ModelOutput
+from fedlatent.methods.contexts import (ClientRound, Combine, LockstepContext, Tensors, TermContext, Upload,
+                                        WithClientAxis, one_client, vmap_loss)
+from fedlatent.models.base import FedModel
 
-Tensors = dict[str, Tensor]
-# the server's weighted sum of the uploads' states over some keys, with some coefficients (None: all
-# keys, the sample shares): the update codec's ``combine`` (federated.codec), by default the plain
-# ``methods.aggregation.weighted_mean``
-Combine = Callable[[list["Upload"], "list[str] | None", "list[float] | None"], Tensors]
-
-
-@dataclass
-class TermContext:
-    """What a loss term may read for one mini-batch: tensors, and the client's round-scoped
-    ``scratch`` (:attr:`ClientRound.scratch`), the one thing a term may mutate."""
-
-    out: ModelOutput
-    y: Tensor
-    params: dict[str, Tensor]
-    global_params: dict[str, Tensor]
-    global_out: ModelOutput | None
-    prev_out: ModelOutput | None
-    num_classes: int
-    state: Tensors
-    payload: Tensors
-    scratch: dict[str, Any] = field(default_factory=dict)
-    rc: "ClientRound | None" = None  # the client's round (its stores are the three above)
-
-
-@dataclass
-class LockstepContext:
-    """What a loss term may read for a group of clients trained at once (the vectorized backend):
-    outputs and labels with a leading client axis, the stacked weights being trained, the round's
-    global weights (no client axis) and the clients' rounds in the same order (their ``scratch``);
-    the previous local models' outputs where some client has one, ``prev_present`` marking which
-    (None: every client has one)."""
-
-    out: ModelOutput
-    y: Tensor
-    params: Mapping[str, Tensor]
-    global_params: dict[str, Tensor]
-    global_out: ModelOutput | None
-    num_classes: int
-    rcs: list["ClientRound"]
-    prev_out: ModelOutput | None = None
-    prev_present: Tensor | None = None
-
-
-@dataclass
-class ClientRound:
-    """One client's round as the hooks see it: the model being trained, its stores and settings.
-
-    ``scratch`` holds round-scoped working data keyed by part name (SCAFFOLD's corrections,
-    FedProto's running sums, the MMD windows and kernels): filled from :meth:`Part.begin`,
-    discarded after :meth:`Part.finish`, never checkpointed, so that a part object holds only
-    its configuration and one client's round never sees another's."""
-
-    client_id: int
-    model: FedModel
-    global_params: dict[str, Tensor]
-    state: Tensors
-    payload: Tensors
-    lr: float
-    num_samples: int
-    num_clients: int
-    total_samples: int  # Σ training samples over all clients, from the census the task carries
-    momentum: float
-    steps: int = 0
-    extra_weight_decay: float = 0.0
-    metrics: dict[str, float] = field(default_factory=dict)
-    seed: int = 0  # the run's seed, for parts that draw (derive_seed(seed, PURPOSE, client, …))
-    scratch: dict[str, Any] = field(default_factory=dict)
-    round: int = 0  # the round (0-based), for draws seeded by it (sample-level DP-SGD's noise)
-
-
-@dataclass
-class Upload:
-    """What one client sends back: its weights, sample count, local steps and each part's extras."""
-
-    client_id: int
-    state: Tensors
-    num_samples: int
-    steps: int
-    lr: float
-    momentum: float
-    extras: dict[str, Tensors] = field(default_factory=dict)
-    metrics: dict[str, float] = field(default_factory=dict)
-    trace: list[dict[str, float]] = field(default_factory=list)  # per local step, when the spec asks
-
+__all__ = ["GLOBAL", "HEAD_INITS", "LOCAL", "PERSONAL", "Calibration", "ClientProgram", "ClientRound", "Combine",
+           "HeadPolicy", "LockstepContext", "MethodSpec", "ModelCopy", "Objective", "Part", "Step", "Tensors",
+           "TermContext", "Train", "Tune", "Upload", "WithClientAxis", "one_client", "vmap_loss"]
 
 class Part:
     """One composable piece of a method; every hook is optional.
@@ -464,60 +383,3 @@ class MethodSpec:
         """Whether each client is evaluated on a model of its own (personal, partly its own, fine-tuned,
         or with its own FFC head: ``federated.personal.client_model``), not on the global one."""
         return self.personalization.personalizes or (self.calibration.declared.personal and self.calibration.personal)
-
-
-def _with_client_axis(out: ModelOutput | None) -> ModelOutput | None:
-    if out is None:
-        return None
-    return ModelOutput(out.logits.unsqueeze(0), out.z.unsqueeze(0),
-                       {k: v.unsqueeze(0) for k, v in out.features.items()})
-
-
-class WithClientAxis(Mapping[str, Tensor]):
-    """One client's weights as a group of one: each a view with a leading axis of 1, made when a
-    term reads it (most terms read none)."""
-
-    def __init__(self, params: dict[str, Tensor]) -> None:
-        self.params = params
-
-    def __getitem__(self, name: str) -> Tensor:
-        return self.params[name].unsqueeze(0)
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self.params)
-
-    def __len__(self) -> int:
-        return len(self.params)
-
-
-def one_client(ctx: TermContext) -> LockstepContext:
-    """``ctx`` as a group of one client: outputs, labels and the weights being trained with a
-    leading client axis of 1 (views: gradients flow to the client's weights), the round's global
-    weights as they are (a lockstep term broadcasts them), and the client's round: ``ctx.rc``, or
-    where a context carries none, a round holding just the context's stores (``state``,
-    ``payload``, ``scratch``: all a term reads of it); a previous local model's output, where
-    there is one, as the client's (``prev_present`` None)."""
-    rc = ctx.rc or ClientRound(-1, None, ctx.global_params, ctx.state, ctx.payload, 0.0, len(ctx.y), 1, len(ctx.y),
-                               0.0, scratch=ctx.scratch)
-    return LockstepContext(_with_client_axis(ctx.out), ctx.y.unsqueeze(0),
-                           WithClientAxis(ctx.params), ctx.global_params,
-                           _with_client_axis(ctx.global_out), ctx.num_classes, [rc],
-                           _with_client_axis(ctx.prev_out))
-
-
-def vmap_loss(loss, ctx: LockstepContext) -> Tensor:
-    """``loss(TermContext)`` per client of ``ctx`` with ``torch.vmap``; the TermContext carries the
-    client's outputs, labels and ``num_classes`` only (weights, state and payload are empty)."""
-    taps = tuple(ctx.out.features)
-    g = ctx.global_out
-    global_taps = tuple(g.features) if g is not None else ()
-
-    def one(out_values: tuple, global_values: tuple, y: Tensor) -> Tensor:
-        out = ModelOutput(out_values[0], out_values[1], dict(zip(taps, out_values[2:])))
-        global_out = ModelOutput(global_values[0], global_values[1], dict(zip(global_taps, global_values[2:]))) \
-            if global_values else None
-        return loss(TermContext(out, y, {}, {}, global_out, None, ctx.num_classes, {}, {}))
-
-    out_values = (ctx.out.logits, ctx.out.z, *ctx.out.features.values())
-    global_values = (g.logits, g.z, *g.features.values()) if g is not None else ()
-    return torch.vmap(one)(out_values, global_values, ctx.y)

@@ -155,9 +155,8 @@ CASES: list[tuple[str, Case]] = [
                                       "algorithm.mux")),
     ("unknown-term", lambda t: ([str(_toml(t, "[[terms]]\nname = 'nosuch'\n"))], "nosuch")),
     ("unknown-backend", lambda t: ([str(DIGITS), *_sets("backend=nosuch")], "backend")),
-    ("backend-flower-cannot-trace-terms", lambda t: ([str(DIGITS), *_sets("backend=flower",
-                                                                         "diagnostics.trace_terms=true")],
-                                                     "diagnostics.trace_terms")),
+    ("backend-simulation-cannot-secaggplus", lambda t: ([str(DIGITS), *_sets("privacy.secure_aggregation=secaggplus")],
+                                                        "(SecAgg+): honoured on backend = 'flower' only")),
     # keys the model cannot satisfy: found on its shape before the run starts, not in a client's round
     ("constraint-depth-beyond-the-model", lambda t: ([str(DIGITS), *_sets("algorithm.name=ditto_cosine",
                                                                          "algorithm.depth=9")], "cosine.depth = 9")),

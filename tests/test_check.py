@@ -84,7 +84,8 @@ def test_a_study_file_and_a_tier(empty_cwd: Path, capsys: pytest.CaptureFixture)
     (["DIGITS", "--set", "algorithm.name=ditto_cosine", "--set", "algorithm.depth=9"], "cosine.depth = 9"),
     (["DIGITS", "--set", "algorithm.name=ditto_cosine", "--set", "algorithm.depth=9", "--set",
       "train.on_client_error=drop"], "cosine.depth = 9"),
-    (["DIGITS", "--set", "backend=flower", "--set", "diagnostics.trace_terms=true"], "diagnostics.trace_terms"),
+    (["DIGITS", "--set", "backend=vectorized", "--set", "train.compile=true"],
+     "train.compile = true (compiled forward): honoured on backend"),
     (["feduv_table1", "--set", "algorithm.name=ditto_cosine", "--set", "algorithm.depth=40"], "cell "),
 ])
 def test_errors_are_one_line_exit_2_and_make_nothing(args: list[str], says: str, empty_cwd: Path,

@@ -48,7 +48,7 @@ def test_compile_must_be_a_boolean() -> None:
 
 
 def test_compile_is_refused_on_the_vectorized_backend() -> None:
-    with pytest.raises(ConfigError, match="train.compile = true: the vectorized backend"):
+    with pytest.raises(ConfigError, match=r"train.compile = true \(compiled forward\): honoured on backend = .* not 'vectorized' \(the vectorized backend"):
         prepare(fedlatent.load_config(None, [*BASE, "train.compile=true", 'backend="vectorized"']))
 
 

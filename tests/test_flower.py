@@ -435,14 +435,6 @@ def test_diagnostics_parity_through_messages(name, tmp_path, monkeypatch):
         assert all(x["flops"] > 0 for x in flower if x["model"] != "data")
 
 
-def test_flower_refuses_the_step_trace(tmp_path):
-    """The step trace is written by the embedded backends' trainer; on Flower it is refused in one
-    line before any work."""
-    with pytest.raises(ConfigError, match="diagnostics.trace_terms: recorded by the embedded backends' clients"):
-        fedlatent.run(fedlatent.load_config(None, ['backend="flower"', "diagnostics.trace_terms=true"]), tmp_path / "s")
-    assert not (tmp_path / "s").exists()
-
-
 class Recording(InProcessGrid):
     """An in-process grid that keeps the content of every ``train`` message and its replies."""
 

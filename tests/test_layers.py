@@ -126,3 +126,23 @@ def test_experiment_lives_in_rooms_that_import_only_the_rooms_below_them() -> No
         targets |= {a.name for node in ast.walk(tree) if isinstance(node, ast.Import) for a in node.names}
         reached = {t.split(".")[2] for t in targets if t.startswith("fedlatent.experiment.")}  # type-only ones too
         assert reached <= {room} | ROOMS[room], f"{m} imports the rooms {sorted(reached - {room} - ROOMS[room])}"
+
+
+def _every_import(path: Path) -> set[str]:
+    """The modules ``path`` names in any import, ``if TYPE_CHECKING:`` blocks included."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    found = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module}
+    return found | {a.name for node in ast.walk(tree) if isinstance(node, ast.Import) for a in node.names}
+
+
+def test_the_method_types_sit_below_parts_and_programs_type_only_imports_included() -> None:
+    """``methods/spec.py`` holds the types that refer to one another (MethodSpec, Part, ClientProgram),
+    over ``methods/contexts.py`` (what their hooks read: ClientRound, Upload, the terms' contexts);
+    ``parts.py`` and ``program.py`` import them and never each other."""
+    methods = PACKAGE / "methods"
+    assert not {m for m in _every_import(methods / "contexts.py") if m.startswith("fedlatent.methods")}
+    assert {m for m in _every_import(methods / "spec.py") if m.startswith("fedlatent.methods")} == \
+        {"fedlatent.methods.contexts"}
+    assert "fedlatent.methods.program" not in _every_import(methods / "parts.py")
+    assert "fedlatent.methods.parts" not in _every_import(methods / "program.py")
+    assert {"fedlatent.methods.spec"} <= _every_import(methods / "parts.py") & _every_import(methods / "program.py")

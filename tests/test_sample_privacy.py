@@ -327,7 +327,6 @@ BAD = {
     "pfedme": (["privacy.sample_clip_norm=1", 'algorithm.name="pfedme"'], "takes its own steps"),
     "fedala": (["privacy.sample_clip_norm=1", 'algorithm.name="fedala"'], "a round-start procedure on the client's data"),
     "ffc": (["privacy.sample_clip_norm=1", 'algorithm.name="spherefed"'], "ffc calibration's statistics"),
-    "flower": (["privacy.sample_clip_norm=1", 'backend="flower"'], "not 'flower'"),
     "bf16": (["privacy.sample_clip_norm=1", 'train.precision="bf16"'], "float32"),
     "compile": (["privacy.sample_clip_norm=1", "train.compile=true"], "train.compile = false"),
 }

@@ -1,6 +1,6 @@
 """``diagnostics.trace_terms``: one line per client step with the task loss and each loss term;
 bit-identical training with it on and off, lines that average to the metrics' per-client values,
-Ditto's personal step, an exact resume, and the backend rule."""
+Ditto's personal step, an exact resume (Flower: tests/test_flower_capabilities.py)."""
 from __future__ import annotations
 
 import json
@@ -13,8 +13,6 @@ from safetensors.torch import load_file
 import fedlatent
 from fedlatent import load_config
 from fedlatent.data.federation import build_federation
-from fedlatent.errors import ConfigError
-from fedlatent.experiment.runner import single
 from fedlatent.federated.state import Checkpoints
 from fedlatent.federated.client import batches
 
@@ -98,11 +96,6 @@ def test_ditto_records_its_personal_step(tmp_path) -> None:
     fedlatent.run(config, tmp_path / "ditto")
     steps = _lines(tmp_path / "ditto" / "terms_trace.jsonl")
     assert set(steps[0]) == {"round", "client", "step", "task", "personal_task", "personal_cosine"}
-
-
-def test_flower_is_refused() -> None:
-    with pytest.raises(ConfigError, match="diagnostics.trace_terms"):
-        single.prepare(load_config(DIGITS_CONFIG, ["backend=flower"] + TRACE))
 
 
 @pytest.mark.parametrize("method", [["algorithm.name=moon"], ["algorithm.name=ditto_cosine", "algorithm.mu=0.5"]])

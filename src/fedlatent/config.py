@@ -212,7 +212,7 @@ class DiagnosticsConfig:
     tsne_samples: int = _key(50, "tsne: at most this many samples per client (seeded subsample)", low=2)
     histogram_bins: int = _key(30, "data: bins of the per-client histogram of mean input values", low=2)
     trace_terms: bool = _key(False, "write every client step's task loss and unweighted loss terms to "
-                             "terms_trace.jsonl (the papers' ablation curves; simulation backend)")
+                             "terms_trace.jsonl (the papers' ablation curves; every backend)")
 
 
 @dataclass

@@ -89,7 +89,7 @@ class Setup:
 
     def __post_init__(self) -> None:
         self.train_sizes = [len(c.train) for c in self.federation.clients]
-        self.sample_accountant = sample_accountant(self.config, self.train_sizes, self.server.randomness)
+        self.sample_accountant = driver.sample_accountant(self.config, self.train_sizes, self.server.randomness)
 
     # the clients as the run driver (federated.driver) asks for them: all in this process
     @property
@@ -151,22 +151,6 @@ class Setup:
         return new_client_reports(self.workspace, self.spec, self.federation.new_clients, state,
                                   num_classes=self.federation.num_classes, batch_size=cfg.eval.batch_size,
                                   device=self.device, settings=local, seed=cfg.seed, personal=personal)
-
-
-def sample_accountant(config: RunConfig, sizes: list[int],
-                      randomness: Randomness | None = None) -> SampleAccountant | None:
-    """The accountant of the run's sample-level DP-SGD (``privacy.sample_noise_multiplier`` > 0) for
-    clients of training-set ``sizes``, selected as the run selects them (by ``randomness`` where
-    given: a secret selection's); None without noise."""
-    privacy, train = config.privacy, config.train
-    if privacy.sample_noise_multiplier == 0:
-        return None
-    return SampleAccountant(sizes, train.batch_size, train.local_epochs, train.local_steps,
-                            privacy.sample_noise_multiplier, privacy.delta,
-                            lambda rnd: sample_clients(config.seed, rnd, len(sizes), train.participation)
-                            if randomness is None else
-                            randomness.sample(rnd, len(sizes), train.participation, train.client_sampling,
-                                              clients_per_round(len(sizes), train.participation)))
 
 
 def make_model(config: RunConfig, federation: GlobalData, spec: MethodSpec) -> FedModel:

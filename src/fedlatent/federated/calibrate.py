@@ -13,12 +13,15 @@ per-class sums (Σ n, Σ z, Σ zzᵀ) instead of moments; when it bounds them, F
 projected onto the positive semidefinite matrices before the solve."""
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from fedlatent.calibration.ccvr import (class_statistics, class_sums, pool_statistics, pool_sums, retrain_classifier,
                                         sample_virtual_features)
 from fedlatent.calibration.ffc import ffc_solve, ffc_statistics
 from fedlatent.calibration.psd import nearest_psd
+from fedlatent.calibration.registry import calibration_kind
 from fedlatent.data.types import Split
 from fedlatent.federated.codec import UpdateCodec
 from fedlatent.methods.parts import Calibration, Tensors
@@ -45,40 +48,97 @@ def ffc_head(model: FedModel, split: Split, num_classes: int, batch_size: int, d
 
 
 def summed_statistics(kind: str, num_classes: int, dim: int) -> Tensors:
-    """Zeros of the shapes a client's statistics have when they travel as sums (FFC's V (l × l) and
-    U (l × C); CCVR's per-class count (C), Σ z (C × l) and Σ zzᵀ (C × l × l)), by key: what a server
-    that reads only their sum (secure aggregation) lays that sum out as."""
-    if kind == "ffc":
-        return {"V": torch.zeros(dim, dim), "U": torch.zeros(dim, num_classes)}
-    if kind == "ccvr":
-        return {"count": torch.zeros(num_classes), "first": torch.zeros(num_classes, dim),
-                "second": torch.zeros(num_classes, dim, dim)}
-    raise ValueError(f"the {kind!r} calibration's statistics are not sums")
+    """Zeros of the shapes a client's statistics have when they travel as sums, by key, as the
+    calibration declares them (:mod:`fedlatent.calibration.registry`: FFC's V (l × l) and U (l × C);
+    CCVR's per-class count (C), Σ z (C × l) and Σ zzᵀ (C × l × l)): what a server that reads only
+    their sum (secure aggregation) lays that sum out as."""
+    return {key: torch.zeros(shape) for key, shape in calibration_kind(kind).shapes_as_sums(num_classes, dim).items()}
+
+
+ClientHalf = Callable[[FedModel, Split, int, int, torch.device, UpdateCodec], Tensors]
+# (global state, the clients' statistics, the calibration, (weight key, bias key), generator, codec, release)
+ServerHalf = Callable[[Tensors, list[Tensors], Calibration, "tuple[str, str | None]", torch.Generator, UpdateCodec,
+                       int], Tensors]
+
+
+def _ffc_client(model: FedModel, train: Split, num_classes: int, batch_size: int, device: torch.device,
+                codec: UpdateCodec) -> Tensors:
+    v, u = ffc_head(model, train, num_classes, batch_size, device)
+    return codec.encode_statistics({"V": v, "U": u})
+
+
+def _ccvr_client(model: FedModel, train: Split, num_classes: int, batch_size: int, device: torch.device,
+                 codec: UpdateCodec) -> Tensors:
+    if codec.statistics_as_sums:
+        count, first, second = class_sums(features(model, train, batch_size, device), train.y, num_classes)
+        return codec.encode_statistics({"count": count, "first": first, "second": second})
+    mean, cov, count = class_statistics(features(model, train, batch_size, device), train.y, num_classes)
+    return {"mean": mean, "cov": cov, "count": count}
+
+
+def _centralized_client(model: FedModel, train: Split, num_classes: int, batch_size: int, device: torch.device,
+                        codec: UpdateCodec) -> Tensors:
+    return {"z": features(model, train, batch_size, device), "y": train.y}
+
+
+def _ffc_server(out: Tensors, stats: list[Tensors], cal: Calibration, keys: tuple[str, str | None],
+                generator: torch.Generator, codec: UpdateCodec, release: int) -> Tensors:
+    weight_key, bias_key = keys
+    summed = codec.total(stats, release)
+    v = summed["V"] if codec.statistics_bound is None else nearest_psd(summed["V"])
+    out[weight_key] = ffc_solve((v, summed["U"]), ridge=cal.ridge).to(out[weight_key].dtype)
+    if bias_key:
+        out[bias_key] = torch.zeros_like(out[bias_key])
+    return out
+
+
+def _retrained(out: Tensors, x: torch.Tensor, y: torch.Tensor, cal: Calibration, keys: tuple[str, str | None],
+               generator: torch.Generator) -> Tensors:
+    """``out`` with its head retrained on features ``x`` and labels ``y`` (CCVR's and the centralised)."""
+    weight_key, bias_key = keys
+    out[weight_key], bias = retrain_classifier(
+        out[weight_key], out[bias_key] if bias_key else None, x, y,
+        epochs=cal.epochs, lr=cal.lr, batch_size=64, generator=generator, loss=cal.loss)
+    if bias_key:
+        out[bias_key] = bias
+    return out
+
+
+def _ccvr_server(out: Tensors, stats: list[Tensors], cal: Calibration, keys: tuple[str, str | None],
+                 generator: torch.Generator, codec: UpdateCodec, release: int) -> Tensors:
+    mean, cov, count = pooled_classes(stats, codec, release, out[keys[0]].dtype)
+    per_class = torch.where(count > 0, torch.full_like(count, cal.virtual_per_class), torch.zeros_like(count))
+    x, y = sample_virtual_features(mean, cov, per_class, generator)
+    return _retrained(out, x, y, cal, keys, generator)
+
+
+def _centralized_server(out: Tensors, stats: list[Tensors], cal: Calibration, keys: tuple[str, str | None],
+                        generator: torch.Generator, codec: UpdateCodec, release: int) -> Tensors:
+    x, y = torch.cat([s["z"] for s in stats]), torch.cat([s["y"] for s in stats])
+    return _retrained(out, x, y, cal, keys, generator)
+
+
+# each registered calibration's (client half, server half); none's are absent: it sends and changes nothing
+HALVES: dict[str, tuple[ClientHalf, ServerHalf] | None] = {
+    "none": None, "ffc": (_ffc_client, _ffc_server), "ccvr": (_ccvr_client, _ccvr_server),
+    "centralized": (_centralized_client, _centralized_server)}
 
 
 def client_statistics(model: FedModel, global_state: Tensors, train: Split, cal: Calibration, batch_size: int,
                       device: torch.device, codec: UpdateCodec | None = None) -> Tensors:
     """The client half: what this client sends for calibration, from its training split under the
-    global model, as the run's ``codec`` encodes it (the plain codec by default). FFC (SphereFed
-    Sec. 3.3): V = ZᵀZ and U = Zᵀ onehot(y) in float64; CCVR (Luo et al. 2021, Eq. 3-4): per-class
-    count, mean and unbiased covariance of z, or, when the codec bounds or masks the statistics,
-    per-class sums (:func:`~fedlatent.calibration.ccvr.class_sums`); the centralised baseline: the features and
+    global model, as the run's ``codec`` encodes it (the plain codec by default), under the keys the
+    calibration declares (:mod:`fedlatent.calibration.registry`). FFC (SphereFed Sec. 3.3): V = ZᵀZ
+    and U = Zᵀ onehot(y) in float64; CCVR (Luo et al. 2021, Eq. 3-4): per-class count, mean and
+    unbiased covariance of z, or, when the codec bounds or masks the statistics, per-class sums
+    (:func:`~fedlatent.calibration.ccvr.class_sums`); the centralised baseline: the features and
     labels themselves (an oracle that sees every client's data)."""
     codec = codec or UpdateCodec()
     model.load_state_dict(global_state)
-    num_classes = model.classifier.weight.shape[0]
-    if cal.kind == "ffc":
-        v, u = ffc_head(model, train, num_classes, batch_size, device)
-        return codec.encode_statistics({"V": v, "U": u})
-    if cal.kind == "ccvr" and codec.statistics_as_sums:
-        count, first, second = class_sums(features(model, train, batch_size, device), train.y, num_classes)
-        return codec.encode_statistics({"count": count, "first": first, "second": second})
-    if cal.kind == "ccvr":
-        mean, cov, count = class_statistics(features(model, train, batch_size, device), train.y, num_classes)
-        return {"mean": mean, "cov": cov, "count": count}
-    if cal.kind == "centralized":
-        return {"z": features(model, train, batch_size, device), "y": train.y}
-    return {}
+    halves = HALVES[cal.declared.name]
+    if halves is None:
+        return {}
+    return halves[0](model, train, model.classifier.weight.shape[0], batch_size, device, codec)
 
 
 def apply_statistics(global_state: Tensors, stats: list[Tensors], cal: Calibration, weight_key: str,
@@ -98,28 +158,10 @@ def apply_statistics(global_state: Tensors, stats: list[Tensors], cal: Calibrati
     (:func:`~fedlatent.calibration.psd.nearest_psd`) and ``cal.ridge``; CCVR pools the noisy sums
     (:func:`~fedlatent.calibration.ccvr.pool_sums`, its covariances projected alike)."""
     codec = codec or UpdateCodec()
-    out = dict(global_state)
-    if cal.kind == "ffc":
-        summed = codec.total(stats, release)
-        v = summed["V"] if codec.statistics_bound is None else nearest_psd(summed["V"])
-        out[weight_key] = ffc_solve((v, summed["U"]), ridge=cal.ridge).to(global_state[weight_key].dtype)
-        if bias_key:
-            out[bias_key] = torch.zeros_like(global_state[bias_key])
-        return out
-    if cal.kind == "ccvr":
-        mean, cov, count = pooled_classes(stats, codec, release, global_state[weight_key].dtype)
-        per_class = torch.where(count > 0, torch.full_like(count, cal.virtual_per_class), torch.zeros_like(count))
-        x, y = sample_virtual_features(mean, cov, per_class, generator)
-    elif cal.kind == "centralized":
-        x, y = torch.cat([s["z"] for s in stats]), torch.cat([s["y"] for s in stats])
-    else:
-        return out
-    out[weight_key], bias = retrain_classifier(
-        global_state[weight_key], global_state[bias_key] if bias_key else None, x, y,
-        epochs=cal.epochs, lr=cal.lr, batch_size=64, generator=generator, loss=cal.loss)
-    if bias_key:
-        out[bias_key] = bias
-    return out
+    halves = HALVES[cal.declared.name]
+    if halves is None:
+        return dict(global_state)
+    return halves[1](dict(global_state), stats, cal, (weight_key, bias_key), generator, codec, release)
 
 
 def pooled_classes(stats: list[Tensors], codec: UpdateCodec, release: int,

@@ -20,10 +20,9 @@ import torch
 from fedlatent.models.base import FedModel
 
 
-def refusal(device: str, backend: str) -> str | None:
-    """Why ``train.compile = true`` cannot work for this run (a few words), or None when it can."""
-    if backend == "vectorized":
-        return "the vectorized backend trains in lockstep, which is not compiled (measured slower)"
+def refusal(device: str) -> str | None:
+    """Why ``train.compile = true`` cannot work on ``device`` (a few words), or None when it can; which
+    backends compile is declared in ``backends.capabilities``."""
     if torch.device(device).type == "cpu":
         compilers = [c for c in torch._inductor.config.cpp.cxx if c]
         if not any(shutil.which(c) for c in compilers):

@@ -30,7 +30,9 @@ from fedlatent.federated.client import trained_samples
 from fedlatent.federated.failures import ClientFailure
 from fedlatent.federated.evaluation import Tally
 from fedlatent.federated.personal import combine_new, combine_reports
-from fedlatent.federated.round import ClientTask, calibration_due, close_round, nbytes, plan_round, round_lr
+from fedlatent.federated.randomness import Randomness
+from fedlatent.federated.round import (ClientTask, calibration_due, clients_per_round, close_round, nbytes, plan_round,
+                                      round_lr, sample_clients)
 from fedlatent.federated.server import Server
 from fedlatent.federated.state import Checkpoints, has_checkpoint, load_checkpoint
 from fedlatent.methods.parts import MethodSpec, Tensors, Upload
@@ -186,6 +188,23 @@ def classifier_round(s: Run, uploads: list[Upload], calibrates: bool) -> dict[st
     return {"classifier_bytes": sent, "classifier_flops": flops}
 
 
+def sample_accountant(config: RunConfig, sizes: list[int],
+                      randomness: Randomness | None = None) -> SampleAccountant | None:
+    """The accountant of the run's sample-level DP-SGD (``privacy.sample_noise_multiplier`` > 0) for
+    clients of training-set ``sizes`` (the census: every backend's, Flower's from its nodes), selected
+    as the run selects them (by ``randomness`` where given: a secret selection's); None without noise.
+    The driver's, so that every backend reports the same ε."""
+    privacy, train = config.privacy, config.train
+    if privacy.sample_noise_multiplier == 0:
+        return None
+    return SampleAccountant(sizes, train.batch_size, train.local_epochs, train.local_steps,
+                            privacy.sample_noise_multiplier, privacy.delta,
+                            lambda rnd: sample_clients(config.seed, rnd, len(sizes), train.participation)
+                            if randomness is None else
+                            randomness.sample(rnd, len(sizes), train.participation, train.client_sampling,
+                                              clients_per_round(len(sizes), train.participation)))
+
+
 def finish(s: Run, last: dict[str, Any] | None = None) -> dict[str, Any]:
     """The final evaluation: the global model (after calibration when the method has one, and the ε
     after it under DP), the clients' personalised reports and the new clients' (:func:`evaluate_new`,
@@ -196,7 +215,7 @@ def finish(s: Run, last: dict[str, Any] | None = None) -> dict[str, Any]:
     final: dict[str, Any] = {}
     before = _evaluation(last) if last is not None and last["round"] == s.config.train.rounds else evaluate_global(s)
     state = s.server.global_state
-    if s.spec.calibration.kind != "none":
+    if s.spec.calibration.declared.calibrates:
         rounds = s.config.train.rounds
         state, final["bytes_calibration_up"] = calibrated(s, state, rounds)
         epsilon = s.server.codec.epsilon(rounds, calibrations_in(s.spec, rounds) + 1)
@@ -205,7 +224,7 @@ def finish(s: Run, last: dict[str, Any] | None = None) -> dict[str, Any]:
         final.update({f"uncalibrated_{k.removeprefix('test_')}": v for k, v in before.items()})
         before = evaluate_global(s, state)
     if s.spec.count_flops:  # the final calibration's share of SphereFed Table 1's columns
-        once = classifier_round(s, [], s.spec.calibration.kind != "none")
+        once = classifier_round(s, [], s.spec.calibration.declared.calibrates)
         final.update({f"classifier_calibration_{k.removeprefix('classifier_')}": v for k, v in once.items()},
                      classifier_clients=len(s.train_sizes))
     final.update({k.removeprefix("test_"): v for k, v in before.items()})

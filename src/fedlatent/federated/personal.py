@@ -91,7 +91,7 @@ def client_report(ws: Workspace, spec: MethodSpec, client_id: int, client: Clien
     if client.test is None or not len(client.test):
         return None
     model = client_model(ws, spec, client_state, global_state, client_id, client.train, settings, generator, new=new)
-    if spec.calibration.kind == "ffc" and spec.calibration.personal:
+    if spec.calibration.declared.personal and spec.calibration.personal:
         personal_ffc(model, client.train, num_classes, spec.calibration.ridge, batch_size, device)
     test = evaluate(model, client.test, num_classes, batch_size, device)
     row = {"client": client_id, "accuracy": test["accuracy"], "balanced_accuracy": test["balanced_accuracy"],

@@ -222,7 +222,7 @@ def calibration_due(spec: MethodSpec, rnd: int) -> bool:
     """Whether the head is calibrated after round ``rnd`` (0-based) as well as at the end
     (``algorithm.calibration_every``, periodic FFC)."""
     cal = spec.calibration
-    return cal.kind == "ffc" and bool(cal.every) and (rnd + 1) % cal.every == 0
+    return cal.declared.periodic and bool(cal.every) and (rnd + 1) % cal.every == 0
 
 
 def client_generator(seed: int, task: ClientTask) -> torch.Generator:

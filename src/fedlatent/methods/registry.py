@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from fedlatent.calibration.registry import CALIBRATIONS
 from fedlatent.config import RunConfig, to_dict, toml_value
 from fedlatent.errors import ConfigError, not_allowed, unknown_key
 from fedlatent.methods.head import check_head
@@ -37,7 +38,7 @@ COMMON_KEYS: dict[str, Any] = {
 }
 CHOICES = {"loss": ("", "ce", "mse"), "head": ("", "learned", "fixed"),
            "head_init": ("", *HEAD_INITS), "normalize_z": ("", "true", "false"),
-           "calibration": ("", "none", "ffc", "ccvr", "centralized"), "calibration_loss": ("", "ce", "mse"),
+           "calibration": ("", *CALIBRATIONS), "calibration_loss": ("", "ce", "mse"),
            "finetune_scope": ("", "all", "head")}
 
 
@@ -168,7 +169,7 @@ def _apply_common(spec: MethodSpec, opts: dict[str, Any]) -> None:
         head.normalize_z = opts["normalize_z"] == "true"
     if opts["calibration"]:
         spec.calibration = Calibration(kind=opts["calibration"])
-    if spec.calibration.kind != "none":
+    if spec.calibration.declared.calibrates:
         spec.calibration.ridge = opts["calibration_ridge"] or spec.calibration.ridge
         spec.calibration.every = opts["calibration_every"] or spec.calibration.every
         spec.calibration.personal = opts["calibration_personal"] or spec.calibration.personal

@@ -19,7 +19,11 @@ uploads), ``evaluate.test`` (the global model's counts on the node's shares of t
 or on its clients' test splits: the server opens no data), ``evaluate.validate`` (validation
 accuracy of the served clients), ``query.statistics``
 (calibration statistics), ``query.diagnostics``, ``query.tsne`` and ``query.data`` (the client
-halves of ``[diagnostics]``, :mod:`.diagnostics`), ``evaluate.report`` (the personalised report rows). A client whose
+halves of ``[diagnostics]``, :mod:`.diagnostics`), ``evaluate.report`` (the personalised report rows),
+``evaluate.new`` (the held-out clients it serves, ``data.holdout_clients``: set apart from the
+federation it builds as the embedded backends set them apart, counted in the census's number of
+clients but not among its served ones). Each upload carries its client's step trace
+(``diagnostics.trace_terms``), and a round trains under the run's sample-level DP-SGD settings. A client whose
 update raises or is not finite is a failure record naming it in the node's reply.
 
 Under secure aggregation (``privacy.secure_aggregation = "secaggplus"``) each served client is a
@@ -50,6 +54,7 @@ from fedlatent.backends.flower.secagg_settings import Settings
 from fedlatent.backends.flower.secagg_codec import Masking, MaskingCodec, rounding
 from fedlatent.backends.simulation import make_model
 from fedlatent.config import RunConfig, from_dict
+from fedlatent.data import holdout
 from fedlatent.data.compact import Images
 from fedlatent.data.federation import build_federation, channel_census
 from fedlatent.data.types import ClientData, Federation, Split
@@ -62,7 +67,7 @@ from fedlatent.federated.diagnostics import (label_counts, mean_value_counts, me
                                              tsne_features, tsne_seed)
 from fedlatent.federated.evaluation import Tally, client_validation
 from fedlatent.federated.failures import ClientFailure, error_detail
-from fedlatent.federated.personal import client_report
+from fedlatent.federated.personal import client_report, new_client_reports
 from fedlatent.federated.round import checked, client_update, encoded, local_settings, round_lr
 from fedlatent.federated.server import untransmitted_keys
 from fedlatent.methods import resolve
@@ -87,6 +92,7 @@ class Job:
     initial: Tensors  # the seeded initial model: the entries the server does not send (a fixed head, own layers)
     codec: UpdateCodec  # the run's update codec: the client side of the server's
     untransmitted: frozenset[str]  # the entries that never travel (a fixed head, own layers): not coded
+    new_clients: dict[int, ClientData] = dataclasses.field(default_factory=dict)  # held out, served here
 
 
 def served(node_config: dict[str, Any], num_clients: int) -> list[int]:
@@ -139,7 +145,13 @@ def job_for(config_toml: str, node_config: dict[str, Any], normalization: Tensor
         torch.set_num_threads(config.train.threads)
         spec = resolve(config.algorithm, config.terms)
         spec.count_flops = "flops" in config.diagnostics.which  # counted by the client, summed by the server
+        spec.trace = config.diagnostics.trace_terms  # each step's terms, in the upload (the server writes them)
         federation = build_federation(config.data, config.data_seed)
+        if config.data.holdout_clients:  # the clients that never train, set apart as on the embedded backends
+            if data_path:
+                raise ConfigError("data.holdout_clients: held out of the configured data set, which a SuperNode with "
+                                  "its own data-path does not build")
+            federation = holdout.for_run(config, federation)
         if normalization:
             mean, std = normalization["mean"], normalization["std"]
             federation = dataclasses.replace(federation, clients=[
@@ -157,7 +169,10 @@ def job_for(config_toml: str, node_config: dict[str, Any], normalization: Tensor
         clients = {int(node_config["partition-id"]): job.federation.clients[0]}
     else:
         clients = {cid: job.federation.clients[cid] for cid in served(node_config, len(job.federation.clients))}
-    return dataclasses.replace(job, clients=clients)
+    new = job.federation.new_clients  # numbered after the training clients, served by the same rule
+    total = len(job.federation.clients) + len(new)
+    return dataclasses.replace(job, clients=clients,
+                               new_clients={cid: new[cid] for cid in served(node_config, total) if cid in new})
 
 
 def _job(msg: Message, context: Context) -> Job:
@@ -205,8 +220,8 @@ def census(msg: Message, context: Context) -> Message:
         "val_sizes": [len(c.val) if c.val is not None else 0 for c in clients],
         "test_sizes": [len(c.test) if c.test is not None else 0 for c in clients],
         "label_counts": [label_counts(c.train, job.federation.num_classes) for c in clients]}
-    if not own_file:
-        values["num_clients"] = len(job.federation.clients)
+    if not own_file:  # the partition's clients, those held out included (the server counts them out)
+        values["num_clients"] = len(job.federation.clients) + len(job.federation.new_clients)
     fed = job.federation
     values.update(num_classes=fed.num_classes, input_shape=list(fed.input_shape), global_test=held_test_size(job, own_file))
     content["census"] = M.pack_values(values)
@@ -236,7 +251,7 @@ def train(msg: Message, context: Context) -> Message:
         if state is None:
             state = restore or {}
         settings = local_settings(cfg.train, task.lr, cfg.train.local_epochs, job.federation.augment,
-                                  job.federation.num_classes, job.device)
+                                  job.federation.num_classes, job.device, cfg.privacy)  # sample-level DP-SGD's too
         codec = job.codec
         if secure:  # the update leaves masked: the party's stage 2 (its state kept whatever happens)
             masking = _masking(msg, context, job, task.client_id, "update", task.round)
@@ -482,6 +497,23 @@ def report(msg: Message, context: Context) -> Message:
         if row is not None:
             rows.append(row)
     return Message(RecordDict({"rows": M.pack_values({"rows": rows})}), reply_to=msg)
+
+
+@app.evaluate("new")
+def new(msg: Message, context: Context) -> Message:
+    """The held-out clients this node serves (``data.holdout_clients``), as on the embedded backends
+    (:func:`~fedlatent.federated.personal.new_client_reports`): the global model's tally on each
+    one's test split and, when ``personal``, its report under the program's new-client rule."""
+    job = _job(msg, context)
+    cfg, spec, fed = job.config, job.spec, job.federation
+    settings = local_settings(cfg.train, round_lr(cfg.train, cfg.train.rounds - 1), spec.personalization.epochs,
+                              fed.augment, fed.num_classes, job.device)
+    tallies, rows = new_client_reports(job.workspace, spec, job.new_clients, M.from_record(msg.content["global"]),
+                                       num_classes=fed.num_classes, batch_size=cfg.eval.batch_size, device=job.device,
+                                       settings=settings, seed=cfg.seed, personal=bool(msg.content["new"]["personal"]))
+    content = M.pack_tallies({f"client.{cid}": t for cid, t in tallies.items()})
+    content["rows"] = M.pack_values({"rows": rows})
+    return Message(content, reply_to=msg)
 
 
 __all__ = ["app", "served", "job_for"]

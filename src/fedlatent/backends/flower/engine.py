@@ -29,7 +29,7 @@ from fedlatent.backends.flower.server_app import serve
 from fedlatent.config import RunConfig
 from fedlatent.data.types import Outline, ServerView
 from fedlatent.errors import ConfigError
-from fedlatent.methods.parts import MethodSpec
+from fedlatent.methods.parts import MethodSpec, Upload
 
 
 def backend_config(config: RunConfig) -> dict[str, Any]:
@@ -78,21 +78,22 @@ def run(config: RunConfig, data: ServerView, spec: MethodSpec, out: Path, *, res
         progress: Callable[[dict[str, Any]], None] | None = None, grid: Grid | None = None,
         partition: Callable[[np.ndarray], None] | None = None,
         rounds_start: Callable[[], None] | None = None,
-        check: Callable[[Outline], None] | None = None) -> tuple[dict[str, Any], float]:
+        check: Callable[[Outline], None] | None = None,
+        trace: Callable[[list[Upload]], None] | None = None) -> tuple[dict[str, Any], float]:
     """Train as :func:`fedlatent.backends.simulation.run` does, through Flower: on ``grid`` when
     given, else on the simulation engine; return the final evaluation and the wall seconds.
     ``partition`` is told the nodes' training samples per client × class, ``check`` what the census
-    found and ``rounds_start`` when the rounds start (:func:`.server_app.serve`)."""
+    found, ``rounds_start`` when the rounds start and ``trace`` each round's uploads (:func:`.server_app.serve`)."""
     if grid is not None:
         return serve(grid, config, data, spec, out, resume=resume, progress=progress, partition=partition,
-                     rounds_start=rounds_start, check=check)
+                     rounds_start=rounds_start, check=check, trace=trace)
     result: dict[str, Any] = {}
     server_app = ServerApp()
 
     @server_app.main()
     def main(grid: Grid, context: Context) -> None:
         result["value"] = serve(grid, config, data, spec, out, resume=resume, progress=progress, partition=partition,
-                                rounds_start=rounds_start, check=check)
+                                rounds_start=rounds_start, check=check, trace=trace)
 
     with quiet_engine():
         run_simulation(server_app, client_app.app, num_supernodes=num_supernodes(config, data),

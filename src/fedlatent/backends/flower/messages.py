@@ -79,8 +79,8 @@ Outcome = tuple[Upload | ClientFailure, Tensors | None]
 
 
 def pack_outcomes(outcomes: list[Outcome], withheld_up: set[str] | frozenset[str] = frozenset()) -> RecordDict:
-    """A node's replies for its clients: each upload (without the ``withheld_up`` entries; with the
-    client's new state when the server keeps a copy) or failure (the kind and one line saying what)."""
+    """A node's replies for its clients: each upload (without the ``withheld_up`` entries; with its
+    step trace, empty unless ``diagnostics.trace_terms``; with the client's new state when the server keeps a copy) or failure (the kind and one line saying what)."""
     content = RecordDict()
     for outcome, state in outcomes:
         if isinstance(outcome, ClientFailure):
@@ -89,7 +89,7 @@ def pack_outcomes(outcomes: list[Outcome], withheld_up: set[str] | frozenset[str
         u, cid = outcome, outcome.client_id
         content[f"upload.{cid}"] = ConfigRecord({"num_samples": u.num_samples, "steps": u.steps, "lr": float(u.lr),
                                                  "momentum": float(u.momentum), "metrics": json.dumps(u.metrics),
-                                                 "extras": sorted(u.extras)})
+                                                 "extras": sorted(u.extras), "trace": json.dumps(u.trace)})
         content[f"weights.{cid}"] = to_record({k: v for k, v in u.state.items() if k not in withheld_up})
         for part, extra in u.extras.items():
             content[f"extra.{cid}.{part}"] = to_record(extra)
@@ -110,7 +110,7 @@ def unpack_outcomes(content: RecordDict) -> dict[int, Outcome]:
             extras = {part: from_record(content[f"extra.{cid}.{part}"]) for part in record["extras"]}
             upload = Upload(cid, from_record(content[f"weights.{cid}"]), int(record["num_samples"]),
                             int(record["steps"]), float(record["lr"]), float(record["momentum"]), extras,
-                            json.loads(record["metrics"]))
+                            json.loads(record["metrics"]), json.loads(record["trace"]))
             state = content.get(f"state.{cid}")
             out[cid] = upload, (from_record(state) if state is not None else None)
     return out

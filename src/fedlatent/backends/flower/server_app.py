@@ -38,7 +38,8 @@ from fedlatent.backends.flower.secagg_session import Session, open_session
 from fedlatent.federated.round import ClientTask
 from fedlatent.backends.simulation import initial_server
 from fedlatent.federated import driver
-from fedlatent.config import RunConfig, to_toml
+from fedlatent.federated.accounting import SampleAccountant
+from fedlatent.config import RunConfig, holdout_count, to_toml
 from fedlatent.data.federation import pooled_channel_stats
 from fedlatent.data.types import Outline, ServerView
 from fedlatent.errors import ConfigError, DataError
@@ -74,6 +75,7 @@ class Census:
     input_shape: tuple[int, ...] = ()
     test_holders: list[int] = field(default_factory=list)  # nodes holding the global test split, in id order
     global_test_size: int = 0
+    held_out: int = 0  # the partition's clients that never train (data.holdout_clients), numbered after these
 
     def view(self, data: ServerView) -> ServerView:
         """``data`` completed with what the census tells: the classes and input shape where the
@@ -84,7 +86,7 @@ class Census:
     def outline(self, data: ServerView) -> Outline:
         """What the census found, as ``fedlatent check`` knows a federation (the run's checks of it)."""
         view = self.view(data)
-        return Outline(view.num_classes, view.input_shape, len(self.train_sizes))
+        return Outline(view.num_classes, view.input_shape, len(self.train_sizes) + self.held_out)
 
     def normalization(self) -> Tensors | None:
         """The pooled per-channel mean and std of the nodes' own files (in client-id order), or None
@@ -142,8 +144,9 @@ class Tally:
             raise DataError(f"census: the SuperNodes' data make different numbers of clients ({nodes}{config})")
         return next(iter(told), None)
 
-    def census(self, n: int) -> Census:
-        """The census of clients 0 .. n-1 (a node's claim of another client is ignored)."""
+    def census(self, n: int, held_out: int = 0) -> Census:
+        """The census of clients 0 .. n-1 (a node's claim of another client is ignored), ``held_out``
+        more clients of the partition numbered after them."""
         train, val, test, labels = ([self.entries[cid][key] for cid in range(n)] for key in SIZES)
         node_of = {cid: self.node_of[cid] for cid in range(n)}
         nodes = sorted(set(node_of.values()))
@@ -151,7 +154,7 @@ class Tally:
         classes = max([self.shapes[node][0] for node in nodes] + [len(row) for row in labels], default=0)
         return Census(node_of, train, val, test, {cid: c for cid, c in self.norms.items() if cid < n}, labels,
                       classes, self.shapes[nodes[0]][1] if nodes else (), holders,
-                      self.tests[holders[0]] if holders else 0)
+                      self.tests[holders[0]] if holders else 0, held_out)
 
 
 @dataclass
@@ -174,9 +177,10 @@ class ServerRun:
     calibrations: int = 0  # the SecAgg+ sessions of calibration statistics so far
     rounds_done: int = 0  # the rounds before the one training now: what a stopped session has completed
     unmasking: UnmaskingCodec | None = None  # the server's codec under SecAgg+ (set up with the server)
+    trace: Callable[[list[Upload]], None] | None = None  # told each round's uploads (diagnostics.trace_terms)
+    sample_accountant: SampleAccountant | None = None  # sample-level DP-SGD's ε (the driver's), set after the census
 
     tells_each_drop = True  # a deployment's log tells each client left out as it happens
-    sample_accountant = None  # sample-level DP-SGD runs on the embedded backends only
 
     # the run as the run driver (federated.driver) asks for it; its clients answer through messages
     @property
@@ -227,9 +231,10 @@ class ServerRun:
                     asked.add(node)
                     tally.add(node, reply.content)
             n = tally.num_clients(self.federation.num_clients)
-            missing = sorted(set(range(n)) - set(tally.node_of)) if n is not None else None
+            held = holdout_count(self.config.data.holdout_clients, n) if n and self.config.data.holdout_clients else 0
+            missing = sorted(set(range(n - held)) - set(tally.node_of)) if n is not None else None
             if missing == []:
-                return tally.census(n)
+                return tally.census(n - held, held)
             if time.monotonic() > deadline:
                 raise RunStopped(_unserved(missing), 0)
             time.sleep(1.0)
@@ -335,6 +340,8 @@ class ServerRun:
             uploads = {o.client_id: o.state[VECTOR] for o in outcomes if isinstance(o, Upload)}
             self.expect(session, "update", uploads, layout(tasks[0].global_state, self.server.untransmitted()),
                         Settings.of(self.config.privacy).update_range)
+        if self.trace is not None:  # the step traces the uploads carry, in client-id order as on the embedded backends
+            self.trace(sorted((o for o in outcomes if isinstance(o, Upload)), key=lambda u: u.client_id))
         return outcomes, new_states
 
     def outcomes(self, tasks: list[ClientTask], reply: Message | None) -> dict[int, M.Outcome]:
@@ -364,8 +371,22 @@ class ServerRun:
         return values
 
     def new_clients(self, state: Tensors, personal: bool) -> tuple[dict[int, evaluation.Tally], list[dict[str, Any]]]:
-        """None: no client is held out on Flower (``validation.check_holdout`` refuses ``data.holdout_clients``)."""
-        return {}, []
+        """The held-out clients (``data.holdout_clients``) on the global ``state``, evaluated by the nodes
+        that serve them (``evaluate.new``): their tallies by client id and, with ``personal``, their
+        report rows under the program's new-client rule."""
+        if not self.census.held_out:
+            return {}, []
+        tallies: dict[int, evaluation.Tally] = {}
+        rows: list[dict[str, Any]] = []
+        for reply in self.broadcast("evaluate.new", {"global": M.to_record(state),
+                                                     "new": ConfigRecord({"personal": personal})}).values():
+            tallies.update({int(k.removeprefix("client.")): t for k, t in M.unpack_tallies(reply.content).items()})
+            rows += M.unpack_values(reply.content["rows"])["rows"]
+        first = len(self.census.train_sizes)
+        missing = sorted(set(range(first, first + self.census.held_out)) - set(tallies))
+        if missing:
+            self.warn(f"new clients {missing}: no SuperNode evaluated them")
+        return dict(sorted(tallies.items())), rows
 
     def broadcast(self, message_type: str, records: dict[str, Any],
                   own: dict[int, dict[str, Any]] | None = None, nodes: list[int] | None = None) -> dict[int, Message]:
@@ -488,17 +509,19 @@ def serve(grid: Grid, config: RunConfig, data: ServerView, spec: MethodSpec, out
           warn: Callable[[str], None] = _warn,
           partition: Callable[[np.ndarray], None] | None = None,
           rounds_start: Callable[[], None] | None = None,
-          check: Callable[[Outline], None] | None = None) -> tuple[dict[str, Any], float]:
+          check: Callable[[Outline], None] | None = None,
+          trace: Callable[[list[Upload]], None] | None = None) -> tuple[dict[str, Any], float]:
     """Train for ``config.train.rounds`` rounds through ``grid``, writing metrics and checkpoints
     under ``out`` as the embedded backend does; return the final evaluation and the wall seconds
     (including the part before a resume). ``data`` is the server's view of the data (no client's),
     completed by the census; ``check`` is told what the census found (classes, input shape, clients:
     a :class:`~fedlatent.errors.ConfigError` from it ends the run before ``metrics.jsonl`` exists);
     ``partition`` is told the census's training samples per client × class; ``rounds_start``, when
-    the rounds start (after the census and the set-up)."""
+    the rounds start (after the census and the set-up); ``trace``, each round's uploads (their step
+    traces, ``diagnostics.trace_terms``)."""
     clock = time.perf_counter()
     torch.set_num_threads(config.train.threads)
-    s = ServerRun(grid, config, data, spec, warn)
+    s = ServerRun(grid, config, data, spec, warn, trace=trace)
     metrics_path = out / "metrics.jsonl"
     try:
         s.census = s.take_census()
@@ -513,6 +536,7 @@ def serve(grid: Grid, config: RunConfig, data: ServerView, spec: MethodSpec, out
     if partition is not None:
         partition(s.census.partition(data.num_classes))
     s.setup()
+    s.sample_accountant = driver.sample_accountant(config, s.train_sizes, s.server.randomness)  # the selection's source
     start, before = driver.restore(s, out / "checkpoints", s.num_clients, warn) if resume else (0, 0.0)
     write_atomically(metrics_path, "".join(line + "\n" for line in driver.metrics_upto(metrics_path, start)))
     if config.diagnostics.which:

@@ -21,7 +21,7 @@ from typing import Any, Callable
 import numpy as np
 
 from fedlatent.analysis.tables import partition_overview, partition_table
-from fedlatent.backends import auto, simulation, vectorized
+from fedlatent.backends import auto, capabilities, simulation, vectorized
 from fedlatent.backends.simulation import Trainer
 from fedlatent.config import RunConfig, to_toml
 from fedlatent.data import holdout
@@ -222,8 +222,9 @@ def run(config: RunConfig, out: str | Path | None = None, *, resume: bool = Fals
 
 def _backend_args(config: RunConfig, grid: Any, trainer: Trainer | None) -> dict[str, Any]:
     """The backend's own arguments: Flower's grid, or the trainer of an embedded run."""
-    if trainer is not None and config.backend not in TRAINERS:
-        raise ConfigError(f"backend = {config.backend!r}: its clients train on its own nodes, not in a stack of runs")
+    reason = capabilities.refusal(capabilities.BY_KEY["stacked cells"], config.backend)
+    if trainer is not None and reason:
+        raise ConfigError(reason)
     return {**({"grid": grid} if grid is not None else {}), **({"trainer": trainer} if trainer is not None else {})}
 
 
@@ -264,7 +265,9 @@ def _train(config: RunConfig, out: Path, data: Federation | ServerView, spec: Me
     try:
         traced = {}  # the backend's own trainer unless a stack's, or the trace, wraps it
         trainer = backend_args.pop("trainer", None)
-        if spec.trace:
+        if spec.trace and config.backend not in TRAINERS:  # Flower: the uploads bring the nodes' traces
+            traced["trace"] = TermTrace(None, out).record
+        elif spec.trace:
             traced["trainer"] = TermTrace(trainer or TRAINERS[config.backend], out)
         elif trainer is not None:
             traced["trainer"] = trainer

@@ -8,8 +8,9 @@ its upload, and :class:`TermTrace` appends them to ``terms_trace.jsonl`` in the 
 ``{"round": r, "client": i, "step": k, "task": …, "<term>": …}`` (non-finite values as null).
 Recording reads detached copies only, so the weights are bit-identical with it off.
 
-:class:`TermTrace` wraps the simulation backend's trainer (the round loop calls it once per round,
-failed rounds included). A resumed run continues after the rounds already in ``metrics.jsonl``,
+:class:`TermTrace` wraps the embedded backends' trainer (the round loop calls it once per round,
+failed rounds included); on Flower the server hands it each round's uploads, which carry the
+nodes' traces (:meth:`TermTrace.record`). A resumed run continues after the rounds already in ``metrics.jsonl``,
 which the backend has cut to its checkpoint before the first round; later lines of the trace are
 dropped then, as they are from ``metrics.jsonl``.
 """
@@ -27,24 +28,30 @@ FILE = "terms_trace.jsonl"
 
 
 class TermTrace:
-    """A trainer that runs ``trainer`` and appends its uploads' step traces to ``out/terms_trace.jsonl``."""
+    """A trainer that runs ``trainer`` and appends its uploads' step traces to ``out/terms_trace.jsonl``
+    (without a trainer: :meth:`record` alone, told each round's outcomes)."""
 
-    def __init__(self, trainer: Trainer, out: Path) -> None:
+    def __init__(self, trainer: Trainer | None, out: Path) -> None:
         self.trainer, self.out = trainer, out
         self.round: int | None = None
 
     def __call__(self, *args: Any) -> list:
+        assert self.trainer is not None, "a trace without a trainer is told the outcomes (record)"
+        outcomes = self.trainer(*args)
+        self.record(outcomes)
+        return outcomes
+
+    def record(self, outcomes: list) -> None:
+        """Append one round's uploads' step traces (the rounds counted from the first call on)."""
         if self.round is None:
             self.round = self._rounds_done()
         self.round += 1
-        outcomes = self.trainer(*args)
         lines = [json.dumps({"round": self.round, "client": outcome.client_id, "step": k,
                              **{name: v if math.isfinite(v) else None for name, v in values.items()}})
                  for outcome in outcomes if isinstance(outcome, Upload)
                  for k, values in enumerate(outcome.trace, start=1)]
         with (self.out / FILE).open("a") as sink:
             sink.write("".join(line + "\n" for line in lines))
-        return outcomes
 
     def _rounds_done(self) -> int:
         """Rounds already run (a resume): the lines of ``metrics.jsonl``; the trace is cut to them."""

@@ -6,7 +6,8 @@ that need the data (:func:`check_fit`) once it has built them, still before its 
 
 The keys themselves (names, types, choices, ranges) are checked when the configuration is loaded
 (:func:`fedlatent.config.from_dict`); here, what depends on several sections at once: the method and
-its parts (:func:`fedlatent.methods.resolve`), the trackers, the backend and what it records, the
+its parts (:func:`fedlatent.methods.resolve`), the trackers, the backend and what it records (the
+features each backend declares it honours, :mod:`fedlatent.backends.capabilities`), the
 device and the precision it trains in, compilation, and the keys the model must satisfy (a constraint's depth against the model's
 layers), on the model's shape built on the meta device from the data set's declared input shape
 (the ``shape`` trait of a data set: known from the configuration alone). A data set that declares no
@@ -27,8 +28,9 @@ from collections.abc import Collection
 
 import torch
 
-from fedlatent.backends import vectorized
+from fedlatent.backends import capabilities
 from fedlatent.backends.flower.secagg_settings import Settings
+from fedlatent.calibration.registry import with_sums
 from fedlatent.config import DataConfig, PrivacyConfig, RunConfig, holdout_count
 from fedlatent.data.federation import outline
 from fedlatent.data.registry import DATASETS
@@ -56,14 +58,13 @@ def validate(config: RunConfig) -> MethodSpec:
     tracking.check(config)
     if config.backend not in BACKEND_NAMES:  # a configuration changed in code after loading
         raise ConfigError(f"backend = {config.backend!r}: allowed values are {', '.join(BACKEND_NAMES)}")
-    if config.diagnostics.trace_terms and config.backend == "flower":
-        raise ConfigError("diagnostics.trace_terms: recorded by the embedded backends' clients (simulation, "
-                          "vectorized, auto), not 'flower'")
+    check_capabilities(config)
     spec.trace = config.diagnostics.trace_terms
     spec.count_flops = "flops" in config.diagnostics.which
-    if config.backend == "flower" and importlib.util.find_spec("flwr") is None:
-        raise ConfigError("backend = 'flower': Flower is not installed; pip install 'fedlatent[flower]'")
-    if config.backend != "flower":  # Flower's nodes may train on devices this process does not see
+    module, what, extra = capabilities.EXTRAS.get(config.backend, (None, None, None))
+    if module is not None and importlib.util.find_spec(module) is None:
+        raise ConfigError(f"backend = {config.backend!r}: {what} is not installed; pip install '{extra}'")
+    if config.backend in capabilities.IN_PROCESS:  # Flower's nodes may train on devices this process does not see
         reason = devices.refusal(config.train.device)
         if reason:
             raise ConfigError(f"train.device = {config.train.device!r}: {reason}")
@@ -75,11 +76,11 @@ def validate(config: RunConfig) -> MethodSpec:
         raise ConfigError(f"train.precision = 'fp16': the {program.kind} program's inner gradients are taken "
                           "without fp16's loss scaling (they may underflow); use 'fp32' or 'bf16'")
     if config.train.compile:
-        reason = compiled.refusal(config.train.device, config.backend)
+        reason = compiled.refusal(config.train.device)
         if reason:
             raise ConfigError(f"train.compile = true: {reason}")
-    if config.backend == "vectorized":
-        vectorized.check(config, spec)
+    if config.backend in capabilities.METHOD_CHECKS:
+        capabilities.METHOD_CHECKS[config.backend](config, spec)
     if config.privacy.noise_multiplier > 0:
         check_private(config, spec)
     check_releases(config)
@@ -132,6 +133,14 @@ def check_releases(config: RunConfig) -> None:
                           "off, or run without noise)")
 
 
+def check_capabilities(config: RunConfig) -> None:
+    """The features the run asks for that its backend does not honour, as the backends declare them
+    (:mod:`fedlatent.backends.capabilities`), refused in one line with one wording for all."""
+    found = capabilities.refusals(config)
+    if found:
+        raise ConfigError(found[0])
+
+
 def private_refusal(spec: MethodSpec, cfg: PrivacyConfig) -> str | None:
     """Why DP-FedAvg cannot cover what ``spec``'s clients send, or None: the noise covers the model
     update through the codec, not a part's extras the server reads itself (SCAFFOLD's Δc, FedProto's
@@ -144,13 +153,13 @@ def private_refusal(spec: MethodSpec, cfg: PrivacyConfig) -> str | None:
                     "every client alike")
         if type(part).server_update is not Part.server_update:
             return f"the part '{part.name}' uploads extras that the server reads outside the update codec"
-    kind = spec.calibration.kind
-    if kind == "centralized":
-        return "the centralized calibration sends the clients' features themselves"
-    if kind != "none" and math.isinf(cfg.statistics_clip_norm):
+    kind, declared = spec.calibration.kind, spec.calibration.declared
+    if declared.oracle:
+        return f"the {kind} calibration sends the clients' features themselves"
+    if declared.calibrates and math.isinf(cfg.statistics_clip_norm):
         return (f"the {kind} calibration's statistics need a bound to scale their noise: set "
                 "privacy.statistics_clip_norm")
-    if kind != "none" and cfg.statistics_sigma == 0:
+    if declared.calibrates and cfg.statistics_sigma == 0:
         return f"the {kind} calibration's statistics would reach the server without noise (statistics_noise_multiplier = 0)"
     return None
 
@@ -187,10 +196,8 @@ def sample_private_refusal(config: RunConfig, spec: MethodSpec) -> str | None:
         return (f"{spec.name}'s {program.kind} program takes its own steps or a round-start procedure on the client's "
                 "data, outside the private steps (DP-SGD trains programs whose copies each take one step on their "
                 "own loss: plain training, ditto)")
-    if spec.calibration.kind != "none":
+    if spec.calibration.declared.calibrates:
         return f"the {spec.calibration.kind} calibration's statistics read the clients' data outside the private steps"
-    if config.backend == "flower":
-        return "sample-level DP-SGD runs on the embedded backends (simulation, vectorized, auto), not 'flower'"
     if config.train.compile:
         return "sample-level DP-SGD takes per-sample gradients with torch.func, not through the compiled forward; " \
                "set train.compile = false"
@@ -200,8 +207,8 @@ def sample_private_refusal(config: RunConfig, spec: MethodSpec) -> str | None:
 
 
 def check_sample_private(config: RunConfig, spec: MethodSpec) -> None:
-    """Sample-level DP-SGD (a finite ``privacy.sample_clip_norm``): a method and backend it can train
-    (:func:`sample_private_refusal`), and the accountant installed when it adds noise. The model is
+    """Sample-level DP-SGD (a finite ``privacy.sample_clip_norm``): a method it can train
+    (:func:`sample_private_refusal`; every backend does, :mod:`fedlatent.backends.capabilities`), and the accountant installed when it adds noise. The model is
     checked where it is built (:func:`check_model_fit`: no BatchNorm)."""
     bound = config.privacy.sample_clip_norm
     reason = sample_private_refusal(config, spec)
@@ -232,14 +239,11 @@ def batch_norm_refusal(config: RunConfig, model: torch.nn.Module, why: str, kept
 
 
 def secure_refusal(config: RunConfig, spec: MethodSpec) -> str | None:
-    """Why SecAgg+ cannot cover what ``spec``'s clients send on ``config``'s backend, or None: the
-    masks need parties, which only Flower's clients are; the server may read sums alone — the model
+    """Why SecAgg+ cannot cover what ``spec``'s clients send, or None (its parties are Flower's
+    clients: the backends are :func:`check_capabilities`'s); the server may read sums alone — the model
     update, FFC's statistics and CCVR's per-class sums, not a part's extras or its own weighted
     aggregation, the centralised calibration's features, nor the clients' own models the
     diagnostics measure, nor the data set itself; and noise the server adds to a sum it sees is not combined with it yet."""
-    if config.backend != "flower":
-        return (f"honoured on backend = 'flower' only, not {config.backend!r}: SecAgg+'s parties are Flower's "
-                "clients (the embedded backends have none to mask)")
     if config.privacy.noise_multiplier > 0:
         return "not combined with privacy.noise_multiplier > 0 yet (the server would add the noise to a sum it sees)"
     if config.flower.server_reads_data:
@@ -253,8 +257,9 @@ def secure_refusal(config: RunConfig, spec: MethodSpec) -> str | None:
             return f"the part '{part.name}' aggregates with weights of its own, and SecAgg+ sums pre-weighted updates"
         if type(part).server_update is not Part.server_update:
             return f"the part '{part.name}' uploads extras that the server reads outside the update codec"
-    if spec.calibration.kind not in ("none", "ffc", "ccvr"):
-        return f"the {spec.calibration.kind} calibration's statistics are not sums (FFC's and CCVR's are)"
+    if spec.calibration.declared.calibrates and spec.calibration.declared.sums is None:
+        summed = " and ".join(f"{name.upper()}'s" for name in with_sums())
+        return f"the {spec.calibration.kind} calibration's statistics are not sums ({summed} are)"
     d = config.diagnostics
     if d.clients or "alignment" in d.which:
         return "the diagnostics would measure each client's own upload (diagnostics.clients, 'alignment')"
@@ -271,13 +276,9 @@ def check_secure(config: RunConfig, spec: MethodSpec) -> None:
 
 
 def check_holdout(config: RunConfig, spec: MethodSpec) -> None:
-    """``data.holdout_clients``: a backend that evaluates new clients, and a new-client rule of the
-    method's program when the clients' personalised evaluation is asked (not ``eval.personalized =
+    """``data.holdout_clients``: a new-client rule of the method's program when the clients' personalised evaluation is asked (not ``eval.personalized =
     "never"``: the held-out clients are then evaluated on the global model alone)."""
     value = config.data.holdout_clients
-    if config.backend == "flower":
-        raise ConfigError(f"data.holdout_clients = {value:g}: held-out clients are evaluated on the embedded "
-                          "backends (simulation, vectorized, auto), not 'flower' yet")
     program = spec.personalization
     if config.eval.personalized != "never" and program.new_client_rule is None:
         raise ConfigError(f"data.holdout_clients = {value:g}: {spec.name}'s {program.kind} program has no rule for a "

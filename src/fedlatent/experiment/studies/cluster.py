@@ -173,6 +173,7 @@ class Cluster:
         nodes = self.nodes()
         for claim in sorted({resources([c], self.given) for c in configs}, key=str):
             if not any(fits(claim, node) for node in nodes):
+                self.close()
                 have = "; ".join(_node(node) for node in nodes) or "none alive"
                 raise UserInputError(f"--cell-resources {claim}: no node of the cluster has that much (nodes: {have})")
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import subprocess
 import sys
 import threading
 import time
@@ -66,7 +67,7 @@ def test_cell_resources_parse_memory_units() -> None:
 def two_nodes():
     """A head node and a worker node of one CPU each, on this machine; their workers import this
     checkout's sources. Yields (the cluster, the worker node)."""
-    from ray.cluster_utils import Cluster as RayCluster
+    RayCluster = pytest.importorskip("ray.cluster_utils").Cluster
     previous = os.environ.get("PYTHONPATH")
     os.environ["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), *([previous] if previous else [])])
     cluster = RayCluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False, **SMALL})
@@ -75,6 +76,8 @@ def two_nodes():
     try:
         yield cluster, worker
     finally:
+        import ray
+        ray.shutdown()  # a driver a failed test left connected
         cluster.shutdown()
         if previous is None:
             os.environ.pop("PYTHONPATH", None)
@@ -125,14 +128,69 @@ def test_two_node_study_equals_the_jobs_1_study_cell_for_cell(two_nodes, referen
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("device, given, claim", [("cpu", ["--cell-resources", "cpus=64"], "cpus=64, gpus=0"),
+                                                  ("cuda", [], "cpus=1, gpus=1")])
 def test_a_refused_resource_request_is_one_line_before_the_study_folder(
-        two_nodes, reference, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+        two_nodes, tmp_path: Path, capsys: pytest.CaptureFixture, device: str, given: list[str], claim: str) -> None:
+    """More CPUs than a node has; cells on cuda (which this driver, without CUDA, leaves to the nodes
+    to check) on a cluster without GPUs."""
+    path = _study_file(tmp_path, DIGITS_CONFIG)
+    path.write_text(path.read_text().replace('"backend"', f'"train.device" = "{device}", "backend"'))
     out = tmp_path / "out"
-    code = main(["sweep", str(reference[0]), "--out", str(out), "--cluster", f"ray:{two_nodes[0].address}",
-                 "--cell-resources", "cpus=64"])
+    code = main(["sweep", str(path), "--out", str(out), "--cluster", f"ray:{two_nodes[0].address}", *given])
     err = capsys.readouterr().err.strip()
     assert code == 2 and len(err.splitlines()) == 1 and not out.exists(), err
-    assert err.startswith("fedlatent: error: --cell-resources cpus=64, gpus=0: no node of the cluster has that much")
+    assert err.startswith(f"fedlatent: error: --cell-resources {claim}: no node of the cluster has that much"), err
+
+
+@pytest.mark.slow
+def test_a_diverging_cell_is_stopped_once_and_a_rerun_skips_every_cell(two_nodes, tmp_path: Path) -> None:
+    """A cell the failure policy stops is reported as under --jobs and not retried (one attempt in its
+    placement.jsonl); the study run again skips its cells and starts no task."""
+    path = tmp_path / "study.toml"
+    path.write_text(f'base = "{DIGITS_CONFIG}"\nset = {{"train.rounds" = 2, "model.hidden" = [16]}}\n'
+                    '[grid]\n"train.lr" = [0.05, 1e6]\n')
+    out = tmp_path / "ray"
+    rows = {r["train.lr"]: r for r in run_sweep(_load(path), out, echo=None, figures=False, cluster=_cluster(two_nodes))}
+    assert rows["1e+06"]["status"] == "stopped" and "non-finite" in rows["1e+06"]["error"]
+    assert rows["0.05"]["status"] == "ran"
+    attempts = {p.parent.name: len(p.read_text().splitlines()) for p in out.glob(f"*/{PLACEMENT}")}
+    assert attempts == {rows["0.05"]["run"]: 1, rows["1e+06"]["run"]: 1}
+    again = {r["train.lr"]: r["status"] for r in run_sweep(_load(path), out, echo=None, figures=False,
+                                                           cluster=_cluster(two_nodes))}
+    assert again == {"0.05": "skipped", "1e+06": "stopped"}
+    assert {p.parent.name: len(p.read_text().splitlines()) for p in out.glob(f"*/{PLACEMENT}")} == attempts
+
+
+@pytest.mark.long
+def test_a_killed_driver_started_again_resumes_the_study(two_nodes, tmp_path: Path) -> None:
+    """``fedlatent sweep --cluster`` killed once a cell has a checkpoint and no summary, then run
+    again: finished cells are skipped, the unfinished ones continue from their checkpoints, and the
+    study has the numbers of the ``--jobs 1`` study."""
+    path, expected = _reference(tmp_path, 40)
+    out = tmp_path / "ray"
+    cmd = [sys.executable, "-m", "fedlatent.cli", "sweep", str(path), "--out", str(out), "--no-figures",
+           "--cluster", f"ray:{two_nodes[0].address}"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 300
+    caught = None
+    while caught is None and proc.poll() is None and time.time() < deadline:
+        caught = next((p.parent for p in out.glob(f"*/{PLACEMENT}") if newest_checkpoint(p.parent) > 0
+                       and not (p.parent / "summary.json").exists()), None)
+        time.sleep(0.02)
+    proc.kill()
+    proc.wait()
+    assert caught is not None, "no cell was caught mid-run"
+    finished = {p.parent.name: p.stat().st_mtime_ns for p in out.glob("*/summary.json")}
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert all((out / name / "summary.json").stat().st_mtime_ns == t for name, t in finished.items())
+    rows = {r["run"]: r for r in _csv(out)}
+    assert sorted(rows) == sorted(r["run"] for r in expected)
+    for r in expected:
+        assert (rows[r["run"]]["accuracy"], rows[r["run"]]["loss"]) == (str(r["accuracy"]), str(r["loss"]))
+    attempts = [json.loads(line) for line in (caught / PLACEMENT).read_text().splitlines()]
+    assert len(attempts) == 2 and attempts[1]["from_checkpoint_round"] > 0
 
 
 @pytest.mark.long
@@ -146,15 +204,16 @@ def test_losing_the_worker_node_mid_study_reruns_its_cells_from_their_checkpoint
     out = tmp_path / "ray"
     done = threading.Event()
     thread = threading.Thread(target=lambda: (run_sweep(_load(path), out, echo=None, figures=False,
-                                                        cluster=_cluster(two_nodes)), done.set()))
+                                                        cluster=_cluster(two_nodes)), done.set()), daemon=True)
     thread.start()
     caught = None
     deadline = time.time() + 300
     while caught is None and not done.is_set() and time.time() < deadline:
         for placement in out.glob(f"*/{PLACEMENT}"):
-            first = json.loads(placement.read_text().splitlines()[0])
+            lines = placement.read_text().splitlines()  # empty while the task writes its line
             cell = placement.parent
-            if first["node"] == worker.node_id and newest_checkpoint(cell) > 0 and not (cell / "summary.json").exists():
+            if lines and json.loads(lines[0])["node"] == worker.node_id and newest_checkpoint(cell) > 0 \
+                    and not (cell / "summary.json").exists():
                 caught = cell
                 break
         time.sleep(0.02)

@@ -21,6 +21,7 @@ cell, so a retried cell is counted once. A driver stopped and started again resu
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import socket
@@ -33,7 +34,8 @@ from typing import Any, Callable
 from fedlatent.config import RunConfig
 from fedlatent.errors import UserInputError
 from fedlatent.experiment.studies import units
-from fedlatent.experiment.studies.placement import PLACEABLE, settle
+from fedlatent.experiment.studies.placement import PLACEABLE, cuda_count, settle
+from fedlatent.experiment.studies.study import Study
 
 EXTRA = "fedlatent[cluster]"
 RETRIES = 3  # times Ray starts a task again after its node or worker process died
@@ -177,6 +179,10 @@ class Cluster:
                 have = "; ".join(_node(node) for node in nodes) or "none alive"
                 raise UserInputError(f"--cell-resources {claim}: no node of the cluster has that much (nodes: {have})")
 
+    def driver_view(self, study: Study) -> Study:
+        """:func:`driver_view`: what this driver can validate of the study."""
+        return driver_view(study)
+
     def executor(self, out: Path, echo: Callable[[str], None] | None) -> RayExecutor:
         """Run the study in ``out`` (on shared storage) on the cluster; ``echo`` is told where."""
         self.connect()
@@ -192,6 +198,18 @@ class Cluster:
         if self.started:
             self.ray.shutdown()
             self.started = False
+
+
+def driver_view(study: Study) -> Study:
+    """The study as a driver without a CUDA device validates it before a cluster runs it: its cells on
+    ``cuda`` checked on the CPU (their shape, keys, data), since their GPUs are the nodes'; what only
+    the node's device can tell (bfloat16 support, compilation) its run checks there, a refusal
+    failing the cell in one line. A driver with CUDA validates the cells as they are."""
+    if cuda_count() > 0:
+        return study
+    on_cpu = lambda c: dataclasses.replace(c.config, train=dataclasses.replace(c.config.train, device="cpu"))  # noqa: E731
+    return dataclasses.replace(study, cells=[dataclasses.replace(c, config=on_cpu(c)) if c.config.train.device
+                                             .split(":")[0] == "cuda" else c for c in study.cells])
 
 
 def fits(claim: Resources, node: dict[str, float]) -> bool:

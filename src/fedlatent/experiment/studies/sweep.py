@@ -114,7 +114,9 @@ def run_sweep(study: Study, out: str | Path, *, jobs: int = 1, echo: Callable[[s
     or, with ``cluster``, as Ray tasks on a cluster (:mod:`fedlatent.experiment.studies.cluster`)."""
     out = Path(out)
     configs = {cell.name: tagged(cell.config, cell.labels, out.name) for cell in study.cells}
-    validate_study(study)  # every runnable cell as its run checks it, before any folder or training
+    # every runnable cell as its run checks it, before any folder or training (on a cluster, as a driver
+    # without the nodes' GPUs can)
+    validate_study(study if cluster is None else cluster.driver_view(study))
     if cluster is not None:  # the cluster reachable and able to run every cell, before any folder
         cluster.admit([configs[c.name] for c in study.cells if not c.unavailable], jobs)
     write_manifest(study, out)

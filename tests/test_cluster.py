@@ -59,6 +59,15 @@ def test_cluster_without_ray_names_the_extra(tmp_path: Path, digits_config: Path
     assert err.endswith("pip install 'fedlatent[cluster]'") and len(err.splitlines()) == 1 and not out.exists()
 
 
+def test_no_gpu_for_cells_on_cuda_is_refused(tmp_path: Path, digits_config: Path, capsys: pytest.CaptureFixture) -> None:
+    path = _study_file(tmp_path, digits_config)
+    path.write_text(path.read_text().replace('"backend"', '"train.device" = "cuda", "backend"'))
+    assert main(["sweep", str(path), "--out", str(tmp_path / "out"), "--cluster", "ray", "--cell-resources", "gpus=0"]) == 2
+    assert capsys.readouterr().err.strip() == ("fedlatent: error: --cell-resources gpus=0: cells on 'cuda' would see "
+                                               "no GPU; give a share (gpus=0.5)")
+    assert not (tmp_path / "out").exists()
+
+
 def test_cell_resources_parse_memory_units() -> None:
     assert parse_resources("cpus=2, gpus=0.5,memory=1.5GiB") == {"cpus": 2.0, "gpus": 0.5, "memory": 1.5 * 2**30}
 

@@ -171,6 +171,8 @@ class Cluster:
             if config.train.device.startswith("cuda:"):
                 raise UserInputError(f"--cluster: train.device = {config.train.device!r} names a device of one machine; "
                                      f"give {PLACEABLE!r} and Ray gives each cell its GPU")
+            if config.train.device == PLACEABLE and resources([config], self.given).gpus == 0:
+                raise UserInputError("--cell-resources gpus=0: cells on 'cuda' would see no GPU; give a share (gpus=0.5)")
         self.connect()
         nodes = self.nodes()
         for claim in sorted({resources([c], self.given) for c in configs}, key=str):

@@ -12,6 +12,9 @@ from pathlib import Path
 
 from fedlatent.errors import RunStopped, UserInputError
 
+CLUSTER_HELP = ("run each cell (or stack) as a Ray task: ray (a Ray instance started on this machine), ray:auto (the "
+                "running cluster) or ray:HOST:PORT; the study folder must be on storage every node shares (docs/cluster.md)")
+RESOURCES_HELP = "what each cell asks of a node under --cluster (default: cpus=train.threads, gpus=1 on cuda)"
 STACK_HELP = ("cells that differ only in seeds or partition train as one lockstep stack: auto (on a CUDA device, "
               "as many as fit its memory; none on a CPU), off, or at most N cells a stack")
 
@@ -52,6 +55,8 @@ def _parser() -> argparse.ArgumentParser:
     sweep.add_argument("study", help="TOML study file: a base config and a grid")
     sweep.add_argument("--jobs", type=_positive, default=1, help="runs at once, in worker processes")
     sweep.add_argument("--stack", default="auto", metavar="auto|off|N", help=STACK_HELP)
+    sweep.add_argument("--cluster", metavar="ray[:ADDRESS]", help=CLUSTER_HELP)
+    sweep.add_argument("--cell-resources", metavar="cpus=N,gpus=N,memory=NGiB", help=RESOURCES_HELP)
     sweep.add_argument("--out", help="sweep directory (default runs/<study file name>)")
     sweep.add_argument("--no-figures", action="store_true",
                        help="the runs draw no figures of their own (fedlatent report draws the study's)")
@@ -73,6 +78,8 @@ def _parser() -> argparse.ArgumentParser:
                        help="override one key in every run (repeatable), e.g. --set train.device='\"cuda\"'")
     repro.add_argument("--jobs", type=_positive, default=1, help="runs at once, in worker processes")
     repro.add_argument("--stack", default="auto", metavar="auto|off|N", help=STACK_HELP)
+    repro.add_argument("--cluster", metavar="ray[:ADDRESS]", help=CLUSTER_HELP)
+    repro.add_argument("--cell-resources", metavar="cpus=N,gpus=N,memory=NGiB", help=RESOURCES_HELP)
     repro.add_argument("--out", help="sweep directory (default runs/reproduce/<name>[-<tier>])")
     bench = sub.add_parser("bench", help="time whole runs on each backend against a bare PyTorch loop")
     bench.add_argument("--quick", action="store_true", help="fewer rounds and repetitions (about a minute)")
@@ -152,13 +159,24 @@ def _partition(args: argparse.Namespace) -> None:
         print(f"saved {partition_heatmap(counts, Path(args.plot))}")
 
 
+def _cluster(args: argparse.Namespace):  # -> Cluster | None (Ray imported only with --cluster)
+    """``--cluster`` and ``--cell-resources`` (docs/cluster.md); the cluster is joined when the study is admitted."""
+    if not args.cluster:
+        if args.cell_resources:
+            raise UserInputError("--cell-resources belongs to --cluster")
+        return None
+    from fedlatent.experiment.studies.cluster import Cluster
+    return Cluster(args.cluster, args.cell_resources)
+
+
 def _sweep(args: argparse.Namespace) -> None:
     from fedlatent.experiment.studies.study import load_study  # validates every cell before any run starts
     study = load_study(args.study)
     from fedlatent.experiment.studies.stacking import parse_stack
     from fedlatent.experiment.studies.sweep import run_sweep
     out = Path(args.out) if args.out else Path("runs") / Path(args.study).stem
-    run_sweep(study, out, jobs=args.jobs, figures=not args.no_figures, stack=parse_stack(args.stack))
+    run_sweep(study, out, jobs=args.jobs, figures=not args.no_figures, stack=parse_stack(args.stack),
+              cluster=_cluster(args))
     print(f"\n{(out / 'results.md').read_text()}\n(all runs: {out / 'results.csv'})")
 
 
@@ -180,7 +198,7 @@ def _reproduce(args: argparse.Namespace) -> None:
         raise UserInputError(f"reproduce: --quick and --tier {args.tier} name two tiers; give one")
     out = Path(args.out) if args.out else Path("runs") / "reproduce" / (args.name + ("" if tier == "full" else f"-{tier}"))
     print(reproduce.reproduce(args.name, out, tier=tier, jobs=args.jobs, stack=parse_stack(args.stack),
-                              data_root=args.data_root,
+                              data_root=args.data_root, cluster=_cluster(args),
                               only=reproduce.parse_only(args.only), overrides=args.overrides))
 
 

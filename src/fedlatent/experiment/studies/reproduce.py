@@ -16,6 +16,7 @@ import json
 from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from fedlatent.analysis.compare import Compared, Verdict, baseline_label, verdict
 from fedlatent.analysis.tables import format_mean_std, markdown_table
@@ -24,6 +25,9 @@ from fedlatent.errors import UserInputError
 from fedlatent.experiment.studies.store import COST_KEYS, run_row
 from fedlatent.experiment.studies.study import CONFIGS, TIERS, Study, load_study
 from fedlatent.experiment.studies.sweep import run_sweep
+
+if TYPE_CHECKING:
+    from fedlatent.experiment.studies.cluster import Cluster
 
 SPECS = Path(__file__).resolve().parent / "specs"
 
@@ -284,12 +288,16 @@ def folder_rows(study: Study, folder: Path) -> list[dict]:
 
 
 def reproduce(name: str, out: Path, *, tier: str = "full", jobs: int = 1, stack: int | str = "auto",
-              data_root: str | None = None, only: dict[str, list[str]] | None = None, overrides: Sequence[str] = ()) -> str:
+              data_root: str | None = None, only: dict[str, list[str]] | None = None, overrides: Sequence[str] = (),
+              cluster: Cluster | None = None) -> str:
     """Run a spec (its available cells; see :func:`load_spec` for the options) into ``out`` and write
-    ``out/comparison.md`` and its figure ``out/comparison.png``; return the text."""
+    ``out/comparison.md`` and its figure ``out/comparison.png``; return the text. With ``cluster``
+    the cells run as Ray tasks (:mod:`fedlatent.experiment.studies.cluster`)."""
     study = load_spec(name, tier=tier, data_root=data_root, only=only, overrides=overrides)
+    if cluster is not None:  # reachable and able to run every cell, before the folder exists
+        cluster.admit([c.config for c in study.cells if not c.unavailable], jobs)
     write_record(out, name, tier, data_root, only, overrides)
-    rows = run_sweep(study, out, jobs=jobs, stack=stack)
+    rows = run_sweep(study, out, jobs=jobs, stack=stack, cluster=cluster)
     caption = ("fedlatent: mean ± sample std (ddof = 1) over seeds, last round"
                + (", model selected by validation accuracy" if study.select == "val" else "")
                + "; paper: as published (± its std where given).")

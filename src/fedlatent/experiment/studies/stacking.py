@@ -123,7 +123,7 @@ def client_bytes(config: RunConfig) -> int | None:
 
 def run_stack(configs: list[RunConfig], outs: list[str], figures: bool = True) -> list[str]:
     """Run (or continue) the cells ``configs`` into ``outs`` as one stack; each cell's "" on success,
-    else its error's one line (as :func:`fedlatent.experiment.studies.sweep.run_cell`)."""
+    else its error's one line (as :func:`fedlatent.experiment.studies.units.run_cell`)."""
     torch.set_num_threads(configs[0].train.threads)
     cohort = Cohort(len(configs))
     # each run's figures drawn in this process when it ends (the figure process serves one run at a time)

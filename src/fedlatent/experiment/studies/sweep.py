@@ -4,7 +4,9 @@ train alike stacked into one lockstep stack where ``stack`` allows (:mod:`fedlat
 A finished run (``summary.json`` present) is skipped; an unfinished one continues from its last
 checkpoint (``run(..., resume=True)`` gives the uninterrupted run's numbers). With ``jobs > 1``
 the runs go to spawned worker processes; each run keeps its own seed and ``train.threads``, so
-``--jobs 2`` gives the numbers of ``--jobs 1``. After every finished run the sweep rewrites
+``--jobs 2`` gives the numbers of ``--jobs 1``; on a machine with several CUDA devices each worker's
+cells train on a device of their own (:mod:`fedlatent.experiment.studies.placement`); on a Ray
+cluster each unit is a task (:mod:`fedlatent.experiment.studies.cluster`). After every finished run the sweep rewrites
 ``results.csv`` and ``results.md`` and prints one progress line; while runs train, every
 :data:`HEARTBEAT_S` seconds one line per running cell tells its round and latest test accuracy
 (a paper's run can take an hour).
@@ -13,34 +15,24 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import multiprocessing
 import threading
 import time
-from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, Future, wait
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from fedlatent.config import RunConfig, to_toml
 from fedlatent.errors import UserInputError
-from fedlatent.experiment.runner.single import as_started, run
-from fedlatent.experiment.studies.stacking import run_stack, stacks
+from fedlatent.experiment.runner.single import as_started
+from fedlatent.experiment.studies.executors import Executor, local
+from fedlatent.experiment.studies.placement import as_recorded
+from fedlatent.experiment.studies.stacking import stacks
 from fedlatent.experiment.studies.store import progress, run_row, write_tables
 from fedlatent.experiment.studies.study import Cell, Study
 from fedlatent.experiment.studies.preflight import validate_study
 
-
-def run_cell(config: RunConfig, out: str, figures: bool = True) -> str:
-    """Run (or continue) one cell (``figures``: see :func:`fedlatent.experiment.runner.single.run`);
-    returns "" on success, else the error's one-line message."""
-    import torch
-    torch.set_num_threads(config.train.threads)
-    try:
-        run(config, Path(out), resume=(Path(out) / "config.toml").is_file(), echo=None, figures=figures)
-    except UserInputError as err:
-        return str(err)
-    except Exception as err:  # noqa: BLE001 - one failed cell must not stop the others
-        return f"{type(err).__name__}: {err}"
-    return ""
+if TYPE_CHECKING:
+    from fedlatent.experiment.studies.cluster import Cluster
 
 
 HEARTBEAT_S = 60.0  # how often a sweep tells how far its running cells are
@@ -111,29 +103,27 @@ def _say(text: str) -> None:
     print(text, flush=True)
 
 
-def run_unit(configs: list[RunConfig], outs: list[str], figures: bool = True) -> list[str]:
-    """Run one cell (:func:`run_cell`) or a stack of cells (:func:`~fedlatent.experiment.studies.stacking.run_stack`);
-    each cell's "" on success, else its error's one line."""
-    if len(configs) == 1:
-        return [run_cell(configs[0], outs[0], figures)]
-    return run_stack(configs, outs, figures)
-
-
 def run_sweep(study: Study, out: str | Path, *, jobs: int = 1, echo: Callable[[str], None] | None = _say,
-              figures: bool = True, stack: int | str = "auto") -> list[dict[str, Any]]:
+              figures: bool = True, stack: int | str = "auto", cluster: Cluster | None = None) -> list[dict[str, Any]]:
     """Run the study's available cells under ``out/<cell name>``; return the tidy rows. Every cell is
     first validated as its run would validate it (:func:`~fedlatent.experiment.studies.preflight.validate_study`),
     so that a bad cell stops the sweep before any folder or training (``figures=False``: the runs
     draw no figures of their own, see ``fedlatent sweep --no-figures``). Cells that may train as
     one lockstep stack do so as ``stack`` allows (:mod:`fedlatent.experiment.studies.stacking`); ``jobs``
-    stacks (or lone cells) run at once, in worker processes."""
+    stacks (or lone cells) run at once, in worker processes (:mod:`fedlatent.experiment.studies.executors`)
+    or, with ``cluster``, as Ray tasks on a cluster (:mod:`fedlatent.experiment.studies.cluster`)."""
     out = Path(out)
     configs = {cell.name: tagged(cell.config, cell.labels, out.name) for cell in study.cells}
-    validate_study(study)  # every runnable cell as its run checks it, before any folder or training
+    # every runnable cell as its run checks it, before any folder or training (on a cluster, as a driver
+    # without the nodes' GPUs can)
+    validate_study(study if cluster is None else cluster.driver_view(study))
+    if cluster is not None:  # the cluster reachable and able to run every cell, before any folder
+        cluster.admit([configs[c.name] for c in study.cells if not c.unavailable], jobs)
     write_manifest(study, out)
     for cell in study.cells:
         existing = out / cell.name / "config.toml"
-        if existing.exists() and existing.read_text() != to_toml(as_started(configs[cell.name], existing)):
+        started = as_started(as_recorded(configs[cell.name], existing), existing)  # placed on a device: as recorded
+        if existing.exists() and existing.read_text() != to_toml(started):
             raise UserInputError(f"{existing}: holds another configuration than the study's cell {cell.name}; "
                                  f"choose another --out")
     rows: dict[str, dict[str, Any]] = {}
@@ -189,23 +179,20 @@ def run_sweep(study: Study, out: str | Path, *, jobs: int = 1, echo: Callable[[s
         for (cell, status, started), error in zip(begun, errors):
             ending(cell, status, error, started)
 
+    executor: Executor = cluster.executor(out, echo) if cluster is not None else local(jobs)
     try:
-        if jobs <= 1:
-            for unit in units:
+        pending: dict[Future, list[tuple[Cell, str, float]]] = {}
+        queue = list(units)
+        while queue or pending:
+            while queue and executor.room(len(pending)):
+                unit = queue.pop(0)
                 begun = begin(unit)
-                end(begun, run_unit(*arguments(unit)))
-        else:
-            with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
-                pending: dict[Future, list[tuple[Cell, str, float]]] = {}
-                queue = list(units)
-                while queue or pending:
-                    while queue and len(pending) < jobs:
-                        unit = queue.pop(0)
-                        pending[pool.submit(run_unit, *arguments(unit))] = begin(unit)
-                    finished, _ = wait(pending, return_when=FIRST_COMPLETED)
-                    for future in finished:
-                        end(pending.pop(future), future.result())
+                pending[executor.submit(*arguments(unit))] = begun
+            finished, _ = wait(pending, return_when=FIRST_COMPLETED)
+            for future in finished:
+                end(pending.pop(future), executor.collect(future))
     finally:
+        executor.close()
         if beat:
             beat.close()
     write_tables(ordered(), axes, out, title=study.title, select=study.select)

@@ -30,6 +30,9 @@ HOLDOUT = 24
 # FedALA's sample of a client's training data at the start of its round (methods.fedala): a stream of
 # its own, so that the sample changes no batch draw
 ADAPTIVE_AGGREGATION = 25
+# eval.clients / eval.final_clients: the clients an evaluation samples (federated.sampled); a stream of
+# its own, so that sampling the evaluation changes no training draw
+EVALUATION_SAMPLE = 40
 
 # numpy's SeedSequence (O'Neill's seed_seq hash, numpy/random/bit_generator.pyx): its constants
 _MASK32 = 0xFFFFFFFF

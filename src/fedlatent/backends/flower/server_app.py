@@ -353,16 +353,17 @@ class ServerRun:
                     for cid in ids}
         return {cid: (ClientFailure(cid, "error", detail), None) for cid in ids}
 
-    def validation(self, state: Tensors) -> dict[int, float]:
+    def validation(self, state: Tensors, clients: list[int] | None = None) -> dict[int, float]:
         """The clients' validation accuracies of the global ``state``, by client id (none without a
-        validation split)."""
+        validation split); ``clients``: an evaluation's sample, those ids kept."""
         values: dict[int, float] = {}
         if any(self.census.val_sizes):
             for reply in self.broadcast("evaluate.validate", {"global": M.to_record(state)}).values():
                 values.update({int(k): v for k, v in M.unpack_values(reply.content["values"]).items()})
-        return values
+        return values if clients is None else {cid: values[cid] for cid in clients if cid in values}
 
-    def new_clients(self, state: Tensors, personal: bool) -> tuple[dict[int, evaluation.Tally], list[dict[str, Any]]]:
+    def new_clients(self, state: Tensors, personal: bool,
+                    clients: list[int] | None = None) -> tuple[dict[int, evaluation.Tally], list[dict[str, Any]]]:
         """None: no client is held out on Flower (``validation.check_holdout`` refuses ``data.holdout_clients``)."""
         return {}, []
 
@@ -447,14 +448,15 @@ class ServerRun:
                     Settings.of(self.config.privacy).statistics_range)
         return stats
 
-    def reports(self, state: Tensors) -> list[dict[str, Any]]:
+    def reports(self, state: Tensors, clients: list[int] | None = None) -> list[dict[str, Any]]:
         """The personalised report the clients compute from the final global ``state`` (with their
-        checkpointed states after a resume)."""
+        checkpointed states after a resume); ``clients``: an evaluation's sample, those ids kept."""
         if not any(self.census.test_sizes):
             return []
+        keep = None if clients is None else set(clients)
         return [row for reply in self.broadcast("evaluate.report", {"global": M.to_record(state)},
                                                 self.restored_states()).values()
-                for row in M.unpack_values(reply.content["rows"])["rows"]]
+                for row in M.unpack_values(reply.content["rows"])["rows"] if keep is None or row["client"] in keep]
 
 
 def _shards(indices: list[int], count: int) -> ConfigRecord:

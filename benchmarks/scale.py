@@ -10,10 +10,12 @@ is what the federation's size adds to a round (the issue's goal: at most 1.5 at 
 
     python benchmarks/scale.py --sizes 1000,10000                 # a piece: two sizes, FedAvg
     python benchmarks/scale.py --sizes 100000 --methods fedavg,scaffold,ditto --json out.json
-    python benchmarks/scale.py --sizes 1000 --set eval.clients=all   # any extra --set override
+    python benchmarks/scale.py --sizes 1000 --set eval.every=100     # any extra --set override
+    python benchmarks/scale.py --sizes 100000 --final-clients 1000   # the final evaluation on a sample
 
 Peak memory is the child process's ``ru_maxrss``; "whole run" is its wall seconds (data built,
-rounds, final evaluation, files written).
+rounds, final evaluation, files written). Where ``--final-clients`` is given (and below N), the
+final evaluation takes that sample (``eval.final_clients``): it is the run's, not a round's, cost.
 """
 from __future__ import annotations
 
@@ -53,7 +55,8 @@ CHILD = ("import resource, sys; from fedlatent.cli import main\n"
          "sys.exit(code)\n")
 
 
-def cell(folder: Path, method: str, clients: int, cohort: int, rounds: int, extra: list[str]) -> dict:
+def cell(folder: Path, method: str, clients: int, cohort: int, rounds: int, extra: list[str],
+         final_clients: int = 0) -> dict:
     """One run of ``method`` over ``clients`` clients at ``cohort`` a round: its seconds per round,
     set-up, training and wall seconds, and peak memory."""
     config = folder / "scale.toml"
@@ -61,6 +64,8 @@ def cell(folder: Path, method: str, clients: int, cohort: int, rounds: int, extr
     out = folder / f"{method}_{clients}"
     sets = [f"data.num_clients={clients}", f"train.participation={cohort / clients!r}",
             f'algorithm.name="{method}"', f"train.rounds={rounds}", *extra]
+    if final_clients and final_clients < clients:  # the final evaluation on a sample (it is not a round's cost)
+        sets.append(f"eval.final_clients={final_clients}")
     argv = [sys.executable, "-c", CHILD, "run", str(config), "--out", str(out), "--no-figures", "--no-progress",
             *[a for s in sets for a in ("--set", s)]]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
@@ -85,6 +90,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=3, help="rounds a run (default 3)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="an extra configuration override for every cell (repeatable)")
+    parser.add_argument("--final-clients", type=int, default=0,
+                        help="the final evaluation on a sample of this many clients (0: every client)")
     parser.add_argument("--no-baseline", action="store_true", help="skip the cohort-alone baseline")
     parser.add_argument("--json", metavar="PATH", help="also write the cells as JSON")
     args = parser.parse_args(argv)
@@ -93,9 +100,10 @@ def main(argv: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory(prefix="fedlatent-scale-") as tmp:
         for method in args.methods.split(","):
             base = None if args.no_baseline else cell(Path(tmp), method, args.cohort, args.cohort, args.rounds,
-                                                      args.set)
+                                                      args.set, args.final_clients)
             for n in ([] if base is None else [None]) + sizes:
-                row = base if n is None else cell(Path(tmp), method, n, args.cohort, args.rounds, args.set)
+                row = base if n is None else cell(Path(tmp), method, n, args.cohort, args.rounds, args.set,
+                                                         args.final_clients)
                 row = {**row, "vs_cohort": None if base is None else row["round_s"] / base["round_s"]}
                 rows.append(row)
                 ratio = "" if row["vs_cohort"] is None else f"{row['vs_cohort']:6.2f}x"

@@ -29,7 +29,8 @@ from fedlatent.federated.accounting import SampleAccountant
 from fedlatent.federated.client import LocalSettings, Workspace, state_to_cpu, workspace_for
 from fedlatent.federated.lockstep import local_update
 from fedlatent.federated.diagnostics import Diagnostics
-from fedlatent.federated.evaluation import Tally, client_validation, evaluate
+from fedlatent.federated.evaluation import Tally, client_validation, evaluate, scores, tally
+from fedlatent.federated.sampled import ratio_se
 from fedlatent.federated.failures import ClientFailure, error_detail
 from fedlatent.federated.personal import client_report, new_client_reports
 from fedlatent.federated.codec import server_codec
@@ -131,8 +132,13 @@ class Setup:
                   for cid in ids}
         return {cid: v for cid, v in values.items() if v is not None}
 
-    def test(self, state: Tensors) -> dict[str, float]:
+    def test(self, state: Tensors, clients: list[int] | None = None) -> dict[str, float]:
         fed = self.federation
+        if clients is not None and fed.test_of_clients:  # the global test split is theirs: a sample of it
+            tallies = [tally(self.model, fed.clients[cid].test, fed.num_classes, self.config.eval.batch_size,
+                             self.device) for cid in clients if fed.clients[cid].test is not None]
+            return {**scores(tallies), "accuracy_se": ratio_se([int(t.correct.sum()) for t in tallies],
+                                                               [int(t.count.sum()) for t in tallies], len(fed.clients))}
         return {} if fed.test is None else evaluate(self.model, fed.test, fed.num_classes, self.config.eval.batch_size,
                                                     self.device)
 

@@ -71,9 +71,10 @@ class Run(Protocol):
     def statistics(self, state: Tensors) -> dict[int, Tensors]:
         """Every reachable client's calibration statistics of the global ``state``, by client id."""
 
-    def test(self, state: Tensors) -> dict[str, float]:
+    def test(self, state: Tensors, clients: list[int] | None = None) -> dict[str, float]:
         """The global ``state``'s scores on the global test split (:func:`~fedlatent.federated.evaluation.scores`;
-        none without one), the model holding ``state``."""
+        none without one), the model holding ``state``; ``clients``: an evaluation's sample, whose
+        test splits stand for the global one where it is theirs together (with ``accuracy_se``)."""
 
     def validation(self, state: Tensors, clients: list[int] | None = None) -> dict[int, float]:
         """The global ``state``'s accuracy on each client's validation split, by client id (none without);
@@ -135,7 +136,7 @@ def evaluate_global(s: Run, state: Tensors | None = None, clients: list[int] | N
     whose mean comes with its standard error (``val_accuracy_se``) and size (``val_clients``)."""
     state = s.server.global_state if state is None else state
     s.model.load_state_dict(state)
-    out = {f"test_{k}": v for k, v in s.test(state).items()}
+    out = {f"test_{k}": v for k, v in (s.test(state) if clients is None else s.test(state, clients)).items()}
     values = s.validation(state) if clients is None else s.validation(state, clients)
     if values:
         out["val_accuracy"] = float(np.mean([values[cid] for cid in sorted(values)]))

@@ -378,12 +378,13 @@ class ServerRun:
                 for node in nodes]
         return {node: r for node, r in self.exchange(msgs).items() if r is not None and r.has_content()}
 
-    def test(self, state: Tensors) -> dict[str, float]:
+    def test(self, state: Tensors, clients: list[int] | None = None) -> dict[str, float]:
         """The global ``state``'s scores on the global test split: evaluated here where the server
         holds it (``flower.server_reads_data``), else added up from the nodes' tallies (``evaluate.test``)
         — shares of it, one per node holding it (a share whose node does not reply asked once more of
         those that did), or without such a node each client's test split — in order, so that the
-        scores are the server's own evaluation's, to the bit."""
+        scores are the server's own evaluation's, to the bit. ``clients`` (an evaluation's sample) is
+        not taken: the nodes' test splits are evaluated in full."""
         fed, batch = self.federation, self.config.eval.batch_size
         if fed.test is not None:
             return evaluation.evaluate(self.model, fed.test, fed.num_classes, batch, self.device)

@@ -194,3 +194,13 @@ def test_the_defaults_give_the_run_folders_of_the_code_before(tmp_path: Path) ->
     assert len(names) == 6
     for name in names:
         assert _folder(new_runs / name) == _folder(old_runs / name), name
+
+
+def test_the_sampled_clients_evaluated_together_score_as_each_alone(trained) -> None:
+    s = trained
+    clients = sampled.draw(200, 30, 5, 40, 0)
+    assert clients is not None
+    together = s.validation(s.server.global_state, clients)
+    alone = {cid: simulation.client_validation(s.model, s.server.global_state, s.federation.clients[cid].val,
+                                               s.federation.num_classes, 500, s.device) for cid in clients}
+    assert together == alone  # the same correct counts over the same sizes

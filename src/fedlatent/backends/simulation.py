@@ -29,8 +29,8 @@ from fedlatent.federated.accounting import SampleAccountant
 from fedlatent.federated.client import LocalSettings, Workspace, state_to_cpu, workspace_for
 from fedlatent.federated.lockstep import local_update
 from fedlatent.federated.diagnostics import Diagnostics
-from fedlatent.federated.evaluation import Tally, client_validation, evaluate, scores, tally
-from fedlatent.federated.sampled import ratio_se
+from fedlatent.federated.evaluation import Tally, client_validation, evaluate
+from fedlatent.federated.sampled import correct_per_client, ratio_se
 from fedlatent.federated.failures import ClientFailure, error_detail
 from fedlatent.federated.personal import client_report, new_client_reports
 from fedlatent.federated.codec import server_codec
@@ -127,18 +127,23 @@ class Setup:
 
     def validation(self, state: Tensors, clients: list[int] | None = None) -> dict[int, float]:
         fed, batch = self.federation, self.config.eval.batch_size
-        ids = range(len(fed.clients)) if clients is None else clients
-        values = {cid: client_validation(self.model, state, fed.clients[cid].val, fed.num_classes, batch, self.device)
-                  for cid in ids}
+        if clients is not None:  # an evaluation's sample: their validation splits in one pass
+            chosen = [cid for cid in clients if fed.clients[cid].val is not None and len(fed.clients[cid].val)]
+            self.model.load_state_dict(state)
+            correct, sizes = correct_per_client(self.model, [fed.clients[cid].val for cid in chosen], batch, self.device)
+            return {cid: c / n for cid, c, n in zip(chosen, correct, sizes)}
+        values = {cid: client_validation(self.model, state, c.val, fed.num_classes, batch, self.device)
+                  for cid, c in enumerate(fed.clients)}
         return {cid: v for cid, v in values.items() if v is not None}
 
     def test(self, state: Tensors, clients: list[int] | None = None) -> dict[str, float]:
         fed = self.federation
         if clients is not None and fed.test_of_clients:  # the global test split is theirs: a sample of it
-            tallies = [tally(self.model, fed.clients[cid].test, fed.num_classes, self.config.eval.batch_size,
-                             self.device) for cid in clients if fed.clients[cid].test is not None]
-            return {**scores(tallies), "accuracy_se": ratio_se([int(t.correct.sum()) for t in tallies],
-                                                               [int(t.count.sum()) for t in tallies], len(fed.clients))}
+            splits = [t for t in (fed.clients[cid].test for cid in clients) if t is not None and len(t)]
+            batch = self.config.eval.batch_size
+            correct, sizes = correct_per_client(self.model, splits, batch, self.device)
+            return {**evaluate(self.model, Split.concat(splits), fed.num_classes, batch, self.device),
+                    "accuracy_se": ratio_se(correct, sizes, len(fed.clients))}
         return {} if fed.test is None else evaluate(self.model, fed.test, fed.num_classes, self.config.eval.batch_size,
                                                     self.device)
 

@@ -283,7 +283,7 @@ def play_rounds(s: Run, rounds: range, out: Path, play: Callable[[int], dict[str
             checkpoints.save(global_state=s.server.global_state, server_state=s.server.state,
                              client_states=s.client_states,
                              info={"round": rnd + 1, "elapsed_s": time.perf_counter() - since},
-                             last=rnd + 1 == rounds.stop)
+                             last=rnd + 1 == rounds.stop, changed=line["clients"])
             if progress:
                 progress(line)
         return finish(line)

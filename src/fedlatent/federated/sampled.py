@@ -20,9 +20,12 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import torch
 
 from fedlatent.config import RunConfig
+from fedlatent.data.types import Split
 from fedlatent.errors import ConfigError
+from fedlatent.models.base import FedModel
 from fedlatent.seeding import EVALUATION_SAMPLE, derive_seed
 
 BOUND = 1000  # eval.clients = "auto": every client up to this many, a sample of this many above
@@ -91,3 +94,21 @@ def check(config: RunConfig, population: int) -> None:
         if value != "auto" and int(value) > population:
             raise ConfigError(f"eval.{key} = {value}: above the {population} clients that train; at most "
                               f"{population} (every client), or \"auto\"")
+
+
+@torch.no_grad()
+def correct_per_client(model: FedModel, splits: list[Split], batch_size: int,
+                       device: torch.device) -> tuple[list[int], list[int]]:
+    """Each split's correct predictions and samples under ``model``, the splits evaluated together
+    in batches of ``batch_size`` (one pass over their concatenation rather than one per client:
+    a sample of a thousand clients' few samples each costs a few batches, not a thousand)."""
+    sizes = [len(split) for split in splits]
+    if not sum(sizes):
+        return [0] * len(splits), sizes
+    whole = Split.concat([split for split in splits if len(split)])
+    model.eval()
+    hits = torch.cat([(model(whole.x[b:b + batch_size].to(device)).logits.argmax(1).cpu() == whole.y[b:b + batch_size])
+                      for b in range(0, len(whole), batch_size)])
+    owner = torch.repeat_interleave(torch.arange(len(splits)), torch.as_tensor(sizes))
+    correct = torch.zeros(len(splits), dtype=torch.int64).index_add_(0, owner, hits.long())
+    return correct.tolist(), sizes

@@ -35,7 +35,7 @@ import os
 import shutil
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 from safetensors.torch import load_file, save
 
@@ -136,12 +136,23 @@ class Checkpoints:
         self.pending: tuple[int, dict[str, Any]] | None = None
         self.written_at = self.clock()
         self.writer = BackgroundWriter()
+        self.copies: list[Tensors] | None = None  # the last snapshot's client states (never changed in place)
 
     def save(self, *, global_state: Tensors, server_state: Tensors, client_states: list[Tensors],
-             info: dict[str, Any], last: bool = False) -> None:
-        """Snapshot the state after round ``info['round']``; write it if it is due or ``last``."""
+             info: dict[str, Any], last: bool = False, changed: Iterable[int] | None = None) -> None:
+        """Snapshot the state after round ``info['round']``; write it if it is due or ``last``.
+        ``changed``: the clients whose states the round replaced (None: any may have): only theirs are
+        copied again, the others' copies shared with the previous snapshot (a round costs what its
+        cohort costs, not what the federation's states do)."""
+        if changed is None or self.copies is None or len(self.copies) != len(client_states):
+            copies = [_copy(c) for c in client_states]
+        else:
+            copies = list(self.copies)
+            for cid in changed:
+                copies[cid] = _copy(client_states[cid])
+        self.copies = copies
         self.pending = (info["round"], {"global_state": _copy(global_state), "server_state": _copy(server_state),
-                                        "client_states": [_copy(c) for c in client_states], "info": dict(info)})
+                                        "client_states": copies, "info": dict(info)})
         if last or self.clock() - self.written_at >= self.interval:
             self.flush()
 

@@ -128,9 +128,9 @@ class Setup:
     def validation(self, state: Tensors, clients: list[int] | None = None) -> dict[int, float]:
         fed, batch = self.federation, self.config.eval.batch_size
         if clients is not None:  # an evaluation's sample: their validation splits in one pass
-            chosen = [cid for cid in clients if fed.clients[cid].val is not None and len(fed.clients[cid].val)]
+            chosen = {cid: val for cid in clients if (val := fed.clients[cid].val) is not None and len(val)}
             self.model.load_state_dict(state)
-            correct, sizes = correct_per_client(self.model, [fed.clients[cid].val for cid in chosen], batch, self.device)
+            correct, sizes = correct_per_client(self.model, list(chosen.values()), batch, self.device)
             return {cid: c / n for cid, c, n in zip(chosen, correct, sizes)}
         values = {cid: client_validation(self.model, state, c.val, fed.num_classes, batch, self.device)
                   for cid, c in enumerate(fed.clients)}

@@ -12,6 +12,7 @@ is what the federation's size adds to a round (the issue's goal: at most 1.5 at 
     python benchmarks/scale.py --sizes 100000 --methods fedavg,scaffold,ditto --json out.json
     python benchmarks/scale.py --sizes 1000 --set eval.every=100     # any extra --set override
     python benchmarks/scale.py --sizes 100000 --final-clients 1000   # the final evaluation on a sample
+    python benchmarks/scale.py --partitions 10000,100000             # the partitions alone, in seconds
 
 Peak memory is the child process's ``ru_maxrss``; "whole run" is its wall seconds (data built,
 rounds, final evaluation, files written). Where ``--final-clients`` is given (and below N), the
@@ -28,6 +29,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+import numpy as np
 
 COHORT = 100
 CONFIG = """seed = 0
@@ -82,6 +85,23 @@ def cell(folder: Path, method: str, clients: int, cohort: int, rounds: int, extr
             "wall_s": wall, "peak_bytes": peak, "backend": summary["backend"]}
 
 
+def partitions(sizes: list[int], per_client: int = 20, classes: int = 10) -> None:
+    """Seconds of the Dirichlet (α = 0.5, ``min_size`` 0), shards (2 classes a client) and iid
+    partitions of ``per_client`` × N seeded labels over N clients, in this process."""
+    from fedlatent.data import partition as P
+    for n in sizes:
+        labels = np.random.default_rng(0).integers(0, classes, n * per_client)
+        timed = {}
+        for name, make in (("dirichlet", lambda: P.dirichlet(labels, n, 0.5, seed=0, min_size=0)),
+                           ("shards", lambda: P.shards(labels, n, 2, seed=0)),
+                           ("iid", lambda: P.iid(len(labels), n, seed=0))):
+            started = time.perf_counter()
+            make()
+            timed[name] = time.perf_counter() - started
+        print(f"partition N={n:>8,d} ({len(labels):,} samples): " +
+              "  ".join(f"{k} {v:6.2f} s" for k, v in timed.items()), flush=True)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="1000,10000", help="comma-separated federation sizes N")
@@ -94,7 +114,11 @@ def main(argv: list[str] | None = None) -> None:
                         help="the final evaluation on a sample of this many clients (0: every client)")
     parser.add_argument("--no-baseline", action="store_true", help="skip the cohort-alone baseline")
     parser.add_argument("--json", metavar="PATH", help="also write the cells as JSON")
+    parser.add_argument("--partitions", metavar="N,N", help="time the partitions alone over these sizes instead")
     args = parser.parse_args(argv)
+    if args.partitions:
+        partitions([int(n) for n in args.partitions.split(",")])
+        return
     sizes = [int(s) for s in args.sizes.split(",")]
     rows = []
     with tempfile.TemporaryDirectory(prefix="fedlatent-scale-") as tmp:

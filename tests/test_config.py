@@ -212,10 +212,15 @@ def test_to_toml_round_trip_of_defaults(tmp_path: Path) -> None:
     for name in ("data", "model", "train", "server", "eval"):
         fields = {f.name for f in dataclasses.fields(getattr(config, name))} - {"options"}
         fields -= {"holdout_clients"} if name == "data" else set()
+        fields -= {"clients", "final_clients"} if name == "eval" else set()  # "auto": the same reason
         assert set(parsed[name]) == fields | set(getattr(getattr(config, name), "options", {}))
     held = load_config(None, ["data.num_clients=10", "data.holdout_clients=0.2"])
     assert tomllib.loads(to_toml(held))["data"]["holdout_clients"] == 0.2
     assert load_config(_write(tmp_path, to_toml(held))) == held
+    sampled = load_config(None, ["eval.clients=300", "eval.final_clients=50"])
+    assert tomllib.loads(to_toml(sampled))["eval"] == {**tomllib.loads(text)["eval"], "clients": 300,
+                                                       "final_clients": 50}
+    assert load_config(_write(tmp_path, to_toml(sampled))) == sampled
 
 
 def test_to_toml_round_trip_of_strings_with_control_characters(tmp_path: Path) -> None:

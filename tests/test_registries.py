@@ -21,7 +21,7 @@ from fedlatent.registry import Key, Registry
 @pytest.mark.parametrize("overrides,needle", [
     (['model.arch="vit"'], "model.arch = 'vit': unknown; allowed values are cifar_convnet, cnn, convnet7"),
     (['data.dataset="mnist"'], "data.dataset = 'mnist': unknown; allowed values are arrays, cifar10"),
-    (['data.partition="random"'], "data.partition = 'random': unknown; allowed values are dirichlet, domains"),
+    (['data.partition="random"'], "data.partition = 'random': unknown; allowed values are clients_file, dirichlet, domains"),
     (["data.alpha=0.1"], "data.alpha = 0.1 is not read by data.dataset = 'digits' with data.partition = 'iid'"),
     (['data.root="/elsewhere"'], "data.root = '/elsewhere' is not read by data.dataset = 'digits'"),
     (['data.dataset="synthetic"', 'data.partition="given"', 'data.root="/elsewhere"'],
@@ -35,12 +35,12 @@ from fedlatent.registry import Key, Registry
     (['data.partion="iid"'], "unknown key data.partion; did you mean data.partition? known keys of [data]: dataset, "
                              "partition, num_clients, test_fraction"),
     (["data.alpah=0.1"], "unknown key data.alpah; did you mean data.alpha? known keys of [data]: dataset"),
-    (['data.partition="dirichelt"'], "allowed values are dirichlet, domains, given, iid, shards; did you mean "
+    (['data.partition="dirichelt"'], "allowed values are clients_file, dirichlet, domains, given, iid, shards; did you mean "
                                      "'dirichlet'?"),
     (['model.arch="resnet18"', 'model.norm="grup"'], "allowed values are batch, group; did you mean 'group'?"),
     (['data.dataset="synthetic"', 'data.partition="shards"'], "comes with its own clients (use data.partition = "
                                                               "one of given, iid)"),
-    (['data.partition="given"'], "data set 'digits' is a pool to partition (use one of dirichlet, domains, iid, shards)"),
+    (['data.partition="given"'], "data set 'digits' is a pool to partition (use one of clients_file, dirichlet, domains, iid, shards)"),
     (['data.partition="domains"'], "data set 'digits' has no domains (data sets with domains: domains, ham10000)"),
     (['data.dataset="arrays"', 'data.partition="given"'], "data.path: data.dataset = 'arrays' needs it set"),
     (["model.extra={a=1}"], "model.extra must be a value, not a table"),

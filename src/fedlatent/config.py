@@ -187,6 +187,12 @@ class EvalConfig:
     personalized: str = _key("auto", "evaluate each client's model on its own splits: 'auto' (when "
                              "the method personalises or clients have test splits), 'always', 'never'",
                              choices=("auto", "always", "never"))
+    clients: int | str = _key("auto", "clients a round's evaluation takes (validation accuracy, held-out clients): "
+                              "every one up to this many, above it a seeded sample of this many, reported with "
+                              "its standard error", low=1,
+                              auto="every client up to 1,000, a sample of 1,000 above")
+    final_clients: int | str = _key("auto", "clients the final evaluation takes: a seeded sample of this many, "
+                                    "reported with its standard error", low=1, auto="every client")
 
 
 DIAGNOSTICS = ("collapse", "classifier", "alignment", "layer_alignment", "uniformity", "per_class", "tsne", "data",
@@ -764,6 +770,9 @@ def to_toml(config: RunConfig) -> str:
             data["privacy"].pop(key)
     if not config.data.holdout_clients:  # none held out: the run folders written before the key stay resumable
         del data["data"]["holdout_clients"]
+    for key in ("clients", "final_clients"):  # "auto": the run folders written before the keys stay resumable
+        if getattr(config.eval, key) == "auto":
+            del data["eval"][key]
     lines = [f"{k} = {toml_value(v)}" for k, v in data.items() if not isinstance(v, (dict, list))]
     for name, value in data.items():
         if isinstance(value, dict):

@@ -33,6 +33,9 @@ ADAPTIVE_AGGREGATION = 25
 # distributed DP (federated.distributed_dp): the round's random rotation, shared by every client and
 # the server, and each client's conditional rounding and Skellam noise share; streams of their own
 DISTRIBUTED_ROTATION, DISTRIBUTED_NOISE = 26, 27
+# eval.clients / eval.final_clients: the clients an evaluation samples (federated.sampled); a stream of
+# its own, so that sampling the evaluation changes no training draw
+EVALUATION_SAMPLE = 40
 
 # numpy's SeedSequence (O'Neill's seed_seq hash, numpy/random/bit_generator.pyx): its constants
 _MASK32 = 0xFFFFFFFF

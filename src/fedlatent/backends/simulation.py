@@ -30,6 +30,7 @@ from fedlatent.federated.client import LocalSettings, Workspace, state_to_cpu, w
 from fedlatent.federated.lockstep import local_update
 from fedlatent.federated.diagnostics import Diagnostics
 from fedlatent.federated.evaluation import Tally, client_validation, evaluate
+from fedlatent.federated.sampled import correct_per_client, ratio_se
 from fedlatent.federated.failures import ClientFailure, error_detail
 from fedlatent.federated.personal import client_report, new_client_reports
 from fedlatent.federated.codec import server_codec
@@ -124,31 +125,46 @@ class Setup:
                                                  self.config.eval.batch_size, self.device, self.server.codec)
                 for cid, c in enumerate(self.federation.clients)}
 
-    def validation(self, state: Tensors) -> dict[int, float]:
+    def validation(self, state: Tensors, clients: list[int] | None = None) -> dict[int, float]:
         fed, batch = self.federation, self.config.eval.batch_size
+        if clients is not None:  # an evaluation's sample: their validation splits in one pass
+            chosen = {cid: val for cid in clients if (val := fed.clients[cid].val) is not None and len(val)}
+            self.model.load_state_dict(state)
+            correct, sizes = correct_per_client(self.model, list(chosen.values()), batch, self.device)
+            return {cid: c / n for cid, c, n in zip(chosen, correct, sizes)}
         values = {cid: client_validation(self.model, state, c.val, fed.num_classes, batch, self.device)
                   for cid, c in enumerate(fed.clients)}
         return {cid: v for cid, v in values.items() if v is not None}
 
-    def test(self, state: Tensors) -> dict[str, float]:
+    def test(self, state: Tensors, clients: list[int] | None = None) -> dict[str, float]:
         fed = self.federation
+        if clients is not None and fed.test_of_clients:  # the global test split is theirs: a sample of it
+            splits = [t for t in (fed.clients[cid].test for cid in clients) if t is not None and len(t)]
+            batch = self.config.eval.batch_size
+            correct, sizes = correct_per_client(self.model, splits, batch, self.device)
+            return {**evaluate(self.model, Split.concat(splits), fed.num_classes, batch, self.device),
+                    "accuracy_se": ratio_se(correct, sizes, len(fed.clients))}
         return {} if fed.test is None else evaluate(self.model, fed.test, fed.num_classes, self.config.eval.batch_size,
                                                     self.device)
 
-    def reports(self, state: Tensors) -> list[dict[str, Any]]:
-        cfg = self.config
+    def reports(self, state: Tensors, clients: list[int] | None = None) -> list[dict[str, Any]]:
+        cfg, fed = self.config, self.federation
         local = settings(self, round_lr(cfg.train, cfg.train.rounds - 1), self.spec.personalization.epochs)
-        rows = [client_report(self.workspace, self.spec, cid, client, self.client_states[cid], state,
-                              num_classes=self.federation.num_classes, batch_size=cfg.eval.batch_size,
+        rows = [client_report(self.workspace, self.spec, cid, fed.clients[cid], self.client_states[cid], state,
+                              num_classes=fed.num_classes, batch_size=cfg.eval.batch_size,
                               device=self.device, settings=local,
                               generator=torch.Generator().manual_seed(derive_seed(cfg.seed, FINETUNE, cid)))
-                for cid, client in enumerate(self.federation.clients)]
+                for cid in (range(len(fed.clients)) if clients is None else clients)]
         return [row for row in rows if row is not None]
 
-    def new_clients(self, state: Tensors, personal: bool) -> tuple[dict[int, Tally], list[dict[str, Any]]]:
-        cfg = self.config
+    def new_clients(self, state: Tensors, personal: bool,
+                    clients: list[int] | None = None) -> tuple[dict[int, Tally], list[dict[str, Any]]]:
+        cfg, new = self.config, self.federation.new_clients
         local = settings(self, round_lr(cfg.train, cfg.train.rounds - 1), self.spec.personalization.epochs)
-        return new_client_reports(self.workspace, self.spec, self.federation.new_clients, state,
+        if clients is not None:  # the held-out clients at those positions among them
+            ids = sorted(new)
+            new = {ids[i]: new[ids[i]] for i in clients}
+        return new_client_reports(self.workspace, self.spec, new, state,
                                   num_classes=self.federation.num_classes, batch_size=cfg.eval.batch_size,
                                   device=self.device, settings=local, seed=cfg.seed, personal=personal)
 

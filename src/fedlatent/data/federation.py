@@ -126,8 +126,10 @@ def _federation(cfg: DataConfig, source: Pool | GivenClients | Labels, seed: int
 
 def _fixed_count(cfg: DataConfig) -> int | None:
     """The number of clients a pool's partition makes: ``data.num_clients`` (10 when ``"auto"``), but
-    one per domain for a partition by domains (``needs_groups``), left to the data when ``"auto"``."""
-    if cfg.num_clients == "auto" and PARTITIONS.get(cfg.partition).traits.get("needs_groups"):
+    one per domain for a partition by domains (``needs_groups``) or as many as a file names
+    (``own_count``), left to the data when ``"auto"``."""
+    traits = PARTITIONS.get(cfg.partition).traits
+    if cfg.num_clients == "auto" and (traits.get("needs_groups") or traits.get("own_count")):
         return None
     return cfg.clients()
 
@@ -155,7 +157,8 @@ def _from_given(cfg: DataConfig, source: GivenClients) -> Federation:
     if cfg.augment_policy != "none":
         mean, std = (source.stats[0].reshape(-1, 1, 1), source.stats[1].reshape(-1, 1, 1)) if source.stats else (0.0, 1.0)
         augment = Augmentation(mean=mean, std=std, transform=cfg.augment_policy, size=shape[-1])
-    return Federation(clients, test, source.num_classes, shape, name=cfg.dataset, augment=augment)
+    return Federation(clients, test, source.num_classes, shape, name=cfg.dataset, augment=augment,
+                      test_of_clients=test is not None)
 
 
 def _strata(labels: Labels) -> np.ndarray:
@@ -277,7 +280,8 @@ def _from_pool(cfg: DataConfig, pool: Pool, seed: int) -> Federation:
     global_test = split(*test_xy) if test_xy is not None else \
         Split.concat([c.test for c in clients if c.test is not None])
     return Federation(clients, global_test, pool.num_classes, tuple(x.shape[1:]),
-                      name=cfg.dataset, augment=Augmentation(cfg.augment, cfg.autoaugment, mean, std))
+                      name=cfg.dataset, augment=Augmentation(cfg.augment, cfg.autoaugment, mean, std),
+                      test_of_clients=test_xy is None)
 
 
 def _channel_stats(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -79,6 +79,7 @@ class Federation:
     name: str = ""
     augment: Augmentation | bool = False   # truthy when training batches are augmented
     new_clients: dict[int, ClientData] = field(default_factory=dict)
+    test_of_clients: bool = False  # the global test split is the clients' test splits together (in client order)
 
     @property
     def num_clients(self) -> int:

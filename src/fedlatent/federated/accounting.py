@@ -225,7 +225,8 @@ class SampleAccountant:
         self.kinds = [(poisson_rate(n, batch_size), poisson_steps(n, batch_size, epochs, local_steps)) for n in sizes]
         self.rdp: dict[tuple[float, int], np.ndarray] = {}
         self.orders = np.asarray(RdpAccountant().orders)
-        self.counts = [np.zeros(len(sizes), dtype=np.int64)]  # c_k(r) for r = 0, 1, … as far as asked
+        # c_k(r) after the newest round asked (``self.at``): one array, not one a round (rounds × clients)
+        self.counts, self.at = np.zeros(len(sizes), dtype=np.int64), 0
 
     def round_rdp(self, kind: tuple[float, int]) -> np.ndarray:
         """The RDP (at each order) of one round of a client of ``kind`` (q_k, T_k): T_k steps composed
@@ -247,12 +248,14 @@ class SampleAccountant:
         return self.rdp[kind]
 
     def participations(self, rounds: int) -> np.ndarray:
-        """c_k(rounds): how many of the first ``rounds`` rounds selected each client."""
-        while len(self.counts) <= rounds:
-            counts = self.counts[-1].copy()
-            counts[list(self.selected(len(self.counts) - 1))] += 1
-            self.counts.append(counts)
-        return self.counts[rounds]
+        """c_k(rounds): how many of the first ``rounds`` rounds selected each client (counted on from
+        the newest round asked; an earlier one is counted again from round 0)."""
+        if rounds < self.at:
+            self.counts, self.at = np.zeros_like(self.counts), 0
+        while self.at < rounds:
+            self.counts[list(self.selected(self.at))] += 1
+            self.at += 1
+        return self.counts.copy()
 
     def epsilons(self, rounds: int) -> list[float]:
         """Each client's ε after ``rounds`` rounds (0 for a client not selected yet, or without data)."""

@@ -21,11 +21,12 @@ import numpy as np
 import torch
 
 from fedlatent.analysis import classifier_cost
-from fedlatent.config import RunConfig
+from fedlatent.config import RunConfig, holdout_count
 from fedlatent.data.holdout import holdout_ids
 from fedlatent.data.types import GlobalData
 from fedlatent.federated.accounting import SampleAccountant
 from fedlatent.federated.calibrate import apply_statistics, head_keys
+from fedlatent.federated import sampled
 from fedlatent.federated.client import trained_samples
 from fedlatent.federated.failures import ClientFailure
 from fedlatent.federated.evaluation import Tally
@@ -71,20 +72,25 @@ class Run(Protocol):
     def statistics(self, state: Tensors) -> dict[int, Tensors]:
         """Every reachable client's calibration statistics of the global ``state``, by client id."""
 
-    def test(self, state: Tensors) -> dict[str, float]:
+    def test(self, state: Tensors, clients: list[int] | None = None) -> dict[str, float]:
         """The global ``state``'s scores on the global test split (:func:`~fedlatent.federated.evaluation.scores`;
-        none without one), the model holding ``state``."""
+        none without one), the model holding ``state``; ``clients``: an evaluation's sample, whose
+        test splits stand for the global one where it is theirs together (with ``accuracy_se``)."""
 
-    def validation(self, state: Tensors) -> dict[int, float]:
-        """The global ``state``'s accuracy on each client's validation split, by client id (none without)."""
+    def validation(self, state: Tensors, clients: list[int] | None = None) -> dict[int, float]:
+        """The global ``state``'s accuracy on each client's validation split, by client id (none without);
+        ``clients``: those ids only (an evaluation's sample, :mod:`fedlatent.federated.sampled`), None: all."""
 
-    def reports(self, state: Tensors) -> list[dict[str, Any]]:
-        """Each client's personalised report from the final global ``state`` (none without a local test split)."""
+    def reports(self, state: Tensors, clients: list[int] | None = None) -> list[dict[str, Any]]:
+        """Each client's personalised report from the final global ``state`` (none without a local test
+        split); ``clients``: those ids only, None: all."""
 
-    def new_clients(self, state: Tensors, personal: bool) -> tuple[dict[int, Tally], list[dict[str, Any]]]:
+    def new_clients(self, state: Tensors, personal: bool,
+                    clients: list[int] | None = None) -> tuple[dict[int, Tally], list[dict[str, Any]]]:
         """The clients that never train (``data.holdout_clients``), by their ids (after the training clients'): the global ``state``'s
         tally on each one's test split and, with ``personal``, each one's report under its program's
-        new-client rule (:func:`~fedlatent.federated.personal.new_client_reports`); the model left holding ``state``."""
+        new-client rule (:func:`~fedlatent.federated.personal.new_client_reports`); the model left holding ``state``.
+        ``clients``: the held-out clients at those positions among them only, None: all."""
 
     def warn(self, message: str) -> None: ...
 
@@ -116,8 +122,8 @@ def play_round(s: Run, rnd: int) -> dict[str, Any]:
     if s.spec.count_flops:
         line.update(classifier_round(s, result.uploads, due))
     if (rnd + 1) % cfg.eval.every == 0 or rnd + 1 == cfg.train.rounds:
-        line.update(evaluate_global(s))
-        line.update({k: v for k, v in evaluate_new(s, s.server.global_state, personal=False).items()
+        line.update(evaluate_global(s, clients=sampled.round_clients(cfg, rnd, len(s.train_sizes))))
+        line.update({k: v for k, v in evaluate_new(s, s.server.global_state, personal=False, rnd=rnd).items()
                      if k != "new_clients"})
     line["time_round_s"] = time.perf_counter() - started
     if s.diagnostics is not None and s.diagnostics.due(rnd + 1):
@@ -125,27 +131,46 @@ def play_round(s: Run, rnd: int) -> dict[str, Any]:
     return line
 
 
-def evaluate_global(s: Run, state: Tensors | None = None) -> dict[str, float]:
+def evaluate_global(s: Run, state: Tensors | None = None, clients: list[int] | None = None) -> dict[str, float]:
     """The global model on the global test set, and the mean of the clients' validation accuracies
-    (in client-id order)."""
+    (in client-id order); ``clients``: a sample of the clients (:mod:`fedlatent.federated.sampled`),
+    whose mean comes with its standard error (``val_accuracy_se``) and size (``val_clients``)."""
     state = s.server.global_state if state is None else state
     s.model.load_state_dict(state)
-    out = {f"test_{k}": v for k, v in s.test(state).items()}
-    values = s.validation(state)
+    out = {f"test_{k}": v for k, v in (s.test(state) if clients is None else s.test(state, clients)).items()}
+    values = s.validation(state) if clients is None else s.validation(state, clients)
     if values:
         out["val_accuracy"] = float(np.mean([values[cid] for cid in sorted(values)]))
+        if clients is not None:
+            out["val_accuracy_se"] = sampled.mean_se(list(values.values()), len(s.train_sizes))
+            out["val_clients"] = len(values)
     return out
 
 
-def evaluate_new(s: Run, state: Tensors, personal: bool = True) -> dict[str, Any]:
+def evaluate_new(s: Run, state: Tensors, personal: bool = True, rnd: int | None = None) -> dict[str, Any]:
     """The clients that never train (``data.holdout_clients``) on the global ``state`` and, with
     ``personal`` unless ``eval.personalized = "never"``, on their program's new-client rule
     (:func:`~fedlatent.federated.personal.combine_new`); nothing without clients held out. A round's
     evaluation takes the global model alone: the rule trains on every new client's split, which
-    the final evaluation does once, as the trained clients' personalised reports."""
+    the final evaluation does once, as the trained clients' personalised reports. Round ``rnd``'s
+    (None: the final evaluation) takes the held-out clients :mod:`fedlatent.federated.sampled` samples."""
     if not s.config.data.holdout_clients:
         return {}
-    return combine_new(*s.new_clients(state, personal and s.config.eval.personalized != "never"))
+    cfg = s.config
+    count = holdout_count(cfg.data.holdout_clients, int(cfg.data.num_clients))  # fixed where clients are held out
+    which = sampled.final_clients(cfg, count, held_out=True) if rnd is None else \
+        sampled.round_clients(cfg, rnd, count, held_out=True)
+    personal = personal and cfg.eval.personalized != "never"
+    tallies, rows = s.new_clients(state, personal) if which is None else s.new_clients(state, personal, which)
+    out = combine_new(tallies, rows)
+    if which is not None and tallies:  # a sample of the held-out clients: its estimates' standard errors
+        ordered = [tallies[c] for c in sorted(tallies)]
+        out["new_client_accuracy_se"] = sampled.ratio_se([int(t.correct.sum()) for t in ordered],
+                                                         [int(t.count.sum()) for t in ordered], count)
+        if rows:
+            out["new_client_personal_mean_se"] = sampled.mean_se([r["accuracy"] for r in rows], count)
+        out["new_client_sampled"] = len(tallies)
+    return out
 
 
 def calibrations_in(spec: MethodSpec, rounds: int) -> int:
@@ -213,7 +238,10 @@ def finish(s: Run, last: dict[str, Any] | None = None) -> dict[str, Any]:
     evaluation is of the same global model (a round's calibration comes before its evaluation)
     and is reused rather than computed again."""
     final: dict[str, Any] = {}
-    before = _evaluation(last) if last is not None and last["round"] == s.config.train.rounds else evaluate_global(s)
+    which = sampled.final_clients(s.config, len(s.train_sizes))
+    reuse = which is None and last is not None and last["round"] == s.config.train.rounds and \
+        "val_clients" not in last  # the last round evaluated every client too
+    before = _evaluation(last) if reuse and last is not None else evaluate_global(s, clients=which)
     state = s.server.global_state
     if s.spec.calibration.declared.calibrates:
         rounds = s.config.train.rounds
@@ -222,16 +250,18 @@ def finish(s: Run, last: dict[str, Any] | None = None) -> dict[str, Any]:
         if epsilon is not None:  # the final calibration's release counted: the run's ε, for summary.json
             final["privacy_epsilon"] = epsilon
         final.update({f"uncalibrated_{k.removeprefix('test_')}": v for k, v in before.items()})
-        before = evaluate_global(s, state)
+        before = evaluate_global(s, state, clients=which)
     if s.spec.count_flops:  # the final calibration's share of SphereFed Table 1's columns
         once = classifier_round(s, [], s.spec.calibration.declared.calibrates)
         final.update({f"classifier_calibration_{k.removeprefix('classifier_')}": v for k, v in once.items()},
                      classifier_clients=len(s.train_sizes))
     final.update({k.removeprefix("test_"): v for k, v in before.items()})
     if s.config.eval.personalized != "never":
-        rows = s.reports(state)
+        rows = s.reports(state) if which is None else s.reports(state, which)
         if rows:
             final.update(combine_reports(rows))
+            if which is not None:  # a sample of the clients: its mean's standard error
+                final["personalized_accuracy_se"] = sampled.mean_se([r["accuracy"] for r in rows], len(s.train_sizes))
     new = evaluate_new(s, state)
     if new:  # where they sit in the partition (fedlatent partition's rows)
         new["new_client_partition_ids"] = holdout_ids(s.config, len(s.train_sizes) + len(new["new_clients"]))
@@ -241,8 +271,10 @@ def finish(s: Run, last: dict[str, Any] | None = None) -> dict[str, Any]:
 
 
 def _evaluation(line: dict[str, Any]) -> dict[str, float]:
-    """What :func:`evaluate_global` put in a metrics line: the ``test_*`` values and ``val_accuracy``."""
-    return {k: v for k, v in line.items() if k.startswith("test_") or k == "val_accuracy"}
+    """What :func:`evaluate_global` put in a metrics line: the ``test_*`` values and ``val_accuracy``
+    (with its standard error and sample size when sampled)."""
+    return {k: v for k, v in line.items() if k.startswith("test_") or k in ("val_accuracy", "val_accuracy_se",
+                                                                             "val_clients")}
 
 
 def play_rounds(s: Run, rounds: range, out: Path, play: Callable[[int], dict[str, Any]],
@@ -269,7 +301,7 @@ def play_rounds(s: Run, rounds: range, out: Path, play: Callable[[int], dict[str
             checkpoints.save(global_state=s.server.global_state, server_state=s.server.state,
                              client_states=s.client_states,
                              info={"round": rnd + 1, "elapsed_s": time.perf_counter() - since},
-                             last=rnd + 1 == rounds.stop)
+                             last=rnd + 1 == rounds.stop, changed=line["clients"])
             if progress:
                 progress(line)
         return finish(line)

@@ -22,6 +22,13 @@ files back. The second step needs nothing but the bytes, so a run hands it to a
 renames and removal of the oldest folder wait ~7 ms on the journal, half the digits workload's
 round, and this way they overlap the next round's training.
 
+The client states are files of :data:`SHARD` clients each (``clients.safetensors`` the first, the
+only one up to that many clients, ``clients.K.safetensors`` the K-th): a checkpoint writes the
+files whose clients a round changed since the last write and hard-links the others from that
+write's folder (no byte written; their checksums carried over), so that with 100,000 clients and a
+cohort of 100 a checkpoint costs what the cohort's states cost; every folder still holds the full
+set, checksummed, and a removed older folder takes none of its files from a newer one.
+
 A run's loop goes through :class:`Checkpoints`, which takes the first step every round and the
 second at most every :data:`CHECKPOINT_SECONDS` of wall time, after the last round, and on any
 way out of the loop that Python sees (a stop, an exception, Ctrl-C): only a hard kill loses
@@ -35,7 +42,7 @@ import os
 import shutil
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 from safetensors.torch import load_file, save
 
@@ -45,6 +52,7 @@ from fedlatent.methods.parts import Tensors
 MANIFEST = "manifest.json"
 KEEP = 2  # sealed rounds kept: the newest may be damaged on disk, the one before is the fallback
 CHECKPOINT_SECONDS = 1.0  # the most wall time between two checkpoint writes while a run trains
+SHARD = 1000  # clients per file of client states: a checkpoint rewrites only the files whose clients changed
 
 
 def sha256(path: Path) -> str:
@@ -74,12 +82,27 @@ def _remove(folder: Path) -> None:
     shutil.rmtree(folder, ignore_errors=True)
 
 
+def shard_name(shard: int) -> str:
+    """The file of client states ``shard`` (clients ``shard·SHARD`` …): the first keeps today's name."""
+    return "clients.safetensors" if shard == 0 else f"clients.{shard}.safetensors"
+
+
+def shard_count(num_clients: int) -> int:
+    return max(1, -(-num_clients // SHARD))
+
+
 def encode_checkpoint(*, global_state: Tensors, server_state: Tensors, client_states: list[Tensors],
-                      info: dict[str, Any]) -> dict[str, bytes]:
-    """The files of a checkpoint, serialized now: name -> content."""
-    clients = {f"{i}/{k}": v for i, state in enumerate(client_states) for k, v in state.items()}
-    return {"global.safetensors": _safetensors(global_state), "server.safetensors": _safetensors(server_state),
-            "clients.safetensors": _safetensors(clients), "state.json": json.dumps(info, indent=1).encode()}
+                      info: dict[str, Any], shards: Iterable[int] | None = None) -> dict[str, bytes]:
+    """The files of a checkpoint, serialized now: name -> content; of the client states' files
+    (:data:`SHARD` clients each, keys ``{client}/{name}``) only ``shards`` (None: all of them)."""
+    count = shard_count(len(client_states))
+    files = {"global.safetensors": _safetensors(global_state), "server.safetensors": _safetensors(server_state)}
+    for k in range(count) if shards is None else sorted(set(shards)):
+        files[shard_name(k)] = _safetensors({f"{i}/{n}": v for i in range(k * SHARD, min((k + 1) * SHARD,
+                                                                                           len(client_states)))
+                                             for n, v in client_states[i].items()})
+    files["state.json"] = json.dumps(info, indent=1).encode()
+    return files
 
 
 def _safetensors(tensors: Tensors) -> bytes:
@@ -91,17 +114,25 @@ def write_file(path: Path, data: bytes) -> None:
     path.write_bytes(data)
 
 
-def write_sealed(root: Path, rnd: int, files: dict[str, bytes]) -> Path:
-    """Write ``files`` into round ``rnd``'s folder and seal it with their checksums (taken from the
-    bytes written); then remove the folders of later rounds (left by a damaged newest checkpoint)
-    and all but the :data:`KEEP` newest sealed ones."""
+def write_sealed(root: Path, rnd: int, files: dict[str, bytes], kept: dict[str, tuple[Path, str]] | None = None) -> Path:
+    """Write ``files`` into round ``rnd``'s folder, hard-link the ``kept`` ones (name → an earlier
+    checkpoint's unchanged file and its checksum: no byte written) and seal it with their checksums
+    (taken from the bytes written); then remove the folders of later rounds (left by a damaged
+    newest checkpoint) and all but the :data:`KEEP` newest sealed ones."""
     folder = root / f"round{rnd:05d}"
     if folder.exists():
         _remove(folder)
     folder.mkdir(parents=True)
     for name, data in files.items():
         write_file(folder / name, data)
-    checksums = {name: hashlib.sha256(data).hexdigest() for name, data in files.items()}
+    for name, (source, _) in (kept or {}).items():
+        try:
+            os.link(source, folder / name)
+        except OSError:  # a file system without hard links: copied
+            shutil.copyfile(source, folder / name)
+    sums = {name: hashlib.sha256(data).hexdigest() for name, data in files.items()}
+    sums.update({name: digest for name, (_, digest) in (kept or {}).items()})
+    checksums = {name: sums[name] for name in sorted(sums, key=_file_order)}
     write_atomically(folder / MANIFEST, json.dumps({"round": rnd, "sha256": checksums}, indent=1))
     write_atomically(root / "latest.json", json.dumps({"folder": folder.name}))
     sealed = 0
@@ -111,6 +142,15 @@ def write_sealed(root: Path, rnd: int, files: dict[str, bytes]) -> Path:
         else:
             _remove(other)
     return folder
+
+
+def _file_order(name: str) -> tuple[int, int]:
+    """A checkpoint's files in the order the manifest lists them: global, server, the client
+    states' shards, state.json."""
+    if name.startswith("clients"):
+        middle = name.removeprefix("clients").removesuffix(".safetensors").strip(".")
+        return (2, int(middle) if middle else 0)
+    return ({"global.safetensors": 0, "server.safetensors": 1}.get(name, 3), 0)
 
 
 def now() -> float:
@@ -136,12 +176,28 @@ class Checkpoints:
         self.pending: tuple[int, dict[str, Any]] | None = None
         self.written_at = self.clock()
         self.writer = BackgroundWriter()
+        self.copies: list[Tensors] | None = None  # the last snapshot's client states (never changed in place)
+        self.dirty: set[int] | None = None  # the clients changed since the last write (None: every one)
+        self.written: int | None = None  # the round of the last write handed to the writer
 
     def save(self, *, global_state: Tensors, server_state: Tensors, client_states: list[Tensors],
-             info: dict[str, Any], last: bool = False) -> None:
-        """Snapshot the state after round ``info['round']``; write it if it is due or ``last``."""
+             info: dict[str, Any], last: bool = False, changed: Iterable[int] | None = None) -> None:
+        """Snapshot the state after round ``info['round']``; write it if it is due or ``last``.
+        ``changed``: the clients whose states the round replaced (None: any may have): only theirs are
+        copied again, the others' copies shared with the previous snapshot (a round costs what its
+        cohort costs, not what the federation's states do)."""
+        if changed is None or self.copies is None or len(self.copies) != len(client_states):
+            copies = [_copy(c) for c in client_states]
+            self.dirty = None
+        else:
+            copies = list(self.copies)
+            for cid in changed:
+                copies[cid] = _copy(client_states[cid])
+            if self.dirty is not None:
+                self.dirty.update(changed)
+        self.copies = copies
         self.pending = (info["round"], {"global_state": _copy(global_state), "server_state": _copy(server_state),
-                                        "client_states": [_copy(c) for c in client_states], "info": dict(info)})
+                                        "client_states": copies, "info": dict(info)})
         if last or self.clock() - self.written_at >= self.interval:
             self.flush()
 
@@ -149,8 +205,9 @@ class Checkpoints:
         """Hand the pending snapshot, if any, to the writer (which encodes it: the copy is its own)."""
         if self.pending is not None:
             (rnd, snapshot), self.pending = self.pending, None
-            self.writer.submit(_write_snapshot, self.root, rnd, snapshot)
-            self.written_at = self.clock()
+            shards = None if self.dirty is None or self.written is None else {cid // SHARD for cid in self.dirty}
+            self.writer.submit(_write_snapshot, self.root, rnd, snapshot, shards, self.written)
+            self.written_at, self.written, self.dirty = self.clock(), rnd, set()
 
     def __enter__(self) -> Checkpoints:
         return self
@@ -171,8 +228,25 @@ def _copy(tensors: Tensors) -> Tensors:
     return {k: v.detach().clone() for k, v in tensors.items()}
 
 
-def _write_snapshot(root: Path, rnd: int, snapshot: dict[str, Any]) -> None:
-    write_sealed(root, rnd, encode_checkpoint(**snapshot))
+def _write_snapshot(root: Path, rnd: int, snapshot: dict[str, Any], shards: set[int] | None = None,
+                    previous: int | None = None) -> None:
+    """Write a snapshot; with ``shards``, only those client-state files, the others hard-linked from
+    round ``previous``'s checkpoint (this writer's last, sealed before this job runs)."""
+    kept: dict[str, tuple[Path, str]] = {}
+    if shards is not None and previous is not None:
+        folder = root / f"round{previous:05d}"
+        try:
+            sums = json.loads((folder / MANIFEST).read_text())["sha256"]
+        except (OSError, ValueError, KeyError):
+            shards = None  # the previous checkpoint is not there to link from: every file written
+        else:
+            kept = {shard_name(k): (folder / shard_name(k), sums[shard_name(k)])
+                    for k in range(shard_count(len(snapshot["client_states"]))) if k not in shards}
+    files = encode_checkpoint(**snapshot, shards=shards)
+    if kept and shards is not None:
+        write_sealed(root, rnd, files, kept)
+    else:
+        write_sealed(root, rnd, files)
 
 
 def verify(folder: Path) -> str | None:
@@ -184,7 +258,7 @@ def verify(folder: Path) -> str | None:
         return "incomplete (no manifest: its write was interrupted)"
     except (OSError, ValueError, KeyError, TypeError):
         return f"{MANIFEST} is unreadable"
-    for name in ("global.safetensors", "server.safetensors", "clients.safetensors", "state.json"):
+    for name in ("global.safetensors", "server.safetensors", "clients.safetensors", "state.json", *checksums):
         if name not in checksums:
             return f"{MANIFEST} lists no checksum for {name}"
         if not (folder / name).is_file():
@@ -203,9 +277,11 @@ def load_checkpoint(root: Path, num_clients: int,
         if problem is None:
             info = json.loads((folder / "state.json").read_text())
             clients: list[Tensors] = [{} for _ in range(num_clients)]
-            for key, value in load_file(str(folder / "clients.safetensors")).items():
-                i, _, name = key.partition("/")
-                clients[int(i)][name] = value
+            names = json.loads((folder / MANIFEST).read_text())["sha256"]
+            for shard in (name for name in names if name.startswith("clients")):
+                for key, value in load_file(str(folder / shard)).items():
+                    i, _, name = key.partition("/")
+                    clients[int(i)][name] = value
             return (load_file(str(folder / "global.safetensors")), load_file(str(folder / "server.safetensors")),
                     clients, info)
         if warn is not None:

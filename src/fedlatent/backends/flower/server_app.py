@@ -361,19 +361,21 @@ class ServerRun:
                     for cid in ids}
         return {cid: (ClientFailure(cid, "error", detail), None) for cid in ids}
 
-    def validation(self, state: Tensors) -> dict[int, float]:
+    def validation(self, state: Tensors, clients: list[int] | None = None) -> dict[int, float]:
         """The clients' validation accuracies of the global ``state``, by client id (none without a
-        validation split)."""
+        validation split); ``clients``: an evaluation's sample, those ids kept."""
         values: dict[int, float] = {}
         if any(self.census.val_sizes):
             for reply in self.broadcast("evaluate.validate", {"global": M.to_record(state)}).values():
                 values.update({int(k): v for k, v in M.unpack_values(reply.content["values"]).items()})
-        return values
+        return values if clients is None else {cid: values[cid] for cid in clients if cid in values}
 
-    def new_clients(self, state: Tensors, personal: bool) -> tuple[dict[int, evaluation.Tally], list[dict[str, Any]]]:
+    def new_clients(self, state: Tensors, personal: bool,
+                    clients: list[int] | None = None) -> tuple[dict[int, evaluation.Tally], list[dict[str, Any]]]:
         """The held-out clients (``data.holdout_clients``) on the global ``state``, evaluated by the nodes
         that serve them (``evaluate.new``): their tallies by client id and, with ``personal``, their
-        report rows under the program's new-client rule."""
+        report rows under the program's new-client rule; ``clients``: only those at these positions
+        among the held-out clients (a sampled evaluation: the nodes evaluate all, the server keeps these)."""
         if not self.census.held_out:
             return {}, []
         tallies: dict[int, evaluation.Tally] = {}
@@ -386,6 +388,10 @@ class ServerRun:
         missing = sorted(set(range(first, first + self.census.held_out)) - set(tallies))
         if missing:
             self.warn(f"new clients {missing}: no SuperNode evaluated them")
+        if clients is not None:
+            kept = {first + i for i in clients}
+            tallies = {cid: t for cid, t in tallies.items() if cid in kept}
+            rows = [row for row in rows if row["client"] in kept]
         return dict(sorted(tallies.items())), rows
 
     def broadcast(self, message_type: str, records: dict[str, Any],
@@ -399,12 +405,13 @@ class ServerRun:
                 for node in nodes]
         return {node: r for node, r in self.exchange(msgs).items() if r is not None and r.has_content()}
 
-    def test(self, state: Tensors) -> dict[str, float]:
+    def test(self, state: Tensors, clients: list[int] | None = None) -> dict[str, float]:
         """The global ``state``'s scores on the global test split: evaluated here where the server
         holds it (``flower.server_reads_data``), else added up from the nodes' tallies (``evaluate.test``)
         — shares of it, one per node holding it (a share whose node does not reply asked once more of
         those that did), or without such a node each client's test split — in order, so that the
-        scores are the server's own evaluation's, to the bit."""
+        scores are the server's own evaluation's, to the bit. ``clients`` (an evaluation's sample) is
+        not taken: the nodes' test splits are evaluated in full."""
         fed, batch = self.federation, self.config.eval.batch_size
         if fed.test is not None:
             return evaluation.evaluate(self.model, fed.test, fed.num_classes, batch, self.device)
@@ -469,14 +476,15 @@ class ServerRun:
                     Settings.of(self.config.privacy).statistics_range)
         return stats
 
-    def reports(self, state: Tensors) -> list[dict[str, Any]]:
+    def reports(self, state: Tensors, clients: list[int] | None = None) -> list[dict[str, Any]]:
         """The personalised report the clients compute from the final global ``state`` (with their
-        checkpointed states after a resume)."""
+        checkpointed states after a resume); ``clients``: an evaluation's sample, those ids kept."""
         if not any(self.census.test_sizes):
             return []
+        keep = None if clients is None else set(clients)
         return [row for reply in self.broadcast("evaluate.report", {"global": M.to_record(state)},
                                                 self.restored_states()).values()
-                for row in M.unpack_values(reply.content["rows"])["rows"]]
+                for row in M.unpack_values(reply.content["rows"])["rows"] if keep is None or row["client"] in keep]
 
 
 def _shards(indices: list[int], count: int) -> ConfigRecord:

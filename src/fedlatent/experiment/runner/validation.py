@@ -39,6 +39,7 @@ from fedlatent.errors import ConfigError
 from fedlatent.experiment.runner import tracking
 from fedlatent.federated import accounting, compiled, devices, precision
 from fedlatent.federated.round import sample_clients
+from fedlatent.federated.sampled import check as check_evaluation_sample
 from fedlatent.methods import check_model, resolve
 from fedlatent.methods.parts import MethodSpec, Part
 from fedlatent.methods.program import ClientProgram
@@ -304,6 +305,7 @@ def check_fit(config: RunConfig, spec: MethodSpec, data: Federation | ServerView
         training = data.num_clients
         if config.data.holdout_clients:  # the clients left to train (at least one) are those sampled
             training -= holdout_count(config.data.holdout_clients, data.num_clients)
+        check_evaluation_sample(config, training)  # eval.clients, eval.final_clients: no more than there are
         sampled = len(sample_clients(config.seed, 0, training, config.train.participation))
         if config.train.min_clients > sampled:
             raise ConfigError(f"train.min_clients = {config.train.min_clients}: more than the {sampled} clients "

@@ -3,6 +3,7 @@ as they were. The commit's ``src`` is taken out of this repository's history (``
 script runs under each tree in its own process, writing its runs under the folder it is given."""
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -36,3 +37,25 @@ def runs_before_and_now(commit: str, script: str, tmp_path: Path) -> tuple[Path,
     _run(script, before / "src", tmp_path / "old")
     _run(script, ROOT / "src", tmp_path / "new")
     return tmp_path / "old", tmp_path / "new"
+
+
+# what later changes add to or take from a run's metrics lines on purpose, so that "the numbers of
+# the code before" compares numbers: the server's count of updates held to the clip bound (issue
+# 53; 0 for honest clients, so a non-zero count still differs) and the per-client training losses,
+# no longer released under DP (their mean, train_loss, is still compared)
+ADDED_IF_ZERO = ("privacy_over_bound",)
+RELEASED_BEFORE = ("client_train_loss",)
+
+
+def record(run: Path) -> tuple[list[dict], dict, dict]:
+    """A run's metrics lines and final evaluation without their clocks (and the keys above), and its
+    last checkpoint's digests."""
+    lines = []
+    for text in (run / "metrics.jsonl").read_text().splitlines():
+        line = {k: v for k, v in json.loads(text).items() if not k.startswith("time_") and k not in RELEASED_BEFORE}
+        lines.append({k: v for k, v in line.items() if not (k in ADDED_IF_ZERO and v == 0)})
+    final = json.loads((run / "summary.json").read_text())["final"]
+    latest = json.loads((run / "checkpoints" / "latest.json").read_text())["folder"]
+    digests = json.loads((run / "checkpoints" / latest / "manifest.json").read_text())["sha256"]
+    return lines, {k: v for k, v in final.items() if "seconds" not in k}, \
+        {k: v for k, v in digests.items() if k != "state.json"}  # state.json holds the clock

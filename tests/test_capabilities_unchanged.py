@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.code_before import runs_before_and_now
-from tests.methods.test_programs_unchanged import _record
+from tests.code_before import record
 
 BEFORE = "a32049f"  # main before the calibrations registry, methods/spec.py and the backends' capabilities
 
@@ -54,8 +54,8 @@ def test_calibrations_and_dp_sgd_give_the_numbers_of_the_code_before(tmp_path: P
     runs = sorted(p.name for p in old_runs.iterdir())
     assert runs == sorted(f"{name}-{backend}" for name in RUNS for backend in ("simulation", "vectorized"))
     for name in runs:
-        old, new = _record(old_runs / name), _record(new_runs / name)
+        old, new = record(old_runs / name), record(new_runs / name)
         assert new[0] == old[0], name
         assert new[1] == old[1], name
         assert new[2] == old[2], name
-    assert "sample_level_epsilon" in _record(new_runs / "dp-sgd-simulation")[0][-1]
+    assert "sample_level_epsilon" in record(new_runs / "dp-sgd-simulation")[0][-1]

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.code_before import runs_before_and_now
-from tests.methods.test_programs_unchanged import _record
+from tests.code_before import record
 
 BEFORE = "a32049f"  # main before the codec chain
 
@@ -52,7 +52,7 @@ def test_plain_clipped_and_private_runs_give_the_numbers_of_the_code_before(tmp_
     runs = sorted(p.name for p in old_runs.iterdir())
     assert len(runs) == 12 and runs == sorted(p.name for p in new_runs.iterdir())
     for name in runs:
-        old, new = _record(old_runs / name), _record(new_runs / name)
+        old, new = record(old_runs / name), record(new_runs / name)
         assert new[0] == old[0], name
         assert new[1] == old[1], name
         assert new[2] == old[2], name

@@ -5,12 +5,11 @@ taken out of this repository's history) and by the code under test give the same
 server state, every client's state)."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 
-from tests.code_before import runs_before_and_now
+from tests.code_before import record, runs_before_and_now
 
 ROOT = Path(__file__).resolve().parents[2]
 BEFORE = "da1d3a6"  # main before the client programs (the methods' kind strings)
@@ -39,24 +38,13 @@ for name in ("ditto", "fedrep"):
 """
 
 
-def _record(run: Path) -> tuple[list[dict], dict, dict]:
-    """A run's metrics lines and final evaluation without their clocks, and its last checkpoint's digests."""
-    lines = [{k: v for k, v in json.loads(line).items() if not k.startswith("time_")}
-             for line in (run / "metrics.jsonl").read_text().splitlines()]
-    final = json.loads((run / "summary.json").read_text())["final"]
-    latest = json.loads((run / "checkpoints" / "latest.json").read_text())["folder"]
-    digests = json.loads((run / "checkpoints" / latest / "manifest.json").read_text())["sha256"]
-    return lines, {k: v for k, v in final.items() if "seconds" not in k}, \
-        {k: v for k, v in digests.items() if k != "state.json"}  # state.json holds the clock
-
-
 @pytest.mark.slow
 def test_ditto_and_fedrep_give_the_numbers_of_the_code_before(tmp_path: Path) -> None:
     old_runs, new_runs = runs_before_and_now(BEFORE, SCRIPT, tmp_path)
     runs = sorted(p.name for p in old_runs.iterdir())
     assert runs == ["ditto-simulation", "ditto-vectorized", "fedrep-simulation", "fedrep-vectorized"]
     for name in runs:
-        old, new = _record(old_runs / name), _record(new_runs / name)
+        old, new = record(old_runs / name), record(new_runs / name)
         assert new[0] == old[0], name
         assert new[1] == old[1], name
         assert new[2] == old[2], name

@@ -31,6 +31,7 @@ from fedlatent.backends import vectorized
 from fedlatent.backends.flower.secagg_settings import Settings
 from fedlatent.config import DataConfig, PrivacyConfig, RunConfig, holdout_count
 from fedlatent.data.federation import outline
+from fedlatent.data.holdout import holdout_ids
 from fedlatent.data.registry import DATASETS
 from fedlatent.data.types import Federation, Outline, ServerView
 from fedlatent.errors import ConfigError
@@ -273,6 +274,31 @@ def check_fit(config: RunConfig, spec: MethodSpec, data: Federation | ServerView
         if reason:  # each client is a party of SecAgg+: a round's sum needs threshold of them
             raise ConfigError(f"privacy.secure_aggregation with the {sampled} clients sampled per round: {reason} "
                               "(privacy.secagg_threshold, privacy.secagg_num_shares)")
+    check_client_sizes(config, data)
+
+
+def check_client_sizes(config: RunConfig, data: Federation | ServerView | Outline) -> None:
+    """What each client's sample counts decide, where they are known before training: a held-out
+    client needs a test split (it is evaluated on nothing else: ``data.local_test_fraction``), and a
+    training client under ``train.drop_last`` at least one full batch (with none it trains on
+    nothing, and round 1 has no loss to report)."""
+    if isinstance(data, Federation):
+        sizes = [(len(c.train), len(c.test) if c.test is not None else 0) for c in data.clients]
+    else:
+        sizes = list(getattr(data, "client_sizes", ()))
+    if not sizes:  # a Flower server's view: the nodes' census tells
+        return
+    new = set(holdout_ids(config, len(sizes))) if config.data.holdout_clients else set()
+    untested = sorted(cid for cid in new if not sizes[cid][1])
+    if untested:
+        raise ConfigError(f"data.holdout_clients: held-out client(s) {untested} have no test split to be evaluated "
+                          "on; set data.local_test_fraction > 0")
+    train = config.train
+    smallest = min((n, cid) for cid, (n, _) in enumerate(sizes) if cid not in new)
+    if train.drop_last and smallest[0] < train.batch_size:
+        raise ConfigError(f"train.batch_size = {train.batch_size} with train.drop_last = true: client {smallest[1]} "
+                          f"has {smallest[0]} training samples, not one full batch, so it would train on nothing; "
+                          "lower train.batch_size or set train.drop_last = false")
 
 
 def declared_shape(data: DataConfig) -> Shape | None:

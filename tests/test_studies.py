@@ -193,6 +193,28 @@ def test_reproduce_list_covers_the_four_papers(capsys: pytest.CaptureFixture) ->
     assert main(["reproduce", "nope"]) == 2
 
 
+def test_reproduce_list_says_which_data_are_not_here_and_how_to_point_at_them(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where a spec's data folder is missing, the listing names the key, ``--data-root`` and the
+    reduced tier that needs no files; with the folder there, it says nothing of data."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(reproduce, "spec_names", lambda: ["feddecorr_table10"])
+    line = reproduce.listing().splitlines()[1]
+    assert line.split() == [*"data not here: data.root = 'data' (cifar10): pass --data-root DIR, or --tier quick".split(),
+                            "(its", "data", "need", "no", "files)"]
+    assert reproduce.missing_data(reproduce.load_spec("feddecorr_table10", tier="quick")) == []
+    (tmp_path / "data").mkdir()
+    assert "data not here" not in reproduce.listing()
+
+
+def test_a_refused_reproduce_leaves_no_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                              capsys: pytest.CaptureFixture) -> None:
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "out"
+    assert main(["reproduce", "feddecorr_table10", "--tier", "cpu", "--out", str(out)]) == 2
+    assert "folder not found" in capsys.readouterr().err and not out.exists()
+
+
 @pytest.mark.slow
 def test_quick_spec_runs_end_to_end(tmp_path: Path) -> None:
     text = reproduce.reproduce("spherefed_table3", tmp_path / "q", tier="quick")

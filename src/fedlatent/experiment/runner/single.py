@@ -35,6 +35,7 @@ from fedlatent.experiment.runner.folders import check_same_config, completed, de
 from fedlatent.experiment.runner.machine import cpu_model
 from fedlatent.experiment.runner.progress import progress as show_progress
 from fedlatent.experiment.runner.trace import TermTrace
+from fedlatent.experiment.runner.notes import setup_notes
 from fedlatent.experiment.runner.validation import check_fit, validate
 from fedlatent.experiment.runner.writable import check_folder, nearest_existing
 from fedlatent.federated import precision
@@ -206,6 +207,8 @@ def run(config: RunConfig, out: str | Path | None = None, *, resume: bool = Fals
     config = resolve_precision(config)
     if isinstance(data, Federation):  # not on Flower (its view has no clients to choose a backend by)
         config = resolve_backend(config, data, spec, echo)
+        for note in setup_notes(config, spec, data.input_shape, data.num_classes) if echo else ():
+            echo(note)
     created = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
     try:

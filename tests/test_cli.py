@@ -107,7 +107,39 @@ def test_resume_with_another_configuration_names_every_key_that_differs(digits_c
                  "--resume"]) == 2
     line = _one_error_line(capsys.readouterr().err)
     assert line.endswith(f"differs from the one in {out / 'config.toml'}: "
-                         'data.partition "iid" → "shards", train.rounds 1 → 2, train.lr 0.05 → 0.1'), line
+                         'data.partition "iid" → "shards", train.rounds 1 → 2, train.lr 0.05 → 0.1'
+                         " (only a larger train.rounds may differ: it extends the run)"), line
+
+
+def test_resume_with_more_rounds_extends_a_finished_run_as_if_it_had_run_them(digits_config: Path, tmp_path: Path,
+                                                                             capsys) -> None:
+    """A finished 1-round run resumed with ``train.rounds = 2`` trains round 2 from its checkpoint,
+    says so, and ends where a 2-round run from the start ends (a constant learning rate: nothing
+    depends on the rounds); fewer rounds are refused, naming the key."""
+    out, fresh = tmp_path / "run", tmp_path / "fresh"
+    args = ["run", str(digits_config), "--no-progress", "--no-figures"]
+    assert main([*args, "--set", "train.rounds=1", "--out", str(out)]) == 0
+    capsys.readouterr()
+    assert main([*args, "--set", "train.rounds=2", "--out", str(out), "--resume"]) == 0
+    printed = capsys.readouterr().out
+    assert "note: extending the run from 1 to 2 rounds (train.rounds; every other key as it started)" in printed
+    assert main([*args, "--set", "train.rounds=2", "--out", str(fresh)]) == 0
+    extended, whole = (json.loads((d / "summary.json").read_text()) for d in (out, fresh))
+    assert extended["rounds_completed"] == 2 and extended["final"] == whole["final"]
+    assert (out / "metrics.jsonl").read_text().count("\n") == (fresh / "metrics.jsonl").read_text().count("\n")
+    capsys.readouterr()
+    assert main([*args, "--set", "train.rounds=1", "--out", str(out), "--resume"]) == 2
+    assert "train.rounds = 1: fewer than the 2 rounds" in _one_error_line(capsys.readouterr().err)
+
+
+def test_from_python_a_refusal_speaks_of_the_arguments_not_the_flags(digits_config: Path, tmp_path: Path) -> None:
+    from fedlatent import load_config, run
+    from fedlatent.errors import ConfigError
+    config = load_config(str(digits_config), ["train.rounds=1"])
+    with pytest.raises(ConfigError, match=r"^out .*: resume=True found no run there \(no config.toml\); start it "
+                                          r"without resume=True$"):
+        run(config, tmp_path / "nothing", resume=True)
+    assert main(["run", str(digits_config), "--out", str(tmp_path / "nothing"), "--resume"]) == 2  # the CLI: flags
 
 
 @pytest.mark.parametrize("overrides,key", [

@@ -114,8 +114,13 @@ def _run(args: argparse.Namespace) -> None:
     from fedlatent.analysis.tables import summary_table
     from fedlatent.experiment import default_out, run
     out = Path(args.out) if args.out else default_out(config)
+    from fedlatent.experiment.runner.folders import CLI_TERMS, TERMS
     shown: bool | str = "bar" if args.progress else False if args.no_progress else "auto"
-    summary = run(config, out, resume=args.resume, progress=shown, figures=not args.no_figures)
+    terms = TERMS.set(CLI_TERMS)  # refusals name --out and --resume
+    try:
+        summary = run(config, out, resume=args.resume, progress=shown, figures=not args.no_figures)
+    finally:
+        TERMS.reset(terms)
     print(f"\n{summary['method']} on {summary['dataset']} ({out}):")
     print(summary_table(summary))
     dropped = summary.get("clients_dropped", [])

@@ -86,8 +86,10 @@ def assert_parity(embedded, flower, embedded_rounds, flower_rounds) -> None:
 
 # every preset through the messages: the local test split for the personalised ones, the MMD
 # constraints' kernels refreshed within the three rounds
+PLAIN = ["train.momentum=0", "train.weight_decay=0"]  # pFedMe's and Per-FedAvg's papers' step: plain SGD
 EVERY = {name: ["data.local_test_fraction=0.2", *{"ditto_mkmmd": ["algorithm.beta_every=3"],
-                                                  "ditto_mmdd": ["algorithm.kernel_every=3", "algorithm.train_steps=2"]
+                                                  "ditto_mmdd": ["algorithm.kernel_every=3", "algorithm.train_steps=2"],
+                                                  "pfedme": PLAIN, "perfedavg": PLAIN,
                                                   }.get(name, [])] for name in PRESETS}
 
 

@@ -15,7 +15,9 @@ from torch.func import functional_call, vmap
 import fedlatent
 from fedlatent.backends import simulation
 from fedlatent.data.federation import build_federation
+from fedlatent.errors import ConfigError
 from fedlatent.experiment import run as run_experiment
+from fedlatent.experiment.runner.validation import validate
 from fedlatent.federated.lockstep import lockstep_update, unsupported
 from fedlatent.methods import PARTS, PRESETS, ditto, resolve
 
@@ -521,8 +523,13 @@ def test_every_preset_and_optimizer_matches_simulation(name: str, optimizer: str
     simulation backend's weights, client states (the kept optimiser states among them) and metrics
     on the vectorized backend, with unequal clients and partial participation."""
     config = _digits(name)
-    overrides = fedlatent.config.apply_overrides(fedlatent.config.to_dict(config), OPTIMIZERS[optimizer])
+    plain = ["train.momentum=0", "train.weight_decay=0"] if name in ("pfedme", "perfedavg") else []
+    overrides = fedlatent.config.apply_overrides(fedlatent.config.to_dict(config), OPTIMIZERS[optimizer] + plain)
     config = fedlatent.config.from_dict(overrides)
+    if plain and optimizer != "sgd":  # their papers' step is plain SGD: another optimiser is refused
+        with pytest.raises(ConfigError, match=r"^train\.optimizer = 'adam"):
+            validate(config)
+        return
     if name == "ditto_mkmmd":
         config.algorithm.update(beta_every=2, beta_batches=3)
     if name == "ditto_mmdd":

@@ -89,6 +89,7 @@ def validate(config: RunConfig) -> MethodSpec:
         check_secure(config, spec)
     if config.data.holdout_clients:
         check_holdout(config, spec)
+    check_plain_update(config, spec)
     shape = declared_shape(config.data)
     if shape is not None:
         check_model_fit(config, spec, *shape)
@@ -246,6 +247,21 @@ def check_holdout(config: RunConfig, spec: MethodSpec) -> None:
         raise ConfigError(f"data.holdout_clients = {value:g}: {spec.name}'s {program.kind} program has no rule for a "
                           "client that never trained; set eval.personalized = 'never' to evaluate the held-out "
                           "clients on the global model alone")
+
+
+def check_plain_update(config: RunConfig, spec: MethodSpec) -> None:
+    """A method whose paper steps its global copy by plain SGD (pFedMe's w ← w − ηλ(w − θ),
+    Per-FedAvg's w ← w − β∇f(w̃)) runs that step only under plain SGD: the run's update rule is that
+    step, and a momentum or weight decay would make it another method (pFedMe's personal models then
+    end below its own global model). Refused, naming the keys to set."""
+    if not spec.personalization.plain_update:
+        return
+    t = config.train
+    wrong = [f"train.{key} = {value!r}" for key, value, plain in (("optimizer", t.optimizer, "sgd"),
+             ("momentum", t.momentum, 0.0), ("weight_decay", t.weight_decay, 0.0)) if value != plain]
+    if wrong:
+        raise ConfigError(f"{', '.join(wrong)}: {spec.name}'s paper steps the global model by plain SGD; set "
+                          "train.optimizer = 'sgd', train.momentum = 0 and train.weight_decay = 0")
 
 
 def validate_data(config: RunConfig, spec: MethodSpec) -> None:

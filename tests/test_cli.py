@@ -183,7 +183,7 @@ def test_partition_prints_the_table_and_writes_the_plot(digits_config: Path, tmp
     assert code == 0
     printed = capsys.readouterr().out.splitlines()
     header = printed[0].split()
-    assert header == ["client"] + [str(c) for c in range(10)] + ["total"]
+    assert header == ["client\\class"] + [str(c) for c in range(10)] + ["total"]  # both axes named
     body = [line.split() for line in printed[2:] if line.split() and line.split()[0].isdigit()]
     assert [int(r[0]) for r in body] == list(range(5))
     assert all(int(r[-1]) == sum(int(v) for v in r[1:-1]) for r in body)        # row totals
@@ -276,3 +276,10 @@ def test_console_script_fails_cleanly_on_a_bad_key(digits_config: Path, tmp_path
     assert "train.rounds" in _one_error_line(bad.stderr)
     assert bad.stdout == ""
     assert not (tmp_path / "bad").exists()
+
+
+def test_run_help_gives_the_default_folder_with_its_digest(capsys) -> None:
+    with pytest.raises(SystemExit):
+        main(["run", "--help"])
+    text = "".join(capsys.readouterr().out.split())  # argparse wraps the line at its hyphens
+    assert "runs/<dataset>-<partition>-<algorithm>-seed<seed>-<digest>" in text

@@ -416,6 +416,21 @@ def test_unfinished_runs_show_apart_at_the_last_round_they_reached(tmp_path: Pat
     assert UNFINISHED not in header  # only when some run is unfinished
 
 
+def test_a_sweep_line_flags_a_process_first_run_as_its_table_does(tmp_path: Path, digits_config: Path) -> None:
+    """The live line of a run that was its process's first (its seconds hold the one-off imports and
+    warm-up) carries the table's "*" and says why; the others do not."""
+    from fedlatent.experiment.studies.sweep import FIRST_NOTE
+    study = parse_study({"base": str(digits_config), "set": {"train.rounds": 1, "data.num_clients": 4},
+                         "grid": {"seed": [0, 1]}}, tmp_path)
+    lines: list[str] = []
+    run_sweep(study, tmp_path / "out", echo=lines.append, figures=False)
+    finished = [line for line in lines if line.startswith("[")]
+    for line, cell in zip(finished, study.cells):
+        first = json.loads((tmp_path / "out" / cell.name / "summary.json").read_text())["first_in_process"]
+        assert (" s *, " in line and line.endswith(FIRST_NOTE)) == first, line
+    assert len(finished) == 2 and not all(FIRST_NOTE in line for line in finished)
+
+
 def test_a_sweep_tells_how_far_its_running_cells_are(tmp_path: Path, digits_config: Path, monkeypatch) -> None:
     """Between the finished-run lines, a line per running cell every HEARTBEAT_S seconds: its round
     of the planned rounds and its latest test accuracy (as metrics.jsonl has them)."""

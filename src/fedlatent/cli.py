@@ -24,7 +24,8 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("config", help="TOML run configuration")
     run.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
                      help="override one key (repeatable), e.g. --set train.rounds=5")
-    run.add_argument("--out", help="run directory (default runs/<dataset>-<partition>-<algorithm>-seed<seed>)")
+    run.add_argument("--out", help="run directory (default runs/<dataset>-<partition>-<algorithm>-seed<seed>-<digest>, "
+                     "the digest six hex digits of the resolved settings' SHA-256: one folder per configuration)")
     run.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
     shown = run.add_mutually_exclusive_group()
     shown.add_argument("--progress", action="store_true",

@@ -21,8 +21,9 @@ WORST_SHOWN = 5  # the clients a per-client summary names
 
 
 def partition_table(counts: np.ndarray) -> str:
-    """Samples per client × class with row and column totals."""
-    header = ["client"] + [str(c) for c in range(counts.shape[1])] + ["total"]
+    """Samples per client × class with row and column totals; the first header cell names both
+    axes (``client\\class``: a client per row, a class per column)."""
+    header = ["client\\class"] + [str(c) for c in range(counts.shape[1])] + ["total"]
     rows = [[i, *row.tolist(), int(row.sum())] for i, row in enumerate(counts)]
     rows.append(["total", *counts.sum(0).tolist(), int(counts.sum())])
     return format_table(header, rows)

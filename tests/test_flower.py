@@ -28,6 +28,7 @@ from fedlatent.federated import driver, state  # noqa: E402
 from fedlatent.federated.round import ClientTask  # noqa: E402
 from fedlatent.methods import PRESETS  # noqa: E402
 from fedlatent.methods.parts import Upload  # noqa: E402
+from tests.conftest import in_ci_or_long  # noqa: E402
 from tests.flower_procs import InProcessGrid  # noqa: E402
 
 SMALL = ["data.num_clients=4", "train.rounds=3", "flower.supernodes=2", "flower.cpus=2"]
@@ -93,7 +94,7 @@ EVERY = {name: ["data.local_test_fraction=0.2", *{"ditto_mkmmd": ["algorithm.bet
                                                   }.get(name, [])] for name in PRESETS}
 
 
-@pytest.mark.parametrize("method", sorted(EVERY))
+@pytest.mark.parametrize("method", in_ci_or_long(sorted(EVERY)))  # the other presets: --long
 def test_parity_through_messages(method, tmp_path, monkeypatch):
     """The same config and seed through fedlatent's Flower apps (in-process grid, two nodes
     serving two clients each) and the embedded backend: the same weights every round and the same
@@ -151,8 +152,8 @@ def test_dp_fedavg_parity_through_messages(case, tmp_path, monkeypatch):
     assert flower["final"]["accuracy"] == embedded["final"]["accuracy"]
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("method", sorted(METHODS))
+@pytest.mark.slow  # FedAvg's in CI (a minute); the others --long: their programs go through the messages above
+@pytest.mark.parametrize("method", in_ci_or_long(sorted(METHODS), keep=("fedavg",)))
 def test_parity_on_the_simulation_engine(method, tmp_path, monkeypatch):
     """The same on Flower's simulation engine (Ray): weights within 1e-5 every round, final
     accuracies within 0.5 points after three."""

@@ -20,6 +20,7 @@ from fedlatent.experiment import run as run_experiment
 from fedlatent.experiment.runner.validation import validate
 from fedlatent.federated.lockstep import lockstep_update, unsupported
 from fedlatent.methods import PARTS, PRESETS, ditto, resolve
+from tests.conftest import REPRESENTATIVE_PRESETS
 
 from tests.methods.test_ditto import small_config
 
@@ -514,9 +515,13 @@ def test_kept_momentum_of_a_one_step_round_matches_simulation() -> None:
     _assert_same_run(config, atol=1e-5, beta_atol=0.0, rel=1e-5)
 
 
+# every preset with SGD in CI; Adam and AdamW-kept on the representative presets, the rest --long
+TABLE = [(name, optimizer) if optimizer == "sgd" or name in REPRESENTATIVE_PRESETS else
+         pytest.param(name, optimizer, marks=pytest.mark.long) for name in sorted(PRESETS) for optimizer in sorted(OPTIMIZERS)]
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("optimizer", sorted(OPTIMIZERS))
-@pytest.mark.parametrize("name", sorted(PRESETS))
+@pytest.mark.parametrize("name, optimizer", TABLE)
 def test_every_preset_and_optimizer_matches_simulation(name: str, optimizer: str) -> None:
     """The table of equivalence: every preset × every local optimiser (SGD with momentum and weight
     decay; Adam for a budget of local steps; AdamW with its state kept across rounds) gives the

@@ -35,7 +35,7 @@ def test_partition_of_1000_clients_prints_a_short_summary(capsys) -> None:
 def test_up_to_20_clients_the_full_table(digits_config: Path, capsys) -> None:
     assert main(["partition", str(digits_config), "--set", f"data.num_clients={FULL_TABLE_CLIENTS}"]) == 0
     printed = capsys.readouterr().out
-    assert printed.split()[0] == "client"
+    assert printed.split()[0] == "client\\class"  # both axes named
     assert [int(r[0]) for r in _client_rows(printed)] == list(range(FULL_TABLE_CLIENTS))
 
 
@@ -48,7 +48,7 @@ def test_partition_summary_values() -> None:
     assert rows["classes per client"] == ["0", "1.5", "3"]
     # the largest class's share, over the clients holding samples: (1 + 1/2 + 1/3) / 3
     assert "mean 0.61" in lines[-2] and lines[-1] == "6 client(s) hold no training sample"
-    assert partition_overview(counts[:FULL_TABLE_CLIENTS]).splitlines()[0].split()[0] == "client"
+    assert partition_overview(counts[:FULL_TABLE_CLIENTS]).splitlines()[0].split()[0] == "client\\class"
     assert partition_overview(counts, full="here").endswith("full table (client × class): here")
 
 

@@ -3,7 +3,7 @@ their tables, verdict records and figure.
 
     python results/privacy_epsilon.py collect digits runs/privacy_epsilon_digits     # → privacy_epsilon/digits.csv
     python results/privacy_epsilon.py collect cifar10 runs/privacy_epsilon_cifar10   # → privacy_epsilon/cifar10.csv
-    python results/privacy_epsilon.py render     # the tables and verdicts to paste, privacy_epsilon/accuracy_epsilon.png
+    python results/privacy_epsilon.py render     # the tables and verdicts to paste, privacy_epsilon_paired.csv, privacy_epsilon/accuracy_epsilon.png
 
 ``collect`` reads each finished run of a sweep: its labels and accuracies (``results.csv``), the
 final ε (``summary.json``'s ``privacy_epsilon``: the rounds and, for SphereFed, the FFC release) and
@@ -118,24 +118,40 @@ def table(rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
-def differences(rows: list[Row], sigma: str, side: tuple[str, str], base: tuple[str, str]) -> list[float]:
-    """Per-seed (side − base) in points at σ label ``sigma``, over the seeds both have, ascending."""
+def paired(rows: list[Row], sigma: str, side: tuple[str, str], base: tuple[str, str]) -> list[tuple[int, float, float]]:
+    """Per seed both have, ascending: (seed, side, base) in percent at σ label ``sigma``."""
     def by_seed(method: str, metric: str) -> dict[int, float]:
-        return {int(r["seed"]): float(r[metric]) for r in rows
+        return {int(r["seed"]): 100 * float(r[metric]) for r in rows
                 if r["method"] == method and r["sigma"] == sigma and r[metric]}
     ours, theirs = by_seed(*side), by_seed(*base)
-    return [round(100 * (ours[s] - theirs[s]), 2) for s in sorted(set(ours) & set(theirs))]
+    return [(s, ours[s], theirs[s]) for s in sorted(set(ours) & set(theirs))]
+
+
+def differences(rows: list[Row], sigma: str, side: tuple[str, str], base: tuple[str, str]) -> list[float]:
+    """Per-seed (side − base) in points at σ label ``sigma``, over the seeds both have, ascending."""
+    return [round(ours - theirs, 2) for _, ours, theirs in paired(rows, sigma, side, base)]
+
+
+RAW = "privacy_epsilon_paired.csv"  # beside the results file: the raw numbers of each verdict
+
+
+def paired_csv() -> str:
+    """The verdicts' raw numbers (format: results/README.md): per claim and seed, the difference and
+    the two accuracies (%) it is the difference of."""
+    lines = ["claim,seed,difference,method_value,baseline_value"]
+    for claim, name, sigma, side, base in CLAIMS:
+        lines += [f'"{claim}",{seed},{round(ours - theirs, 2):.2f},{ours:.4f},{theirs:.4f}'
+                  for seed, ours, theirs in paired(load(name), sigma, side, base)]
+    return "\n".join(lines) + "\n"
 
 
 def verdict_block(budget: str) -> str:
     """The ``# verdicts`` toml block of the results file (format: results/README.md), from the CSVs."""
     lines = ["```toml", "# verdicts: per-seed differences (points) from results/privacy_epsilon/*.csv, "
-             "written by results/privacy_epsilon.py render", f'budget = "{budget}"']
+             "written by results/privacy_epsilon.py render", f'budget = "{budget}"', f'raw = "{RAW}"']
     for claim, name, sigma, side, base in CLAIMS:
         diffs = differences(load(name), sigma, side, base)
-        lines += ["", "[[verdict]]", f'claim = "{claim}"', "direction = 1",
-                  f"differences = [{', '.join(f'{d:.2f}' for d in diffs)}]",
-                  f'verdict = "{paired_verdict(diffs, 1)}"']
+        lines += ["", "[[verdict]]", f'claim = "{claim}"', "direction = 1", f'verdict = "{paired_verdict(diffs, 1)}"']
     return "\n".join(lines + ["```"])
 
 
@@ -207,6 +223,7 @@ def main() -> None:
             writer.writerows(collect(args.sweep))
     else:
         print(render())
+        (HERE.parent / RAW).write_text(paired_csv())
         figure(HERE / "accuracy_epsilon.png")
 
 

@@ -44,6 +44,18 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 item.add_marker(pytest.mark.skip(reason=LONG_SKIP))
 
 
+# one preset per client program and per kind of state a round carries (controls, prototypes,
+# calibration, kernels, kept layers, mixtures, inner steps): the presets a table over every preset runs
+# in CI; the rest of such a table is ``long`` (``--long``), each behaviour keeping its test in CI
+REPRESENTATIVE_PRESETS = ("fedavg", "scaffold", "fedproto", "spherefed", "ditto_mmdd", "fedbabu", "fedrep", "apfl",
+                          "fedala", "perfedavg", "pfedme")
+
+
+def in_ci_or_long(names, keep=REPRESENTATIVE_PRESETS) -> list:
+    """``names`` as pytest parameters, those outside ``keep`` marked ``long``."""
+    return [name if name in keep else pytest.param(name, marks=pytest.mark.long) for name in names]
+
+
 @pytest.fixture
 def digits_config() -> Path:
     """The shipped FedAvg-on-digits configuration (10 IID clients, MLP, 20 rounds)."""

@@ -110,7 +110,7 @@ def test_bench_quick_prints_every_side_and_writes_the_raw_timings(tmp_path, caps
     assert ratio == pytest.approx(float(rows[2][3]), abs=1e-3)
 
 
-@pytest.mark.slow
+@pytest.mark.long  # two minutes on two cores; test_bench_quick_prints_every_side_... runs the bench in CI
 @pytest.mark.skipif(not bench.flower_installed(), reason="the flower extra is not installed")
 def test_flowers_simulation_engine_is_a_column_of_workload_a_when_installed(tmp_path, monkeypatch) -> None:
     monkeypatch.chdir(tmp_path)

@@ -150,6 +150,9 @@ DIGITS = str(CONFIGS / "digits_fedavg.toml")
     (["data.partition=dirichlet", "data.alpha=0.05", "data.num_clients=30", "data.min_size=5"],
      "no Dirichlet partition with every client holding >= 5 samples"),
     (["train.min_clients=11"], "train.min_clients = 11: more than the 10 clients sampled per round"),
+    (["train.batch_size=500", "train.drop_last=true"],  # every client of digits' 10 holds fewer than 500
+     "train.batch_size = 500 with train.drop_last = true: client"),
+    (["data.holdout_clients=2"], "data.holdout_clients: held-out client(s)"),  # no local_test_fraction
 ])
 def test_check_refuses_what_run_refuses_in_the_same_line(sets: list[str], says: str, empty_cwd: Path,
                                                           capsys: pytest.CaptureFixture) -> None:
@@ -163,6 +166,22 @@ def test_check_refuses_what_run_refuses_in_the_same_line(sets: list[str], says: 
     assert checked == ran and len(checked) == 1 and says in checked[0], (checked, ran)
     assert list(empty_cwd.iterdir()) == []
     assert main(["check", DIGITS, *overrides, "--no-data"]) == 0  # a refusal only the data can make
+
+
+@pytest.mark.parametrize("sets", [["data.val_fraction=0.1", "data.local_test_fraction=0.2"],
+                                  ["data.partition=dirichlet", "data.alpha=0.3", "data.local_test_fraction=0.15"]])
+def test_the_outline_counts_each_clients_samples_as_the_federation_splits_them(sets: list[str]) -> None:
+    """``check`` judges batch sizes and held-out test splits on the outline's counts: they are the
+    built federation's, client by client."""
+    from fedlatent.data.federation import build_federation, outline
+    config = load_config(Path(DIGITS), sets)
+    built = build_federation(config.data, config.data_seed)
+    assert outline(config.data, config.data_seed).client_sizes == tuple(
+        (len(c.train), len(c.test) if c.test is not None else 0) for c in built.clients)
+
+
+def test_drop_last_with_a_batch_every_client_fills_is_accepted(empty_cwd: Path) -> None:
+    assert main(["check", DIGITS, "--set", "train.batch_size=64", "--set", "train.drop_last=true"]) == 0
 
 
 def test_check_accepts_the_valid_digits_configuration(empty_cwd: Path, capsys: pytest.CaptureFixture) -> None:

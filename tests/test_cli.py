@@ -45,8 +45,9 @@ def test_run_exits_0_and_prints_the_result_table(digits_config: Path, tmp_path: 
     assert float(rows["balanced_accuracy"]) == pytest.approx(summary["final"]["balanced_accuracy"], abs=5e-5)
     assert rows["rounds_completed"] == "2"
     assert summary["rounds_completed"] == 2
-    assert summary["personalized"] is False and "personali" not in printed       # FedAvg: the global model
-    assert "test_loss" in printed                                                 # the final loss is the test set's
+    assert summary["personalized"] is False                                       # FedAvg: the global model
+    assert ("personalized_accuracy" in printed) == ("does not personalise" in printed)
+    assert "loss" in rows or any(line.split()[:1] == ["loss"] for line in printed.splitlines())  # summary.json's key
     # the partition table was printed too: 10 clients and a total of the 1437 training samples
     assert any(line.split()[:1] == ["total"] and line.split()[-1] == "1437" for line in printed.splitlines())
 
@@ -106,7 +107,39 @@ def test_resume_with_another_configuration_names_every_key_that_differs(digits_c
                  "--resume"]) == 2
     line = _one_error_line(capsys.readouterr().err)
     assert line.endswith(f"differs from the one in {out / 'config.toml'}: "
-                         'data.partition "iid" → "shards", train.rounds 1 → 2, train.lr 0.05 → 0.1'), line
+                         'data.partition "iid" → "shards", train.rounds 1 → 2, train.lr 0.05 → 0.1'
+                         " (only a larger train.rounds may differ: it extends the run)"), line
+
+
+def test_resume_with_more_rounds_extends_a_finished_run_as_if_it_had_run_them(digits_config: Path, tmp_path: Path,
+                                                                             capsys) -> None:
+    """A finished 1-round run resumed with ``train.rounds = 2`` trains round 2 from its checkpoint,
+    says so, and ends where a 2-round run from the start ends (a constant learning rate: nothing
+    depends on the rounds); fewer rounds are refused, naming the key."""
+    out, fresh = tmp_path / "run", tmp_path / "fresh"
+    args = ["run", str(digits_config), "--no-progress", "--no-figures"]
+    assert main([*args, "--set", "train.rounds=1", "--out", str(out)]) == 0
+    capsys.readouterr()
+    assert main([*args, "--set", "train.rounds=2", "--out", str(out), "--resume"]) == 0
+    printed = capsys.readouterr().out
+    assert "note: extending the run from 1 to 2 rounds (train.rounds; every other key as it started)" in printed
+    assert main([*args, "--set", "train.rounds=2", "--out", str(fresh)]) == 0
+    extended, whole = (json.loads((d / "summary.json").read_text()) for d in (out, fresh))
+    assert extended["rounds_completed"] == 2 and extended["final"] == whole["final"]
+    assert (out / "metrics.jsonl").read_text().count("\n") == (fresh / "metrics.jsonl").read_text().count("\n")
+    capsys.readouterr()
+    assert main([*args, "--set", "train.rounds=1", "--out", str(out), "--resume"]) == 2
+    assert "train.rounds = 1: fewer than the 2 rounds" in _one_error_line(capsys.readouterr().err)
+
+
+def test_from_python_a_refusal_speaks_of_the_arguments_not_the_flags(digits_config: Path, tmp_path: Path) -> None:
+    from fedlatent import load_config, run
+    from fedlatent.errors import ConfigError
+    config = load_config(str(digits_config), ["train.rounds=1"])
+    with pytest.raises(ConfigError, match=r"^out .*: resume=True found no run there \(no config.toml\); start it "
+                                          r"without resume=True$"):
+        run(config, tmp_path / "nothing", resume=True)
+    assert main(["run", str(digits_config), "--out", str(tmp_path / "nothing"), "--resume"]) == 2  # the CLI: flags
 
 
 @pytest.mark.parametrize("overrides,key", [
@@ -150,7 +183,7 @@ def test_partition_prints_the_table_and_writes_the_plot(digits_config: Path, tmp
     assert code == 0
     printed = capsys.readouterr().out.splitlines()
     header = printed[0].split()
-    assert header == ["client"] + [str(c) for c in range(10)] + ["total"]
+    assert header == ["client\\class"] + [str(c) for c in range(10)] + ["total"]  # both axes named
     body = [line.split() for line in printed[2:] if line.split() and line.split()[0].isdigit()]
     assert [int(r[0]) for r in body] == list(range(5))
     assert all(int(r[-1]) == sum(int(v) for v in r[1:-1]) for r in body)        # row totals
@@ -243,3 +276,10 @@ def test_console_script_fails_cleanly_on_a_bad_key(digits_config: Path, tmp_path
     assert "train.rounds" in _one_error_line(bad.stderr)
     assert bad.stdout == ""
     assert not (tmp_path / "bad").exists()
+
+
+def test_run_help_gives_the_default_folder_with_its_digest(capsys) -> None:
+    with pytest.raises(SystemExit):
+        main(["run", "--help"])
+    text = "".join(capsys.readouterr().out.split())  # argparse wraps the line at its hyphens
+    assert "runs/<dataset>-<partition>-<algorithm>-seed<seed>-<digest>" in text

@@ -110,7 +110,7 @@ def test_isic_ditto_mkmmd_runs_on_generated_files(tmp_path: Path) -> None:
     assert len(summary["final"]["per_client"]) == 6
 
 
-@pytest.mark.slow
+@pytest.mark.long  # over a minute; test_isic_ditto_mkmmd_runs_on_generated_files is CI's clinical run
 def test_rxrx1_ditto_mmdd_runs_on_generated_files(tmp_path: Path) -> None:
     rows = write_rxrx1(tmp_path / "data")
     summary, config = _run("rxrx1", "ditto_mmdd", tmp_path / "data", tmp_path / "run", "train.local_epochs=1",
@@ -123,8 +123,9 @@ def test_rxrx1_ditto_mmdd_runs_on_generated_files(tmp_path: Path) -> None:
     assert len(summary["final"]["per_client"]) == 4
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("optimizer", [[], ["train.optimizer=sgd", "train.lr=0.01", "train.momentum=0.9"]])
+@pytest.mark.slow  # the preset's AdamW (two minutes) --long; SGD's, every weight and kept state, in CI
+@pytest.mark.parametrize("optimizer", [pytest.param([], marks=pytest.mark.long),
+                                       ["train.optimizer=sgd", "train.lr=0.01", "train.momentum=0.9"]])
 def test_isic_preset_on_vectorized_matches_simulation(tmp_path: Path, optimizer: list[str]) -> None:
     """The Fed-ISIC2019 Ditto + cosine preset (AdamW with its state kept across rounds, local steps,
     FLamby's augmentation, EfficientNet-B0's BatchNorm) trains in lockstep on the vectorized backend

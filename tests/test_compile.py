@@ -25,7 +25,7 @@ def _run(overrides: list[str]) -> simulation.Setup:
     return s
 
 
-@pytest.mark.slow
+@pytest.mark.long  # torch.compile's graphs: two minutes on two cores; the refusals below run in CI
 def test_compiled_client_step_gives_the_eager_weights() -> None:
     """FedDecorr (a term on the compiled forward's z), two rounds of three clients whose last batch
     is short (two input shapes, so two compiled graphs): the same global weights as eager."""

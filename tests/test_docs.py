@@ -99,6 +99,17 @@ def test_readme_is_short_and_its_links_resolve() -> None:
     assert not [link for link in links if not (ROOT / link).exists()]
 
 
+def test_the_readmes_commands_run_after_its_own_install() -> None:
+    """The install makes a virtual environment it never activates, so every command of the README's
+    shell blocks calls the tools inside it (``.venv/bin/...``): a bare ``fedlatent`` is exit 127."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    commands = [line.strip() for block in re.findall(r"```bash\n(.*?)```", readme, re.S) for line in block.splitlines()
+                if line.strip() and not line.strip().startswith("#")]
+    bare = [c for c in commands for part in re.split(r"&&|;|\|", c)
+            if part.split() and part.split()[0] in ("fedlatent", "pytest", "ruff", "mkdocs", "mypy", "pip")]
+    assert any(".venv/bin/fedlatent run" in c for c in commands) and not bare, bare
+
+
 @pytest.mark.slow
 def test_site_builds_strict(built_site: Path) -> None:
     """``mkdocs build --strict`` succeeds (the fixture asserts it) and writes one .html file per page."""

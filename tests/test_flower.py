@@ -28,6 +28,7 @@ from fedlatent.federated import driver, state  # noqa: E402
 from fedlatent.federated.round import ClientTask  # noqa: E402
 from fedlatent.methods import PRESETS  # noqa: E402
 from fedlatent.methods.parts import Upload  # noqa: E402
+from tests.conftest import in_ci_or_long  # noqa: E402
 from tests.flower_procs import InProcessGrid  # noqa: E402
 
 SMALL = ["data.num_clients=4", "train.rounds=3", "flower.supernodes=2", "flower.cpus=2"]
@@ -86,12 +87,14 @@ def assert_parity(embedded, flower, embedded_rounds, flower_rounds) -> None:
 
 # every preset through the messages: the local test split for the personalised ones, the MMD
 # constraints' kernels refreshed within the three rounds
+PLAIN = ["train.momentum=0", "train.weight_decay=0"]  # pFedMe's and Per-FedAvg's papers' step: plain SGD
 EVERY = {name: ["data.local_test_fraction=0.2", *{"ditto_mkmmd": ["algorithm.beta_every=3"],
-                                                  "ditto_mmdd": ["algorithm.kernel_every=3", "algorithm.train_steps=2"]
+                                                  "ditto_mmdd": ["algorithm.kernel_every=3", "algorithm.train_steps=2"],
+                                                  "pfedme": PLAIN, "perfedavg": PLAIN,
                                                   }.get(name, [])] for name in PRESETS}
 
 
-@pytest.mark.parametrize("method", sorted(EVERY))
+@pytest.mark.parametrize("method", in_ci_or_long(sorted(EVERY)))  # the other presets: --long
 def test_parity_through_messages(method, tmp_path, monkeypatch):
     """The same config and seed through fedlatent's Flower apps (in-process grid, two nodes
     serving two clients each) and the embedded backend: the same weights every round and the same
@@ -150,8 +153,8 @@ def test_dp_fedavg_parity_through_messages(case, tmp_path, monkeypatch):
     assert flower["final"]["accuracy"] == embedded["final"]["accuracy"]
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("method", sorted(METHODS))
+@pytest.mark.slow  # FedAvg's in CI (a minute); the others --long: their programs go through the messages above
+@pytest.mark.parametrize("method", in_ci_or_long(sorted(METHODS), keep=("fedavg",)))
 def test_parity_on_the_simulation_engine(method, tmp_path, monkeypatch):
     """The same on Flower's simulation engine (Ray): weights within 1e-5 every round, final
     accuracies within 0.5 points after three."""

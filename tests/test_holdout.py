@@ -295,7 +295,7 @@ def test_apfl_rule_mixes_the_global_model_with_its_fine_tuned_copy_by_the_initia
 
 
 def test_perfedavg_rule_is_one_plain_step_at_alpha_from_the_global_model() -> None:
-    s, cid, state, settings = _adapted(synthetic({"name": "perfedavg", "alpha": 0.03}))
+    s, cid, state, settings = _adapted(synthetic({"name": "perfedavg", "alpha": 0.03}, "train.momentum=0"))
     names = {n for n, _ in s.workspace.model.named_parameters()}
     plain = dataclasses.replace(settings, lr=0.03, momentum=0.0)
     _close(state, hand_tuned(s, cid, names, plain, 1, steps=1))
@@ -303,7 +303,7 @@ def test_perfedavg_rule_is_one_plain_step_at_alpha_from_the_global_model() -> No
 
 
 def test_pfedme_rule_solves_the_personal_problem_from_the_global_model() -> None:
-    s, cid, state, settings = _adapted(synthetic({"name": "pfedme", "lam": 2.0, "personal_lr": 0.02}))
+    s, cid, state, settings = _adapted(synthetic({"name": "pfedme", "lam": 2.0, "personal_lr": 0.02}, "train.momentum=0"))
     names = {n for n, _ in s.workspace.model.named_parameters()}
     _close(state, hand_tuned(s, cid, names, dataclasses.replace(settings, lr=0.02, momentum=0.0), 1, pull=2.0))
 

@@ -142,3 +142,13 @@ def test_an_unknown_key_reads_the_same_wherever_it_is_declared(overrides: list[s
     with pytest.raises(ConfigError) as info:
         validate(load_config(None, overrides))  # what run and check do before anything else
     assert str(info.value).startswith(f"unknown key {key}; known keys of {owner}: ")
+
+
+def test_every_registered_name_is_described_by_a_whole_sentence() -> None:
+    """``fedlatent config`` lists each data set, partition and model with its docstring's first
+    paragraph on one line: never a first line cut mid-sentence."""
+    from fedlatent.models.registry import MODELS
+    for registry in (DATASETS, PARTITIONS, MODELS):
+        for entry in registry.entries():
+            assert entry.doc and entry.doc.endswith((".", ")")), (registry.key, entry.name, entry.doc)
+            assert "\n" not in entry.doc and "  " not in entry.doc

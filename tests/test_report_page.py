@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 from matplotlib.container import BarContainer
 
-from fedlatent.analysis.compare import (DIRECTION_ONLY, DOES_NOT_HOLD, HOLDS, NOT_JUDGED, ONE_SEED, Compared,
-                                       baseline_label, paired_differences, paired_text, paired_verdict, sign,
-                                       verdict)
+from fedlatent.analysis.compare import (DID_NOT_TRAIN, DIRECTION_ONLY, HOLDS, NOT_JUDGED, REVERSE_HOLDS, UNRESOLVED,
+                                       Compared, baseline_label, did_train, paired_differences, paired_text,
+                                       paired_verdict, sign, verdict)
 from fedlatent.analysis.study_plots import comparison_figure
 from fedlatent.config import to_toml
 from fedlatent.errors import UserInputError
@@ -75,12 +75,14 @@ def test_direction_needs_a_baseline_row_with_both_numbers() -> None:
     ([0.5, 8.0, 0.5], 1, DIRECTION_ONLY),     # every seed up but mean 3 < std 4.33: the spread covers zero
     ([3.0, 8.0, -1.0], 1, DIRECTION_ONLY),    # mean 3.33 > 0 with a seed against
     ([4.0, 4.0, 0.0], 1, DIRECTION_ONLY),     # a tie at zero is no agreement
-    ([1.0, -1.0], 1, DOES_NOT_HOLD),          # mean exactly zero
-    ([-3.0, -4.0, -5.0], 1, DOES_NOT_HOLD),   # the mean has the wrong sign
-    ([2.0, 3.0], -1, DOES_NOT_HOLD),
-    ([9.0], 1, ONE_SEED),                     # one seed neither holds ...
-    ([-9.0], 1, ONE_SEED),                    # ... nor refutes
-    ([], 1, NOT_JUDGED),
+    ([1.0, -1.0], 1, UNRESOLVED),             # mean exactly zero
+    ([-3.0, -4.0, -5.0], 1, REVERSE_HOLDS),   # every seed down, mean −4 beyond std 1: the other claim holds
+    ([2.0, 3.0], -1, REVERSE_HOLDS),
+    ([-0.5, -8.0, -0.5], 1, UNRESOLVED),      # every seed down but the spread covers zero
+    ([-3.0, -8.0, 1.0], 1, UNRESOLVED),       # a mean of the other sign with a seed for the claim
+    ([9.0], 1, UNRESOLVED),                   # one seed neither holds ...
+    ([-9.0], 1, UNRESOLVED),                  # ... nor refutes
+    ([], 1, UNRESOLVED),
 ])
 def test_the_paired_verdict_rule(differences: list[float], direction: int, expected: str) -> None:
     assert paired_verdict(differences, direction) == expected
@@ -89,10 +91,18 @@ def test_the_paired_verdict_rule(differences: list[float], direction: int, expec
 
 def test_the_paired_verdict_text_and_its_bad_direction() -> None:
     assert paired_text([3.0, 4.0, 5.0]) == "holds: +4.00 ± 1.00, 3/3 seeds +"
-    assert paired_text([-1.0, 2.0], -1) == "does not hold: +0.50 ± 2.12, 1/2 seeds −"
-    assert paired_text([9.0]) == "one seed: +9.00, 1/1 seeds +"
+    assert paired_text([-1.0, 2.0], -1) == "unresolved: +0.50 ± 2.12, 1/2 seeds −"
+    assert paired_text([9.0]) == "unresolved: +9.00, 1/1 seeds +"
+    assert paired_text([]) == "unresolved: no paired seeds"
     with pytest.raises(ValueError, match="direction"):
         paired_verdict([1.0, 2.0], 0)
+
+
+def test_a_claim_on_a_run_that_did_not_train_is_evidence_for_nothing() -> None:
+    assert did_train([49.6, 70.0], floor=64.0) is False and did_train([64.1, 70.0], floor=64.0) is True
+    assert did_train([64.0], floor=64.0) is False                                # at the floor is not above it
+    assert paired_verdict([30.0, 35.0, 36.0], 1, trained=False) == DID_NOT_TRAIN  # holds by the numbers alone
+    assert paired_verdict([30.0, 35.0, 36.0], 1) == HOLDS
 
 
 def test_paired_differences_match_seeds_not_positions() -> None:

@@ -31,6 +31,7 @@ def test_each_table_is_the_one_its_runs_give(name: str) -> None:
 
 def test_the_verdict_record_is_the_one_its_runs_give() -> None:
     assert script.verdict_block(script.BUDGET) in TEXT
+    assert (RESULTS / script.RAW).read_text() == script.paired_csv()
 
 
 def test_the_figure_is_committed_and_small() -> None:

@@ -193,6 +193,28 @@ def test_reproduce_list_covers_the_four_papers(capsys: pytest.CaptureFixture) ->
     assert main(["reproduce", "nope"]) == 2
 
 
+def test_reproduce_list_says_which_data_are_not_here_and_how_to_point_at_them(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where a spec's data folder is missing, the listing names the key, ``--data-root`` and the
+    reduced tier that needs no files; with the folder there, it says nothing of data."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(reproduce, "spec_names", lambda: ["feddecorr_table10"])
+    line = reproduce.listing().splitlines()[1]
+    assert line.split() == [*"data not here: data.root = 'data' (cifar10): pass --data-root DIR, or --tier quick".split(),
+                            "(its", "data", "need", "no", "files)"]
+    assert reproduce.missing_data(reproduce.load_spec("feddecorr_table10", tier="quick")) == []
+    (tmp_path / "data").mkdir()
+    assert "data not here" not in reproduce.listing()
+
+
+def test_a_refused_reproduce_leaves_no_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                              capsys: pytest.CaptureFixture) -> None:
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "out"
+    assert main(["reproduce", "feddecorr_table10", "--tier", "cpu", "--out", str(out)]) == 2
+    assert "folder not found" in capsys.readouterr().err and not out.exists()
+
+
 @pytest.mark.slow
 def test_quick_spec_runs_end_to_end(tmp_path: Path) -> None:
     text = reproduce.reproduce("spherefed_table3", tmp_path / "q", tier="quick")
@@ -392,6 +414,21 @@ def test_unfinished_runs_show_apart_at_the_last_round_they_reached(tmp_path: Pat
     assert cells["b"]["accuracy"] == "-" and cells["b"][UNFINISHED] == f"{expected[0]:.4f} ± {expected[1]:.4f} (round 1–2)"
     header, _ = cell_table(rows[:1], ["method", "seed"])
     assert UNFINISHED not in header  # only when some run is unfinished
+
+
+def test_a_sweep_line_flags_a_process_first_run_as_its_table_does(tmp_path: Path, digits_config: Path) -> None:
+    """The live line of a run that was its process's first (its seconds hold the one-off imports and
+    warm-up) carries the table's "*" and says why; the others do not."""
+    from fedlatent.experiment.studies.sweep import FIRST_NOTE
+    study = parse_study({"base": str(digits_config), "set": {"train.rounds": 1, "data.num_clients": 4},
+                         "grid": {"seed": [0, 1]}}, tmp_path)
+    lines: list[str] = []
+    run_sweep(study, tmp_path / "out", echo=lines.append, figures=False)
+    finished = [line for line in lines if line.startswith("[")]
+    for line, cell in zip(finished, study.cells):
+        first = json.loads((tmp_path / "out" / cell.name / "summary.json").read_text())["first_in_process"]
+        assert (" s *, " in line and line.endswith(FIRST_NOTE)) == first, line
+    assert len(finished) == 2 and not all(FIRST_NOTE in line for line in finished)
 
 
 def test_a_sweep_tells_how_far_its_running_cells_are(tmp_path: Path, digits_config: Path, monkeypatch) -> None:

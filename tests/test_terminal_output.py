@@ -35,7 +35,7 @@ def test_partition_of_1000_clients_prints_a_short_summary(capsys) -> None:
 def test_up_to_20_clients_the_full_table(digits_config: Path, capsys) -> None:
     assert main(["partition", str(digits_config), "--set", f"data.num_clients={FULL_TABLE_CLIENTS}"]) == 0
     printed = capsys.readouterr().out
-    assert printed.split()[0] == "client"
+    assert printed.split()[0] == "client\\class"  # both axes named
     assert [int(r[0]) for r in _client_rows(printed)] == list(range(FULL_TABLE_CLIENTS))
 
 
@@ -48,7 +48,7 @@ def test_partition_summary_values() -> None:
     assert rows["classes per client"] == ["0", "1.5", "3"]
     # the largest class's share, over the clients holding samples: (1 + 1/2 + 1/3) / 3
     assert "mean 0.61" in lines[-2] and lines[-1] == "6 client(s) hold no training sample"
-    assert partition_overview(counts[:FULL_TABLE_CLIENTS]).splitlines()[0].split()[0] == "client"
+    assert partition_overview(counts[:FULL_TABLE_CLIENTS]).splitlines()[0].split()[0] == "client\\class"
     assert partition_overview(counts, full="here").endswith("full table (client × class): here")
 
 
@@ -79,16 +79,44 @@ def test_per_client_results_up_to_20_clients_are_every_client() -> None:
     assert "per client" not in summary_table({"final": {"accuracy": 0.5}})
 
 
-def test_a_run_that_does_not_personalise_labels_its_per_client_values_as_the_global_model() -> None:
-    final = {"accuracy": 0.9, "loss": 0.3, "personalized_accuracy": 0.8, "personalized_accuracy_std": 0.1,
-             "majority_baseline_accuracy": 0.5, "per_client": _per_client(3)}
+def test_the_printed_names_are_the_summarys_keys_and_a_global_run_says_what_they_hold() -> None:
+    final = {"accuracy": 0.75, "loss": 0.3, "personalized_accuracy": 0.8, "personalized_accuracy_std": 0.1,
+             "majority_baseline_accuracy": 0.5, "new_client_accuracy": 0.7, "new_client_personal_mean": 0.7,
+             "per_client": _per_client(3)}
     globally = summary_table({"final": final, "personalized": False})
     labels = [line.split()[0] for line in globally.splitlines() if line.split()]
-    assert "client_accuracy" in labels and "client_accuracy_std" in labels and "test_loss" in labels
-    assert "personali" not in globally and "per client (the global model on its test split)" in globally
+    assert {k for k in final if k != "per_client"} <= set(labels)           # summary.json's keys, as they are
+    assert "(this method does not personalise: personalized_* and new_client_personal_* hold the global model" in globally
+    assert "per client (the global model on its test split)" in globally
     personal = summary_table({"final": final, "personalized": True})
-    assert "personalized_accuracy" in personal and "its personalised model" in personal
+    assert "does not personalise" not in personal and "its personalised model" in personal
     assert "note:" not in globally + personal                  # 0.8 is above the baseline 0.5
+
+
+@pytest.mark.parametrize("mine, theirs", [("personalized_accuracy", "accuracy"),
+                                          ("new_client_personal_mean", "new_client_accuracy")])
+def test_personal_models_below_the_global_model_get_a_note(mine: str, theirs: str) -> None:
+    final = {"accuracy": 0.8, "personalized_accuracy": 0.85, "new_client_accuracy": 0.7, "new_client_personal_mean": 0.75,
+             mine: 0.5, theirs: 0.6}
+    notes = [line for line in summary_table({"final": final, "personalized": True}).splitlines()
+             if line.startswith("note:")]
+    assert len(notes) == 1 and f"0.5000 ({mine}), below" in notes[0] and f"0.6000 ({theirs})" in notes[0]
+    assert not [line for line in summary_table({"final": final, "personalized": False}).splitlines()
+                if line.startswith("note:") and mine in line]      # the global model against itself: no note
+
+
+def test_fedbn_on_a_model_without_batchnorm_says_it_trains_as_fedavg() -> None:
+    from fedlatent.config import load_config
+    from fedlatent.experiment.runner.notes import setup_notes
+    from fedlatent.experiment.runner.validation import validate
+    mlp = load_config(None, ['algorithm.name="fedbn"'])
+    assert mlp.model.arch == "mlp"
+    notes = setup_notes(mlp, validate(mlp), (1, 8, 8), 10)
+    assert len(notes) == 1 and "it has no BatchNorm layer" in notes[0] and "exactly as FedAvg" in notes[0]
+    cnn = load_config(None, ['algorithm.name="fedbn"', 'model.arch="resnet32"'])
+    assert setup_notes(cnn, validate(cnn), (3, 32, 32), 10) == []   # BatchNorm layers: its own entries
+    fedavg = load_config(None, [])
+    assert setup_notes(fedavg, validate(fedavg), (1, 8, 8), 10) == []
 
 
 @pytest.mark.parametrize("personalized,why", [(False, "one global model cannot"), (True, "have not yet learned")])

@@ -95,11 +95,22 @@ def test_a_tiny_throughput_run_prints_the_table_and_writes_the_json(tmp_path, ca
     header, *rows = _table_rows(captured.out)
     assert header == ["side", "precision", "samples/s", "MFLOP/sample", "TFLOP/s", "÷ bare loop (samples/s)"]
     assert [r[:2] for r in rows] == [[tp.BARE, "fp32"], [tp.FEDLATENT, "fp32"]]
-    assert rows[0][5] == "1.000" and all(float(r[2]) > 0 for r in rows) and rows[0][3] == "337.0"
+    assert rows[0][5] == "1.00" and all(float(r[2]) > 0 for r in rows) and rows[0][3] == "337.0"
+    assert all(len(r[2].replace(".", "").replace("e+", "").lstrip("0")) <= 3 for r in rows)  # 3 significant figures
+    assert "judgement: " in captured.out and "1 repetition(s) give a rough figure" in captured.out
     raw = json.loads(out.read_text())
     assert raw["images"] == 20 and raw["total_batch"] == 20 and raw["samples_per_client"] == 2
     assert len(raw["seconds"][tp.FEDLATENT]) == 1 and len(raw["seconds"][tp.BARE]) == 2
-    assert float(rows[1][5]) == pytest.approx(1 / raw["time_ratio"][0], abs=1e-3)
+    assert float(rows[1][5]) == pytest.approx(1 / raw["time_ratio"][0], abs=5e-3)
+
+
+@pytest.mark.parametrize("ratios, says", [([1.05, 1.02, 1.08], "at the bare loop's speed, 0.95 of its samples/s"),
+                                          ([2.0, 2.5, 4.0], "at 0.40 of the bare loop's samples/s (repetitions "
+                                                            "0.25-0.50): 2.5× its time")])
+def test_the_judgement_says_what_the_ratio_means(ratios: list[float], says: str) -> None:
+    line = tp.judgement({"time_ratio": ratios})
+    assert line.startswith("judgement: fedlatent trains ") and says in line and "rough" not in line
+    assert "2 repetition(s) give a rough figure" in tp.judgement({"time_ratio": ratios[:2]})
 
 
 @pytest.mark.parametrize("mode", [[], ["--throughput"]])

@@ -27,7 +27,8 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("config", help="TOML run configuration")
     run.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
                      help="override one key (repeatable), e.g. --set train.rounds=5")
-    run.add_argument("--out", help="run directory (default runs/<dataset>-<partition>-<algorithm>-seed<seed>)")
+    run.add_argument("--out", help="run directory (default runs/<dataset>-<partition>-<algorithm>-seed<seed>-<digest>, "
+                     "the digest six hex digits of the resolved settings' SHA-256: one folder per configuration)")
     run.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
     shown = run.add_mutually_exclusive_group()
     shown.add_argument("--progress", action="store_true",
@@ -121,8 +122,13 @@ def _run(args: argparse.Namespace) -> None:
     from fedlatent.analysis.tables import summary_table
     from fedlatent.experiment import default_out, run
     out = Path(args.out) if args.out else default_out(config)
+    from fedlatent.experiment.runner.folders import CLI_TERMS, TERMS
     shown: bool | str = "bar" if args.progress else False if args.no_progress else "auto"
-    summary = run(config, out, resume=args.resume, progress=shown, figures=not args.no_figures)
+    terms = TERMS.set(CLI_TERMS)  # refusals name --out and --resume
+    try:
+        summary = run(config, out, resume=args.resume, progress=shown, figures=not args.no_figures)
+    finally:
+        TERMS.reset(terms)
     print(f"\n{summary['method']} on {summary['dataset']} ({out}):")
     print(summary_table(summary))
     _privacy_lines(summary)

@@ -62,11 +62,12 @@ class Registry:
 
     def register(self, name: str, *, reads: tuple[str, ...] = (), keys: dict[str, Key] | None = None,
                  doc: str = "", **traits: Any) -> Callable:
-        """Decorator registering ``build`` under ``name``; the doc defaults to its docstring's first line."""
+        """Decorator registering ``build`` under ``name``; the doc defaults to its docstring's first
+        paragraph on one line (a first line alone may stop mid-sentence)."""
         def wrap(build: Callable) -> Callable:
             if name in self._entries:
                 raise ValueError(f"{self.section}.{self.key} = '{name}' is registered twice")
-            text = doc or (build.__doc__ or "").strip().split("\n")[0]
+            text = doc or " ".join((build.__doc__ or "").strip().split("\n\n")[0].split())
             self._entries[name] = Entry(name, build, text, tuple(reads), dict(keys or {}), traits)
             return build
         return wrap

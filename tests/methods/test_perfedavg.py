@@ -19,14 +19,16 @@ from fedlatent.seeding import FINETUNE, LOCAL_TRAINING, derive_seed
 from tests.methods.resume import resumed_equals_uninterrupted
 from tests.methods.test_apfl import CONFIG, TRAINERS, _rounds
 from tests.methods.test_ditto import small_config
+from tests.methods.test_pfedme import _plain
 
 
 @pytest.mark.parametrize("variant", ["fo", "hf"])
 @pytest.mark.parametrize("backend", sorted(TRAINERS))
 def test_alpha_zero_on_whole_batches_trains_fedavg_exactly(backend: str, variant: str) -> None:
-    fedavg, fedavg_lines, _ = _rounds(small_config("fedavg"), TRAINERS[backend])
-    per, per_lines, _ = _rounds(small_config("perfedavg", alpha=0.0, variant=variant, split_batch=False),
-                                TRAINERS[backend])
+    """With β = train.lr under plain SGD (the step Per-FedAvg requires) α = 0 is FedAvg's step."""
+    fedavg, fedavg_lines, _ = _rounds(_plain(small_config("fedavg"), 0.05), TRAINERS[backend])
+    per, per_lines, _ = _rounds(_plain(small_config("perfedavg", alpha=0.0, variant=variant, split_batch=False,
+                                                    beta=0.05), 0.05), TRAINERS[backend])
     for k, v in fedavg.server.global_state.items():
         torch.testing.assert_close(per.server.global_state[k], v, rtol=0, atol=0)
     assert [line["train_loss"] for line in per_lines] == [line["train_loss"] for line in fedavg_lines]
@@ -38,8 +40,8 @@ def _parts(idx: torch.Tensor, parts: int) -> list[torch.Tensor]:
     return [idx] * parts if n < 2 * parts else [idx[i * n // parts:(i + 1) * n // parts] for i in range(parts)]
 
 
-def _hand_loop(config, s, initial: dict, alpha: float, variant: str) -> dict:
-    """Algorithm 1 in float64 with plain SGD at β = train.lr, from the values before the step:
+def _hand_loop(config, s, initial: dict, alpha: float, variant: str, beta: float) -> dict:
+    """Algorithm 1 in float64 with plain SGD at β (its own key, not train.lr), from the values before the step:
     w̃ = w − α∇f(w; D); FO: w −= β∇f(w̃; D'); HF: w −= β(I − α∇²f(w; D''))∇f(w̃; D'), the Hessian
     the explicit matrix of the flattened weights; the global model the sample-weighted mean."""
     t = config.train
@@ -70,7 +72,7 @@ def _hand_loop(config, s, initial: dict, alpha: float, variant: str) -> dict:
                 v = grad(adapted, *data[1])
                 if variant == "hf":
                     v = v - alpha * hessian(loss)(w, *data[2]) @ v
-                w = w - t.lr * v
+                w = w - beta * v
             trained.append(w)
         w_bar = sum(w * (n / sum(sizes)) for w, n in zip(trained, sizes))
     return unflat(w_bar)
@@ -79,14 +81,14 @@ def _hand_loop(config, s, initial: dict, alpha: float, variant: str) -> dict:
 @pytest.mark.parametrize("variant", ["fo", "hf"])
 @pytest.mark.parametrize("backend", sorted(TRAINERS))
 def test_two_rounds_match_a_float64_hand_loop(backend: str, variant: str) -> None:
-    config = small_config("perfedavg", alpha=0.3, variant=variant)
+    config = small_config("perfedavg", alpha=0.3, variant=variant, beta=0.2)
     config.model.hidden = [4]  # the Hessian of the flattened weights: 294 × 294
-    config.train.momentum, config.train.weight_decay, config.train.lr = 0.0, 0.0, 0.2
+    config.train.momentum, config.train.weight_decay, config.train.lr = 0.0, 0.0, 0.5  # β = 0.2, not train.lr
     s, _, initial = _rounds(config, TRAINERS[backend], float64=True)
-    expected = _hand_loop(config, s, initial, 0.3, variant)
+    expected = _hand_loop(config, s, initial, 0.3, variant, 0.2)
     for k, v in expected.items():
         torch.testing.assert_close(s.server.global_state[k], v, rtol=0, atol=1e-10)
-    fo = _hand_loop(config, s, initial, 0.3, "fo")  # the Hessian term moves the weights (not vacuous)
+    fo = _hand_loop(config, s, initial, 0.3, "fo", 0.2)  # the Hessian term moves the weights (not vacuous)
     if variant == "hf":
         assert max(float((fo[k] - v).abs().max()) for k, v in expected.items()) > 1e-6
     # evaluated after one plain step at rate α on a batch of its training split
@@ -140,7 +142,7 @@ def test_the_batch_parts_are_consecutive_and_a_short_batch_is_whole() -> None:
 
 @pytest.mark.slow
 def test_resume_reproduces_the_uninterrupted_run(tmp_path: Path, monkeypatch, crash_at_round_2) -> None:
-    resumed_equals_uninterrupted(small_config("perfedavg", rounds=3, variant="hf"), tmp_path, monkeypatch)
+    resumed_equals_uninterrupted(_plain(small_config("perfedavg", rounds=3, variant="hf"), 0.05), tmp_path, monkeypatch)
 
 
 @pytest.mark.parametrize("setting, key", [('algorithm.variant="so"', "algorithm.variant"),
@@ -152,6 +154,32 @@ def test_a_bad_key_exits_2_in_one_line_before_any_folder(setting: str, key: str,
                  "--set", setting, "--out", str(out)]) == 2
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and "Traceback" not in err and key in err and not out.exists()
+
+
+@pytest.mark.parametrize("name", ["perfedavg", "pfedme"])
+@pytest.mark.parametrize("sets, named", [(["train.momentum=0.9"], "train.momentum = 0.9"),
+                                         (["train.momentum=0", "train.weight_decay=0.01"], "train.weight_decay = 0.01"),
+                                         (["train.momentum=0", 'train.optimizer="adam"'], "train.optimizer = 'adam'")])
+def test_a_step_other_than_plain_sgd_is_refused_naming_the_key(name: str, sets: list[str], named: str,
+                                                               tmp_path: Path, capsys) -> None:
+    """The papers' global-model step is plain SGD: a momentum, a weight decay or another optimiser
+    would make it another method (pFedMe's personal models then end below its global model)."""
+    out = tmp_path / "run"
+    overrides = [a for s in [f'algorithm.name="{name}"', *sets] for a in ("--set", s)]
+    assert main(["run", str(CONFIG), "--no-progress", *overrides, "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and err.startswith(f"fedlatent: error: {named}") and "plain SGD" in err
+    assert not out.exists()
+    assert main(["check", str(CONFIG), *overrides[:2], "--set", "train.momentum=0", "--set", "train.weight_decay=0"]) == 0
+
+
+def test_the_changed_defaults_are_their_sources_values() -> None:
+    """Per-FedAvg's β is the pFedMe repository's (its Per-FedAvg MNIST command: --beta 0.001), FedALA's
+    threshold the paper's (the FedALA release's README: 0.01 in the paper; its ALA.py defaults to 0.1)."""
+    from fedlatent.methods import resolve
+    assert resolve({"name": "perfedavg"}, []).personalization.beta == 0.001
+    assert resolve({"name": "fedala"}, []).personalization.threshold == 0.01
+    assert resolve({"name": "fedala", "threshold": 0.1}, []).personalization.threshold == 0.1  # the release's
 
 
 @pytest.mark.parametrize("name", ["perfedavg", "pfedme"])

@@ -95,7 +95,7 @@ def test_two_rounds_match_a_float64_hand_loop(backend: str) -> None:
 
 @pytest.mark.slow
 def test_resume_reproduces_the_uninterrupted_run(tmp_path: Path, monkeypatch, crash_at_round_2) -> None:
-    clients = resumed_equals_uninterrupted(small_config("pfedme", rounds=3), tmp_path, monkeypatch)
+    clients = resumed_equals_uninterrupted(_plain(small_config("pfedme", rounds=3), 0.05), tmp_path, monkeypatch)
     assert all(prefixed(c, PERSONAL) for c in clients)
 
 

@@ -22,6 +22,10 @@ ON_SYNTHETIC = ['data.dataset="synthetic"', 'data.partition="given"', "data.samp
                 "data.num_clients=4", "data.synthetic_alpha=0.5", "data.synthetic_beta=0.5",
                 "model.hidden=[20]", "train.rounds=5"]
 DIGITS_MIN = 0.5  # chance is 0.1; FedAvg reaches ~0.8 here
+# pFedMe and Per-FedAvg take their papers' plain SGD step (refused otherwise); Per-FedAvg at the
+# release's β = 0.001 barely moves in 5 rounds, so here its β is the run's 0.05
+PLAIN = {"pfedme": ["train.momentum=0", "train.weight_decay=0"],
+         "perfedavg": ["train.momentum=0", "train.weight_decay=0", "algorithm.beta=0.05"]}
 # FedAdagrad with the default server lr (−1 → 0.01): its first step is ~0.1·η per coordinate (m = 0.1Δ,
 # √v ≈ |Δ|), ten times smaller than FedAdam's, so in 5 rounds it barely leaves the initial model
 # (digits 0.23, synthetic 0.16). Reddi et al. 2021 tune FedAdagrad's η higher; with server.lr = 0.1
@@ -46,14 +50,14 @@ def _run(tmp_path: Path, overrides: list[str]) -> dict:
 
 @pytest.mark.parametrize("name", NAMES)
 def test_preset_learns_on_skewed_digits(name: str, tmp_path) -> None:
-    final = _run(tmp_path, ON_DIGITS + [f'algorithm.name="{name}"'])
+    final = _run(tmp_path, ON_DIGITS + [f'algorithm.name="{name}"', *PLAIN.get(name, [])])
     assert final["accuracy"] > DIGITS_MIN, final
     assert final["balanced_accuracy"] > DIGITS_MIN - 0.05, final
 
 
 @pytest.mark.parametrize("name", NAMES)
 def test_preset_learns_on_synthetic(name: str, tmp_path, synthetic_majority) -> None:
-    final = _run(tmp_path, ON_SYNTHETIC + [f'algorithm.name="{name}"'])
+    final = _run(tmp_path, ON_SYNTHETIC + [f'algorithm.name="{name}"', *PLAIN.get(name, [])])
     assert final["accuracy"] > max(0.2, synthetic_majority + 0.15), (final, synthetic_majority)
 
 

@@ -38,7 +38,7 @@ for name in ("ditto", "fedrep"):
 """
 
 
-@pytest.mark.slow
+@pytest.mark.long  # two checkouts' runs: two minutes; tests/methods/test_ditto.py and test_personal_layers.py pin the numbers in CI
 def test_ditto_and_fedrep_give_the_numbers_of_the_code_before(tmp_path: Path) -> None:
     old_runs, new_runs = runs_before_and_now(BEFORE, SCRIPT, tmp_path)
     runs = sorted(p.name for p in old_runs.iterdir())

@@ -26,46 +26,58 @@ TIE_PP = 0.5  # percentage points: a difference to the baseline row this small h
 
 HOLDS = "holds"
 DIRECTION_ONLY = "direction only"
-DOES_NOT_HOLD = "does not hold"
-ONE_SEED = "one seed"
-NOT_JUDGED = "not judged"
-VERDICTS = (HOLDS, DIRECTION_ONLY, DOES_NOT_HOLD, ONE_SEED, NOT_JUDGED)
+UNRESOLVED = "unresolved"
+REVERSE_HOLDS = "the reverse holds"
+DID_NOT_TRAIN = "did not train at this budget"
+VERDICTS = (HOLDS, DIRECTION_ONLY, UNRESOLVED, REVERSE_HOLDS, DID_NOT_TRAIN)
+NOT_JUDGED = "not judged"  # the paired column where the paper itself shows no direction: no claim to judge
 
 
-def paired_verdict(differences: Sequence[float], direction: int = 1) -> str:
+def did_train(ends: Sequence[float], floor: float) -> bool:
+    """Whether every run a claim compares left its floor: ``ends`` are their final accuracies,
+    ``floor`` the higher of chance and the clients' majority-class rate (same unit). A run that ends
+    at or below it did not train at this budget, and a difference against it is evidence for nothing."""
+    return all(end > floor for end in ends)
+
+
+def paired_verdict(differences: Sequence[float], direction: int = 1, *, trained: bool = True) -> str:
     """The verdict on a claim that a method moves a metric in ``direction`` (+1 up, −1 down)
     against its baseline, from the per-seed paired differences (method − baseline, one per seed):
 
     - ``holds``: every difference has the claimed sign (a zero has none) and |mean| exceeds the
       sample standard deviation (ddof = 1): the mean is more than one spread away from zero;
+    - ``the reverse holds``: the same, in the other direction: every seed has the opposite sign and
+      |mean| exceeds the spread;
     - ``direction only``: the mean has the claimed sign, but a seed disagrees (or ties at zero)
       or the spread covers zero (|mean| ≤ std);
-    - ``does not hold``: the mean is zero or of the other sign;
-    - ``one seed``: a single difference, whatever its sign: one seed has no spread, so it can
-      neither hold nor refute a claim;
-    - ``not judged``: no paired seed at all.
+    - ``unresolved``: anything else: a mean of the other sign without every seed agreeing, a zero
+      mean, a single seed (no spread) or none;
+    - ``did not train at this budget``: ``trained`` is False (see :func:`did_train`), whatever the
+      differences say.
 
     There is no significance test: three seeds, the usual count here, give a t-test little power,
     and "mean beyond one std with every seed agreeing" is a rule a reader can check by eye.
     """
     if direction not in (1, -1):
         raise ValueError(f"direction must be +1 or -1, not {direction!r}")
-    if not differences:
-        return NOT_JUDGED
-    if len(differences) == 1:
-        return ONE_SEED
+    if not trained:
+        return DID_NOT_TRAIN
+    if len(differences) < 2:
+        return UNRESOLVED
     signed = [direction * d for d in differences]
-    centre = mean(signed)
-    if centre <= 0:
-        return DOES_NOT_HOLD
-    return HOLDS if min(signed) > 0 and centre > stdev(signed) else DIRECTION_ONLY
+    centre, spread = mean(signed), stdev(signed)
+    if min(signed) > 0 and centre > spread:
+        return HOLDS
+    if max(signed) < 0 and -centre > spread:
+        return REVERSE_HOLDS
+    return DIRECTION_ONLY if centre > 0 else UNRESOLVED
 
 
 def paired_text(differences: Sequence[float], direction: int = 1) -> str:
     """The verdict with its numbers: ``holds: +4.00 ± 0.50, 3/3 seeds +``."""
     found = paired_verdict(differences, direction)
-    if found == NOT_JUDGED:
-        return f"{NOT_JUDGED}: no paired seeds"
+    if not differences:
+        return f"{found}: no paired seeds"
     spread = f" ± {stdev(differences):.2f}" if len(differences) > 1 else ""
     agree = sum(direction * d > 0 for d in differences)
     return (f"{found}: {mean(differences):+.2f}{spread}, {agree}/{len(differences)} seeds "

@@ -21,8 +21,9 @@ WORST_SHOWN = 5  # the clients a per-client summary names
 
 
 def partition_table(counts: np.ndarray) -> str:
-    """Samples per client × class with row and column totals."""
-    header = ["client"] + [str(c) for c in range(counts.shape[1])] + ["total"]
+    """Samples per client × class with row and column totals; the first header cell names both
+    axes (``client\\class``: a client per row, a class per column)."""
+    header = ["client\\class"] + [str(c) for c in range(counts.shape[1])] + ["total"]
     rows = [[i, *row.tolist(), int(row.sum())] for i, row in enumerate(counts)]
     rows.append(["total", *counts.sum(0).tolist(), int(counts.sum())])
     return format_table(header, rows)
@@ -81,13 +82,10 @@ def per_client_table(rows: list[dict[str, Any]]) -> str:
                       clients(worst)])
 
 
-# what a run that does not personalise prints for the per-client keys of summary.json: the global
-# model on each client's test split (the keys stay those of the summary contract)
-GLOBAL_ON_CLIENTS = {"personalized_accuracy": "client_accuracy", "personalized_accuracy_std": "client_accuracy_std",
-                     "personalized_accuracy_worst": "client_accuracy_worst",
-                     "personalized_balanced_accuracy": "client_balanced_accuracy",
-                     "new_client_personal_mean": "new_client_global_mean", "new_client_personal_std": "new_client_global_std",
-                     "new_client_personal_worst": "new_client_global_worst"}
+# a run that does not personalise fills the per-client keys of summary.json with the global model on
+# each client's test split: the table prints the keys as they are, and this line says what they hold
+GLOBAL_ON_CLIENTS = ("this method does not personalise: personalized_* and new_client_personal_* hold the global "
+                     "model on each client's test split")
 
 
 PRIVACY_ROWS = ("privacy_epsilon", "privacy_delta", "sample_level_epsilon", "sample_level_delta", "privacy_randomness")
@@ -105,8 +103,7 @@ def summary_table(summary: dict[str, Any]) -> str:
             "personalized_accuracy_std", "personalized_accuracy_worst", "personalized_balanced_accuracy",
             "majority_baseline_accuracy", "new_client_accuracy", "new_client_personal_mean", "new_client_personal_std",
             "new_client_personal_worst", "new_client_majority_baseline"]
-    labels = {"loss": "test_loss", **({} if personal else GLOBAL_ON_CLIENTS)}
-    rows = [[labels.get(k, k), final[k]] for k in keys if k in final]
+    rows = [[k, final[k]] for k in keys if k in final]  # summary.json's keys, as the file has them
     rows += [["headline", summary.get("headline", "accuracy")],  # the metric the data set is compared by
              ["rounds_completed", summary.get("rounds_completed")],
              ["wall_seconds", float(summary.get("wall_seconds", 0.0))]]
@@ -114,9 +111,11 @@ def summary_table(summary: dict[str, Any]) -> str:
     rows += [[k, f"{summary[k]:.4g}" if isinstance(summary[k], float) else summary[k]]  # a private run's guarantee
              for k in PRIVACY_ROWS if summary.get(k) is not None]
     table = format_table(["metric", "value"], rows)
-    note = majority_note(final, personal)
-    if note:
-        table += f"\n{note}"
+    if not personal and any(k.startswith(("personalized_", "new_client_personal_")) for k in final):
+        table += f"\n({GLOBAL_ON_CLIENTS})"
+    for note in (majority_note(final, personal), *(personal_notes(final) if personal else ())):
+        if note:
+            table += f"\n{note}"
     model = "its personalised model" if personal else "the global model"
     if final.get("per_client"):
         table += f"\n\nper client ({model} on its test split):\n{per_client_table(final['per_client'])}"
@@ -124,6 +123,24 @@ def summary_table(summary: dict[str, Any]) -> str:
         rule = "its method's new-client rule" if personal else "the global model"
         table += f"\n\nper new client ({rule} on its test split):\n{per_client_table(final['new_per_client'])}"
     return table
+
+
+def personal_notes(final: dict[str, Any]) -> list[str]:
+    """A personalising run's notes where its personal models end below the global model: the
+    trained clients' mean (``personalized_accuracy``) below the global model's ``accuracy`` (on the
+    global test split: not the same samples, but the model a client could have used instead), and the
+    new clients' rule (``new_client_personal_mean``) below the global model on the same splits
+    (``new_client_accuracy``)."""
+    notes = []
+    pairs = [("personalized_accuracy", "accuracy", "the trained clients' personal models",
+              "the global model's accuracy on the global test split"),
+             ("new_client_personal_mean", "new_client_accuracy", "the new clients' rule", "the global model's on the same splits")]
+    for mine, theirs, who, against in pairs:
+        if final.get(mine) is not None and final.get(theirs) is not None and final[mine] < final[theirs]:
+            notes.append(f"note: {who} score {final[mine]:.4f} ({mine}), below {against} {final[theirs]:.4f} "
+                         f"({theirs}): at this budget the global model is the better one to use; the method's page "
+                         "(docs/methods/) lists the keys its personal step depends on")
+    return notes
 
 
 def majority_note(final: dict[str, Any], personal: bool) -> str:

@@ -90,10 +90,26 @@ def outline(cfg: DataConfig, seed: int, read: dict[Any, Pool | GivenClients | La
             read[key] = source
     if isinstance(source, GivenClients):
         fed = _federation(cfg, source, seed)
-        return Outline(fed.num_classes, fed.input_shape, len(fed.clients))
+        return Outline(fed.num_classes, fed.input_shape, len(fed.clients),
+                       tuple((len(c.train), len(c.test) if c.test is not None else 0) for c in fed.clients))
     labels = source if isinstance(source, Labels) else source.labels()
-    parts = _plan(cfg, merged_labels(labels) if cfg.merge_test else labels, seed)[3]
-    return Outline(labels.num_classes, labels.input_shape, len(parts))
+    train_idx, _, held_out, parts = _plan(cfg, merged_labels(labels) if cfg.merge_test else labels, seed)
+    return Outline(labels.num_classes, labels.input_shape, len(parts), _client_sizes(cfg, labels, held_out, parts))
+
+
+def _client_sizes(cfg: DataConfig, labels: Labels, held_out: np.ndarray | None, parts: list[np.ndarray]
+                  ) -> tuple[tuple[int, int], ...]:
+    """Each client's (training, test) sample counts as :func:`_from_pool` splits its part
+    (:func:`fedlatent.data.partition.split_fractions`: ``round(f·n)`` to each fraction), a domain's
+    held-out test where a partition by domains leaves the client none of its own."""
+    sizes = []
+    for i, part in enumerate(parts):
+        val, test = (int(round(f * len(part))) for f in (cfg.val_fraction, cfg.local_test_fraction))
+        if not test and PARTITIONS.get(cfg.partition).traits.get("needs_groups") and held_out is not None:
+            assert labels.groups is not None
+            test = int((labels.groups[held_out] == np.unique(labels.groups)[i]).sum())
+        sizes.append((len(part) - val - test, test))
+    return tuple(sizes)
 
 
 def _source_key(cfg: DataConfig, seed: int) -> tuple[Any, ...]:

@@ -117,8 +117,10 @@ class ServerView:
 @dataclass
 class Outline:
     """What a federation will be, known without building it (:func:`fedlatent.data.federation.outline`):
-    the classes, the input shape (None where only decoding the samples tells it) and the clients."""
+    the classes, the input shape (None where only decoding the samples tells it) and the clients, with
+    each client's (training, test) sample counts where the partition tells them (``()`` where not)."""
 
     num_classes: int
     input_shape: tuple[int, ...] | None
     num_clients: int
+    client_sizes: tuple[tuple[int, int], ...] = ()

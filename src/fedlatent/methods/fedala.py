@@ -136,7 +136,10 @@ class FedAlaProgram(ClientProgram):
         return tune(global_state, "all")
 
 
-@register_preset("fedala", eta=1.0, rand_percent=80, ala_layers=1, threshold=0.1, num_pre_loss=10,
+THRESHOLD = 0.01  # the paper's (the FedALA release's README: "we set it to 0.01 in our paper"); ALA.py's default is 0.1
+
+
+@register_preset("fedala", eta=1.0, rand_percent=80, ala_layers=1, threshold=THRESHOLD, num_pre_loss=10,
                  max_start_epochs=1000)
 def fedala(opts: dict[str, Any]) -> MethodSpec:
     """FedALA: each round starts from the local model aggregated element-wise with the global one on its top layer."""

@@ -10,8 +10,10 @@ the batches D, D', D'' is, from w,
   product by automatic differentiation (a double backward through ∇f(w; D''): exact, where the
   paper's analysis allows an approximation).
 
-β is the run's rate ``train.lr``: w's step goes through the run's update rule (plain SGD with
-``train.momentum = 0``). f is the copy's objective: the task loss plus the method's terms. D, D', D''
+β is its own key, ``beta`` (0.001: the pFedMe repository's Per-FedAvg, its MNIST command), not
+``train.lr``: w's step is the paper's plain one, so the run's update rule must be plain SGD (refused
+otherwise, :attr:`~fedlatent.methods.program.ClientProgram.plain_update`), and the meta-objective is
+scaled by β / the round's rate, which makes that rule's step exactly w − β ∇. f is the copy's objective: the task loss plus the method's terms. D, D', D''
 are consecutive parts of the step's batch (``split_batch``: halves for FO, thirds for HF; PFLlib draws
 a batch of 2B and halves it likewise), or each the whole batch. Each client is evaluated on the
 global model after one adaptation step, w̄ − α∇f(w̄; ·) on a batch of its training split. α = 0
@@ -40,10 +42,11 @@ class PerFedAvgProgram(ClientProgram):
 
     personalizes = True
     inner_gradients = True
+    plain_update = True  # Algorithm 1's w-step: plain gradient descent at β
 
-    def __init__(self, alpha: float, variant: str, split_batch: bool) -> None:
+    def __init__(self, alpha: float, variant: str, split_batch: bool, beta: float) -> None:
         super().__init__()
-        self.alpha, self.variant = alpha, variant
+        self.alpha, self.variant, self.beta = alpha, variant, beta
         self.parts_of_batch = (3 if variant == "hf" else 2) if split_batch else 1
 
     @property
@@ -57,18 +60,19 @@ class PerFedAvgProgram(ClientProgram):
         update rule applies the meta-gradient at w."""
         parts = [st.part(i, self.parts_of_batch) for i in range(self.parts_of_batch)]
         first, second, third = parts[0], parts[1 % len(parts)], parts[2 % len(parts)]
+        scale = self.beta / st.lr if st.lr > 0 else 0.0  # plain SGD at the round's rate: a step of β
 
         def meta(params: Mapping[str, Tensor]) -> Tensor:
             w = dict(params)  # one view each (one client's weights come as views with a client axis)
             g = gradients(first.objective(GLOBAL, lambda _: w, recorded=False)(w), w)
             adapted = {n: (t - self.alpha * g[n]) if n in g else t for n, t in w.items()}  # w̃, g held constant
             if self.variant == "fo":  # its gradient at w: ∇f(w̃; D')
-                return second.objective(GLOBAL, lambda _: adapted)(w)
+                return scale * second.objective(GLOBAL, lambda _: adapted)(w)
             leaves = {n: t.detach().requires_grad_(n in g) for n, t in adapted.items()}
             v = gradients(second.objective(GLOBAL, lambda _: leaves)(w), leaves)  # ∇f(w̃; D')
             h = gradients(third.objective(GLOBAL, lambda _: w, recorded=False)(w), w, create_graph=True)
             # gradient v − α ∇²f(w; D'') v: ⟨w, v⟩ − α ⟨∇f(w; D''), v⟩ with v held constant
-            return per_client_dot({n: w[n] for n in v}, v) - self.alpha * per_client_dot(h, v)
+            return scale * (per_client_dot({n: w[n] for n in v}, v) - self.alpha * per_client_dot(h, v))
         st.train(GLOBAL, meta)
 
     def evaluated(self, parameters: list[str], client_state: Tensors, global_state: Tensors,
@@ -85,11 +89,16 @@ class PerFedAvgProgram(ClientProgram):
         return self.evaluated(parameters, {}, global_state, tune)
 
 
-@register_preset("perfedavg", alpha=0.005, variant="fo", split_batch=True)
+BETA = 0.001  # the pFedMe repository's Per-FedAvg, its MNIST command (--beta 0.001, plain SGD)
+
+
+@register_preset("perfedavg", alpha=0.005, variant="fo", split_batch=True, beta=BETA)
 def perfedavg(opts: dict[str, Any]) -> MethodSpec:
-    """Per-FedAvg: the global model trained on the MAML objective (α = 0.005, first-order), one step at evaluation."""
+    """Per-FedAvg: the global model trained on the MAML objective (α = 0.005, β = 0.001, first-order), one step at evaluation."""
+    if opts["beta"] <= 0:
+        raise ConfigError(f"algorithm.beta = {opts['beta']}: must be > 0 (the meta-step's rate)")
     if opts["variant"] not in VARIANTS:
         raise ConfigError(not_allowed(f"algorithm.variant = {opts['variant']!r}: allowed values are "
                                       f"{', '.join(VARIANTS)}", opts["variant"], VARIANTS))
     return MethodSpec("perfedavg", personalization=PerFedAvgProgram(opts["alpha"], opts["variant"],
-                                                                   opts["split_batch"]))
+                                                                   opts["split_batch"], opts["beta"]))

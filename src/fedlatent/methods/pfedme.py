@@ -7,8 +7,9 @@ its loss: on every batch ξ of a local step,
 - θ ← θ − ν [∇f(θ; ξ) + λ(θ − w)], ``inner_steps`` = K times: gradient descent at the personal rate
   ν (``personal_lr``) on the inner problem h(θ; w, ξ), from the θ of the previous step (from the
   round's global weights at the first; as the release warm-starts it);
-- w ← w − η λ (w − θ): the envelope's gradient λ(w − θ̂(w)) at the round's rate η (``train.lr``), through
-  the run's update rule (the paper's plain step with ``train.momentum = 0``).
+- w ← w − η λ (w − θ): the envelope's gradient λ(w − θ̂(w)) at the round's rate η (``train.lr``), a
+  plain step: the run's update rule must be plain SGD (``train.momentum = 0``, ``train.weight_decay = 0``;
+  refused otherwise, :attr:`~fedlatent.methods.program.ClientProgram.plain_update`).
 
 The server takes w̄ ← (1 − β) w̄ + β Σ_k p_k w_k: the server's SGD step on the pseudo-gradient at
 rate β = ``server.lr`` (1, FedAvg's mean, by default). θ is the client's personal model: its
@@ -44,6 +45,7 @@ class PFedMeProgram(ClientProgram):
 
     personalizes = True
     inner_gradients = True
+    plain_update = True  # Algorithm 1's w-step is plain gradient descent
 
     def __init__(self, lam: float, inner_steps: int, personal_lr: float) -> None:
         super().__init__()

@@ -251,6 +251,9 @@ class ClientProgram:
     # its step takes gradients of its own (inner steps) outside fp16's loss scaling: refused under fp16
     inner_gradients: ClassVar[bool] = False
     stacks_runs: ClassVar[bool] = True    # clients of several runs may train in one stack
+    # its paper's step of the global copy is plain SGD (no momentum, no weight decay), which the run's
+    # update rule must then be: refused otherwise (experiment.runner.validation.check_plain_update)
+    plain_update: ClassVar[bool] = False
     # the attributes stacked runs may differ in (methods.coefficients; its copies' pulls are too)
     coefficients: ClassVar[tuple[str, ...]] = ()
     epochs: int = 1                  # local epochs of an evaluation-time training (fine-tuning's, a new client's)

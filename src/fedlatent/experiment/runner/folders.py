@@ -10,11 +10,26 @@ from __future__ import annotations
 import hashlib
 import json
 import tomllib
+from contextvars import ContextVar
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from fedlatent.config import RunConfig, to_toml, toml_value
 from fedlatent.errors import ConfigError
+
+@dataclass(frozen=True)
+class Terms:
+    """How a refusal names the run's folder and the resume option: the CLI's flags, or
+    :func:`fedlatent.run`'s arguments."""
+
+    out: str
+    resume: str
+
+
+PYTHON_TERMS = Terms(out="out", resume="resume=True")
+CLI_TERMS = Terms(out="--out", resume="--resume")
+TERMS: ContextVar[Terms] = ContextVar("TERMS", default=PYTHON_TERMS)  # the CLI sets CLI_TERMS
 
 DIGEST_CHARS = 6  # 16^6 ≈ 1.7e7 names: two configurations of one data set, method and seed collide with ~6e-8
 
@@ -62,15 +77,34 @@ def differences(started: str, now: str) -> list[str]:
     return [f"{k} {shown(old, k)} → {shown(new, k)}" for k in keys if k not in old or k not in new or old[k] != new[k]]
 
 
-def check_same_config(config: RunConfig, config_toml: Path) -> None:
+def check_same_config(config: RunConfig, config_toml: Path) -> int | None:
     """Refuse to resume the run whose ``config.toml`` this is with another configuration: one
-    line naming every key that differs, with both values."""
+    line naming every key that differs, with both values. One difference is allowed: a larger
+    ``train.rounds``, which extends the run (returned: the rounds it was started with; else None)."""
+    resume = TERMS.get().resume
     try:
-        changed = differences(config_toml.read_text(), to_toml(config))
+        text = config_toml.read_text()
+        changed = differences(text, to_toml(config))
+        started = flatten(tomllib.loads(text)).get("train.rounds")
     except tomllib.TOMLDecodeError as err:
-        raise ConfigError(f"--resume: {config_toml} is not valid TOML ({err})") from None
+        raise ConfigError(f"{resume}: {config_toml} is not valid TOML ({err})") from None
+    if len(changed) == 1 and changed[0].startswith("train.rounds ") and isinstance(started, int):
+        if config.train.rounds > started:
+            return started
+        raise ConfigError(f"{resume}: train.rounds = {config.train.rounds}: fewer than the {started} rounds the run in "
+                          f"{config_toml.parent} was started with; a run extends, it does not shorten")
     if changed:
-        raise ConfigError(f"--resume: the configuration differs from the one in {config_toml}: {', '.join(changed)}")
+        raise ConfigError(f"{resume}: the configuration differs from the one in {config_toml}: {', '.join(changed)}"
+                          " (only a larger train.rounds may differ: it extends the run)")
+    return None
+
+
+def extension_note(started: int, rounds: int) -> str:
+    """What a run extended from ``started`` to ``rounds`` rounds is, and is not."""
+    return (f"note: extending the run from {started} to {rounds} rounds (train.rounds; every other key as it started): "
+            f"rounds {started + 1}-{rounds} continue from round {started}'s checkpoint. Where a key depends on "
+            f"train.rounds (a learning-rate schedule over the rounds), rounds 1-{started} ran under {started}, so the "
+            f"result is not that of a {rounds}-round run from the start")
 
 
 def completed(config: RunConfig, out: Path) -> dict[str, Any] | None:

@@ -31,10 +31,11 @@ from fedlatent.data.types import Federation, ServerView
 from fedlatent.errors import ConfigError, UserInputError
 from fedlatent.experiment.runner.figures import CurvesPacing, FigureWorker, NoFigures, start_process
 from fedlatent.experiment.runner import privacy_report, tracking
-from fedlatent.experiment.runner.folders import check_same_config, completed, default_out
+from fedlatent.experiment.runner.folders import TERMS, check_same_config, completed, default_out, extension_note
 from fedlatent.experiment.runner.machine import cpu_model
 from fedlatent.experiment.runner.progress import progress as show_progress
 from fedlatent.experiment.runner.trace import TermTrace
+from fedlatent.experiment.runner.notes import setup_notes
 from fedlatent.experiment.runner.validation import check_fit, validate
 from fedlatent.experiment.runner.writable import check_folder, nearest_existing
 from fedlatent.federated import precision
@@ -143,16 +144,18 @@ def check_out(out: Path, *, resume: bool, create_parents: bool = False) -> None:
     (without ``resume``), nothing to resume (with it), a missing parent folder (a mistyped path
     should not grow a tree; folders under the project's ``runs/`` are created), or a place that
     cannot be written."""
+    t = TERMS.get()  # the CLI's flags or the Python arguments, as the caller knows them
     if out.exists() and not out.is_dir():
-        raise ConfigError(f"--out {out}: is a file, not a folder")
+        raise ConfigError(f"{t.out} {out}: is a file, not a folder")
     if resume and not (out / "config.toml").is_file():
-        raise ConfigError(f"--out {out}: --resume found no run there (no config.toml); start it without --resume")
+        raise ConfigError(f"{t.out} {out}: {t.resume} found no run there (no config.toml); start it without {t.resume}")
     if not resume and (out / "checkpoints").exists():
-        raise ConfigError(f"--out {out}: holds a run already; pass --resume to continue it or choose another --out")
+        raise ConfigError(f"{t.out} {out}: holds a run already; pass {t.resume} to continue it (with a larger "
+                          f"train.rounds: to extend it) or choose another {t.out}")
     existing = nearest_existing(out)
     if existing != out and existing != out.parent and not create_parents:
-        raise ConfigError(f"--out {out}: its parent folder {out.parent} does not exist")
-    check_folder(out, f"--out {out}")
+        raise ConfigError(f"{t.out} {out}: its parent folder {out.parent} does not exist")
+    check_folder(out, f"{t.out} {out}")
 
 
 def write_partition(counts: np.ndarray, out: Path) -> str:
@@ -194,7 +197,9 @@ def run(config: RunConfig, out: str | Path | None = None, *, resume: bool = Fals
     check_out(out, resume=resume, create_parents=not out.is_absolute() and out.parts[:1] == ("runs",))
     if resume:
         config = as_started(config, out / "config.toml")
-        check_same_config(config, out / "config.toml")
+        extended = check_same_config(config, out / "config.toml")
+        if extended is not None and echo:
+            echo(extension_note(extended, config.train.rounds))
         done = completed(config, out)
         if done is not None:  # nothing to train: the run is left as it is
             if echo:
@@ -206,6 +211,8 @@ def run(config: RunConfig, out: str | Path | None = None, *, resume: bool = Fals
     config = resolve_precision(config)
     if isinstance(data, Federation):  # not on Flower (its view has no clients to choose a backend by)
         config = resolve_backend(config, data, spec, echo)
+        for note in setup_notes(config, spec, data.input_shape, data.num_classes) if echo else ():
+            echo(note)
     created = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
     try:

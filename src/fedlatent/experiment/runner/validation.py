@@ -33,6 +33,7 @@ from fedlatent.backends.flower.secagg_settings import Settings
 from fedlatent.calibration.registry import with_sums
 from fedlatent.config import DataConfig, PrivacyConfig, RunConfig, holdout_count
 from fedlatent.data.federation import outline
+from fedlatent.data.holdout import holdout_ids
 from fedlatent.data.registry import DATASETS
 from fedlatent.data.types import Federation, Outline, ServerView
 from fedlatent.errors import ConfigError
@@ -92,6 +93,7 @@ def validate(config: RunConfig) -> MethodSpec:
         check_secure(config, spec)
     if config.data.holdout_clients:
         check_holdout(config, spec)
+    check_plain_update(config, spec)
     shape = declared_shape(config.data)
     if shape is not None:
         check_model_fit(config, spec, *shape)
@@ -287,6 +289,21 @@ def check_holdout(config: RunConfig, spec: MethodSpec) -> None:
                           "clients on the global model alone")
 
 
+def check_plain_update(config: RunConfig, spec: MethodSpec) -> None:
+    """A method whose paper steps its global copy by plain SGD (pFedMe's w ← w − ηλ(w − θ),
+    Per-FedAvg's w ← w − β∇f(w̃)) runs that step only under plain SGD: the run's update rule is that
+    step, and a momentum or weight decay would make it another method (pFedMe's personal models then
+    end below its own global model). Refused, naming the keys to set."""
+    if not spec.personalization.plain_update:
+        return
+    t = config.train
+    wrong = [f"train.{key} = {value!r}" for key, value, plain in (("optimizer", t.optimizer, "sgd"),
+             ("momentum", t.momentum, 0.0), ("weight_decay", t.weight_decay, 0.0)) if value != plain]
+    if wrong:
+        raise ConfigError(f"{', '.join(wrong)}: {spec.name}'s paper steps the global model by plain SGD; set "
+                          "train.optimizer = 'sgd', train.momentum = 0 and train.weight_decay = 0")
+
+
 def validate_data(config: RunConfig, spec: MethodSpec) -> None:
     """The checks of :func:`check_fit` on the data's outline (:func:`fedlatent.data.federation.outline`,
     which refuses what building the federation refuses): what ``fedlatent check`` makes of the data,
@@ -314,6 +331,31 @@ def check_fit(config: RunConfig, spec: MethodSpec, data: Federation | ServerView
         if reason:  # each client is a party of SecAgg+: a round's sum needs threshold of them
             raise ConfigError(f"privacy.secure_aggregation with the {sampled} clients sampled per round: {reason} "
                               "(privacy.secagg_threshold, privacy.secagg_num_shares)")
+    check_client_sizes(config, data)
+
+
+def check_client_sizes(config: RunConfig, data: Federation | ServerView | Outline) -> None:
+    """What each client's sample counts decide, where they are known before training: a held-out
+    client needs a test split (it is evaluated on nothing else: ``data.local_test_fraction``), and a
+    training client under ``train.drop_last`` at least one full batch (with none it trains on
+    nothing, and round 1 has no loss to report)."""
+    if isinstance(data, Federation):
+        sizes = [(len(c.train), len(c.test) if c.test is not None else 0) for c in data.clients]
+    else:
+        sizes = list(getattr(data, "client_sizes", ()))
+    if not sizes:  # a Flower server's view: the nodes' census tells
+        return
+    new = set(holdout_ids(config, len(sizes))) if config.data.holdout_clients else set()
+    untested = sorted(cid for cid in new if not sizes[cid][1])
+    if untested:
+        raise ConfigError(f"data.holdout_clients: held-out client(s) {untested} have no test split to be evaluated "
+                          "on; set data.local_test_fraction > 0")
+    train = config.train
+    smallest = min((n, cid) for cid, (n, _) in enumerate(sizes) if cid not in new)
+    if train.drop_last and smallest[0] < train.batch_size:
+        raise ConfigError(f"train.batch_size = {train.batch_size} with train.drop_last = true: client {smallest[1]} "
+                          f"has {smallest[0]} training samples, not one full batch, so it would train on nothing; "
+                          "lower train.batch_size or set train.drop_last = false")
 
 
 def declared_shape(data: DataConfig) -> Shape | None:

@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fedlatent.analysis.compare import DIRECTION_ONLY, DOES_NOT_HOLD, HOLDS, TIE_PP, TOLERANCE_PP, Verdict
+from fedlatent.analysis.compare import (DIRECTION_ONLY, HOLDS, REVERSE_HOLDS, TIE_PP, TOLERANCE_PP, UNRESOLVED,
+                                       Verdict)
 from fedlatent.config import RunConfig, load_config
 from fedlatent.errors import UserInputError
 from fedlatent.experiment.studies import reproduce
@@ -158,7 +159,7 @@ def _verdict_cells(found: Verdict) -> list[Cell]:
     """A verdict's two cells, marked and coloured by their answer."""
     css = {True: "yes", False: "no", None: "na"}
     mark = {True: "✓ ", False: "✗ ", None: ""}
-    paired = {HOLDS: True, DOES_NOT_HOLD: False}.get(found.paired)
+    paired = {HOLDS: True, REVERSE_HOLDS: False}.get(found.paired)
     return [(mark[found.value] + found.value_text, css[found.value]),
             (mark[found.direction] + found.direction_text, css[found.direction]),
             (mark[paired] + found.paired_text, css[paired])]
@@ -195,7 +196,8 @@ def comparison_section(found: Reproduced) -> str:
              f"else the first row), ours against the paper's; differences within ±{TIE_PP:g} points count as none. "
              "Paired verdict (fedlatent.analysis.compare.paired_verdict): (row − baseline row) seed by seed; "
              f"{HOLDS} when every seed has the paper's sign and |mean| exceeds the std, {DIRECTION_ONLY} when "
-             f"only the mean has it, {DOES_NOT_HOLD} otherwise; one seed neither holds nor refutes.</p>",
+             f"only the mean has it, {REVERSE_HOLDS} when every seed has the other sign and |mean| exceeds the std, "
+             f"{UNRESOLVED} otherwise (one seed among them: it neither holds nor refutes).</p>",
              f"<p><strong>Value within:</strong> {_count([a.value for a in answers])}; "
              f"<strong>direction agrees:</strong> {_count([a.direction for a in answers])}; "
              f"<strong>paired:</strong> {_paired_count([a.paired for a in answers])}.</p>",

@@ -81,8 +81,24 @@ def tiers(name: str) -> list[str]:
     return [t for t in TIERS if t in read_toml(spec_path(name), "spec")]
 
 
+def missing_data(study: Study) -> list[str]:
+    """The data folders or files the study's runnable cells read that are not here, each as
+    ``data.root = 'data' (cifar10)``: what keeps the spec from running on this machine as it stands."""
+    from fedlatent.data.registry import DATASETS
+    missing: dict[str, set[str]] = defaultdict(set)
+    for cell in study.cells:
+        data = cell.config.data
+        for key in ("root", "path"):
+            value = getattr(data, key, "")
+            if not cell.unavailable and key in DATASETS.get(data.dataset).reads and not Path(value).exists():
+                missing[f"data.{key} = {value!r}"].add(data.dataset)
+    return [f"{where} ({', '.join(sorted(datasets))})" for where, datasets in missing.items()]
+
+
 def listing() -> str:
-    """One line per spec (runnable cells of all), then the reasons rows cannot run yet."""
+    """One line per spec (runnable cells of all), whether its data are here and, where not, how to
+    point the spec at them (``--data-root``) or which reduced tier runs without them; then the
+    reasons rows cannot run yet."""
     lines = []
     for name in spec_names():
         study = load_spec(name)
@@ -91,6 +107,11 @@ def listing() -> str:
         reduced = "; ".join(f"--tier {t} available" for t in tiers(name))
         lines.append(f"{name:20s} {study.title}  [{len(study.cells) - len(blocked)}/{len(study.cells)} runs "
                      f"runnable; {reduced}]")
+        missing = missing_data(study)
+        if missing:
+            offline = [t for t in tiers(name) if not missing_data(load_spec(name, tier=t))]
+            fallback = f", or --tier {offline[0]} (its data need no files)" if offline else ""
+            lines.append(f"{'':20s}   data not here: {', '.join(missing)}: pass --data-root DIR{fallback}")
         lines += [f"{'':20s}   not runnable yet: {r}" for r in reasons]
     lines += [f"{'out of scope':20s} {row}" for row in not_runnable_rows()]
     return "\n".join(lines)
@@ -296,8 +317,15 @@ def reproduce(name: str, out: Path, *, tier: str = "full", jobs: int = 1, stack:
     study = load_spec(name, tier=tier, data_root=data_root, only=only, overrides=overrides)
     if cluster is not None:  # reachable and able to run every cell, before the folder exists
         cluster.admit([c.config for c in study.cells if not c.unavailable], jobs)
+    fresh = not out.exists()
     write_record(out, name, tier, data_root, only, overrides)
-    rows = run_sweep(study, out, jobs=jobs, stack=stack, cluster=cluster)
+    try:
+        rows = run_sweep(study, out, jobs=jobs, stack=stack, cluster=cluster)
+    except UserInputError:  # refused before any run (the sweep validates first): leave no folder behind
+        if fresh and [p.name for p in out.iterdir()] == [RECORD]:
+            (out / RECORD).unlink()
+            out.rmdir()
+        raise
     caption = ("fedlatent: mean ± sample std (ddof = 1) over seeds, last round"
                + (", model selected by validation accuracy" if study.select == "val" else "")
                + "; paper: as published (± its std where given).")

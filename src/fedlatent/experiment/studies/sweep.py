@@ -103,6 +103,9 @@ def _say(text: str) -> None:
     print(text, flush=True)
 
 
+FIRST_NOTE = "; *: its process's first run, the seconds include one-off imports and warm-up"
+
+
 def run_sweep(study: Study, out: str | Path, *, jobs: int = 1, echo: Callable[[str], None] | None = _say,
               figures: bool = True, stack: int | str = "auto", cluster: Cluster | None = None) -> list[dict[str, Any]]:
     """Run the study's available cells under ``out/<cell name>``; return the tidy rows. Every cell is
@@ -148,7 +151,9 @@ def run_sweep(study: Study, out: str | Path, *, jobs: int = 1, echo: Callable[[s
         if echo:
             acc = rows[cell.name].get("accuracy")
             result = f"FAILED: {error}" if error else f"accuracy {acc:.4f}" if acc is not None else status
-            echo(f"[{done}/{total}] {cell.name}: {result} ({time.perf_counter() - started:.1f} s, {status})")
+            first = rows[cell.name].get("first_in_process") is True  # the table's "*": its seconds hold the warm-up
+            echo(f"[{done}/{total}] {cell.name}: {result} ({time.perf_counter() - started:.1f} s{' *' if first else ''}, "
+                 f"{status}){FIRST_NOTE if first else ''}")
 
     if echo and done:
         echo(f"{done} of {total} runs finished already or not runnable; running {len(todo)}")

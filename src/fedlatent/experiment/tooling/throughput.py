@@ -210,5 +210,24 @@ def table(result: dict[str, Any]) -> str:
             f"random uint8 3x32x32 images, {CLASSES} classes, crop + flip, batch {result['batch_per_client']} a "
             f"client (bare loop: {result['total_batch']}), one epoch a timing; medians of {result['reps']} "
             f"alternating timings after a warm-up, on {result['machine']['device']}")
-    return head + "\n" + timing.table(["side", "precision", "samples/s", "MFLOP/sample", "TFLOP/s",
-                                       "÷ bare loop (samples/s)"], rows(result))
+    shown = [[side, precision, f"{rate:.3g}", flop, f"{tf:.3g}", f"{share:.2f}"]  # what the repetitions support
+             for side, precision, rate, flop, tf, share in rows(result)]
+    return (head + "\n" + timing.table(["side", "precision", "samples/s", "MFLOP/sample", "TFLOP/s",
+                                        "÷ bare loop (samples/s)"], shown) + "\n" + judgement(result))
+
+
+def judgement(result: dict[str, Any]) -> str:
+    """One line saying what the ratio means: fedlatent at the bare loop's speed (within 10 %), or the
+    time it adds, with the spread over the repetitions, and a caution where they are too few to
+    trust (fewer than 3)."""
+    shares = sorted(1.0 / r for r in result["time_ratio"])
+    share = timing.median(shares)
+    spread = f" (repetitions {shares[0]:.2f}-{shares[-1]:.2f})" if len(shares) > 1 else ""
+    if share >= 0.9:
+        said = f"fedlatent trains at the bare loop's speed, {share:.2f} of its samples/s{spread}"
+    else:
+        said = (f"fedlatent trains at {share:.2f} of the bare loop's samples/s{spread}: {1 / share:.1f}× its time, "
+                "the rest its own work per round (state, aggregation, evaluation) or a slower kernel")
+    few = len(shares) < 3
+    return f"judgement: {said}" + (f"; {len(shares)} repetition(s) give a rough figure (--reps 5 for a steadier one)"
+                                   if few else "")

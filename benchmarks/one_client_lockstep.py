@@ -18,7 +18,7 @@ import torch
 import fedlatent
 from fedlatent.backends import simulation
 from fedlatent.data.federation import build_federation
-from fedlatent.federated.lockstep import lockstep_update
+from fedlatent.federated.trainer import lockstep_update
 from fedlatent.methods import resolve
 
 METHODS = ("fedavg", "fedprox", "moon", "ditto_mkmmd")

@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 
 from fedlatent.backends import simulation
-from fedlatent.federated.lockstep import unsupported
+from fedlatent.federated.trainer import unsupported
 from fedlatent.config import RunConfig
 from fedlatent.data.types import Federation
 from fedlatent.federated.round import sample_clients

@@ -27,7 +27,7 @@ from fedlatent.errors import ConfigError
 from fedlatent.federated import calibrate, devices, driver
 from fedlatent.federated.accounting import SampleAccountant
 from fedlatent.federated.client import LocalSettings, Workspace, state_to_cpu, workspace_for
-from fedlatent.federated.lockstep import local_update
+from fedlatent.federated.trainer import local_update
 from fedlatent.federated.diagnostics import Diagnostics
 from fedlatent.federated.evaluation import Tally, client_validation, evaluate
 from fedlatent.federated.failures import ClientFailure, error_detail

@@ -33,7 +33,7 @@ from fedlatent.data.types import Split
 from fedlatent.errors import ConfigError
 from fedlatent.federated.client import LocalSettings, Workspace
 from fedlatent.federated.failures import ClientFailure, error_detail
-from fedlatent.federated.lockstep import lockstep_runs
+from fedlatent.federated.trainer import lockstep_runs
 from fedlatent.methods.coefficients import method_shape
 from fedlatent.methods.parts import ClientRound, MethodSpec, Tensors, Upload
 

@@ -14,7 +14,7 @@ from functools import partial
 from fedlatent.backends import simulation
 from fedlatent.config import RunConfig
 from fedlatent.errors import ConfigError
-from fedlatent.federated.lockstep import lockstep_update, unsupported
+from fedlatent.federated.trainer import lockstep_update, unsupported
 from fedlatent.methods.parts import MethodSpec
 
 trainer = lockstep_update

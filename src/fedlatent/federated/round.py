@@ -31,7 +31,7 @@ from fedlatent.data.augment import Augmentation
 from fedlatent.data.types import Split
 from fedlatent.federated.client import LocalSettings, Workspace
 from fedlatent.federated.codec import UpdateCodec
-from fedlatent.federated.lockstep import local_update
+from fedlatent.federated.trainer import local_update
 from fedlatent.federated import precision
 from fedlatent.federated.failures import (ClientFailure, RunStopped, all_finite, first_nonfinite, losses_finite,
                                          nonfinite_quantity, screen, upload_tensors)

@@ -1,0 +1,58 @@
+"""One client or a stack: the one place the trainer tells them apart. One client trains on its
+model's own weights with the model's own (or compiled) forward (:class:`~fedlatent.federated.
+trainer.weights.Own`: no copy of the weights, no vmap); several are stacked on a leading client
+axis (:class:`~fedlatent.federated.trainer.weights.Stacked`) and trained in lockstep, one forward
+and one backward per step for all of them. Everything else — the step, the objectives, the
+gradient sources, the frozen models, the end of the round — is the same code for both."""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from fedlatent.federated.client import Workspace
+from fedlatent.federated.trainer.forward import Forward, functional_own, own_forward, stacked_forward
+from fedlatent.federated.trainer.weights import Own, Recipe, Stacked, Training, Weights
+from fedlatent.methods.parts import Part, Tensors
+from fedlatent.models.base import FedModel, ModelOutput
+
+
+@dataclass(frozen=True)
+class Form:
+    """How a round's clients are held: ``holder`` their weights; ``stacked``: on a client axis (the
+    template model's mode and state are what ``functional_call`` runs; batches of different sizes
+    may share a padded step; a client's optimiser state and loss scale are its row of the stack's;
+    ``finish`` reads each client's trained weights once loaded into the model), else one client's
+    own modules."""
+
+    holder: Callable[[Recipe, Training], Weights]
+    stacked: bool
+
+    def prepare(self, model: FedModel, start: Tensors, parts: list[Part]) -> list[str]:
+        """Ready the template for the round; the names a stack holds (a client's own: none)."""
+        if not self.stacked:
+            return []
+        model.train()  # the template's mode is what functional_call runs (BatchNorm: batch statistics)
+        if any(type(p).begin is not Part.begin for p in parts):
+            model.load_state_dict(start)  # what begin may read off rc.model (shapes, devices)
+        return list(model.state_dict())
+
+    def forwards(self, ws: Workspace, module: FedModel, run: Callable[..., ModelOutput] | None,
+                 taps: tuple[str, ...]) -> tuple[Forward, Forward]:
+        """A copy's forward on its weights, and on given weights (a program's mixture: APFL's);
+        ``run``: the module's own forward where it is compiled."""
+        if self.stacked:
+            forward = stacked_forward(ws.model, taps)
+            return forward, forward
+        return own_forward(run or module, taps), functional_own(module, taps)
+
+    def client(self, c: int) -> int | None:
+        """The row of client ``c`` in what the weights save (a client's own: no row)."""
+        return c if self.stacked else None
+
+
+ONE = Form(Own, stacked=False)
+STACK = Form(Stacked, stacked=True)
+
+
+def form_of(count: int) -> Form:
+    return ONE if count == 1 else STACK

@@ -7,7 +7,6 @@ gradient sources, the frozen models, the end of the round — is the same code f
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from fedlatent.federated.client import Workspace
 from fedlatent.federated.trainer.forward import Forward, functional_own, own_forward, stacked_forward
@@ -16,21 +15,47 @@ from fedlatent.methods.parts import Part, Tensors
 from fedlatent.models.base import FedModel, ModelOutput
 
 
-@dataclass(frozen=True)
 class Form:
-    """How a round's clients are held: ``holder`` their weights; ``stacked``: on a client axis (the
-    template model's mode and state are what ``functional_call`` runs; batches of different sizes
-    may share a padded step; a client's optimiser state and loss scale are its row of the stack's;
-    ``finish`` reads each client's trained weights once loaded into the model), else one client's
-    own modules."""
+    """How a round's clients are held: ``holder`` makes their weights; ``stacked``: on a client axis
+    (batches of different sizes may then share a padded step, and ``finish`` reads each client's
+    trained weights once loaded into the model), else one client's own modules."""
 
     holder: Callable[[Recipe, Training], Weights]
     stacked: bool
 
     def prepare(self, model: FedModel, start: Tensors, parts: list[Part]) -> list[str]:
-        """Ready the template for the round; the names a stack holds (a client's own: none)."""
-        if not self.stacked:
-            return []
+        """Ready the template for the round; the names the holders hold (one client's own: none)."""
+        raise NotImplementedError
+
+    def forwards(self, ws: Workspace, module: FedModel, run: Callable[..., ModelOutput] | None,
+                 taps: tuple[str, ...]) -> tuple[Forward, Forward]:
+        """A copy's forward on its weights, and on given weights (a program's mixture: APFL's);
+        ``run``: the module's own forward where it is compiled."""
+        raise NotImplementedError
+
+    def client(self, c: int) -> int | None:
+        """The row of client ``c`` in what the weights save (one client's own: no row)."""
+        raise NotImplementedError
+
+
+class _OneClient(Form):
+    holder, stacked = Own, False
+
+    def prepare(self, model: FedModel, start: Tensors, parts: list[Part]) -> list[str]:
+        return []
+
+    def forwards(self, ws: Workspace, module: FedModel, run: Callable[..., ModelOutput] | None,
+                 taps: tuple[str, ...]) -> tuple[Forward, Forward]:
+        return own_forward(run or module, taps), functional_own(module, taps)
+
+    def client(self, c: int) -> int | None:
+        return None
+
+
+class _Stack(Form):
+    holder, stacked = Stacked, True
+
+    def prepare(self, model: FedModel, start: Tensors, parts: list[Part]) -> list[str]:
         model.train()  # the template's mode is what functional_call runs (BatchNorm: batch statistics)
         if any(type(p).begin is not Part.begin for p in parts):
             model.load_state_dict(start)  # what begin may read off rc.model (shapes, devices)
@@ -38,20 +63,14 @@ class Form:
 
     def forwards(self, ws: Workspace, module: FedModel, run: Callable[..., ModelOutput] | None,
                  taps: tuple[str, ...]) -> tuple[Forward, Forward]:
-        """A copy's forward on its weights, and on given weights (a program's mixture: APFL's);
-        ``run``: the module's own forward where it is compiled."""
-        if self.stacked:
-            forward = stacked_forward(ws.model, taps)
-            return forward, forward
-        return own_forward(run or module, taps), functional_own(module, taps)
+        forward = stacked_forward(ws.model, taps)  # every copy runs on the template's stacked forward
+        return forward, forward
 
     def client(self, c: int) -> int | None:
-        """The row of client ``c`` in what the weights save (a client's own: no row)."""
-        return c if self.stacked else None
+        return c
 
 
-ONE = Form(Own, stacked=False)
-STACK = Form(Stacked, stacked=True)
+ONE, STACK = _OneClient(), _Stack()
 
 
 def form_of(count: int) -> Form:

@@ -22,7 +22,7 @@ from fedlatent.models.base import FedModel, ModelOutput, has_dropout
 Forward = Callable[[Any, Tensor], ModelOutput]  # (weights, (clients, batch, …) inputs) ↦ their output
 
 
-def own_forward(run: Callable[..., ModelOutput], taps: tuple[str, ...]) -> Callable[[dict[str, Tensor], Tensor], ModelOutput]:
+def own_forward(run: Callable[..., ModelOutput], taps: tuple[str, ...]) -> Forward:
     """(params, x) ↦ the output of one client's (1, batch, …) input by the module's own forward
     ``run`` (its weights are the ones trained: ``params`` are their views)."""
     asked = frozenset(taps)
@@ -32,7 +32,7 @@ def own_forward(run: Callable[..., ModelOutput], taps: tuple[str, ...]) -> Calla
     return output
 
 
-def functional_own(module: FedModel, taps: tuple[str, ...]) -> Callable[[Any, Tensor], ModelOutput]:
+def functional_own(module: FedModel, taps: tuple[str, ...]) -> Forward:
     """(params, x) ↦ the output of one client's (1, batch, …) input by ``module`` run on the given
     weights (with a client axis of 1; those not given: the module's own), not on its own: a
     program's mixture of copies (APFL's)."""
@@ -51,16 +51,16 @@ class OneClientOutput(ModelOutput):
     def __init__(self, plain: ModelOutput) -> None:  # not the dataclass __init__: no fields of its own
         self.plain = plain
 
-    @property  # type: ignore[override]
-    def logits(self) -> Tensor:
+    @property
+    def logits(self) -> Tensor:  # type: ignore[override]
         return self.plain.logits.unsqueeze(0)
 
-    @property  # type: ignore[override]
-    def z(self) -> Tensor:
+    @property
+    def z(self) -> Tensor:  # type: ignore[override]
         return self.plain.z.unsqueeze(0)
 
-    @property  # type: ignore[override]
-    def features(self) -> dict[str, Tensor]:
+    @property
+    def features(self) -> dict[str, Tensor]:  # type: ignore[override]
         return {k: v.unsqueeze(0) for k, v in self.plain.features.items()}
 
 
@@ -72,7 +72,7 @@ def one_forward(model: FedModel, taps: tuple[str, ...]) -> Callable:
     return one
 
 
-def stacked_forward(model: FedModel, taps: tuple[str, ...]) -> Callable[[dict[str, Tensor], Tensor], ModelOutput]:
+def stacked_forward(model: FedModel, taps: tuple[str, ...]) -> Forward:
     """(params, x) ↦ the output of stacked clients' (clients, batch, …) input: the model's
     :meth:`~fedlatent.models.base.FedModel.stacked_forward` where it has one (no vmap or
     functional_call to pay for on each step), else its forward under ``vmap``, with an

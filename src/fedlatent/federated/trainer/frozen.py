@@ -25,7 +25,7 @@ class Shared:
     def out(self, group: Group, x: Tensor) -> ModelOutput:
         with torch.no_grad():
             flat = self.module(x.flatten(0, 1), self.taps)
-        return ModelOutput(*(v.unflatten(0, x.shape[:2]) for v in (flat.logits, flat.z)),
+        return ModelOutput(logits=flat.logits.unflatten(0, x.shape[:2]), z=flat.z.unflatten(0, x.shape[:2]),
                            features={k: v.unflatten(0, x.shape[:2]) for k, v in flat.features.items()})
 
 

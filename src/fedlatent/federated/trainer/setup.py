@@ -105,7 +105,8 @@ def _in_stack_order(starts: list[Tensors], datas: list[Split], rcs: list[ClientR
     sizes = [len(d) for d in datas]
     order = sorted(range(len(rcs)), key=sizes.__getitem__)
     owns = methods or [spec] * len(rcs)
-    return _Clients(order, *([xs[c] for c in order] for xs in (starts, datas, rcs, generators, sizes, owns)))
+    return _Clients(order, [starts[c] for c in order], [datas[c] for c in order], [rcs[c] for c in order],
+                    [generators[c] for c in order], [sizes[c] for c in order], [owns[c] for c in order])
 
 
 def _begin(model: Any, clients: _Clients, param_names: list[str], device: torch.device) -> bool:
@@ -198,6 +199,7 @@ def _previous(ws: Workspace, spec: MethodSpec, clients: _Clients, taps: tuple[st
         return None, None
     own = [prefixed(rc.state, PREVIOUS) for rc in rcs]
     kept = [o or start for o, start in zip(own, clients.starts)]
+    assert ws.previous is not None  # workspace_for makes it where a part reads it
     return frozen_models(ws.previous, kept, taps, device), torch.tensor([bool(o) for o in own], device=device)
 
 
@@ -219,8 +221,10 @@ def set_up(ws: Workspace, starts: list[Tensors], datas: list[Split], spec: Metho
     taps = tuple(sorted(frozenset().union(*(p.taps for p in parts))))
     b = _Build(ws, spec, s, clients, coefficients, trainable)
     copies = {c.name: _copy(b, form, c, _training(b, names, fixed, c), taps) for c in program.copies}
-    frozen = frozen_models(ws.global_copy, clients.starts, taps, device) \
-        if any(p.needs_global_out for p in parts) else None
+    frozen = None
+    if any(p.needs_global_out for p in parts):
+        assert ws.global_copy is not None  # workspace_for makes it where a part reads it
+        frozen = frozen_models(ws.global_copy, clients.starts, taps, device)
     previous, present = _previous(ws, spec, clients, taps, device)
     rcs = clients.rcs
     global_params = rcs[0].global_params if same_start else \

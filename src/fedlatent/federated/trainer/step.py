@@ -6,7 +6,7 @@ gradient source its settings call for (the loss, fp16's scaled loss, DP-SGD's pr
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Callable, cast
+from typing import Callable, Protocol, cast
 
 import torch
 from torch import Tensor
@@ -16,10 +16,16 @@ from fedlatent.federated.trainer.forward import task_logits
 from fedlatent.federated.trainer.gradients import Objective, PerSample, Private, loss_source
 from fedlatent.federated.trainer.rows import Group, batch_rows, rows
 from fedlatent.federated.trainer.setup import Copy, Round
-from fedlatent.methods.parts import LockstepContext, Part, task_loss
+from fedlatent.methods.parts import LockstepContext, Part, Tensors, task_loss
 from fedlatent.models.base import ModelOutput
 
-Recorder = Callable[[str, Tensor, Tensor | None], None]
+
+
+class Recorder(Protocol):
+    """Adds a (group,) tensor of per-client values to the round's sums under ``key`` (for the clients
+    ``present`` marks: all by default)."""
+
+    def __call__(self, key: str, values: Tensor, present: Tensor | None = None) -> None: ...
 
 
 class GroupStep:
@@ -28,7 +34,7 @@ class GroupStep:
 
     def __init__(self, r: Round, group: Group, members: list[int], sizes: list[int], x: Tensor, y: Tensor,
                  weights: Tensor | None, global_out: ModelOutput | None, prev_out: ModelOutput | None,
-                 present: Tensor | None, global_params: Mapping[str, Tensor], index: Tensor,
+                 present: Tensor | None, global_params: Tensors, index: Tensor,
                  trace: list[dict[str, float]] | None, again: bool) -> None:
         self.r, self.group, self.members, self.sizes = r, group, members, sizes
         self.x, self.y, self.row_weights = x, y, weights

@@ -50,7 +50,7 @@ def _group_step(r: Round, taken: dict[int, Taken], members: list[int], batch_siz
     member_sizes = [batch_sizes[c] for c in members]
     size = max(*member_sizes, 1)  # a step of empty Poisson batches runs on their stand-in rows
     x, y = r.draws.stacked(taken, members, size)
-    trace = None
+    trace: list[dict[str, float]] | None = None
     if r.traces is not None:
         trace = [{} for _ in members]
         for c, row in zip(members, trace):

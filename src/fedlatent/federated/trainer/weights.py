@@ -7,6 +7,7 @@ a gradient source (:mod:`fedlatent.federated.trainer.gradients`) through the upd
 weights' mask), its state per client from the kept states, and under fp16 a loss scale per client."""
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -66,14 +67,14 @@ class Weights:
     arithmetic: str
     device: torch.device
 
-    def take(self, group: Group) -> tuple[dict[str, Tensor], list[Tensor]]:
+    def take(self, group: Group) -> tuple[Mapping[str, Tensor], list[Tensor]]:
         """The weights the group's step reads, and the trained ones among them (autograd's leaves)."""
         raise NotImplementedError
 
-    def put(self, group: Group, weights: dict[str, Tensor]) -> None:
+    def put(self, group: Group, weights: Mapping[str, Tensor]) -> None:
         """Write the group's stepped weights back where they live (nothing where they are views)."""
 
-    def stored(self) -> dict[str, Tensor]:
+    def stored(self) -> Mapping[str, Tensor]:
         """Every weight and buffer with its client axis, as held."""
         raise NotImplementedError
 
@@ -156,7 +157,7 @@ class Stacked(Weights):
                    for n, p in self.params.items()}
         return weights, [weights[n] for n in self.trainable]
 
-    def put(self, group: Group, weights: dict[str, Tensor]) -> None:
+    def put(self, group: Group, weights: Mapping[str, Tensor]) -> None:
         if isinstance(group, Tensor):  # the step acted on the group's copies: write them back
             for n in self.params:
                 self.params[n].index_copy_(0, group, weights[n])
@@ -199,10 +200,10 @@ class Own(Weights):
         self.arithmetic, self.device = t.arithmetic, device
         self.scale = LossScale.restore(t.scales[:1], False, device) if precision.scales_loss(t.arithmetic) else None
 
-    def take(self, group: Group) -> tuple[dict[str, Tensor], list[Tensor]]:
-        return self.views, self.leaves
+    def take(self, group: Group) -> tuple[Mapping[str, Tensor], list[Tensor]]:
+        return self.views, list(self.leaves)
 
-    def stored(self) -> dict[str, Tensor]:
+    def stored(self) -> Mapping[str, Tensor]:
         return self.views
 
     def client_state(self, c: int) -> Tensors:

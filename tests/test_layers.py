@@ -126,3 +126,25 @@ def test_experiment_lives_in_rooms_that_import_only_the_rooms_below_them() -> No
         targets |= {a.name for node in ast.walk(tree) if isinstance(node, ast.Import) for a in node.names}
         reached = {t.split(".")[2] for t in targets if t.startswith("fedlatent.experiment.")}  # type-only ones too
         assert reached <= {room} | ROOMS[room], f"{m} imports the rooms {sorted(reached - {room} - ROOMS[room])}"
+
+
+# the client trainer's rooms (docs/architecture.md, "The trainer's rooms"), in order: each may import
+# the rooms before it, none after it
+TRAINER = ["rows", "schedule", "batches", "forward", "frozen", "gradients", "weights", "forms", "setup", "step",
+           "steps", "finish", "entry"]
+
+
+def test_the_trainer_rooms_import_only_the_rooms_before_them_and_stay_small() -> None:
+    known = modules(PACKAGE)
+    prefix = "fedlatent.federated.trainer."
+    rooms = sorted(m[len(prefix):] for m in known if m.startswith(prefix))
+    assert rooms == sorted(TRAINER)  # every module of the trainer is a room, in the order above
+    edges = graph(PACKAGE)
+    for i, room in enumerate(TRAINER):
+        reached = {t[len(prefix):] for t in edges[prefix + room] if t.startswith(prefix)}
+        assert reached <= set(TRAINER[:i]), f"{room} imports {sorted(reached - set(TRAINER[:i]))}"
+        tree = ast.parse(known[prefix + room].read_text(encoding="utf-8"))
+        assert tree.body and len(known[prefix + room].read_text().splitlines()) <= 400, room
+        longest = max((n.end_lineno - n.lineno + 1 for n in ast.walk(tree)  # type: ignore[operator]
+                       if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))), default=0)
+        assert longest <= 60, f"{room}: a function of {longest} lines"

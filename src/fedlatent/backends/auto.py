@@ -1,6 +1,6 @@
 """``backend = "auto"``: the backend a run is measured to be fastest on, with the reason.
 
-``vectorized`` where the run trains in lockstep (:func:`fedlatent.federated.lockstep.unsupported`
+``vectorized`` where the run trains in lockstep (:func:`fedlatent.federated.trainer.unsupported`
 finds nothing to refuse), ``train.compile`` is off (it compiles the sequential client step) and, on
 a CPU, the model has no convolution and enough clients train per round (:data:`FEWEST_CLIENTS`);
 ``simulation`` otherwise. Both give the same numbers up to float rounding

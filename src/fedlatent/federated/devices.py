@@ -66,3 +66,13 @@ def prepare(model: M, device: torch.device | str) -> M:
     if torch.device(device).type in CUDNN_BENCHMARK:
         torch.backends.cudnn.benchmark = True
     return laid_out(model.to(device), channels_last(device))
+
+
+def upload(values: list, device: torch.device | str, dtype: torch.dtype = torch.long) -> Tensor:
+    """A small tensor of Python numbers (a step's positions, group rows, batch sizes) on ``device``,
+    without waiting for it: on a CUDA device copied from pinned host memory asynchronously (a copy
+    from pageable memory synchronises the stream: the host would wait for the queued kernels every
+    step); elsewhere made there."""
+    if torch.device(device).type == "cuda":
+        return torch.tensor(values, dtype=dtype, pin_memory=True).to(device, non_blocking=True)
+    return torch.tensor(values, dtype=dtype, device=device)

@@ -435,9 +435,9 @@ class _Batches:
         if len(spans) == 1 and first.length == size:  # one client's whole batch: views of the plan
             pos = slice(first.start, first.start + size)
         else:  # each batch's positions in the plan, a shorter one's last repeated
-            starts, lengths = torch.tensor([[sp.start, sp.length] for sp in spans]).unbind(1)
+            starts, lengths = devices.upload([[sp.start, sp.length] for sp in spans], self.device).unbind(1)
             last = (lengths[:, None] - 1).clamp(min=0)
-            pos = (starts[:, None] + torch.minimum(torch.arange(size), last)).flatten().to(self.device)
+            pos = (starts[:, None] + torch.minimum(torch.arange(size, device=self.device), last)).flatten()
         rows = self.rows[pos]
         if self.augment:  # the whole stored images, as a streamed batch takes them
             x = self.pool.x.full(rows) if isinstance(self.pool.x, Images) else self.pool.x.index_select(0, rows)
@@ -496,7 +496,7 @@ def _row_weights(sizes: list[int], size: int, device: torch.device) -> Tensor | 
     """(clients, size) 1 for a real row and 0 for padding, or None when no batch is padded."""
     if min(sizes) == size:
         return None
-    return (torch.arange(size) < torch.tensor(sizes)[:, None]).to(device, torch.get_default_dtype())
+    return (torch.arange(size, device=device) < devices.upload(sizes, device)[:, None]).to(torch.get_default_dtype())
 
 
 class _Shared:
@@ -546,7 +546,7 @@ def _group(members: list[int], count: int, device: torch.device) -> Group:
         return None
     if members[-1] - members[0] + 1 == len(members):
         return slice(members[0], members[-1] + 1)
-    return torch.tensor(members, device=device)
+    return devices.upload(members, device)
 
 
 def _pick(values: dict[str, Tensor], group: Group) -> dict[str, Tensor]:
@@ -657,6 +657,7 @@ class _Round:
     traces: list[list[dict[str, float]]] | None = None
     flops: list[int] = field(default_factory=list)
     per_sample: tuple[int, int] | None = None  # FLOPs of one sample's step and forward, from the first batch
+    had_previous: list[bool] = field(default_factory=list)  # which clients kept a previous model (``present``'s rows)
 
     @property
     def count(self) -> int:
@@ -763,7 +764,7 @@ def _set_up(ws: Workspace, starts: list[Tensors], datas: list[Split], spec: Meth
         kept_models = [o or start for o, start in zip(own, starts)]
         previous = _Shared(ws.previous, kept_models[0], taps) if one else \
             _Frozen(ws.previous, kept_models, taps, device)
-        present = torch.tensor([bool(o) for o in own], device=device)
+        present = devices.upload([bool(o) for o in own], device, torch.bool)
     global_params = rcs[0].global_params if same_start else \
         {n: torch.stack([rc.global_params[n] for rc in rcs]) for n in rcs[0].global_params}
     return _Round(ws, spec, s, rcs, order, owns, coefficients, one, trainable, same_start, global_params, copies,
@@ -771,7 +772,8 @@ def _set_up(ws: Workspace, starts: list[Tensors], datas: list[Split], spec: Meth
                   program.begin(rcs, device), started, steps=[0] * count,
                   sums=defaultdict(lambda: torch.zeros(count, dtype=torch.float64)),
                   seen=defaultdict(lambda: torch.zeros(count, dtype=torch.bool)),
-                  traces=[[] for _ in range(count)] if spec.trace else None, flops=[0] * count)
+                  traces=[[] for _ in range(count)] if spec.trace else None, flops=[0] * count,
+                  had_previous=[any(k.startswith(PREVIOUS) for k in rc.state) for rc in rcs])
 
 
 def _take_steps(r: _Round) -> None:
@@ -784,6 +786,7 @@ def _take_steps(r: _Round) -> None:
     groups the clients by batch size."""
     spec, s, device = r.spec, r.s, r.s.device
     indices: dict[tuple[int, ...], Tensor] = {}  # a step's members as the sums' row index, made once per group
+    groups: dict[tuple[int, ...], Group] = {}  # their stack rows, made once per group
     active = [c for c in range(r.count) if r.total[c]]
     # batches of different sizes share a step, padded, where no row's loss reads another row
     pad = not r.one and not mixes_batch_rows(r.ws.model) and not any(p.has_term() and p.term_reads_batch
@@ -794,7 +797,9 @@ def _take_steps(r: _Round) -> None:
         for c in active:
             r.steps[c] += 1
         for members in _step_groups(active, batch_sizes, pad):
-            group = _group(members, r.count, device)
+            if tuple(members) not in groups:
+                groups[tuple(members)] = _group(members, r.count, device)
+            group = groups[tuple(members)]
             member_sizes = [batch_sizes[c] for c in members]
             size = max(*member_sizes, 1)  # a step of empty Poisson batches runs on their stand-in rows
             x, y = r.draws.stacked(taken, members, size)
@@ -821,7 +826,7 @@ def _take_steps(r: _Round) -> None:
                                                  spec.personalization.passes)
                 step_flops, forward_flops = r.per_sample
                 for c in members:  # the previous local model runs for the clients that have one
-                    r.flops[c] += batch_sizes[c] * (step_flops + (r.previous is not None and bool(r.present[c]))
+                    r.flops[c] += batch_sizes[c] * (step_flops + (r.previous is not None and r.had_previous[c])
                                                     * forward_flops)
         active = [c for c in active if r.steps[c] < r.total[c]]
 

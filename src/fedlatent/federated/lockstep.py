@@ -654,7 +654,7 @@ class _Round:
     steps: list[int] = field(default_factory=list)
     sums: dict[str, Tensor] = field(default_factory=dict)
     seen: dict[str, Tensor] = field(default_factory=dict)
-    traces: list[list[dict[str, float]]] | None = None
+    traces: list[list[dict[str, Any]]] | None = None  # (value, present) pairs until the round's end
     flops: list[int] = field(default_factory=list)
     per_sample: tuple[int, int] | None = None  # FLOPs of one sample's step and forward, from the first batch
     had_previous: list[bool] = field(default_factory=list)  # which clients kept a previous model (``present``'s rows)
@@ -770,8 +770,8 @@ def _set_up(ws: Workspace, starts: list[Tensors], datas: list[Split], spec: Meth
     return _Round(ws, spec, s, rcs, order, owns, coefficients, one, trainable, same_start, global_params, copies,
                   frozen, previous, present, _Batches(ws, datas, sizes, s, generators), [planned_steps(n, s) for n in sizes],
                   program.begin(rcs, device), started, steps=[0] * count,
-                  sums=defaultdict(lambda: torch.zeros(count, dtype=torch.float64)),
-                  seen=defaultdict(lambda: torch.zeros(count, dtype=torch.bool)),
+                  sums=defaultdict(lambda: torch.zeros(count, dtype=torch.float64, device=device)),
+                  seen=defaultdict(lambda: torch.zeros(count, dtype=torch.bool, device=device)),
                   traces=[[] for _ in range(count)] if spec.trace else None, flops=[0] * count,
                   had_previous=[any(k.startswith(PREVIOUS) for k in rc.state) for rc in rcs])
 
@@ -810,7 +810,7 @@ def _take_steps(r: _Round) -> None:
                     r.traces[c].append(row)
             index = indices.get(tuple(members))
             if index is None:
-                index = indices[tuple(members)] = torch.tensor(members)
+                index = indices[tuple(members)] = devices.upload(members, device)
             with precision.autocast(s.precision, device):  # frozen models' forwards: as the trained one's
                 global_out = r.frozen.out(group, x) if r.frozen is not None else None
                 prev_out = r.previous.out(group, x) if r.previous is not None else None
@@ -839,7 +839,7 @@ class _GroupStep:
     def __init__(self, r: _Round, group: Group, members: list[int], sizes: list[int], x: Tensor, y: Tensor,
                  weights: Tensor | None, global_out: ModelOutput | None, prev_out: ModelOutput | None,
                  present: Tensor | None, global_params: Tensors, index: Tensor,
-                 trace: list[dict[str, float]] | None, again: bool) -> None:
+                 trace: list[dict[str, Any]] | None, again: bool) -> None:
         self.r, self.group, self.members, self.sizes = r, group, members, sizes
         self.x, self.y, self.row_weights = x, y, weights
         self.global_out, self.prev_out, self.present = global_out, prev_out, present
@@ -916,13 +916,11 @@ class _GroupStep:
                               self.y[:, lo:hi], None, _batch_rows(self.global_out, lo, hi),
                               _batch_rows(self.prev_out, lo, hi), self.present, self.global_params, self.index,
                               self.trace, self.again)
-        n = torch.tensor(self.sizes)
-        short = n < 2 * parts
-        first = torch.where(short, 0, index * n // parts)
-        end = torch.where(short, n, (index + 1) * n // parts)
-        rows = torch.arange(size)
+        bounds = [(0, n) if n < 2 * parts else (index * n // parts, (index + 1) * n // parts) for n in self.sizes]
+        first, end = devices.upload(bounds, self.row_weights.device).unbind(1)
+        rows = torch.arange(size, device=self.row_weights.device)
         weights = ((rows >= first[:, None]) & (rows < end[:, None])).to(self.row_weights)
-        return _GroupStep(self.r, self.group, self.members, (end - first).tolist(), self.x, self.y, weights,
+        return _GroupStep(self.r, self.group, self.members, [hi - lo for lo, hi in bounds], self.x, self.y, weights,
                           self.global_out, self.prev_out, self.present, self.global_params, self.index, self.trace,
                           self.again)
 
@@ -955,8 +953,10 @@ def _finish(r: _Round) -> list[Upload]:
     uploads = []
     finishing = any(type(p).finish is not Part.finish for p in spec.parts)
     rows = r.copies[GLOBAL].stack.client_rows()  # views: keep_models copies what a client keeps (MOON)
-    sums_of = {k: v.tolist() for k, v in r.sums.items()}  # per client, as Python floats (one call per key)
-    seen_by = {k: v.tolist() for k, v in r.seen.items()}
+    # the round's one read of its recorded values off the device: per client, as Python floats
+    sums_of, seen_by = _host_rows(r.sums), _host_rows(r.seen)
+    if r.traces is not None:
+        _read_traces(r.traces)
     losses = [c.loss_key for c in program.copies]
     for c, (rc, trained, own_spec) in enumerate(zip(r.rcs, rows, r.owns)):
         rc.steps = r.steps[c]
@@ -978,6 +978,28 @@ def _finish(r: _Round) -> list[Upload]:
                                      r.flops[c] if spec.count_flops else None,
                                      r.traces[c] if r.traces is not None else None, program.copies))
     return [uploads[i] for i in sorted(range(r.count), key=r.order.__getitem__)]  # the caller's order
+
+
+def _host_rows(values: dict[str, Tensor]) -> dict[str, list]:
+    """Each key's per-client values as Python numbers, read off the device in one copy."""
+    keys = list(values)
+    return dict(zip(keys, torch.stack([values[k] for k in keys]).tolist())) if keys else {}
+
+
+def _read_traces(traces: list[list[dict[str, Any]]]) -> None:
+    """The step traces' values, recorded on the device as (value, present) pairs, read in one copy
+    and written into their rows as Python floats; a value its client had no term for (present
+    False) is left out, as its term is."""
+    cells = [(row, name, value, on) for rows in traces for row in rows for name, (value, on) in row.items()]
+    if not cells:
+        return
+    values = torch.stack([value for _, _, value, _ in cells])
+    ons = torch.stack([torch.ones_like(value, dtype=torch.bool) if on is None else on for _, _, value, on in cells])
+    for (row, name, _, _), value, on in zip(cells, values.tolist(), ons.tolist()):
+        if on:
+            row[name] = value
+        else:
+            del row[name]
 
 
 def _unrecorded(key: str, values: Tensor, present: Tensor | None = None) -> None:
@@ -1021,29 +1043,31 @@ def _task_losses(kind: str, logits: Tensor, y: Tensor, temperature: float, weigh
 
 
 def _recorder(sums: dict[str, Tensor], seen: dict[str, Tensor], index: Tensor,
-              trace: list[dict[str, float]] | None = None, prefix: str = "",
+              trace: list[dict[str, Any]] | None = None, prefix: str = "",
               loss_key: str = "train_loss") -> Callable[[str, Tensor, Tensor | None], None]:
     """Adds a (group,) tensor of per-client values to the running per-client sums under ``key``,
     for the clients ``present`` marks (all by default: a term absent for a client, as MOON's
     without a previous model, is left out of its metrics);
     when the step is traced, each member's value also into its row of ``trace`` under the
     step-trace key: ``prefix`` + the key, the copy's task loss ``loss_key`` as ``prefix`` + ``task``
-    (``prefix``: ``personal_`` for Ditto's personal step). ``index``: the members' rows of the sums."""
+    (``prefix``: ``personal_`` for Ditto's personal step). ``index``: the members' rows of the sums.
+    Everything stays on the training device, summed in float64 (a float32 value is exact there, and
+    each step adds one value per row, so the sums are those of the values read one by one): the
+    step reads nothing back; a trace row holds (value, present) pairs until the round's end
+    (:func:`_read_traces`)."""
 
     def record(key: str, values: Tensor, present: Tensor | None = None) -> None:
-        values = values.detach().to("cpu", torch.float64).reshape(-1)  # one client's task loss: 0-d
-        mask = None if present is None else present.to("cpu")
-        if mask is None:
+        values = values.detach().to(torch.float64).reshape(-1)  # one client's task loss: 0-d
+        if present is None:
             sums[key].index_add_(0, index, values)
             seen[key].index_fill_(0, index, True)
         else:
-            sums[key].index_add_(0, index, torch.where(mask, values, 0.0))
-            seen[key].index_copy_(0, index, seen[key].index_select(0, index) | mask)
+            sums[key].index_add_(0, index, torch.where(present, values, 0.0))
+            seen[key].index_copy_(0, index, seen[key].index_select(0, index) | present)
         if trace is not None:
             name = prefix + ("task" if key == loss_key else key)
-            for row, value, on in zip(trace, values.tolist(), mask.tolist() if mask is not None else [True] * len(trace)):
-                if on:
-                    row[name] = value
+            for i, row in enumerate(trace):
+                row[name] = (values[i], None if present is None else present[i])
     return record
 
 

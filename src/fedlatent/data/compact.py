@@ -67,8 +67,10 @@ class Images:
         return moved
 
     def take(self, idx: Tensor) -> "Images":
-        """The images at ``idx``, still compact."""
-        return Images(self.data[idx], self.mean.flatten(), self.std.flatten(), self.crop)
+        """The images at ``idx``, still compact, where they are held (their statistics too)."""
+        taken = Images(self.data[idx], self.mean.flatten().cpu(), self.std.flatten().cpu(), self.crop)
+        taken.mean, taken.std = self.mean, self.std
+        return taken
 
     @staticmethod
     def concat(parts: Sequence["Images"]) -> "Images":

@@ -109,7 +109,10 @@ class Batches:
         self.streams = [iter([_Span(next(starts), size) for size in plan_sizes]) for _, _, plan_sizes in plans]
         self.rows = (torch.cat(rows) if rows else torch.zeros(0, dtype=torch.long)).to(s.device)
         drawn = [d for _, plan_drawn, _ in plans for d in plan_drawn]
-        self.drawn = {k: torch.cat([d[k] for d in drawn]).to(s.device) for k in (drawn[0] if drawn else {})}
+        whole = {k: torch.cat([d[k] for d in drawn]) for k in (drawn[0] if drawn else {})}
+        # the draws the augmentation reads on the host (AutoAugment's: which images each operation takes) stay there
+        self.host_drawn = {k: v for k, v in whole.items() if k in augment.READ_ON_HOST}
+        self.drawn = {k: v.to(s.device) for k, v in whole.items() if k not in augment.READ_ON_HOST}
 
     def take(self, active: list[int]) -> dict[int, Taken]:
         """The next batch of each client of ``active``."""
@@ -131,16 +134,19 @@ class Batches:
             return self._laid(x.flatten(0, 1)).unflatten(0, x.shape[:2]), y
         spans = cast(list[_Span], [taken[c] for c in members])
         pos: Tensor | slice
+        at: Tensor | slice  # the positions on the host, for the draws kept there
         if len(spans) == 1 and first.length == size:  # one client's whole batch: views of the plan
-            pos = slice(first.start, first.start + size)
-        else:  # each batch's positions in the plan, a shorter one's last repeated
+            pos = at = slice(first.start, first.start + size)
+        else:  # each batch's positions in the plan, a shorter one's last repeated (one copy to the device)
             starts, lengths = torch.tensor([[sp.start, sp.length] for sp in spans]).unbind(1)
             last = (lengths[:, None] - 1).clamp(min=0)
-            pos = (starts[:, None] + torch.minimum(torch.arange(size), last)).flatten().to(self.device)
+            at = (starts[:, None] + torch.minimum(torch.arange(size), last)).flatten()
+            pos = devices.upload(at, self.device)
         rows = self.rows[pos]
         if self.augment:  # the whole stored images, as a streamed batch takes them
             x = self.pool.x.full(rows) if isinstance(self.pool.x, Images) else self.pool.x.index_select(0, rows)
-            x = augment.apply(x, {k: v[pos] for k, v in self.drawn.items()}, self.augment)
+            x = augment.apply(x, {**{k: v[pos] for k, v in self.drawn.items()},
+                                  **{k: v[at] for k, v in self.host_drawn.items()}}, self.augment)
         else:
             x = _take(self.pool.x, rows)
         shape = (len(members), size)
@@ -195,4 +201,4 @@ def row_weights(sizes: list[int], size: int, device: torch.device) -> Tensor | N
     """(clients, size) 1 for a real row and 0 for padding, or None when no batch is padded."""
     if min(sizes) == size:
         return None
-    return (torch.arange(size) < torch.tensor(sizes)[:, None]).to(device, torch.get_default_dtype())
+    return (torch.arange(size, device=device) < devices.upload(sizes, device)[:, None]).to(torch.get_default_dtype())

@@ -70,7 +70,15 @@ def _program_round(ws: Workspace, starts: list[Tensors], datas: list[Split], spe
     program = spec.personalization
 
     def train(starts_: list[Tensors], spec_: MethodSpec, rcs_: list[ClientRound], s_: LocalSettings) -> list[Upload]:
-        r = set_up(ws, starts_, datas, spec_, rcs_, s_, generators, methods)
-        take_steps(r)
-        return finish(r)
+        return _train_together(ws, starts_, datas, spec_, rcs_, s_, generators, methods)
     return program.round(ws.model, program.start(ws.model, starts, spec, rcs, datas, s), spec, rcs, s, train)
+
+
+def _train_together(ws: Workspace, starts: list[Tensors], datas: list[Split], spec: MethodSpec,
+                    rcs: list[ClientRound], s: LocalSettings, generators: list[torch.Generator],
+                    methods: list[MethodSpec] | None) -> list[Upload]:
+    """Train client c of ``rcs`` from ``starts[c]`` on ``datas[c]``, all at once: the set-up, the
+    steps, the end."""
+    r = set_up(ws, starts, datas, spec, rcs, s, generators, methods)
+    take_steps(r)
+    return finish(r)

@@ -4,6 +4,10 @@ its upload with its metrics, step trace and FLOPs; in the caller's order."""
 from __future__ import annotations
 
 import time
+from typing import Any
+
+import torch
+from torch import Tensor
 
 from fedlatent.federated.client import client_upload, finish_parts, keep_models, save_optimizer
 from fedlatent.federated.trainer.setup import Round
@@ -19,8 +23,10 @@ def finish(r: Round) -> list[Upload]:
     uploads = []
     finishing = any(type(p).finish is not Part.finish for p in spec.parts)
     rows = r.copies[GLOBAL].weights.client_rows()  # views: keep_models copies what a client keeps (MOON)
-    sums_of = {k: v.tolist() for k, v in r.sums.items()}  # per client, as Python floats (one call per key)
-    seen_by = {k: v.tolist() for k, v in r.seen.items()}
+    # the round's one read of its recorded values off the device: per client, as Python floats
+    sums_of, seen_by = _host_rows(r.sums), _host_rows(r.seen)
+    if r.traces is not None:
+        read_traces(r.traces)
     losses = [c.loss_key for c in program.copies]
     for c, (rc, trained, own_spec) in enumerate(zip(r.rcs, rows, r.owns)):
         rc.steps = r.steps[c]
@@ -47,3 +53,25 @@ def _keep_training_state(r: Round, rc: ClientRound, c: int) -> None:
     for t in r.copies.values():
         if t.weights.scale is not None:
             rc.state.update(t.weights.scale.save(t.decl.amp_prefix, client))
+
+
+def _host_rows(values: dict[str, Tensor]) -> dict[str, list]:
+    """Each key's per-client values as Python numbers, read off the device in one copy."""
+    keys = list(values)
+    return dict(zip(keys, torch.stack([values[k] for k in keys]).tolist())) if keys else {}
+
+
+def read_traces(traces: list[list[dict[str, Any]]]) -> None:
+    """The step traces' values, recorded on the device as (value, present) pairs, read in one copy
+    and written into their rows as Python floats; a value its client had no term for (present
+    False) is left out, as its term is."""
+    cells = [(row, name, value, on) for rows in traces for row in rows for name, (value, on) in row.items()]
+    if not cells:
+        return
+    values = torch.stack([value for _, _, value, _ in cells])
+    ons = torch.stack([torch.ones_like(value, dtype=torch.bool) if on is None else on for _, _, value, on in cells])
+    for (row, name, _, _), value, on in zip(cells, values.tolist(), ons.tolist()):
+        if on:
+            row[name] = value
+        else:
+            del row[name]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from fedlatent.federated import devices
 from fedlatent.models.base import ModelOutput
 
 Group = Tensor | slice | None  # a step's clients: all, a run of stack rows, or stack indices
@@ -25,7 +26,7 @@ def group_of(members: list[int], count: int, device: torch.device) -> Group:
         return None
     if members[-1] - members[0] + 1 == len(members):
         return slice(members[0], members[-1] + 1)
-    return torch.tensor(members, device=device)
+    return devices.upload(members, device)
 
 
 def pick(values: dict[str, Tensor], group: Group) -> dict[str, Tensor]:

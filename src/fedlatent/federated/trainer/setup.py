@@ -13,7 +13,7 @@ import torch
 from torch import Tensor
 
 from fedlatent.data.types import Split
-from fedlatent.federated import sample_dp
+from fedlatent.federated import devices, sample_dp
 from fedlatent.federated.client import PREVIOUS, LocalSettings, Workspace, prefixed, rule_of
 from fedlatent.federated.trainer.batches import Batches
 from fedlatent.federated.trainer.forms import Form, form_of
@@ -73,9 +73,10 @@ class Round:
     steps: list[int] = field(default_factory=list)
     sums: dict[str, Tensor] = field(default_factory=dict)
     seen: dict[str, Tensor] = field(default_factory=dict)
-    traces: list[list[dict[str, float]]] | None = None
+    traces: list[list[dict[str, Any]]] | None = None  # (value, present) pairs until the round's end
     flops: list[int] = field(default_factory=list)
     per_sample: tuple[int, int] | None = None  # FLOPs of one sample's step and forward, from the first batch
+    had_previous: list[bool] = field(default_factory=list)  # which clients kept a previous model (``present``'s rows)
 
     @property
     def count(self) -> int:
@@ -200,7 +201,7 @@ def _previous(ws: Workspace, spec: MethodSpec, clients: _Clients, taps: tuple[st
     own = [prefixed(rc.state, PREVIOUS) for rc in rcs]
     kept = [o or start for o, start in zip(own, clients.starts)]
     assert ws.previous is not None  # workspace_for makes it where a part reads it
-    return frozen_models(ws.previous, kept, taps, device), torch.tensor([bool(o) for o in own], device=device)
+    return frozen_models(ws.previous, kept, taps, device), devices.upload([bool(o) for o in own], device, torch.bool)
 
 
 def set_up(ws: Workspace, starts: list[Tensors], datas: list[Split], spec: MethodSpec, rcs: list[ClientRound],
@@ -233,6 +234,7 @@ def set_up(ws: Workspace, starts: list[Tensors], datas: list[Split], spec: Metho
                  global_params, copies, frozen, previous, present,
                  Batches(ws, clients.datas, clients.sizes, s, clients.generators),
                  [planned_steps(n, s) for n in clients.sizes], program.begin(rcs, device), started,
-                 steps=[0] * count, sums=defaultdict(lambda: torch.zeros(count, dtype=torch.float64)),
-                 seen=defaultdict(lambda: torch.zeros(count, dtype=torch.bool)),
-                 traces=[[] for _ in range(count)] if spec.trace else None, flops=[0] * count)
+                 steps=[0] * count, sums=defaultdict(lambda: torch.zeros(count, dtype=torch.float64, device=device)),
+                 seen=defaultdict(lambda: torch.zeros(count, dtype=torch.bool, device=device)),
+                 traces=[[] for _ in range(count)] if spec.trace else None, flops=[0] * count,
+                 had_previous=[any(k.startswith(PREVIOUS) for k in rc.state) for rc in rcs])

@@ -6,11 +6,12 @@ gradient source its settings call for (the loss, fp16's scaled loss, DP-SGD's pr
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Callable, Protocol, cast
+from typing import Any, Callable, Protocol, cast
 
 import torch
 from torch import Tensor
 
+from fedlatent.federated import devices
 from fedlatent.federated.client import add_terms
 from fedlatent.federated.trainer.forward import task_logits
 from fedlatent.federated.trainer.gradients import Objective, PerSample, Private, loss_source
@@ -35,7 +36,7 @@ class GroupStep:
     def __init__(self, r: Round, group: Group, members: list[int], sizes: list[int], x: Tensor, y: Tensor,
                  weights: Tensor | None, global_out: ModelOutput | None, prev_out: ModelOutput | None,
                  present: Tensor | None, global_params: Tensors, index: Tensor,
-                 trace: list[dict[str, float]] | None, again: bool) -> None:
+                 trace: list[dict[str, Any]] | None, again: bool) -> None:
         self.r, self.group, self.members, self.sizes = r, group, members, sizes
         self.x, self.y, self.row_weights = x, y, weights
         self.global_out, self.prev_out, self.present = global_out, prev_out, present
@@ -114,13 +115,11 @@ class GroupStep:
                              self.y[:, lo:hi], None, batch_rows(self.global_out, lo, hi),
                              batch_rows(self.prev_out, lo, hi), self.present, self.global_params, self.index,
                              self.trace, self.again)
-        n = torch.tensor(self.sizes)
-        short = n < 2 * parts
-        first = torch.where(short, 0, index * n // parts)
-        end = torch.where(short, n, (index + 1) * n // parts)
-        positions = torch.arange(size)
+        bounds = [(0, n) if n < 2 * parts else (index * n // parts, (index + 1) * n // parts) for n in self.sizes]
+        first, end = devices.upload(bounds, self.row_weights.device).unbind(1)
+        positions = torch.arange(size, device=self.row_weights.device)
         weights = ((positions >= first[:, None]) & (positions < end[:, None])).to(self.row_weights)
-        return GroupStep(self.r, self.group, self.members, (end - first).tolist(), self.x, self.y, weights,
+        return GroupStep(self.r, self.group, self.members, [hi - lo for lo, hi in bounds], self.x, self.y, weights,
                          self.global_out, self.prev_out, self.present, self.global_params, self.index, self.trace,
                          self.again)
 
@@ -160,29 +159,31 @@ def task_losses(kind: str, logits: Tensor, y: Tensor, temperature: float, weight
 
 
 def recorder(sums: dict[str, Tensor], seen: dict[str, Tensor], index: Tensor,
-              trace: list[dict[str, float]] | None = None, prefix: str = "",
+              trace: list[dict[str, Any]] | None = None, prefix: str = "",
               loss_key: str = "train_loss") -> Recorder:
     """Adds a (group,) tensor of per-client values to the running per-client sums under ``key``,
     for the clients ``present`` marks (all by default: a term absent for a client, as MOON's
     without a previous model, is left out of its metrics);
     when the step is traced, each member's value also into its row of ``trace`` under the
     step-trace key: ``prefix`` + the key, the copy's task loss ``loss_key`` as ``prefix`` + ``task``
-    (``prefix``: ``personal_`` for Ditto's personal step). ``index``: the members' rows of the sums."""
+    (``prefix``: ``personal_`` for Ditto's personal step). ``index``: the members' rows of the sums.
+    Everything stays on the training device, summed in float64 (a float32 value is exact there, and
+    each step adds one value per row, so the sums are those of the values read one by one): the
+    step reads nothing back; a trace row holds (value, present) pairs until the round's end
+    (:func:`fedlatent.federated.trainer.finish.read_traces`)."""
 
     def record(key: str, values: Tensor, present: Tensor | None = None) -> None:
-        values = values.detach().to("cpu", torch.float64).reshape(-1)  # one client's task loss: 0-d
-        mask = None if present is None else present.to("cpu")
-        if mask is None:
+        values = values.detach().to(torch.float64).reshape(-1)  # one client's task loss: 0-d
+        if present is None:
             sums[key].index_add_(0, index, values)
             seen[key].index_fill_(0, index, True)
         else:
-            sums[key].index_add_(0, index, torch.where(mask, values, 0.0))
-            seen[key].index_copy_(0, index, seen[key].index_select(0, index) | mask)
+            sums[key].index_add_(0, index, torch.where(present, values, 0.0))
+            seen[key].index_copy_(0, index, seen[key].index_select(0, index) | present)
         if trace is not None:
             name = prefix + ("task" if key == loss_key else key)
-            for row, value, on in zip(trace, values.tolist(), mask.tolist() if mask is not None else [True] * len(trace)):
-                if on:
-                    row[name] = value
+            for i, row in enumerate(trace):
+                row[name] = (values[i], None if present is None else present[i])
     return record
 
 

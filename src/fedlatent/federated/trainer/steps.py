@@ -8,13 +8,14 @@ batch shorter than the others (a client's last, or a smaller client's) padded an
 the task loss; otherwise a step groups the clients by batch size."""
 from __future__ import annotations
 
-import torch
+from typing import Any
+
 from torch import Tensor
 
-from fedlatent.federated import precision
+from fedlatent.federated import devices, precision
 from fedlatent.federated.client import Workspace
 from fedlatent.federated.trainer.batches import Taken, row_weights, step_groups
-from fedlatent.federated.trainer.rows import group_of, pick, rows
+from fedlatent.federated.trainer.rows import Group, group_of, pick, rows
 from fedlatent.federated.trainer.setup import Round
 from fedlatent.federated.trainer.step import GroupStep
 from fedlatent.models.base import mixes_batch_rows
@@ -23,7 +24,7 @@ from fedlatent.models.flops import per_sample_flops
 
 def take_steps(r: Round) -> None:
     """Every step of the round, until each client has taken its planned steps."""
-    indices: dict[tuple[int, ...], Tensor] = {}  # a step's members as the sums' row index, made once per group
+    indices: dict[tuple[int, ...], tuple[Tensor, Group]] = {}  # a group's sums' row index and stack rows, made once
     active = [c for c in range(r.count) if r.total[c]]
     # batches of different sizes share a step, padded, where no row's loss reads another row
     pad = r.form.stacked and not mixes_batch_rows(r.ws.model) and not any(p.has_term() and p.term_reads_batch
@@ -34,23 +35,22 @@ def take_steps(r: Round) -> None:
         for c in active:
             r.steps[c] += 1
         for members in step_groups(active, batch_sizes, pad):
-            index = indices.get(tuple(members))
-            if index is None:
-                index = indices[tuple(members)] = torch.tensor(members)
-            _group_step(r, taken, members, batch_sizes, index)
+            key = tuple(members)
+            if key not in indices:
+                indices[key] = devices.upload(members, r.s.device), group_of(members, r.count, r.s.device)
+            _group_step(r, taken, members, batch_sizes, *indices[key])
         active = [c for c in active if r.steps[c] < r.total[c]]
 
 
 def _group_step(r: Round, taken: dict[int, Taken], members: list[int], batch_sizes: dict[int, int],
-                index: Tensor) -> None:
+                index: Tensor, group: Group) -> None:
     """One group's step: its batch, its trace rows, the frozen models' outputs (in the trained
     model's arithmetic), the program's step, its FLOPs."""
     spec, s, device = r.spec, r.s, r.s.device
-    group = group_of(members, r.count, device)
     member_sizes = [batch_sizes[c] for c in members]
     size = max(*member_sizes, 1)  # a step of empty Poisson batches runs on their stand-in rows
     x, y = r.draws.stacked(taken, members, size)
-    trace: list[dict[str, float]] | None = None
+    trace: list[dict[str, Any]] | None = None
     if r.traces is not None:
         trace = [{} for _ in members]
         for c, row in zip(members, trace):
@@ -74,7 +74,7 @@ def _count_flops(r: Round, members: list[int], batch_sizes: dict[int, int], shap
         r.per_sample = sample_flops(r.ws, shape, r.frozen is not None, r.spec.personalization.passes)
     step_flops, forward_flops = r.per_sample
     for c in members:
-        has_previous = r.previous is not None and r.present is not None and bool(r.present[c])
+        has_previous = r.previous is not None and r.had_previous[c]
         r.flops[c] += batch_sizes[c] * (step_flops + has_previous * forward_flops)
 
 

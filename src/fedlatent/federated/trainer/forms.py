@@ -7,9 +7,12 @@ gradient sources, the frozen models, the end of the round — is the same code f
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import cast
+
+from torch import Tensor
 
 from fedlatent.federated.client import Workspace
-from fedlatent.federated.trainer.forward import Forward, functional_own, own_forward, stacked_forward
+from fedlatent.federated.trainer.forward import Forward, OneClientOutput, functional_own, own_forward, stacked_forward
 from fedlatent.federated.trainer.weights import Own, Recipe, Stacked, Training, Weights
 from fedlatent.methods.parts import Part, Tensors
 from fedlatent.models.base import FedModel, ModelOutput
@@ -37,6 +40,11 @@ class Form:
         """The row of client ``c`` in what the weights save (one client's own: no row)."""
         raise NotImplementedError
 
+    def task_logits(self, out: ModelOutput) -> Tensor:
+        """The logits the task loss reads: (clients, batch, classes), or one client's own (batch,
+        classes), whose mean is then its 0-d loss as a plain loop takes it."""
+        raise NotImplementedError
+
 
 class _OneClient(Form):
     holder, stacked = Own, False
@@ -50,6 +58,9 @@ class _OneClient(Form):
 
     def client(self, c: int) -> int | None:
         return None
+
+    def task_logits(self, out: ModelOutput) -> Tensor:
+        return cast(OneClientOutput, out).plain.logits
 
 
 class _Stack(Form):
@@ -68,6 +79,9 @@ class _Stack(Form):
 
     def client(self, c: int) -> int | None:
         return c
+
+    def task_logits(self, out: ModelOutput) -> Tensor:
+        return out.logits
 
 
 ONE, STACK = _OneClient(), _Stack()

@@ -46,7 +46,7 @@ def functional_own(module: FedModel, taps: tuple[str, ...]) -> Forward:
 class OneClientOutput(ModelOutput):
     """One client's output read as a group of one: logits, z and features get their leading client
     axis of 1 when a term reads them (a view, and an autograd node in every backward, only for what
-    is read); the task loss reads ``plain`` (:func:`task_logits`)."""
+    is read); the task loss reads ``plain`` (``Form.task_logits``)."""
 
     def __init__(self, plain: ModelOutput) -> None:  # not the dataclass __init__: no fields of its own
         self.plain = plain
@@ -86,8 +86,3 @@ def stacked_forward(model: FedModel, taps: tuple[str, ...]) -> Forward:
         values = vmapped(params, x)
         return ModelOutput(logits=values[0], z=values[1], features=dict(zip(taps, values[2:])))
     return output
-
-
-def task_logits(out: ModelOutput) -> Tensor:
-    """The logits the task loss reads: (clients, batch, classes), or one client's own (batch, classes)."""
-    return out.plain.logits if isinstance(out, OneClientOutput) else out.logits

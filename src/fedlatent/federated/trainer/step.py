@@ -13,7 +13,6 @@ from torch import Tensor
 
 from fedlatent.federated import devices
 from fedlatent.federated.client import add_terms
-from fedlatent.federated.trainer.forward import task_logits
 from fedlatent.federated.trainer.gradients import Objective, PerSample, Private, loss_source
 from fedlatent.federated.trainer.rows import Group, batch_rows, rows
 from fedlatent.federated.trainer.setup import Copy, Round
@@ -60,7 +59,7 @@ class GroupStep:
         def loss(params: Mapping[str, Tensor]) -> Tensor:
             used = params if weights is None else weights(params)
             out = forward(used, self.x)
-            task = task_losses(spec.loss, task_logits(out), self.y, spec.temperature, self.row_weights)
+            task = task_losses(spec.loss, r.form.task_logits(out), self.y, spec.temperature, self.row_weights)
             record(decl.loss_key, task)
             # the previous local model's output is the global copy's term's (MOON)
             return with_terms(task, parts, LockstepContext(

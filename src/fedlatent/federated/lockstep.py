@@ -793,6 +793,7 @@ def _take_steps(r: _Round) -> None:
     spec, s, device = r.spec, r.s, r.s.device
     indices: dict[tuple[int, ...], Tensor] = {}  # a step's members as the sums' row index, made once per group
     groups: dict[tuple[int, ...], Group] = {}  # their stack rows, made once per group
+    padding: dict[tuple[tuple[int, ...], int], Tensor | None] = {}  # row weights, made once per batch sizes
     active = [c for c in range(r.count) if r.total[c]]
     # batches of different sizes share a step, padded, where no row's loss reads another row
     pad = not r.one and not mixes_batch_rows(r.ws.model) and not any(p.has_term() and p.term_reads_batch
@@ -808,6 +809,8 @@ def _take_steps(r: _Round) -> None:
             group = groups[tuple(members)]
             member_sizes = [batch_sizes[c] for c in members]
             size = max(*member_sizes, 1)  # a step of empty Poisson batches runs on their stand-in rows
+            if (tuple(member_sizes), size) not in padding:
+                padding[tuple(member_sizes), size] = _row_weights(member_sizes, size, device)
             x, y = r.draws.stacked(taken, members, size)
             rows = None
             if r.traces is not None:
@@ -823,7 +826,7 @@ def _take_steps(r: _Round) -> None:
             # a buffer is needed again when a client steps again, or keeps its optimiser state for the next round
             again = s.keep_optimizer or any(r.steps[c] < r.total[c] for c in members)
             spec.personalization.step(_GroupStep(
-                r, group, members, member_sizes, x, y, _row_weights(member_sizes, size, device), global_out, prev_out,
+                r, group, members, member_sizes, x, y, padding[tuple(member_sizes), size], global_out, prev_out,
                 _rows(r.present, group), r.global_params if r.same_start else _pick(r.global_params, group),
                 index, rows, again))
             if spec.count_flops:

@@ -105,6 +105,22 @@ class MetaStandIn(TorchDispatchMode):
         return func(*args, **kwargs)
 
 
+def test_the_stand_in_refuses_in_a_step_what_a_gpu_would_and_reads_zeros_elsewhere() -> None:
+    """Strict: a host read, a CPU index into a meta tensor and a CPU tensor in an index_add_ fail;
+    a 0-d CPU tensor and a copy to the device pass. Tolerant: the reads give zeros, counted."""
+    stand_in, x = MetaStandIn(), torch.zeros(4, 3, device=META)
+    with stand_in:
+        stand_in.strict = True
+        for bad in (lambda: x.sum().item(), lambda: x.tolist(), lambda: x.index_select(0, torch.tensor([0, 2])),
+                    lambda: x.new_zeros(4).index_add_(0, torch.tensor([1]).to(META), torch.ones(1))):
+            with pytest.raises(AssertionError):
+                bad()
+        assert (x * torch.tensor(2.0) + torch.ones(3).to(META)).shape == (4, 3)
+        stand_in.strict = False
+        assert x.sum().item() == 0.0 and x.tolist() == [[0.0] * 3] * 4
+    assert stand_in.reads
+
+
 # The points of a step that read the host by design, each every so many steps (not every step):
 # MMD-D's deep kernels' training, whose test-power statistics its loop reads (``kernel_every``),
 # run under the tolerant rules; MK-MMD's kernel weights β (``beta_every``), a quadratic program
@@ -196,6 +212,7 @@ def test_every_presets_round_trains_on_the_meta_device(name: str, backend: str, 
         s = _setup(_tiny(name), trainer)
         outcomes = _uploads_of(s)
     _assert_trained(outcomes)
+    assert stand_in.reads  # the round's results came off the device, outside the steps
 
 
 @pytest.mark.parametrize("name", sorted(n for n in PRESETS if resolve({"name": n}).personalization.stacks_runs))
@@ -238,13 +255,15 @@ SETTINGS = {
 METHODS = ("fedavg", "moon", "feduv", "fedproto", "scaffold", "feddyn", "ditto", "fedrep")
 
 
-@pytest.mark.parametrize("setting", sorted(SETTINGS))
-@pytest.mark.parametrize("name", METHODS)
+@pytest.mark.parametrize("name, setting", [
+    pytest.param(name, setting, marks=() if name == "fedavg" else pytest.mark.slow)  # FedAvg's in the quick suite
+    for name in METHODS for setting in sorted(SETTINGS)])
 def test_a_round_with_each_local_setting_trains_on_the_meta_device(name: str, setting: str,
                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     """A few presets' rounds on the vectorized backend with each local setting (:data:`SETTINGS`),
     on the meta device, as :func:`test_every_presets_round_trains_on_the_meta_device` has it; two
-    rounds where a state is kept (the second restores it on the device)."""
+    rounds where a state is kept (the second restores it on the device). FedAvg's in the quick
+    suite, the other presets' in the slow one."""
     config = _tiny(name, extra=SETTINGS[setting])
     reason = sample_private_refusal(config, resolve(config.algorithm, config.terms)) if "dp-sgd" in setting else None
     if reason:

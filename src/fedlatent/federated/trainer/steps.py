@@ -21,10 +21,13 @@ from fedlatent.federated.trainer.step import GroupStep
 from fedlatent.models.base import mixes_batch_rows
 from fedlatent.models.flops import per_sample_flops
 
+Padding = dict[tuple[tuple[int, ...], int], Tensor | None]  # (batch sizes, step size) ↦ row weights
+
 
 def take_steps(r: Round) -> None:
     """Every step of the round, until each client has taken its planned steps."""
     indices: dict[tuple[int, ...], tuple[Tensor, Group]] = {}  # a group's sums' row index and stack rows, made once
+    padding: Padding = {}  # a step's row weights, made once per round for each set of batch sizes
     active = [c for c in range(r.count) if r.total[c]]
     # batches of different sizes share a step, padded, where no row's loss reads another row
     pad = r.form.stacked and not mixes_batch_rows(r.ws.model) and not any(p.has_term() and p.term_reads_batch
@@ -38,17 +41,19 @@ def take_steps(r: Round) -> None:
             key = tuple(members)
             if key not in indices:
                 indices[key] = devices.upload(members, r.s.device), group_of(members, r.count, r.s.device)
-            _group_step(r, taken, members, batch_sizes, *indices[key])
+            _group_step(r, taken, members, batch_sizes, *indices[key], padding)
         active = [c for c in active if r.steps[c] < r.total[c]]
 
 
 def _group_step(r: Round, taken: dict[int, Taken], members: list[int], batch_sizes: dict[int, int],
-                index: Tensor, group: Group) -> None:
+                index: Tensor, group: Group, padding: Padding) -> None:
     """One group's step: its batch, its trace rows, the frozen models' outputs (in the trained
     model's arithmetic), the program's step, its FLOPs."""
     spec, s, device = r.spec, r.s, r.s.device
     member_sizes = [batch_sizes[c] for c in members]
     size = max(*member_sizes, 1)  # a step of empty Poisson batches runs on their stand-in rows
+    if (tuple(member_sizes), size) not in padding:
+        padding[tuple(member_sizes), size] = row_weights(member_sizes, size, device)
     x, y = r.draws.stacked(taken, members, size)
     trace: list[dict[str, Any]] | None = None
     if r.traces is not None:
@@ -61,7 +66,7 @@ def _group_step(r: Round, taken: dict[int, Taken], members: list[int], batch_siz
     # a buffer is needed again when a client steps again, or keeps its optimiser state for the next round
     again = s.keep_optimizer or any(r.steps[c] < r.total[c] for c in members)
     spec.personalization.step(GroupStep(
-        r, group, members, member_sizes, x, y, row_weights(member_sizes, size, device), global_out, prev_out,
+        r, group, members, member_sizes, x, y, padding[tuple(member_sizes), size], global_out, prev_out,
         rows(r.present, group), r.global_params if r.same_start else pick(r.global_params, group),
         index, trace, again))
     if spec.count_flops:

@@ -23,7 +23,7 @@ from fedlatent.data.types import Federation
 from fedlatent.experiment.tooling.bench import cifar_shaped_npz
 from fedlatent.experiment.tooling.timing import (BASELINE, Clock, bracketed, dump, machine, median, quartiles,
                                          table, timed)
-from fedlatent.federated.lockstep import lockstep_update
+from fedlatent.federated.trainer import lockstep_update
 from fedlatent.methods import resolve
 
 __all__ = ["BASELINE", "TRAINERS", "Clock", "Workload", "base_parser", "bracketed", "cifar_shaped_npz", "dump",

@@ -6,9 +6,9 @@ epoch) with the images held as random uint8 (``data.compact.Images``, standardis
 crop + flip on. Two sides, the lockstep trainer's batches:
 
 - **streamed** (the baseline, and its A/A copy): each client's batches drawn, gathered,
-  standardised and augmented one client at a time, then stacked (``lockstep._stream``);
+  standardised and augmented one client at a time, then stacked (``trainer.batches._stream``);
 - **planned**: each client's round drawn at its start, one gather of all members' rows from the
-  pool, crop + flip as one indexing op over the stack (``lockstep._Batches``).
+  pool, crop + flip as one indexing op over the stack (``trainer.batches.Batches``).
 
 Measured twice: a whole vectorized round (``simulation.run_round``), and the batches alone (every
 step's ``take`` and ``stacked`` of a round, no training). Ratios to the streamed side run right
@@ -32,8 +32,8 @@ from fedlatent.data import augment
 from fedlatent.data.augment import Augmentation
 from fedlatent.data.compact import Images
 from fedlatent.data.types import Federation, Split
-from fedlatent.federated.client import planned_steps
-from fedlatent.federated.lockstep import _Batches, _step_groups
+from fedlatent.federated.trainer.schedule import planned_steps
+from fedlatent.federated.trainer.batches import Batches as _Batches, step_groups as _step_groups
 from fedlatent.federated.round import client_generators
 from fedlatent.methods import resolve
 

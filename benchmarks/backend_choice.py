@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _common as C  # noqa: E402
 from fedlatent.backends import auto, simulation  # noqa: E402
-from fedlatent.federated.lockstep import unsupported  # noqa: E402
+from fedlatent.federated.trainer import unsupported  # noqa: E402
 from fedlatent.methods import PRESETS, resolve  # noqa: E402
 
 DEFAULT_REPS = {True: {"mlp10": 3, "mlp100": 2, "cnn": 1}, False: {"mlp10": 20, "mlp100": 8, "cnn": 4}}

@@ -8,7 +8,7 @@ digits MLP and the small CNN, 10 clients, batch 32, one epoch):
   weights, a fresh SGD optimiser, then forward, cross-entropy, backward and step per batch. The
   compiled side runs the same loop through ``torch.compile(model)`` (forward compiled, backward by
   AOTAutograd; the optimiser is new for every client, as in the library, so it stays eager).
-- **lockstep** (``--lockstep``, MLP only): what ``federated.lockstep`` does per step: the clients'
+- **lockstep** (``--lockstep``, MLP only): what ``federated.trainer`` does per step: the clients'
   weights stacked, ``vmap(functional_call)`` forward, per-client cross-entropy, ``autograd.grad``,
   an SGD update of the stacks. The compiled side compiles the vmapped forward.
 
@@ -41,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _common as C  # noqa: E402
 from fedlatent.backends import simulation  # noqa: E402
-from fedlatent.federated.client import batches  # noqa: E402
+from fedlatent.federated.trainer.schedule import batches  # noqa: E402
 from fedlatent.methods import resolve  # noqa: E402
 from fedlatent.seeding import derive_seed  # noqa: E402
 

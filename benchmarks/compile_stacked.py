@@ -1,6 +1,6 @@
 """Does ``torch.compile`` of the stacked training step's forward pay on a device? The vectorized
 round of ``fedlatent bench --throughput`` (the paper-width CNN, 10 clients, crop + flip, one local
-epoch) eager against the same round with the stacked clients' forward (``federated.lockstep._stacked``:
+epoch) eager against the same round with the stacked clients' forward (``federated.trainer.forward.stacked_forward``:
 the model's stacked forward, or its forward under ``vmap``) compiled — a measurement, not a switch:
 fedlatent has no compiled stacked step, and gets one only where this shows it pays.
 
@@ -22,7 +22,9 @@ import torch
 
 from fedlatent.experiment.tooling import throughput as tp
 from fedlatent.experiment.tooling.timing import BASELINE, bracketed, dump, machine, median, quartiles, table
-from fedlatent.federated import lockstep
+from fedlatent.federated.trainer import forms, frozen
+
+USERS = (forms, frozen)  # the trainer's modules that build stacked forwards
 
 
 class CompiledRounds:
@@ -31,7 +33,7 @@ class CompiledRounds:
     def __init__(self, rounds: tp.FedlatentRounds, backend: str) -> None:
         self.rounds, self.backend = rounds, backend
         self.compiled: dict[int, Callable] = {}  # by the eager forward's code: compiled once, reused
-        self.eager = lockstep._stacked
+        self.eager = forms.stacked_forward
 
     def _stacked(self, *args: Any) -> Callable:
         forward = self.eager(*args)
@@ -41,11 +43,13 @@ class CompiledRounds:
         return self.compiled[key]
 
     def __call__(self) -> None:
-        lockstep._stacked = self._stacked  # type: ignore[assignment]
+        for module in USERS:
+            module.stacked_forward = self._stacked  # type: ignore[assignment]
         try:
             self.rounds()
         finally:
-            lockstep._stacked = self.eager
+            for module in USERS:
+                module.stacked_forward = self.eager  # type: ignore[assignment]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _common as C  # noqa: E402
 from fedlatent.backends import simulation  # noqa: E402
-from fedlatent.federated.lockstep import unsupported  # noqa: E402
+from fedlatent.federated.trainer import unsupported  # noqa: E402
 from fedlatent.config import load_config  # noqa: E402
 from fedlatent.experiment.runner.single import run  # noqa: E402
 from fedlatent.methods import PRESETS, resolve  # noqa: E402

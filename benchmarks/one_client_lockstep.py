@@ -2,7 +2,7 @@
 
 Digits (the MLP of ``configs/digits_fedavg.toml``, 10 IID clients, one epoch, batch 32), 1 thread,
 every client of a round trained by ``federated.client.local_update`` (sequential, twice: the A/A
-row) or by ``federated.lockstep.lockstep_update`` called for one client at a time. The three
+row) or by ``federated.trainer.lockstep_update`` called for one client at a time. The three
 sides alternate round by round in one process; the figure is the median of the per-round ratios.
 
     python benchmarks/one_client_lockstep.py [ROUNDS] [METHOD ...]
@@ -18,7 +18,7 @@ import torch
 import fedlatent
 from fedlatent.backends import simulation
 from fedlatent.data.federation import build_federation
-from fedlatent.federated.lockstep import lockstep_update
+from fedlatent.federated.trainer import lockstep_update
 from fedlatent.methods import resolve
 
 METHODS = ("fedavg", "fedprox", "moon", "ditto_mkmmd")

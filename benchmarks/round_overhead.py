@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _common as C  # noqa: E402
 from fedlatent.backends import simulation  # noqa: E402
 from fedlatent.experiment.tooling.bench import plain_round  # noqa: E402
-from fedlatent.federated.client import batches  # noqa: E402
+from fedlatent.federated.trainer.schedule import batches  # noqa: E402
 from fedlatent.methods import resolve  # noqa: E402
 from fedlatent.models import build_model  # noqa: E402
 

@@ -8,7 +8,7 @@ import fedlatent
 from fedlatent.backends import simulation
 from fedlatent.config import RunConfig
 from fedlatent.data.federation import build_federation
-from fedlatent.federated.lockstep import lockstep_update
+from fedlatent.federated.trainer import lockstep_update
 from fedlatent.methods import resolve
 
 CONFIG = Path(__file__).resolve().parents[1] / "configs" / "digits_fedavg.toml"

@@ -20,7 +20,7 @@ from fedlatent.backends import simulation
 from fedlatent.federated.adaptive_clipping import (CLIP_NORM, CODEC, UNCLIPPED, AdaptiveClipping, next_clip_norm,
                                                    update_noise_multiplier)
 from fedlatent.federated.codec import ClipCodec, GaussianCodec, update_norm, server_codec
-from fedlatent.federated.lockstep import lockstep_update
+from fedlatent.federated.trainer import lockstep_update
 from fedlatent.federated.round import close_round, plan_round, sample_clients
 from fedlatent.methods.parts import Upload
 from tests.private_runs import TRAINERS

@@ -13,7 +13,7 @@ import fedlatent
 from fedlatent import load_config
 from fedlatent.analysis import classifier_cost as cc
 from fedlatent.data.federation import build_federation
-from fedlatent.federated.client import batch_count, trained_samples
+from fedlatent.federated.trainer.schedule import batch_count, trained_samples
 
 DIGITS_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "digits_fedavg.toml"
 L, C, K, N = 4, 3, 2, 10  # features, classes, clients, training samples

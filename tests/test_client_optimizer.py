@@ -12,7 +12,8 @@ from safetensors.torch import load_file
 import fedlatent
 from fedlatent import load_config
 from fedlatent.losses import update
-from fedlatent.federated.client import LocalSettings, _epochs, prefixed, rule_of, save_optimizer
+from fedlatent.federated.client import LocalSettings, prefixed, rule_of, save_optimizer
+from fedlatent.federated.trainer.schedule import epochs
 from fedlatent.losses.update import LocalOptimizer, Rule
 
 DIGITS = Path(__file__).resolve().parents[1] / "configs" / "digits_fedavg.toml"
@@ -27,8 +28,8 @@ def _settings(**kw) -> LocalSettings:
 
 
 def test_epochs_mode_draws_the_same_batches_as_before() -> None:
-    from fedlatent.federated.client import batches
-    got = [b for e in _epochs(10, _settings(), torch.Generator().manual_seed(3)) for b in e]
+    from fedlatent.federated.trainer.schedule import batches
+    got = [b for e in epochs(10, _settings(), torch.Generator().manual_seed(3)) for b in e]
     g = torch.Generator().manual_seed(3)
     expect = [b for _ in range(2) for b in batches(10, 4, False, g)]
     assert len(got) == len(expect) == 6 and all(torch.equal(a, b) for a, b in zip(got, expect))
@@ -36,9 +37,9 @@ def test_epochs_mode_draws_the_same_batches_as_before() -> None:
 
 @pytest.mark.parametrize("steps, sizes", [(5, [4, 4, 2, 4, 4]), (3, [4, 4, 2]), (1, [4])])
 def test_local_steps_run_epoch_after_epoch(steps: int, sizes: list[int]) -> None:
-    epochs = list(_epochs(10, _settings(steps=steps), torch.Generator().manual_seed(0)))
-    assert [len(b) for e in epochs for b in e] == sizes
-    assert all(sorted(torch.cat(e).tolist()) == list(range(10)) for e in epochs[:-1])  # full epochs first
+    drawn = list(epochs(10, _settings(steps=steps), torch.Generator().manual_seed(0)))
+    assert [len(b) for e in drawn for b in e] == sizes
+    assert all(sorted(torch.cat(e).tolist()) == list(range(10)) for e in drawn[:-1])  # full epochs first
 
 
 TORCH = {"sgd": torch.optim.SGD, "adam": torch.optim.Adam, "adamw": torch.optim.AdamW}
@@ -182,7 +183,7 @@ def test_batch_count_is_the_number_of_batches_drawn() -> None:
     """:func:`batch_count` (used to plan lockstep steps before drawing) against the batches drawn,
     and the batches against the permutation's chunks: incomplete last dropped under drop_last, a
     trailing single sample dropped, an empty epoch one empty batch without drop_last."""
-    from fedlatent.federated.client import batch_count, batches
+    from fedlatent.federated.trainer.schedule import batch_count, batches
 
     for n in range(0, 41):
         for size in (1, 2, 3, 7, 16, 32):

@@ -18,7 +18,7 @@ from fedlatent.backends import simulation
 from fedlatent.data.federation import build_federation
 from fedlatent.errors import ConfigError
 from fedlatent.federated.codec import ClipCodec, UpdateCodec, build_codec, clip, update_norm
-from fedlatent.federated.lockstep import lockstep_update
+from fedlatent.federated.trainer import lockstep_update
 from fedlatent.federated.round import plan_round
 from fedlatent.methods import resolve
 from fedlatent.methods.aggregation import weighted_mean

@@ -21,7 +21,7 @@ from fedlatent.data.federation import build_federation
 from fedlatent.federated.codec import ClipLink, UpdateCodec, build_codec
 from fedlatent.federated.codec_chain import CODED_BYTES, Chain
 from fedlatent.federated.compression import RESIDUAL, TopK, residual, top_k
-from fedlatent.federated.lockstep import lockstep_update
+from fedlatent.federated.trainer import lockstep_update
 from fedlatent.methods import resolve
 from fedlatent.methods.parts import Upload
 

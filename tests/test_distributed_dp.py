@@ -23,7 +23,7 @@ from fedlatent.federated.codec import DistributedCodec, server_codec
 from fedlatent.federated.codec_chain import CODED_BYTES
 from fedlatent.federated.distributed_dp import (MESSAGE, ORDERS, SkellamAccountant, SkellamSpec, hadamard, padded,
                                                rounded_bound, skellam)
-from fedlatent.federated.lockstep import lockstep_update
+from fedlatent.federated.trainer import lockstep_update
 from fedlatent.methods import resolve
 from fedlatent.methods.parts import Upload
 

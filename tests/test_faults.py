@@ -22,7 +22,7 @@ from fedlatent.cli import main
 from fedlatent.errors import ConfigError
 from fedlatent.experiment.runner import single
 from fedlatent.federated import state as checkpoint_store
-from fedlatent.federated.lockstep import lockstep_update
+from fedlatent.federated.trainer import lockstep_update
 
 ROOT = Path(__file__).resolve().parents[1]
 DIGITS = ROOT / "configs" / "digits_fedavg.toml"

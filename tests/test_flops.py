@@ -13,7 +13,7 @@ import fedlatent
 from fedlatent import load_config
 from fedlatent.backends import simulation
 from fedlatent.data.federation import build_federation
-from fedlatent.federated.lockstep import lockstep_update
+from fedlatent.federated.trainer import lockstep_update
 from fedlatent.methods import resolve
 from fedlatent.models.flops import per_sample_flops
 from fedlatent.models.mlp import build

@@ -26,7 +26,7 @@ from fedlatent.errors import ConfigError
 from fedlatent.experiment.runner import single
 from fedlatent.experiment.runner.validation import check_holdout
 from fedlatent.federated import driver
-from fedlatent.federated.client import batches
+from fedlatent.federated.trainer.schedule import batches
 from fedlatent.federated.finetune import batchnorm_statistics
 from fedlatent.federated.personal import client_model
 from fedlatent.federated.round import round_lr

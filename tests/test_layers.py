@@ -146,3 +146,25 @@ def test_the_method_types_sit_below_parts_and_programs_type_only_imports_include
     assert "fedlatent.methods.program" not in _every_import(methods / "parts.py")
     assert "fedlatent.methods.parts" not in _every_import(methods / "program.py")
     assert {"fedlatent.methods.spec"} <= _every_import(methods / "parts.py") & _every_import(methods / "program.py")
+
+
+# the client trainer's rooms (docs/architecture.md, "The trainer's rooms"), in order: each may import
+# the rooms before it, none after it
+TRAINER = ["rows", "schedule", "batches", "forward", "frozen", "gradients", "weights", "forms", "setup", "step",
+           "steps", "finish", "entry"]
+
+
+def test_the_trainer_rooms_import_only_the_rooms_before_them_and_stay_small() -> None:
+    known = modules(PACKAGE)
+    prefix = "fedlatent.federated.trainer."
+    rooms = sorted(m[len(prefix):] for m in known if m.startswith(prefix))
+    assert rooms == sorted(TRAINER)  # every module of the trainer is a room, in the order above
+    edges = graph(PACKAGE)
+    for i, room in enumerate(TRAINER):
+        reached = {t[len(prefix):] for t in edges[prefix + room] if t.startswith(prefix)}
+        assert reached <= set(TRAINER[:i]), f"{room} imports {sorted(reached - set(TRAINER[:i]))}"
+        tree = ast.parse(known[prefix + room].read_text(encoding="utf-8"))
+        assert tree.body and len(known[prefix + room].read_text().splitlines()) <= 400, room
+        longest = max((n.end_lineno - n.lineno + 1 for n in ast.walk(tree)  # type: ignore[operator]
+                       if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))), default=0)
+        assert longest <= 60, f"{room}: a function of {longest} lines"

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fedlatent.federated.lockstep import _Stack
+from fedlatent.federated.trainer.gradients import Loss
+from fedlatent.federated.trainer.weights import Recipe, Stacked, Training
 from fedlatent.losses.update import Rule
 
 TORCH = {"sgd": torch.optim.SGD, "adam": torch.optim.Adam, "adamw": torch.optim.AdamW}
@@ -37,7 +38,8 @@ SCHEDULES = [
                                                         ("adam", 0.0, 1e-2), ("adamw", 0.0, 1e-2)])
 def test_stack_steps_equal_torch_per_client(schedule, kind: str, momentum: float, weight_decay: float) -> None:
     rule, states = Rule(kind, 0.1, momentum, weight_decay), _states(4)
-    stack = _Stack(states, ["w", "b"], ["w", "b"], torch.device("cpu"), rule, [{}] * 4)
+    stack = Stacked(Recipe(states, None), Training(["w", "b"], ["w", "b"], [], torch.device("cpu"), rule, [{}] * 4,
+                                                  [{}] * 4, "fp32"))
     models = [{k: v.clone().requires_grad_() for k, v in st.items()} for st in states]
     extra = {"momentum": momentum} if kind == "sgd" else {}
     optims = [TORCH[kind](list(m.values()), lr=rule.lr, weight_decay=weight_decay, **extra) for m in models]
@@ -50,7 +52,7 @@ def test_stack_steps_equal_torch_per_client(schedule, kind: str, momentum: float
             group = slice(members[0], members[-1] + 1)
         else:
             group = torch.tensor(members)
-        stack.step(group, _loss(targets[members]), again=any(last[c] > i for c in members))
+        stack.step(group, Loss(_loss(targets[members]), (), "fp32", torch.device("cpu")), again=any(last[c] > i for c in members))
         for c in members:
             optims[c].zero_grad()
             _loss(targets[c])(models[c]).backward()

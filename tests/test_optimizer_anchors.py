@@ -12,7 +12,7 @@ from torch.func import functional_call
 from torch.nn import functional as F
 
 from fedlatent.backends import simulation
-from fedlatent.federated.client import batches
+from fedlatent.federated.trainer.schedule import batches
 from fedlatent.seeding import LOCAL_TRAINING, SAMPLE_NOISE, derive_seed
 from tests.methods.test_apfl import TRAINERS, _rounds
 from tests.methods.test_ditto import small_config

@@ -18,8 +18,10 @@ from fedlatent.data.compact import Images
 from fedlatent.data.federation import build_federation
 from fedlatent.data.types import Split
 from fedlatent.federated import devices
-from fedlatent.federated.client import LocalSettings, Workspace, planned_steps
-from fedlatent.federated.lockstep import _Batches, _step_groups, lockstep_update
+from fedlatent.federated.client import LocalSettings, Workspace
+from fedlatent.federated.trainer.schedule import planned_steps
+from fedlatent.federated.trainer import lockstep_update
+from fedlatent.federated.trainer.batches import Batches as _Batches, step_groups as _step_groups
 from fedlatent.methods import resolve
 
 from tests.test_vectorized import _rounds, image_clients_config

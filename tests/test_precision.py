@@ -18,7 +18,7 @@ from fedlatent.config import ConfigError
 from fedlatent.data.federation import build_federation
 from fedlatent.experiment.runner.single import run
 from fedlatent.federated import precision
-from fedlatent.federated.lockstep import lockstep_update
+from fedlatent.federated.trainer import lockstep_update
 from fedlatent.federated.round import plan_round
 from fedlatent.losses.amp import BACKOFF, INIT_SCALE
 from fedlatent.methods import resolve

@@ -23,7 +23,7 @@ from fedlatent.errors import ConfigError
 from fedlatent.experiment.runner.validation import check_model_fit, validate
 from fedlatent.federated import accounting
 from fedlatent.federated.codec import GaussianCodec, UpdateCodec, server_codec
-from fedlatent.federated.lockstep import lockstep_update
+from fedlatent.federated.trainer import lockstep_update
 from fedlatent.federated.round import sample_clients
 from fedlatent.methods.parts import Upload
 from tests.private_runs import CONFIG, SMALL, TRAINERS

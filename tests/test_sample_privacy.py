@@ -21,8 +21,9 @@ from fedlatent.cli import main
 from fedlatent.data.federation import build_federation
 from fedlatent.federated import sample_dp
 from fedlatent.federated.accounting import SampleAccountant
-from fedlatent.federated.client import LocalSettings, poisson_batches, poisson_rate, poisson_steps
-from fedlatent.federated.lockstep import lockstep_update
+from fedlatent.federated.client import LocalSettings
+from fedlatent.federated.trainer.schedule import poisson_batches, poisson_rate, poisson_steps
+from fedlatent.federated.trainer import lockstep_update
 from fedlatent.federated.round import plan_round, sample_clients
 from fedlatent.losses.dp_sgd import clip_factors, private_gradient, sample_norms
 from fedlatent.methods.parts import ClientRound, task_loss

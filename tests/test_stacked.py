@@ -23,7 +23,7 @@ from fedlatent.errors import UserInputError
 from fedlatent.experiment.studies.stacking import parse_stack, stack_key, stacks
 from fedlatent.experiment.studies.study import load_study
 from fedlatent.experiment.studies.sweep import run_sweep
-from fedlatent.federated.lockstep import lockstep_update
+from fedlatent.federated.trainer import lockstep_update
 from fedlatent.methods import resolve
 from fedlatent.methods.coefficients import RowCoefficients, method_shape
 

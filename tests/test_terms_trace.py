@@ -14,7 +14,7 @@ import fedlatent
 from fedlatent import load_config
 from fedlatent.data.federation import build_federation
 from fedlatent.federated.state import Checkpoints
-from fedlatent.federated.client import batches
+from fedlatent.federated.trainer.schedule import batches
 
 DIGITS_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "digits_fedavg.toml"
 SHORT = ["train.rounds=3", "train.participation=0.5", "data.num_clients=6", "backend=simulation",

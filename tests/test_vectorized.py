@@ -18,7 +18,7 @@ from fedlatent.data.federation import build_federation
 from fedlatent.errors import ConfigError
 from fedlatent.experiment import run as run_experiment
 from fedlatent.experiment.runner.validation import validate
-from fedlatent.federated.lockstep import lockstep_update, unsupported
+from fedlatent.federated.trainer import lockstep_update, unsupported
 from fedlatent.methods import PARTS, PRESETS, ditto, resolve
 from tests.conftest import REPRESENTATIVE_PRESETS
 
@@ -90,17 +90,17 @@ def test_batches_of_different_sizes_share_a_step_unless_a_loss_reads_the_batch(n
                                                                                 monkeypatch) -> None:
     """One step per batch of the longest client where the loss is each row's own (FedProx's term
     reads the weights alone); one per batch size where a term reads the batch (FedUV, MOON)."""
-    from fedlatent.federated import lockstep
-    from fedlatent.federated.client import batch_count
+    from fedlatent.federated.trainer import weights
+    from fedlatent.federated.trainer.schedule import batch_count
 
     groups: list[int] = []
-    step = lockstep._Stack.step
+    step = weights.Stacked.step
 
     def counted(self, group, *args):
         groups.append(group)
         return step(self, group, *args)
 
-    monkeypatch.setattr(lockstep._Stack, "step", counted)
+    monkeypatch.setattr(weights.Stacked, "step", counted)
     config = _digits(name)
     config.train.rounds = 1
     fed = build_federation(config.data, config.data_seed)
@@ -117,7 +117,8 @@ def test_batches_of_different_sizes_share_a_step_unless_a_loss_reads_the_batch(n
 @pytest.mark.parametrize("kind", ["ce", "mse"])
 def test_padded_rows_weigh_nothing_in_the_task_loss(kind: str) -> None:
     """Each client's loss over its real rows, as the mean a sequential client takes (float64)."""
-    from fedlatent.federated.lockstep import _row_weights, _task_losses
+    from fedlatent.federated.trainer.batches import row_weights as _row_weights
+    from fedlatent.federated.trainer.step import task_losses as _task_losses
     from fedlatent.methods.parts import task_loss
 
     gen = torch.Generator().manual_seed(0)
@@ -329,7 +330,7 @@ def test_dropout_of_probability_zero_matches_simulation() -> None:
 
 
 def test_dropout_masks_are_per_client_bernoulli_and_follow_the_seed() -> None:
-    """Equivalence in distribution (federated/lockstep.py): with equal weights and inputs, every
+    """Equivalence in distribution (federated/trainer/forward.py): with equal weights and inputs, every
     client drops its own units, each with probability p and the kept ones scaled by 1/(1 − p); two
     runs of one seed give the same weights, and the run still learns as the sequential one does."""
     config = _digits("fedavg")
@@ -450,8 +451,9 @@ def test_pooled_batches_are_each_client_s_own_draws(drop_last: bool, compact: bo
     generator (``client.batches``, epoch by epoch) and indexing its own data."""
     from fedlatent.data.compact import Images
     from fedlatent.data.types import Split
-    from fedlatent.federated.client import LocalSettings, Workspace, batch_count, batches
-    from fedlatent.federated.lockstep import _Batches
+    from fedlatent.federated.client import LocalSettings, Workspace
+    from fedlatent.federated.trainer.schedule import batch_count, batches
+    from fedlatent.federated.trainer.batches import Batches as _Batches
 
     sizes = [5, 11, 11, 1, 8]
     gen = torch.Generator().manual_seed(0)

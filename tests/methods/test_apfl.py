@@ -12,8 +12,9 @@ from torch.nn import functional as F
 from fedlatent.backends import simulation
 from fedlatent.cli import main
 from fedlatent.data.federation import build_federation
-from fedlatent.federated.client import PERSONAL, Workspace, batches, prefixed
-from fedlatent.federated.lockstep import lockstep_update
+from fedlatent.federated.client import PERSONAL, Workspace, prefixed
+from fedlatent.federated.trainer.schedule import batches
+from fedlatent.federated.trainer import lockstep_update
 from fedlatent.federated.personal import client_model
 from fedlatent.methods import resolve
 from fedlatent.methods.apfl import ALPHA, ApflProgram

@@ -13,7 +13,8 @@ import fedlatent
 from fedlatent.backends import simulation
 from fedlatent.data.federation import build_federation
 from fedlatent.errors import ConfigError
-from fedlatent.federated.client import PERSONAL, batches, prefixed
+from fedlatent.federated.client import PERSONAL, prefixed
+from fedlatent.federated.trainer.schedule import batches
 from fedlatent.losses.mmd_d import mmd_d
 from fedlatent.methods import resolve
 from fedlatent.methods.ditto import MkMmd, refresh_due

@@ -14,7 +14,8 @@ from torch.nn import functional as F
 
 from fedlatent.backends import simulation
 from fedlatent.cli import main
-from fedlatent.federated.client import Workspace, batches, prefixed
+from fedlatent.federated.client import Workspace, prefixed
+from fedlatent.federated.trainer.schedule import batches
 from fedlatent.federated.personal import client_model
 from fedlatent.methods.fedala import LOCAL_MODEL, WEIGHTS, sample_batches
 from fedlatent.seeding import ADAPTIVE_AGGREGATION, LOCAL_TRAINING, derive_seed

@@ -13,8 +13,9 @@ from torch.nn import functional as F
 import fedlatent
 from fedlatent.backends import simulation
 from fedlatent.data.federation import build_federation
-from fedlatent.federated.client import LOCAL, batches, prefixed
-from fedlatent.federated.lockstep import lockstep_update
+from fedlatent.federated.client import LOCAL, prefixed
+from fedlatent.federated.trainer.schedule import batches
+from fedlatent.federated.trainer import lockstep_update
 from fedlatent.methods import resolve
 from fedlatent.methods.fedbn import batchnorm_keys
 from fedlatent.methods.fedper import personal_keys

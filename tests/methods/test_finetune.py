@@ -12,7 +12,7 @@ import fedlatent
 from fedlatent.backends import simulation
 from fedlatent.data.federation import build_federation
 from fedlatent.errors import ConfigError
-from fedlatent.federated.client import batches
+from fedlatent.federated.trainer.schedule import batches
 from fedlatent.federated.personal import client_model
 from fedlatent.methods import resolve
 

@@ -17,8 +17,9 @@ import fedlatent
 from fedlatent.config import ServerConfig
 from fedlatent.data.types import Split
 from fedlatent.errors import ConfigError
-from fedlatent.federated.client import LocalSettings, Workspace, batches
-from fedlatent.federated.lockstep import local_update
+from fedlatent.federated.client import LocalSettings, Workspace
+from fedlatent.federated.trainer.schedule import batches
+from fedlatent.federated.trainer import local_update
 from fedlatent.federated.server import Server
 from fedlatent.methods import PRESETS, resolve
 from fedlatent.methods.feddyn import FedDyn

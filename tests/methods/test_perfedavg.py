@@ -13,7 +13,8 @@ from torch.nn import functional as F
 
 from fedlatent.backends import simulation
 from fedlatent.cli import main
-from fedlatent.federated.client import Workspace, batches
+from fedlatent.federated.client import Workspace
+from fedlatent.federated.trainer.schedule import batches
 from fedlatent.federated.personal import client_model
 from fedlatent.seeding import FINETUNE, LOCAL_TRAINING, derive_seed
 from tests.methods.resume import resumed_equals_uninterrupted
@@ -117,7 +118,7 @@ def test_the_batch_parts_are_consecutive_and_a_short_batch_is_whole() -> None:
     """The step's parts on the vectorized backend, where clients' batches of different sizes share a
     padded step (row weights pick each member's part) or one size is sliced; a batch that would
     leave a part of one sample is each part whole."""
-    from fedlatent.federated.lockstep import _GroupStep
+    from fedlatent.federated.trainer.step import GroupStep as _GroupStep
 
     class _R:
         class s:

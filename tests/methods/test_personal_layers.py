@@ -14,7 +14,8 @@ import fedlatent
 from fedlatent.backends import simulation
 from fedlatent.data.federation import build_federation
 from fedlatent.errors import ConfigError
-from fedlatent.federated.client import LOCAL, Workspace, batches, prefixed
+from fedlatent.federated.client import LOCAL, Workspace, prefixed
+from fedlatent.federated.trainer.schedule import batches
 from fedlatent.federated.personal import client_model
 from fedlatent.methods import resolve
 from fedlatent.methods.lg_fedavg import local_keys

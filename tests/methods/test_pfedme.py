@@ -12,7 +12,8 @@ from torch.nn import functional as F
 
 from fedlatent.backends import simulation
 from fedlatent.cli import main
-from fedlatent.federated.client import PERSONAL, Workspace, batches, prefixed
+from fedlatent.federated.client import PERSONAL, Workspace, prefixed
+from fedlatent.federated.trainer.schedule import batches
 from fedlatent.federated.personal import client_model
 from fedlatent.seeding import LOCAL_TRAINING, derive_seed
 from tests.methods.resume import resumed_equals_uninterrupted

@@ -12,7 +12,7 @@ import fedlatent
 from fedlatent.backends import simulation
 from fedlatent.cli import main
 from fedlatent.data.federation import build_federation
-from fedlatent.federated.lockstep import lockstep_update
+from fedlatent.federated.trainer import lockstep_update
 from fedlatent.methods import PRESETS, resolve
 from fedlatent.methods.parts import MethodSpec
 from fedlatent.methods.program import GLOBAL, PROGRAMS, ClientProgram, ModelCopy

@@ -12,8 +12,8 @@ from torch.nn import functional as F
 from fedlatent.backends import simulation
 from fedlatent.data.federation import build_federation
 from fedlatent.errors import ConfigError
-from fedlatent.federated.client import batches
-from fedlatent.federated.lockstep import lockstep_update
+from fedlatent.federated.trainer.schedule import batches
+from fedlatent.federated.trainer import lockstep_update
 from fedlatent.methods import resolve
 from fedlatent.methods.parts import task_loss
 from fedlatent.seeding import LOCAL_TRAINING, derive_seed

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 from torch.func import functional_call, vmap
 
-from fedlatent.federated.lockstep import _forward
+from fedlatent.federated.trainer.forward import one_forward
 from fedlatent.models.base import FedModel
 
 
@@ -43,7 +43,7 @@ def assert_vmap_matches_single(make: Callable[[], FedModel], taps: tuple[str, ..
     states = [m.state_dict() for m in models]
     stacked = {k: torch.stack([s[k] for s in states]) for k in states[0]}
     xs = torch.stack([batch(4)[0], batch(4)[0] * 0.5])
-    outs = vmap(_forward(models[0], taps))(stacked, xs)
+    outs = vmap(one_forward(models[0], taps))(stacked, xs)
     for c, model in enumerate(models):
         own = {k: v.clone() for k, v in states[c].items()}
         single = functional_call(model, own, (xs[c], frozenset(taps)))

@@ -88,9 +88,9 @@ def test_models_without_a_stacked_form_or_with_dropout_or_a_projector_are_vmappe
 
 
 def test_the_lockstep_trainer_takes_the_stacked_forward_where_the_model_offers_one(monkeypatch) -> None:
-    """``lockstep._stacked``: no vmap for the plain MLP (same outputs as the vmapped forward), vmap
+    """``trainer.forward.stacked_forward``: no vmap for the plain MLP (same outputs as the vmapped forward), vmap
     with per-client randomness once the MLP drops units."""
-    from fedlatent.federated import lockstep
+    from fedlatent.federated.trainer import forward as lockstep
 
     calls = []
 
@@ -102,13 +102,13 @@ def test_the_lockstep_trainer_takes_the_stacked_forward_where_the_model_offers_o
     mlp = build_mlp((6,), 3, hidden=[5, 4]).double()
     params = _clients(mlp, 3, seed=7)
     x = torch.randn(3, 2, 6, dtype=torch.float64)
-    got = lockstep._stacked(mlp, ("hidden1",))(params, x)
+    got = lockstep.stacked_forward(mlp, ("hidden1",))(params, x)
     assert not calls
-    want = lockstep._stacked(build_cnn((3, 32, 32), 3), ())  # a CNN: vmapped
+    want = lockstep.stacked_forward(build_cnn((3, 32, 32), 3), ())  # a CNN: vmapped
     assert calls == [{"randomness": "error"}] and callable(want)
-    ref = vmap(lockstep._forward(mlp, ("hidden1",)))(params, x)
+    ref = vmap(lockstep.one_forward(mlp, ("hidden1",)))(params, x)
     for a, b in zip((got.logits, got.z, got.features["hidden1"]), ref):
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
     mlp.projector = torch.nn.Dropout(0.5)
-    lockstep._stacked(mlp, ())
+    lockstep.stacked_forward(mlp, ())
     assert calls[-1] == {"randomness": "different"}

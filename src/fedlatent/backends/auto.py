@@ -1,6 +1,6 @@
 """``backend = "auto"``: the backend a run is measured to be fastest on, with the reason.
 
-``vectorized`` where the run trains in lockstep (:func:`fedlatent.federated.lockstep.unsupported`
+``vectorized`` where the run trains in lockstep (:func:`fedlatent.federated.trainer.unsupported`
 finds nothing to refuse), ``train.compile`` is off (it compiles the sequential client step) and, on
 a CPU, the model has no convolution and enough clients train per round (:data:`FEWEST_CLIENTS`);
 ``simulation`` otherwise. Both give the same numbers up to float rounding
@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 
 from fedlatent.backends import simulation
-from fedlatent.federated.lockstep import unsupported
+from fedlatent.federated.trainer import unsupported
 from fedlatent.config import RunConfig
 from fedlatent.data.types import Federation
 from fedlatent.federated.round import sample_clients

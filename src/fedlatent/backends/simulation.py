@@ -4,7 +4,7 @@
 closes each round (sampling, payload, failure policy, aggregation, server step), evaluates, writes
 metrics and checkpoints (at most one a second, see ``federated.state.Checkpoints``) and ends the
 run; between a round's halves this backend's trainer runs the selected clients' local updates
-(``federated.client``) in turn — or all at once (``federated.lockstep``, the vectorized backend).
+(``federated.client``) in turn — or all at once (``federated.trainer``, the vectorized backend).
 It plays every client, so it keeps every client's state in its own store (``Setup.client_states``,
 checkpointed with the server's), which the server half never reads. Every random choice is derived
 from (seed, round, client), never from a global RNG reseeded in the loop, so a run killed after
@@ -27,7 +27,7 @@ from fedlatent.errors import ConfigError
 from fedlatent.federated import calibrate, devices, driver
 from fedlatent.federated.accounting import SampleAccountant
 from fedlatent.federated.client import LocalSettings, Workspace, state_to_cpu, workspace_for
-from fedlatent.federated.lockstep import local_update
+from fedlatent.federated.trainer import local_update
 from fedlatent.federated.diagnostics import Diagnostics
 from fedlatent.federated.evaluation import Tally, client_validation, evaluate
 from fedlatent.federated.sampled import correct_per_client, ratio_se

@@ -6,7 +6,7 @@ states, metrics, checkpoints and folder.
 Each run is an ordinary embedded run (``experiment.runner.single.run`` on the simulation or vectorized
 backend) played in a thread of its own, whose trainer is :meth:`Cohort.trainer`: a round's client
 half waits until every run of the cohort still training has asked for its own, then one call of
-the lockstep trainer (:func:`fedlatent.federated.lockstep.lockstep_runs`) trains them all — each
+the lockstep trainer (:func:`fedlatent.federated.trainer.lockstep_runs`) trains them all — each
 client from its own run's global state, on its own data, with its own seeded generator and its own
 run's coefficients (:mod:`fedlatent.methods.coefficients`) — and every
 run gets its clients' outcomes back. The rest of a round (aggregation, evaluation, checkpoints) is
@@ -33,7 +33,7 @@ from fedlatent.data.types import Split
 from fedlatent.errors import ConfigError
 from fedlatent.federated.client import LocalSettings, Workspace
 from fedlatent.federated.failures import ClientFailure, error_detail
-from fedlatent.federated.lockstep import lockstep_runs
+from fedlatent.federated.trainer import lockstep_runs
 from fedlatent.methods.coefficients import method_shape
 from fedlatent.methods.parts import ClientRound, MethodSpec, Tensors, Upload
 

@@ -23,6 +23,7 @@ from fedlatent.data.flamby_isic import flamby_isic
 
 # data.augment_policy → transform of images in [0, 1] ending in a crop to the model's input side
 POLICIES: dict[str, Callable[[Tensor, torch.Generator, int], Tensor]] = {"flamby_isic": flamby_isic}
+READ_ON_HOST = frozenset(autoaugment.DRAWS)  # the draws :func:`apply` reads on the host (best kept there)
 
 
 @dataclass(frozen=True)

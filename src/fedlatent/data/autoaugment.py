@@ -18,6 +18,8 @@ from typing import Callable
 import torch
 from torch import Tensor
 
+from fedlatent.data.transfer import to_device
+
 Op = tuple[str, float, int | None]            # (operation, probability, magnitude bin or None)
 
 # The CIFAR-10 policy: 25 sub-policies of two operations (Cubuk et al. 2019, appendix, Table 7;
@@ -51,6 +53,7 @@ CIFAR10_POLICY: tuple[tuple[Op, Op], ...] = (
 )
 
 POLICIES = {"cifar10": CIFAR10_POLICY}
+DRAWS = ("choice", "probs", "signs")  # what :func:`draw` makes and :func:`apply` reads on the host
 SIGNED = frozenset({"ShearX", "ShearY", "TranslateX", "TranslateY", "Rotate",
                     "Brightness", "Color", "Contrast", "Sharpness"})
 
@@ -78,15 +81,15 @@ def affine_nearest(x: Tensor, matrix: Tensor) -> Tensor:
     NEAREST); outside the image it is black. ``matrix``: N×6 rows (a, b, c, d, e, f) mapping
     output (u, v) to input (a u + b v + c, d u + e v + f)."""
     n, c, h, w = x.shape
-    v, u = torch.meshgrid(torch.arange(h, dtype=torch.float64) + 0.5,
-                          torch.arange(w, dtype=torch.float64) + 0.5, indexing="ij")
-    m = matrix.to(torch.float64)[:, :, None, None]
+    v, u = torch.meshgrid(torch.arange(h, dtype=torch.float64, device=x.device) + 0.5,
+                          torch.arange(w, dtype=torch.float64, device=x.device) + 0.5, indexing="ij")
+    m = matrix.to(x.device, torch.float64)[:, :, None, None]
     src_u = torch.floor(m[:, 0] * u + m[:, 1] * v + m[:, 2]).long()
     src_v = torch.floor(m[:, 3] * u + m[:, 4] * v + m[:, 5]).long()
     inside = (src_u >= 0) & (src_u < w) & (src_v >= 0) & (src_v < h)
-    flat = (src_v.clamp(0, h - 1) * w + src_u.clamp(0, w - 1)).to(x.device)
+    flat = src_v.clamp(0, h - 1) * w + src_u.clamp(0, w - 1)
     out = x.reshape(n, c, h * w).gather(2, flat.reshape(n, 1, h * w).expand(n, c, h * w))
-    return out.reshape(n, c, h, w) * inside.to(x.device, x.dtype)[:, None]
+    return out.reshape(n, c, h, w) * inside.to(x.dtype)[:, None]
 
 
 def _rows(*columns: Tensor) -> Tensor:
@@ -232,11 +235,14 @@ def draw(n: int, generator: torch.Generator, policy: str = "cifar10") -> dict[st
 
 def apply(x: Tensor, drawn: dict[str, Tensor], policy: str = "cifar10") -> Tensor:
     """The named policy on N×C×H×W images holding integers 0..255, with the draws of :func:`draw`
-    (read on the host: which images each operation takes is decided there, as for any batch)."""
+    (read on the host: which images each operation takes is decided there, as for any batch; the
+    draws are made there, so a caller that keeps them there copies nothing back). Every
+    operation's images and magnitudes go to the images' device in one copy, and the operations
+    build their maps there."""
     table = POLICIES[policy]
     _, _, h, w = x.shape
-    choice, probs, signs = (drawn[k].cpu() for k in ("choice", "probs", "signs"))
-    out = x.clone()
+    choice, probs, signs = (drawn[k].cpu() for k in DRAWS)
+    ops, picks, mags = [], [], []
     for stage in range(2):
         for k, sub in enumerate(table):
             name, p, level = sub[stage]
@@ -246,9 +252,18 @@ def apply(x: Tensor, drawn: dict[str, Tensor], policy: str = "cifar10") -> Tenso
             mag = torch.full((len(idx),), magnitude(name, level, h, w), dtype=torch.float64)
             if name in SIGNED:
                 mag = torch.where(signs[idx, stage] == 0, -mag, mag)
-            dev = idx.to(x.device)
-            out[dev] = OPS[name](out[dev], mag)
+            ops.append(name)
+            picks.append(idx)
+            mags.append(mag)
+    out = x.clone()
+    if not ops:
+        return out
+    sizes = [len(idx) for idx in picks]
+    for name, idx, mag in zip(ops, to_device(torch.cat(picks), x.device).split(sizes),
+                              to_device(torch.cat(mags), x.device).split(sizes)):
+        out[idx] = OPS[name](out[idx], mag)
     return out
+
 
 
 def autoaugment(x: Tensor, generator: torch.Generator, policy: str = "cifar10") -> Tensor:

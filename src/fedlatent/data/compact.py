@@ -66,9 +66,11 @@ class Images:
         moved.mean, moved.std = self.mean.to(device), self.std.to(device)
         return moved
 
-    def take(self, idx: Tensor) -> "Images":
-        """The images at ``idx``, still compact."""
-        return Images(self.data[idx], self.mean.flatten(), self.std.flatten(), self.crop)
+    def take(self, idx: Tensor | slice) -> "Images":
+        """The images at ``idx``, still compact, where they are held (their statistics too)."""
+        taken = Images(self.data[idx], self.mean.flatten().cpu().numpy(), self.std.flatten().cpu().numpy(), self.crop)
+        taken.mean, taken.std = self.mean, self.std
+        return taken
 
     @staticmethod
     def concat(parts: Sequence["Images"]) -> "Images":

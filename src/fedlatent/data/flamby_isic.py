@@ -11,7 +11,9 @@ from Python's global ``random``, so runs would not repeat for a seed) and a batc
 at once instead of image by image through NumPy/OpenCV.
 
 Images are float N×C×H×W in [0, 1] (the batch's ImageNet standardisation is undone around this,
-see :func:`fedlatent.data.augment.augment_batch`). Differences from albumentations, by design:
+see :func:`fedlatent.data.augment.augment_batch`), on any device; the draws are made on the host
+(the client's generator), and their per-image values and the maps go to the images' device
+without waiting (:func:`fedlatent.data.transfer.to_device`), where the sampling grid is made. Differences from albumentations, by design:
 scale, rotation and shear are one bilinear resampling (one interpolation instead of three) on a
 canvas of fixed size, with the border mirrored (albumentations: reflect-101); the scale zooms
 about the centre before the crop rather than resizing the canvas; the flip comes after the
@@ -23,6 +25,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 from torch.nn import functional as F
+
+from fedlatent.data.transfer import to_device
 
 SCALE = 0.07          # RandomScale: factor in [1 − 0.07, 1 + 0.07]
 ROTATE = 50.0         # Rotate: degrees in [−50, 50]
@@ -44,14 +48,15 @@ def _coin(n: int, generator: torch.Generator) -> Tensor:
 
 def warp(x: Tensor, matrix: Tensor) -> Tensor:
     """Output pixel at ``p`` (pixel units about the image centre, x right, y down) reads the
-    input at ``matrix[k] @ p`` (N×2×2), bilinear, the border mirrored."""
+    input at ``matrix[k] @ p`` (N×2×2), bilinear, the border mirrored. The N×2×3 maps go to the
+    images' device, where the sampling grid is made."""
     n, _, h, w = x.shape
     # to grid_sample's normalised coordinates (align_corners=False): p = D q, D = diag(w/2, h/2)
-    d = torch.tensor([w / 2, h / 2], dtype=torch.float64)
+    d = torch.tensor([w / 2, h / 2], dtype=torch.float64, device=matrix.device)
     theta = matrix.to(torch.float64) * d[None, None, :] / d[None, :, None]  # D⁻¹ M D
-    theta = torch.cat([theta, torch.zeros(n, 2, 1, dtype=torch.float64)], dim=2)
-    grid = F.affine_grid(theta.to(x.dtype), [n, x.shape[1], h, w], align_corners=False)
-    return F.grid_sample(x, grid.to(x.device), mode="bilinear", padding_mode="reflection", align_corners=False)
+    theta = torch.cat([theta, torch.zeros(n, 2, 1, dtype=torch.float64, device=matrix.device)], dim=2)
+    grid = F.affine_grid(to_device(theta.to(x.dtype), x.device), [n, x.shape[1], h, w], align_corners=False)
+    return F.grid_sample(x, grid, mode="bilinear", padding_mode="reflection", align_corners=False)
 
 
 def rotation(degrees: Tensor) -> Tensor:
@@ -78,14 +83,14 @@ def shear(degrees_x: Tensor, degrees_y: Tensor) -> Tensor:
 
 def brightness_contrast(x: Tensor, alpha: Tensor, beta: Tensor) -> Tensor:
     """albumentations' brightness/contrast (by the maximum value): clip(α x + β, 0, 1) per image."""
-    a = alpha.to(x.device, x.dtype)[:, None, None, None]
-    b = beta.to(x.device, x.dtype)[:, None, None, None]
+    a = to_device(alpha.to(x.dtype), x.device)[:, None, None, None]
+    b = to_device(beta.to(x.dtype), x.device)[:, None, None, None]
     return (a * x + b).clamp(0, 1)
 
 
 def flip(x: Tensor, mode: Tensor) -> Tensor:
     """albumentations' ``Flip`` per image: mode 0 keeps, 1 left-right, 2 up-down, 3 both."""
-    m = mode.to(x.device)[:, None, None, None]
+    m = to_device(mode, x.device)[:, None, None, None]
     x = torch.where((m == 1) | (m == 3), x.flip(-1), x)
     return torch.where((m == 2) | (m == 3), x.flip(-2), x)
 
@@ -93,8 +98,8 @@ def flip(x: Tensor, mode: Tensor) -> Tensor:
 def crop(x: Tensor, top: Tensor, left: Tensor, size: int) -> Tensor:
     """The size×size window at (top, left) of each image."""
     n, c = x.shape[:2]
-    rows = (top.to(x.device)[:, None] + torch.arange(size, device=x.device))[:, None, :, None]
-    cols = (left.to(x.device)[:, None] + torch.arange(size, device=x.device))[:, None, None, :]
+    rows = (to_device(top, x.device)[:, None] + torch.arange(size, device=x.device))[:, None, :, None]
+    cols = (to_device(left, x.device)[:, None] + torch.arange(size, device=x.device))[:, None, None, :]
     batch = torch.arange(n, device=x.device)[:, None, None, None]
     chan = torch.arange(c, device=x.device)[None, :, None, None]
     return x[batch, chan, rows, cols]
@@ -105,9 +110,9 @@ def holes(x: Tensor, top: Tensor, left: Tensor, used: Tensor, side: int) -> Tens
     h, w = x.shape[-2:]
     rows = torch.arange(h, device=x.device)[None, None, :, None]
     cols = torch.arange(w, device=x.device)[None, None, None, :]
-    t, lft = top.to(x.device)[:, :, None, None], left.to(x.device)[:, :, None, None]
+    t, lft = to_device(top, x.device)[:, :, None, None], to_device(left, x.device)[:, :, None, None]
     inside = (rows >= t) & (rows < t + side) & (cols >= lft) & (cols < lft + side)
-    cut = (inside & used.to(x.device)[:, :, None, None]).any(dim=1)
+    cut = (inside & to_device(used, x.device)[:, :, None, None]).any(dim=1)
     return x * (~cut)[:, None].to(x.dtype)
 
 

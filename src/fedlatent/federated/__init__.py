@@ -1,4 +1,5 @@
-"""The federated engine: a round's two halves (``round``), the client trainers (``client`` one
-client at a time, ``lockstep`` many at once, both with the update rule of ``update``), the run
+"""The federated engine: a round's two halves (``round``), the client trainer (``trainer``: one
+client or many at once, with the update rule of ``losses.update``; ``client``: what a client's round
+is made of), the run
 driver every backend shares (``driver``), the server (``server``), failures, checkpoints,
 evaluation, calibration and diagnostics."""

@@ -50,7 +50,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from fedlatent.federated.client import poisson_rate, poisson_steps
+from fedlatent.federated.trainer.schedule import poisson_rate, poisson_steps
 
 if TYPE_CHECKING:
     from dp_accounting import DpEvent

@@ -1,5 +1,5 @@
 """``train.compile``: the trained model's forward through ``torch.compile`` (inductor) in the
-one-client step (``federated.lockstep.local_update``); backward follows by AOTAutograd.
+one-client step (``federated.trainer.local_update``); backward follows by AOTAutograd.
 
 Measured with ``benchmarks/compile.py`` (2 cores, 1 thread, CPU time; ``benchmarks/README.md``):
 on the small CNN a compiled round of 10 clients x 7 steps costs 0.70x an eager one, after a

@@ -10,6 +10,8 @@ from typing import TypeVar
 import torch
 from torch import Tensor
 
+from fedlatent.data.transfer import to_device
+
 M = TypeVar("M", bound=torch.nn.Module)
 
 
@@ -66,3 +68,18 @@ def prepare(model: M, device: torch.device | str) -> M:
     if torch.device(device).type in CUDNN_BENCHMARK:
         torch.backends.cudnn.benchmark = True
     return laid_out(model.to(device), channels_last(device))
+
+
+def upload(values: list | Tensor, device: torch.device | str, dtype: torch.dtype | None = None) -> Tensor:
+    """Small host values (Python numbers or a CPU tensor: a step's positions, group rows, batch
+    sizes) as a tensor on ``device``, without waiting for it
+    (:func:`fedlatent.data.transfer.to_device`). ``dtype``: by default the values' own (int64 for
+    integers)."""
+    return to_device(torch.as_tensor(values, dtype=dtype), device)
+
+
+def generator(device: torch.device | str) -> torch.Generator:
+    """A generator that draws on ``device`` (its own kind on an accelerator; the CPU's for the CPU
+    and for the ``meta`` device, which draws no values)."""
+    kind = torch.device(device).type
+    return torch.Generator() if kind in ("cpu", "meta") else torch.Generator(device=device)

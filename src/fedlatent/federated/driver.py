@@ -27,7 +27,7 @@ from fedlatent.data.types import GlobalData
 from fedlatent.federated.accounting import SampleAccountant
 from fedlatent.federated.calibrate import apply_statistics, head_keys
 from fedlatent.federated import sampled
-from fedlatent.federated.client import trained_samples
+from fedlatent.federated.trainer.schedule import trained_samples
 from fedlatent.federated.failures import ClientFailure
 from fedlatent.federated.evaluation import Tally
 from fedlatent.federated.personal import combine_new, combine_reports

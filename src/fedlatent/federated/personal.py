@@ -22,7 +22,7 @@ from fedlatent.calibration.ffc import ffc_solve
 from fedlatent.data.types import ClientData, Split
 from fedlatent.federated.calibrate import ffc_head
 from fedlatent.federated.client import LocalSettings, Workspace
-from fedlatent.federated.lockstep import local_update
+from fedlatent.federated.trainer import local_update
 from fedlatent.federated.evaluation import Tally, evaluate, fairness, majority_rate, scores, tally
 from fedlatent.federated.finetune import batchnorm_statistics, finetuning
 from fedlatent.methods.fedprox import Prox

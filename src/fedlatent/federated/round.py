@@ -33,7 +33,7 @@ from fedlatent.federated.client import LocalSettings, Workspace
 from fedlatent.federated.bound import enforce_bound
 from fedlatent.federated.codec import ClipCodec, UpdateCodec
 from fedlatent.federated.codec_chain import CODED_BYTES
-from fedlatent.federated.lockstep import local_update
+from fedlatent.federated.trainer import local_update
 from fedlatent.federated import precision
 from fedlatent.federated.failures import (ClientFailure, RunStopped, all_finite, first_nonfinite, losses_finite,
                                          nonfinite_quantity, screen, upload_tensors)

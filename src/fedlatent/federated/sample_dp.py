@@ -15,7 +15,8 @@ The noise of a step is drawn, one standard normal value per trainable weight ent
 generator of its own per client and model (the local model, Ditto's personal one) seeded by
 (run seed, :data:`~fedlatent.seeding.SAMPLE_NOISE`, round, client, model) and read step after
 step: a client draws the same noise whether it trains alone or in a stack, and a run repeats to
-the bit.
+the bit. The generators live on the training device, so the noise is drawn there (a GPU's generator
+draws other numbers than the CPU's from the same seed: a run on a GPU repeats itself, not a CPU run).
 
 The denominator L: under Poisson batches (``privacy.batch_sampling = "poisson"``, each sample in
 with probability q = min(1, b / n_k)) the expected batch size q·n_k = min(b, n_k), fixed, so that
@@ -31,12 +32,13 @@ import torch
 from torch import Tensor
 from torch.func import functional_call, grad, vmap
 
+from fedlatent.federated import devices
 from fedlatent.federated.client import LocalSettings
 from fedlatent.losses.dp_sgd import private_gradient
 from fedlatent.methods.parts import ClientRound, task_loss
 from fedlatent.models.base import FedModel, has_dropout
 from fedlatent.federated.randomness import Source, client_noise_source, standard_normal
-from fedlatent.seeding import SAMPLE_NOISE
+from fedlatent.seeding import SAMPLE_NOISE, derive_seed
 
 GLOBAL, PERSONAL = 0, 1  # the models whose steps draw noise: the local model, Ditto's personal model
 
@@ -48,10 +50,24 @@ def enabled(s: LocalSettings) -> bool:
     return math.isfinite(s.sample_clip_norm)
 
 
-def noise_generators(rcs: list[ClientRound], model: int, secret: bool = False) -> list[Source]:
+def noise_generators(rcs: list[ClientRound], model: int, secret: bool = False,
+                     device: torch.device | str = "cpu") -> list[Source]:
     """Each client's generator of the noise of ``model``'s steps this round: (seed, SAMPLE_NOISE,
-    round, client, model), or, ``secret`` (``privacy.randomness``), keyed by the client's own OS entropy."""
-    return [client_noise_source(secret, rc.seed, SAMPLE_NOISE, rc.round, rc.client_id, model) for rc in rcs]
+    round, client, model) on the training ``device`` (:func:`fedlatent.federated.devices.generator`),
+    so that the noise is drawn where the gradients are; or, ``secret`` (``privacy.randomness``), a
+    stream keyed by the client's own OS entropy (drawn on the host, then moved)."""
+    if secret:
+        return [client_noise_source(True, rc.seed, SAMPLE_NOISE, rc.round, rc.client_id, model) for rc in rcs]
+    return [devices.generator(device).manual_seed(derive_seed(rc.seed, SAMPLE_NOISE, rc.round, rc.client_id, model))
+            for rc in rcs]
+
+
+def _standard_normals(n: int, source: Source, device: torch.device) -> Tensor:
+    """``n`` standard normals on ``device``: drawn there from a seeded generator, or on the host from
+    a secret stream (:func:`~fedlatent.federated.randomness.standard_normal`) and moved."""
+    if isinstance(source, torch.Generator):
+        return torch.randn(n, generator=source, device=device)
+    return standard_normal(n, source).to(device)
 
 
 def per_sample_gradients(model: FedModel, loss: str, temperature: float) -> PerSample:
@@ -91,7 +107,7 @@ class PrivateGradients:
         self.per_sample = per_sample_gradients(module, loss, temperature)
         self.trainable = trainable
         self.clip_norm, self.noise_multiplier = s.sample_clip_norm, s.sample_noise_multiplier
-        self.generators = noise_generators(rcs, model, s.secret_noise) if self.noise_multiplier > 0 else None
+        self.generators = noise_generators(rcs, model, s.secret_noise, s.device) if self.noise_multiplier > 0 else None
         self.expected = [min(s.batch_size, n) for n in sizes] if s.poisson else None
 
     def __call__(self, params: Mapping[str, Tensor], members: list[int], x: Tensor, y: Tensor,
@@ -104,8 +120,8 @@ class PrivateGradients:
         grads, losses = self.per_sample(trained, other, x, y)
         per_sample = [grads[n] for n in self.trainable]
         count = self.expected
-        denominators = torch.tensor([count[c] for c in members] if count is not None else sizes,
-                                    dtype=losses.dtype, device=losses.device)
+        denominators = devices.upload([count[c] for c in members] if count is not None else sizes,
+                                      losses.device, losses.dtype)
         noise = self._noise(members, [g.shape[2:] for g in per_sample], losses) if self.generators else None
         gradients = private_gradient(per_sample, self.clip_norm, weights, denominators, noise, self.noise_multiplier)
         task = (losses if weights is None else losses * weights).sum(1) / denominators
@@ -113,9 +129,10 @@ class PrivateGradients:
 
     def _noise(self, members: list[int], shapes: list[torch.Size], like: Tensor) -> list[Tensor]:
         """One standard normal draw per trainable weight entry for each member, from its own
-        generator (one call per client and step), as (members, …) tensors per weight."""
+        generator (one call per client and step) on the training device, as (members, …) tensors
+        per weight."""
         assert self.generators is not None
         numels = [math.prod(shape) for shape in shapes]
-        flat = torch.stack([standard_normal(sum(numels), self.generators[c]) for c in members])
-        flat = flat.to(like.device, like.dtype)
+        flat = torch.stack([_standard_normals(sum(numels), self.generators[c], like.device)
+                            for c in members]).to(like.dtype)
         return [part.reshape(len(members), *shape) for part, shape in zip(flat.split(numels, 1), shapes)]

@@ -63,7 +63,7 @@ def in_float32(fn: Callable[P, R]) -> Callable[P, R]:
     def run(*args: P.args, **kwargs: P.kwargs) -> R:
         tensors = [t for a in (*args, *kwargs.values()) for t in _tensors(a)]
         kinds = {t.device.type for t in tensors}
-        active = [k for k in kinds if torch.is_autocast_enabled(k)]
+        active = [k for k in kinds if torch.amp.is_autocast_available(k) and torch.is_autocast_enabled(k)]
         if not active and not any(t.dtype in HALF for t in tensors):
             return fn(*args, **kwargs)
         with ExitStack() as off:

@@ -14,6 +14,8 @@ Pure functions of a tensor: no configuration, no state.
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch import Tensor
 
@@ -53,6 +55,13 @@ def group_of(d: int, groups: int) -> Tensor:
 def structured_decov(h: Tensor, groups: int) -> Tensor:
     """½ (‖C‖_F² − Σ_g ‖C_gg‖_F²): the squared covariances between units of different groups, halved."""
     c = covariance(h)
-    g = group_of(c.shape[0], groups).to(c.device)
-    across = g[:, None] != g[None, :]
-    return 0.5 * c.pow(2)[across].sum()
+    return 0.5 * c.pow(2).flatten().index_select(0, _across(c.shape[0], groups, c.device)).sum()
+
+
+@functools.lru_cache(maxsize=32)
+def _across(d: int, groups: int, device: torch.device) -> Tensor:
+    """The flat (row-major) indices of the d×d covariances between units of different groups, on
+    ``device``, made once: the entries a boolean mask would pick, in its order (the same sum), without
+    a mask's compaction, which reads its count on the host at every call."""
+    g = group_of(d, groups)
+    return (g[:, None] != g[None, :]).flatten().nonzero()[:, 0].to(device)

@@ -108,7 +108,7 @@ class DittoPull(_Stateless):
         if isinstance(self.lam, Tensor):
             lam = row_pick(self.lam, rows)
             away = torch._foreach_sub(params, [row_pick(a, rows) for a in self.anchor])
-            step.direction = [g + _per_row(lam, p).to(p.dtype) * d for g, p, d in zip(step.given(), params, away)]
+            step.direction = [g + _per_row(lam, p).to(p.device, p.dtype) * d for g, p, d in zip(step.given(), params, away)]
         elif self.fused:
             away = torch._foreach_sub(params, [row_pick(a, rows) for a in self.anchor])
             step.direction = list(torch._foreach_add(step.given(), away, alpha=self.lam))
@@ -239,7 +239,7 @@ class ScaleByAdam:
             step.denom, step.bias = list(denom), 1 - beta1 ** count
         else:
             root = (1 - beta2 ** count).sqrt()
-            step.denom = [(v.sqrt() / _per_row(root, p).to(p.dtype)).add_(EPS) for p, v in zip(params, exp_avg_sq)]
+            step.denom = [(v.sqrt() / _per_row(root, p).to(p.device, p.dtype)).add_(EPS) for p, v in zip(params, exp_avg_sq)]
             step.bias = 1 - beta1 ** count
         return step, {"exp_avg": exp_avg, "exp_avg_sq": exp_avg_sq, STEP: count}
 
@@ -277,7 +277,7 @@ class ScaleByLr(_Stateless):
             step.factor = -lr
         elif isinstance(step.bias, Tensor):
             size = lr / step.bias
-            step.factor = [_per_row(size, p).to(p.dtype) for p in step.targets]
+            step.factor = [_per_row(size, p).to(p.device, p.dtype) for p in step.targets]
         else:
             step.factor = -(lr / step.bias)
         step.correction_factor = -lr
@@ -308,7 +308,7 @@ def apply(step: Step) -> None:
 # the state's rows -----------------------------------------------------------------------------------
 def row_pick(t: Any, rows: Rows) -> Any:
     """The ``rows`` of a stacked tensor (a slice: a view, so in-place updates reach the stack; an
-    index tensor: a copy); anything else as it is."""
+    index tensor, on the tensor's device: a copy); anything else as it is."""
     if rows is None or not isinstance(t, Tensor):
         return t
     return t[rows] if isinstance(rows, slice) else t.index_select(0, rows)
@@ -408,7 +408,7 @@ def _decay(base: float, extra: Tensor | float, params: list[Tensor]) -> list[Ten
     """The weight decay of each weight: a number for all, or per client (a (C,) ``extra``) shaped
     per weight."""
     if isinstance(extra, Tensor):
-        return [_per_row(extra + base, p).to(p.dtype) for p in params]
+        return [_per_row(extra + base, p).to(p.device, p.dtype) for p in params]
     return base + extra
 
 

@@ -95,7 +95,7 @@ class LocalOptimizer:
     """One rule's chain and its state for a list of weights (one client's, or stacked clients' with
     a leading axis): each slot zero at the start (the first step then computes what torch's
     optimisers do on theirs), or loaded from a kept state (``slots``); the Adam step count, a
-    number or, per client, a tensor. With ``lazy``, fresh SGD momentum buffers are made only when
+    number or, per client, a tensor on the weights' device (a step combines it with them). With ``lazy``, fresh SGD momentum buffers are made only when
     some client steps again after its first step (stacked clients that take one step a round never
     need theirs)."""
 
@@ -165,7 +165,7 @@ class LocalOptimizer:
                 out[f"{prefix}{n}.{slot}"] = (v if client is None else v[client]).detach().to("cpu", copy=True)
         if self.rule.kind != "sgd":
             steps = self.steps if client is None or isinstance(self.steps, int) else self.steps[client]
-            out[prefix + STEP] = torch.as_tensor(steps, dtype=torch.float64).clone()
+            out[prefix + STEP] = torch.as_tensor(steps, dtype=torch.float64).to("cpu", copy=True)
         return out
 
 
@@ -181,9 +181,10 @@ def restore(rule: Rule, params: list[Tensor], names: list[str], saved: list[dict
     clients' kept states ``saved`` (their entries under the prefix, prefix removed); a client with
     none starts from zero slots and step 0. ``names``: the trainable weights' (those ``links.mask``
     keeps). A kept state of another rule's slots (the optimiser changed) is an error."""
+    device = params[0].device if params else torch.device("cpu")  # the counts combine with the weights
     if not any(saved):
-        return LocalOptimizer(rule, params, steps=torch.zeros(len(saved), dtype=torch.float64) if stacked else 0,
-                              lazy=stacked, links=links)
+        return LocalOptimizer(rule, params, steps=torch.zeros(len(saved), dtype=torch.float64, device=device)
+                              if stacked else 0, lazy=stacked, links=links)
     for own in saved:
         extra = {k.rsplit(".", 1)[1] for k in own if k != STEP} - set(rule.slots())
         if extra:
@@ -199,7 +200,7 @@ def restore(rule: Rule, params: list[Tensor], names: list[str], saved: list[dict
             per_param.append(torch.stack(rows) if stacked else rows[0].clone())
         slots[slot] = per_param
     counts = [int(own[STEP]) if STEP in own else 0 for own in saved]
-    steps: Tensor | int = torch.tensor(counts, dtype=torch.float64) if stacked else counts[0]
+    steps: Tensor | int = torch.tensor(counts, dtype=torch.float64, device=device) if stacked else counts[0]
     return LocalOptimizer(rule, params, slots, steps, links=links)
 
 

@@ -8,7 +8,7 @@ on the global copy and one on w_L with
     task loss + (λ/2)‖w_L − w̄‖² + μ · Σ_layers d(f_L(b), f_ḡ(b)),
 
 f_ḡ the frozen global model received at the start of the round (Algorithm 1 of the Ditto+MMD
-paper; the loop is ``federated.lockstep``'s personal step). This module declares the constraints d
+paper; the loop is ``federated.trainer``'s personal step). This module declares the constraints d
 as parts and the presets that combine them with Ditto:
 
 * ``cosine`` — mean over the batch of 1 − cos(f_L(x), f_ḡ(x)) (paired samples);

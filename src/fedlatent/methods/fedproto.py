@@ -22,21 +22,38 @@ PROTO, PRESENT = "fedproto.prototypes", "fedproto.present"
 
 
 class _Prototypes:
-    """One client's round: per-class sums of z (float64) and counts over its training batches."""
+    """One client's round: per-class sums of z (float64) and counts over its training batches, kept
+    on the training device (a step adds to them without a copy to the host; the upload reads them
+    once, at the round's end), and the global prototypes it received, moved there once."""
 
     def __init__(self) -> None:
         self.sums: Tensor | None = None
         self.counts: Tensor | None = None
+        self.received: tuple[Tensor | None, Tensor, Tensor] | None = None  # (what was sent, on the device)
 
     def add(self, z: Tensor, y: Tensor, num_classes: int) -> None:
-        if self.sums is None:
-            self.sums = torch.zeros(num_classes, z.shape[1], dtype=torch.float64)
-            self.counts = torch.zeros(num_classes, dtype=torch.float64)
-        self.sums.index_add_(0, y.cpu(), z.detach().cpu().double())
-        self.counts.index_add_(0, y.cpu(), torch.ones(len(y), dtype=torch.float64))
+        if self.sums is None or self.counts is None:
+            self.sums = torch.zeros(num_classes, z.shape[1], dtype=torch.float64, device=z.device)
+            self.counts = torch.zeros(num_classes, dtype=torch.float64, device=z.device)
+        self.sums.index_add_(0, y, z.detach().double())
+        self.counts.index_add_(0, y, torch.ones(len(y), dtype=torch.float64, device=z.device))
+
+    def prototypes(self, payload: Tensors, like: Tensor, device: torch.device) -> tuple[Tensor, Tensor]:
+        """The global prototypes of ``payload`` and which classes have one, on ``device``, moved
+        there once (none yet: no class present; ``like``: a received set, for the shapes)."""
+        sent = payload.get(PROTO)
+        if self.received is None or self.received[0] is not sent:
+            if sent is not None:
+                self.received = sent, sent.to(device), payload[PRESENT].to(device)
+            else:
+                self.received = None, torch.zeros(like.shape, dtype=like.dtype, device=device), \
+                    torch.zeros(len(like), dtype=torch.bool, device=device)
+        return self.received[1], self.received[2]
 
     def extras(self) -> Tensors | None:
-        return None if self.sums is None else {"sums": self.sums, "counts": self.counts}
+        if self.sums is None or self.counts is None:
+            return None
+        return {"sums": self.sums.to("cpu"), "counts": self.counts.to("cpu")}
 
 
 class FedProto(Part):
@@ -53,20 +70,22 @@ class FedProto(Part):
         client under ``vmap`` — one set for the clients of one run, each run's own for the clients
         of stacked runs (:mod:`fedlatent.backends.stacked`), whose payloads differ."""
         z, y = ctx.out.z, ctx.y
-        for i, rc in enumerate(ctx.rcs):
-            rc.scratch[self.name].add(z[i], y[i], ctx.num_classes)
+        rounds = [rc.scratch[self.name] for rc in ctx.rcs]
+        for i, own in enumerate(rounds):
+            own.add(z[i], y[i], ctx.num_classes)
         payloads = [rc.payload for rc in ctx.rcs]
         if not any(PROTO in p for p in payloads):
             return None
         def distance(zc: Tensor, yc: Tensor, protos: Tensor, present: Tensor) -> Tensor:
             return prototype_distance(zc, yc, protos, present, semantics=self.semantics)
-        if all(p.get(PROTO) is payloads[0].get(PROTO) for p in payloads):  # one run: one set of prototypes
-            protos, present = payloads[0][PROTO].to(z.device), payloads[0][PRESENT].to(z.device)
+        sent = next(p for p in payloads if PROTO in p)[PROTO]
+        if all(p.get(PROTO) is sent for p in payloads):  # one run: one set of prototypes
+            protos, present = rounds[0].prototypes(payloads[0], sent, z.device)
             return torch.vmap(distance, in_dims=(0, 0, None, None))(z, y, protos, present)
         # clients of stacked runs: each its own run's prototypes (none yet: no class present, a term of 0)
-        sent = next(p for p in payloads if PROTO in p)
-        protos = torch.stack([p.get(PROTO, torch.zeros_like(sent[PROTO])) for p in payloads]).to(z.device)
-        present = torch.stack([p.get(PRESENT, torch.zeros_like(sent[PRESENT])) for p in payloads]).to(z.device)
+        received = [own.prototypes(p, sent, z.device) for own, p in zip(rounds, payloads)]
+        protos = torch.stack([p for p, _ in received])
+        present = torch.stack([q for _, q in received])
         return torch.vmap(distance)(z, y, protos, present)
 
     def finish(self, rc: ClientRound) -> Tensors | None:

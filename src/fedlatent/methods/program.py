@@ -11,7 +11,7 @@ number of inner steps on the batch), its round-scoped values (:meth:`begin` / :m
 α), the model a client is evaluated on (:meth:`evaluated`) and the one a client that never trained
 is evaluated on (:meth:`adapted_new`, ``data.holdout_clients``: a personalising program states its
 rule in :attr:`ClientProgram.new_client_rule`, else it has none and such a run is refused). The client trainer
-(``federated.lockstep``) runs every program the same way, iterating over the declared copies;
+(``federated.trainer``) runs every program the same way, iterating over the declared copies;
 programs never own a loop and keep no per-client state on themselves.
 
 Each program is registered by name (:func:`register_program`); a method preset chooses one as

@@ -179,7 +179,7 @@ Objective = Callable[[Mapping[str, Tensor]], Tensor]
 
 
 class Step(Protocol):
-    """One local step of a group of clients as a program sees it (``federated.lockstep`` implements
+    """One local step of a group of clients as a program sees it (``federated.trainer`` implements
     it). ``data``: what the program's :meth:`ClientProgram.begin` returned; ``lr``: the round's rate."""
 
     data: Any

@@ -22,7 +22,7 @@ from fedlatent.config import RunConfig, TrackingConfig, to_toml
 from fedlatent.errors import ConfigError, UserInputError
 from fedlatent.experiment.runner.single import run
 from fedlatent.experiment.runner.validation import declared_shape
-from fedlatent.federated.lockstep import unsupported
+from fedlatent.federated.trainer import unsupported
 from fedlatent.federated.round import clients_per_round
 from fedlatent.methods import resolve
 from fedlatent.methods.coefficients import method_shape

@@ -37,7 +37,7 @@ from fedlatent.errors import ConfigError
 from fedlatent.experiment.tooling import timing
 from fedlatent.experiment.runner.single import prepare
 from fedlatent.experiment.runner.single import run as run_experiment
-from fedlatent.federated.client import batches
+from fedlatent.federated.trainer.schedule import batches
 from fedlatent.federated.round import sample_clients
 from fedlatent.methods import resolve
 from fedlatent.models import build_model

@@ -202,7 +202,7 @@ def test_a_killed_driver_started_again_resumes_the_study(two_nodes, tmp_path: Pa
     assert len(attempts) == 2 and attempts[1]["from_checkpoint_round"] > 0
 
 
-@pytest.mark.long
+@pytest.mark.slow  # about a minute: the issue's check of a lost node, kept in CI
 def test_losing_the_worker_node_mid_study_reruns_its_cells_from_their_checkpoints(two_nodes, tmp_path: Path) -> None:
     """The worker node is removed while one of its cells trains past a checkpoint: Ray starts that cell
     again on the head node, from the checkpoint, and the study ends with every cell once, the

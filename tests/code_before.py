@@ -14,6 +14,21 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
+# the head of a script for runs_before_and_now: fedlatent with its figures off, one thread, and the
+# folder ``out`` (its sys.argv[1]) that its runs go under
+SCRIPT_HEAD = """
+import sys
+from pathlib import Path
+import torch
+import fedlatent
+from fedlatent.experiment.runner import single
+from fedlatent.experiment.runner.figures import NoFigures
+single.FigureWorker = lambda *a, **k: NoFigures()
+single.start_process = lambda: None
+torch.set_num_threads(1)
+out = Path(sys.argv[1])
+"""
+
 
 def _run(script: str, src: Path, out: Path) -> None:
     out.mkdir()
@@ -52,7 +67,8 @@ def record(run: Path) -> tuple[list[dict], dict, dict]:
     last checkpoint's digests."""
     lines = []
     for text in (run / "metrics.jsonl").read_text().splitlines():
-        line = {k: v for k, v in json.loads(text).items() if not k.startswith("time_") and k not in RELEASED_BEFORE}
+        line = {k: v for k, v in json.loads(text).items()
+                if not (k.startswith("time_") or "seconds" in k or k in RELEASED_BEFORE)}
         lines.append({k: v for k, v in line.items() if not (k in ADDED_IF_ZERO and v == 0)})
     final = json.loads((run / "summary.json").read_text())["final"]
     latest = json.loads((run / "checkpoints" / "latest.json").read_text())["folder"]

@@ -10,8 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.code_before import runs_before_and_now
-from tests.code_before import record
+from tests.code_before import SCRIPT_HEAD, record, runs_before_and_now
 
 BEFORE = "a32049f"  # main before the calibrations registry, methods/spec.py and the backends' capabilities
 
@@ -26,18 +25,7 @@ RUNS = {
                'privacy.batch_sampling="poisson"'],
 }
 
-SCRIPT = """
-import sys
-from pathlib import Path
-import torch
-import fedlatent
-from fedlatent.experiment.runner import single
-from fedlatent.experiment.runner.figures import NoFigures
-single.FigureWorker = lambda *a, **k: NoFigures()
-single.start_process = lambda: None
-torch.set_num_threads(1)
-out = Path(sys.argv[1])
-RUNS = %r
+SCRIPT = SCRIPT_HEAD + """RUNS = %r
 for name, extra in RUNS.items():
     for backend in ("simulation", "vectorized"):
         config = fedlatent.load_config(None, [

@@ -9,24 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.code_before import runs_before_and_now
-from tests.code_before import record
+from tests.code_before import SCRIPT_HEAD, record, runs_before_and_now
 
 BEFORE = "a32049f"  # main before the codec chain
 
 # one process runs every (case, backend) into OUT/<case>-<backend>, figures off
-SCRIPT = """
-import sys
-from pathlib import Path
-import torch
-import fedlatent
-from fedlatent.experiment.runner import single
-from fedlatent.experiment.runner.figures import NoFigures
-single.FigureWorker = lambda *a, **k: NoFigures()
-single.start_process = lambda: None
-torch.set_num_threads(1)
-out = Path(sys.argv[1])
-CASES = {
+SCRIPT = SCRIPT_HEAD + """CASES = {
     "plain": [],
     "fednova": ['algorithm.name="fednova"'],
     "clip": ["privacy.clip_norm=0.3"],

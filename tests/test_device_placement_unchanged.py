@@ -6,12 +6,11 @@ training device) and by the code under test, give the same metrics lines and fin
 (every key but the clocks), the same step trace and byte-identical checkpoints."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 
-from tests.code_before import runs_before_and_now
+from tests.code_before import SCRIPT_HEAD, record, runs_before_and_now
 
 BEFORE = "a32049f"  # main before device placement
 
@@ -29,18 +28,7 @@ RUNS = {  # name → overrides beyond the common ones
 }
 
 # one process runs every (run, backend) into OUT/<run>-<backend>, figures off
-SCRIPT = """
-import sys
-from pathlib import Path
-import torch
-import fedlatent
-from fedlatent.experiment.runner import single
-from fedlatent.experiment.runner.figures import NoFigures
-single.FigureWorker = lambda *a, **k: NoFigures()
-single.start_process = lambda: None
-torch.set_num_threads(1)
-out = Path(sys.argv[1])
-RUNS = %r
+SCRIPT = SCRIPT_HEAD + """RUNS = %r
 for name, extra in RUNS.items():
     for backend in ("simulation", "vectorized"):
         if name == "trace" and backend == "vectorized":
@@ -54,16 +42,9 @@ for name, extra in RUNS.items():
 
 
 def _record(run: Path) -> tuple[list[dict], dict, dict, str]:
-    """A run's metrics lines and final evaluation without their clocks, its last checkpoint's
-    digests and its step trace (empty without one)."""
-    lines = [{k: v for k, v in json.loads(line).items() if not k.startswith("time_")}
-             for line in (run / "metrics.jsonl").read_text().splitlines()]
-    final = json.loads((run / "summary.json").read_text())["final"]
-    latest = json.loads((run / "checkpoints" / "latest.json").read_text())["folder"]
-    digests = json.loads((run / "checkpoints" / latest / "manifest.json").read_text())["sha256"]
+    """:func:`tests.code_before.record` and the run's step trace (empty without one)."""
     trace = run / "terms_trace.jsonl"
-    return lines, {k: v for k, v in final.items() if "seconds" not in k}, \
-        {k: v for k, v in digests.items() if k != "state.json"}, trace.read_text() if trace.exists() else ""
+    return (*record(run), trace.read_text() if trace.exists() else "")
 
 
 @pytest.mark.slow

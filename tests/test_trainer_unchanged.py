@@ -8,28 +8,16 @@ the same metrics lines (every key but the clocks), the same final evaluation and
 checkpoints (global model, server state, every client's state)."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 
-from tests.code_before import runs_before_and_now
+from tests.code_before import SCRIPT_HEAD, record, runs_before_and_now
 
 BEFORE = "a32049f"  # main before the trainer package
 
 # each configuration: its name, then its keys on top of the common ones
-SCRIPT = """
-import sys
-from pathlib import Path
-import torch
-import fedlatent
-from fedlatent.experiment.runner import single
-from fedlatent.experiment.runner.figures import NoFigures
-from fedlatent.experiment.studies.stacking import run_stack
-single.FigureWorker = lambda *a, **k: NoFigures()
-single.start_process = lambda: None
-torch.set_num_threads(1)
-out = Path(sys.argv[1])
+SCRIPT = SCRIPT_HEAD + """from fedlatent.experiment.studies.stacking import run_stack
 COMMON = ["seed=3", 'data.dataset="digits"', 'data.partition="dirichlet"', "data.alpha=0.5", "data.num_clients=4",
           "data.local_test_fraction=0.2", "model.hidden=[16]", "train.rounds=2", "train.batch_size=32",
           "train.threads=1", 'train.precision="fp32"']
@@ -70,24 +58,13 @@ assert run_stack(stacked, [str(out / "stacked-5"), str(out / "stacked-6")], figu
 """
 
 
-def _record(run: Path) -> tuple[list[dict], dict, dict]:
-    """A run's metrics lines and final evaluation without their clocks, and its last checkpoint's digests."""
-    lines = [{k: v for k, v in json.loads(line).items() if not k.startswith("time_") and "seconds" not in k}
-             for line in (run / "metrics.jsonl").read_text().splitlines()]
-    final = json.loads((run / "summary.json").read_text())["final"]
-    latest = json.loads((run / "checkpoints" / "latest.json").read_text())["folder"]
-    digests = json.loads((run / "checkpoints" / latest / "manifest.json").read_text())["sha256"]
-    return lines, {k: v for k, v in final.items() if "seconds" not in k}, \
-        {k: v for k, v in digests.items() if k != "state.json"}  # state.json holds the clock
-
-
 @pytest.mark.slow
 def test_the_trainer_package_gives_the_numbers_of_the_code_before(tmp_path: Path) -> None:
     old_runs, new_runs = runs_before_and_now(BEFORE, SCRIPT, tmp_path)
     runs = sorted(p.name for p in old_runs.iterdir())
     assert len(runs) == 20 and runs == sorted(p.name for p in new_runs.iterdir())
     for name in runs:
-        old, new = _record(old_runs / name), _record(new_runs / name)
+        old, new = record(old_runs / name), record(new_runs / name)
         assert len(old[0]) == 2 and old[2], name  # two rounds, a checkpoint with tensors
         assert new[0] == old[0], name
         assert new[1] == old[1], name

@@ -9,24 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.code_before import record, runs_before_and_now
+from tests.code_before import SCRIPT_HEAD, record, runs_before_and_now
 
 ROOT = Path(__file__).resolve().parents[2]
 BEFORE = "da1d3a6"  # main before the client programs (the methods' kind strings)
 
 # one process runs every (method, backend) into OUT/<method>-<backend>, figures off
-SCRIPT = """
-import sys
-from pathlib import Path
-import torch
-import fedlatent
-from fedlatent.experiment.runner import single
-from fedlatent.experiment.runner.figures import NoFigures
-single.FigureWorker = lambda *a, **k: NoFigures()
-single.start_process = lambda: None
-torch.set_num_threads(1)
-out = Path(sys.argv[1])
-for name in ("ditto", "fedrep"):
+SCRIPT = SCRIPT_HEAD + """for name in ("ditto", "fedrep"):
     for backend in ("simulation", "vectorized"):
         config = fedlatent.load_config(None, [
             "seed=4", 'data.dataset="digits"', 'data.partition="dirichlet"', "data.alpha=0.5",

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 import fedlatent
-from fedlatent.config import (DataConfig, EvalConfig, ModelConfig, RunConfig, ServerConfig, TrainConfig,
+from fedlatent.config import (LATER_KEYS, DataConfig, EvalConfig, ModelConfig, RunConfig, ServerConfig, TrainConfig,
                               apply_overrides, from_dict, load_config, to_dict, to_toml)
 from fedlatent.errors import ConfigError, UserInputError
 from fedlatent.methods import resolve
@@ -206,14 +206,20 @@ def test_to_toml_round_trip_of_defaults(tmp_path: Path) -> None:
     config = load_config()
     text = to_toml(config)
     assert load_config(_write(tmp_path, text)) == config
-    # fully resolved: every key of every section is written out, but data.holdout_clients at 0 (the
-    # folders of runs written before the key keep their digest and stay resumable)
+    # fully resolved: every key of every section is written out, but the keys added later at their
+    # defaults (config.LATER_KEYS: the folders of runs written before them keep their digest and stay
+    # resumable)
     parsed = tomllib.loads(text)
     for name in ("data", "model", "train", "server", "eval"):
         fields = {f.name for f in dataclasses.fields(getattr(config, name))} - {"options"}
-        fields -= {"holdout_clients"} if name == "data" else set()
-        fields -= {"clients", "final_clients"} if name == "eval" else set()  # "auto": the same reason
+        fields -= {key for section, key in LATER_KEYS if section == name}
         assert set(parsed[name]) == fields | set(getattr(getattr(config, name), "options", {}))
+    private = load_config(None, ["privacy.clip_norm=1.0", "privacy.noise_multiplier=1.0"])
+    assert not {"randomness", "over_bound", "accountant", "distributed"} & set(tomllib.loads(to_toml(private))["privacy"])
+    secret = load_config(None, ["privacy.clip_norm=1.0", "privacy.noise_multiplier=1.0", 'privacy.randomness="secret"',
+                                'train.client_sampling="poisson"'])
+    assert tomllib.loads(to_toml(secret))["privacy"]["randomness"] == "secret"
+    assert load_config(_write(tmp_path, to_toml(secret))) == secret
     held = load_config(None, ["data.num_clients=10", "data.holdout_clients=0.2"])
     assert tomllib.loads(to_toml(held))["data"]["holdout_clients"] == 0.2
     assert load_config(_write(tmp_path, to_toml(held))) == held

@@ -84,14 +84,14 @@ def test_held_out_clients_on_flower_equal_the_simulation_backend(method, tmp_pat
 @pytest.mark.slow
 def test_the_three_together_on_the_simulation_engine(tmp_path, monkeypatch) -> None:
     """The same on Flower's simulation engine (Ray), the three at once: held-out clients, the step
-    trace and noised sample-level DP-SGD give the simulation backend's weights, ε, trace lines and
-    new-client scores."""
+    trace and sample-level DP-SGD's per-sample clipping on Poisson batches give the simulation
+    backend's weights, trace lines and new-client scores. (Without noise: under noise the step trace
+    is a per-client release outside ε, refused; the noised DP-SGD's parity and ε are the test above.)"""
     extra = ["data.holdout_clients=1", "data.local_test_fraction=0.2", "diagnostics.trace_terms=true",
-             "privacy.sample_clip_norm=0.5", "privacy.sample_noise_multiplier=1.0", 'privacy.batch_sampling="poisson"']
+             "privacy.sample_clip_norm=0.5", 'privacy.batch_sampling="poisson"']
     embedded, flower, embedded_rounds, flower_rounds = run_both(tmp_path, monkeypatch, extra)
     assert_parity(embedded, flower, embedded_rounds, flower_rounds)
     ours, theirs = (_lines(tmp_path / name / "metrics.jsonl") for name in ("embedded", "flower"))
-    assert [x["sample_level_epsilon"] for x in theirs] == [x["sample_level_epsilon"] for x in ours]
     assert [x["new_client_accuracy"] for x in theirs] == pytest.approx([x["new_client_accuracy"] for x in ours], abs=1e-9)
     steps = [(x["round"], x["client"], x["step"]) for x in _lines(tmp_path / "embedded" / FILE)]
     assert steps and steps == [(x["round"], x["client"], x["step"]) for x in _lines(tmp_path / "flower" / FILE)]

@@ -753,11 +753,21 @@ def show_value(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False)
 
 
+# keys added after run folders were written with this layout, left out of config.toml at their
+# defaults (which change no number), so that those folders stay resumable
+LATER_KEYS: dict[tuple[str, str], Any] = {
+    ("data", "holdout_clients"): 0, ("eval", "clients"): "auto", ("eval", "final_clients"): "auto",
+    ("train", "client_sampling"): "fixed", ("privacy", "distributed"): "off", ("privacy", "randomness"): "auto",
+    ("privacy", "over_bound"): "clip", ("privacy", "accountant"): "rdp",
+}
+
+
 def to_toml(config: RunConfig) -> str:
     """Write the resolved configuration as TOML that :func:`load_config` reads back unchanged. A
     ``[tracking]`` section left at its defaults (no tracker) is not written: it changes no number,
     and the run folders written before it existed stay resumable; nor is a ``[privacy]`` section at
-    its defaults (the plain update codec: today's numbers, bit for bit), nor ``data.holdout_clients = 0``."""
+    its defaults (the plain update codec: today's numbers, bit for bit), nor a key of :data:`LATER_KEYS`
+    at its default."""
     data = to_dict(config)
     if config.tracking == TrackingConfig():
         del data["tracking"]
@@ -766,13 +776,10 @@ def to_toml(config: RunConfig) -> str:
     if config.compression == CompressionConfig():  # no compression: the run folders written before it stay resumable
         del data["compression"]
     if "privacy" in data and config.privacy.distributed == "off":  # run folders written before the keys keep their names
-        for key in ("distributed", "distributed_bits"):
-            data["privacy"].pop(key)
-    if not config.data.holdout_clients:  # none held out: the run folders written before the key stay resumable
-        del data["data"]["holdout_clients"]
-    for key in ("clients", "final_clients"):  # "auto": the run folders written before the keys stay resumable
-        if getattr(config.eval, key) == "auto":
-            del data["eval"][key]
+        data["privacy"].pop("distributed_bits")
+    for (section, key), default in LATER_KEYS.items():  # the run folders written before them stay resumable
+        if section in data and data[section].get(key) == default:
+            del data[section][key]
     lines = [f"{k} = {toml_value(v)}" for k, v in data.items() if not isinstance(v, (dict, list))]
     for name, value in data.items():
         if isinstance(value, dict):

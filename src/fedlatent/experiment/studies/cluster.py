@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import re
 import socket
 import uuid
@@ -147,7 +148,9 @@ class Cluster:
         if why:
             raise UserInputError(f"--cluster {self.text}: {why}")
         try:
-            ray.init(address=self.address, **self.init)
+            # Ray's own INFO lines ("Connecting to existing Ray cluster ...") kept off the terminal: the
+            # study's progress lines and a refusal's one line are the driver's output
+            ray.init(address=self.address, **{"logging_level": logging.WARNING, **self.init})
         except Exception as err:  # noqa: BLE001 - Ray raises ConnectionError, RuntimeError, ValueError
             first = (str(err).strip().splitlines() or [type(err).__name__])[0]
             raise UserInputError(f"--cluster {self.text}: cannot join the cluster ({first})") from None

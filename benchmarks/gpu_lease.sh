@@ -146,37 +146,32 @@ for precision in auto fp32; do
     fail "bench ($precision): did not finish" $?; rm -f "$out/bench_$precision.json"
   fi
 done
+# a measurement script's table, once per LEASE (kept from an earlier lease unless BENCH=1), when ENABLED is 1:
+# at most CAP seconds and only with more than MIN left; a failure is reported and does not fail the lease
+measure() {  # NAME LABEL ENABLED CAP MIN SCRIPT ARGS...
+  local name=$1 label=$2 enabled=$3 cap=$4 min=$5 script=$6 t; shift 6
+  if [ -f "$out/$name.json" ] && [ "${BENCH:-0}" != 1 ]; then
+    echo "$label: kept from an earlier lease ($out/$name.txt)"; return
+  fi
+  [ "$enabled" = 1 ] || return 0
+  t=$(( $(left) - 120 - keep )); if [ "$t" -gt "$cap" ]; then t=$cap; fi
+  if [ "$t" -le "$min" ]; then echo "$label: no time left"; return; fi
+  if timeout --signal=INT --kill-after=15 "$t" "$python" "$here/$script" --device "$device" "$@" \
+      --json "$out/$name.json" > "$out/$name.tmp"; then
+    mv "$out/$name.tmp" "$out/$name.txt" && cat "$out/$name.txt"
+  else
+    echo "$label: did not finish in $t s (exit $?)"; rm -f "$out/$name.json"
+  fi
+}
 # where a round's time goes (torch.profiler: top operators, kernel launches, the device's busy time and
 # the host-side gaps), fedlatent's round beside the bare loop's epoch: the reason when the goal is missed
-if [ -f "$out/profile_round.json" ] && [ "${BENCH:-0}" != 1 ]; then
-  echo "profile (one round): kept from an earlier lease ($out/profile_round.txt)"
-elif [ "${PROFILE:-1}" = 1 ]; then
-  smoke=(); if [ "${SMOKE:-0}" = 1 ]; then smoke=(--samples 2); fi
-  t=$(( $(left) - 120 - keep )); if [ "$t" -gt 120 ]; then t=120; fi
-  if [ "$t" -le 30 ]; then echo "profile (one round): no time left"; else
-    if timeout --signal=INT --kill-after=15 "$t" "$python" "$here/profile_round.py" --device "$device" "${smoke[@]}" \
-        --json "$out/profile_round.json" > "$out/profile_round.tmp"; then
-      mv "$out/profile_round.tmp" "$out/profile_round.txt" && cat "$out/profile_round.txt"
-    else
-      echo "profile (one round): did not finish in $t s (exit $?)"; rm -f "$out/profile_round.json"
-    fi
-  fi
-fi
-# torch.compile of the stacked step's forward against eager (a measurement: fedlatent has no switch for it)
-if [ -f "$out/compile_stacked.json" ] && [ "${BENCH:-0}" != 1 ]; then
-  echo "compile (stacked step): kept from an earlier lease ($out/compile_stacked.txt)"
-elif [ "${COMPILE:-$(( ${SMOKE:-0} != 1 ))}" = 1 ]; then  # not in SMOKE mode unless COMPILE=1 (minutes of tracing on a CPU)
-  smoke=(); if [ "${SMOKE:-0}" = 1 ]; then smoke=(--samples 2 --reps 1 --backend aot_eager); fi
-  t=$(( $(left) - 120 - keep )); if [ "$t" -gt 240 ]; then t=240; fi
-  if [ "$t" -le 60 ]; then echo "compile (stacked step): no time left"; else
-    if timeout --signal=INT --kill-after=15 "$t" "$python" "$here/compile_stacked.py" --device "$device" "${smoke[@]}" \
-        --json "$out/compile_stacked.json" > "$out/compile_stacked.tmp"; then
-      mv "$out/compile_stacked.tmp" "$out/compile_stacked.txt" && cat "$out/compile_stacked.txt"
-    else
-      echo "compile (stacked step): did not finish in $t s (exit $?)"; rm -f "$out/compile_stacked.json"
-    fi
-  fi
-fi
+smoke=(); if [ "${SMOKE:-0}" = 1 ]; then smoke=(--samples 2); fi
+measure profile_round "profile (one round)" "${PROFILE:-1}" 120 30 profile_round.py "${smoke[@]}"
+# torch.compile of the stacked step's forward against eager (a measurement: fedlatent has no switch for it);
+# not in SMOKE mode unless COMPILE=1 (minutes of tracing on a CPU)
+smoke=(); if [ "${SMOKE:-0}" = 1 ]; then smoke=(--samples 2 --reps 1 --backend aot_eager); fi
+measure compile_stacked "compile (stacked step)" "${COMPILE:-$(( ${SMOKE:-0} != 1 ))}" 240 60 compile_stacked.py \
+  "${smoke[@]}"
 if [ -n "$steps" ]; then
   BUDGET=$(( $(left) - 10 - keep )) STEPS=$steps DEVICE=$device FEDLATENT=$fedlatent PYTHON=$python DATA=$scratch \
     RESULTS=$out/tables bash "$here/full_scale_cifar10.sh" "$archive" "$out/runs" || fail "the full-scale steps failed" $?

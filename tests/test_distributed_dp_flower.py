@@ -34,7 +34,6 @@ from fedlatent.federated.distributed_dp import MESSAGE, ORDERS, SkellamAccountan
 from fedlatent.federated.randomness import Randomness  # noqa: E402
 from fedlatent.federated.round import ClientTask  # noqa: E402
 from fedlatent.methods.parts import Upload  # noqa: E402
-from tests.flower_procs import InProcessGrid  # noqa: E402
 from tests.test_flower import assert_parity, config, record_globals  # noqa: E402
 from tests.test_secagg import Recording  # noqa: E402
 

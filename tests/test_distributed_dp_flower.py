@@ -34,6 +34,7 @@ from fedlatent.federated.distributed_dp import MESSAGE, ORDERS, SkellamAccountan
 from fedlatent.federated.randomness import Randomness  # noqa: E402
 from fedlatent.federated.round import ClientTask  # noqa: E402
 from fedlatent.methods.parts import Upload  # noqa: E402
+from tests.flower_procs import InProcessGrid  # noqa: E402
 from tests.test_flower import assert_parity, config, record_globals  # noqa: E402
 from tests.test_secagg import Recording  # noqa: E402
 
@@ -230,6 +231,25 @@ def test_parity_with_the_embedded_run_through_messages(tmp_path, monkeypatch):
         for name in (n for n in reply.content.array_records if n.startswith("weights.")):
             vector = reply.content[name].to_torch_state_dict()[VECTOR]
             assert list(reply.content[name]) == [VECTOR] and 0 <= int(vector.min()) and int(vector.max()) < 2 ** 20
+
+
+def test_secret_runs_through_messages_draw_their_own_shares_and_report_the_seeded_epsilon(tmp_path, monkeypatch):
+    """Flower's default under noise (``randomness = "auto"``: secret): two runs of one configuration
+    through the messages complete with different weights (each node's shares from its own entropy,
+    the selection and the server's key fresh), the ε of the seeded run (the accountant does not depend
+    on the draws), and no train message carries a noise seed."""
+    extra = [e for e in EXTRA if "randomness" not in e] + ["train.rounds=2", SECURE]
+    grid = Recording(2)
+    rounds = record_globals(monkeypatch)
+    runs = [run_experiment(config("flower", extra), tmp_path / name, echo=None, grid=g)
+            for name, g in (("a", grid), ("b", InProcessGrid(2)))]
+    seeded = run_experiment(config("flower", [*extra, 'privacy.randomness="seeded"']), tmp_path / "seeded", echo=None,
+                            grid=InProcessGrid(2))
+    assert [r["privacy_randomness"] for r in runs] == ["secret", "secret"]
+    assert runs[0]["privacy_epsilon"] == runs[1]["privacy_epsilon"] == seeded["privacy_epsilon"] > 0
+    assert len(rounds) == 6 and not torch.equal(rounds[1]["classifier.weight"], rounds[3]["classifier.weight"])
+    records = [sent.content[flower_dp.RECORD] for sent, _ in grid.log if sent.metadata.message_type == "train"]
+    assert records and all(list(r["clients"]) == [] and list(r["noise"]) == [] for r in records)
 
 
 BAD = {

@@ -29,7 +29,8 @@ Today's codecs are chains: the plain codec is no encode link and the weighted-me
 :class:`ClipCodec` the clip link (with adaptive clipping's server state); :class:`GaussianCodec` the
 clip link, the sum of updates, the Gaussian noise link and the fixed-denominator finisher; SecAgg+'s
 client codec its inner codec's links then the mask link, its server codec the unmasking combiner
-and the sample-mean finisher (:mod:`fedlatent.backends.flower.secagg_codec`).
+and the sample-mean finisher (:mod:`fedlatent.backends.flower.secagg_codec`; with distributed DP, the
+Skellam share then the integer mask, and the unmasked modular sum with the fixed denominator).
 
 A message stands for a *state*: the plain codec sends the client's weights w_k as they are, and a
 link that works on the update Δ_k = w_k − w̄ (w̄ the round's global state the client started from)

@@ -131,12 +131,12 @@ def test_epsilon_is_the_gaussians_where_the_skellam_terms_vanish_and_above_it_wh
         return accountant.get_epsilon(1e-5)
 
     for survivors in (10, 6):
-        wide = SkellamSpec(1.0, sigma, m, 20, 0)
+        wide = SkellamSpec(1.0, sigma, m, 20)
         assert SkellamAccountant(wide, survivors, 1e-5).epsilon(rounds, d) == pytest.approx(gaussian(wide, survivors),
                                                                                             rel=1e-6)
-    narrow = SkellamSpec(1.0, sigma, m, 9, 0)
+    narrow = SkellamSpec(1.0, sigma, m, 9)
     assert SkellamAccountant(narrow, 10, 1e-5).epsilon(rounds, d) > (1 + 1e-3) * gaussian(narrow, 10)
-    spec = SkellamSpec(1.0, sigma, m, 20, 0)
+    spec = SkellamSpec(1.0, sigma, m, 20)
     assert SkellamAccountant(spec, 6, 1e-5).epsilon(rounds, d) > SkellamAccountant(spec, 10, 1e-5).epsilon(rounds, d)
 
 

@@ -89,6 +89,36 @@ def test_ffc_under_secagg_on_three_supernodes_is_ffc_in_the_clear(federation, tm
     assert_only_the_clientapps_opened_the_data(federation)
 
 
+@pytest.mark.long  # two rounds and the SecAgg+ stages: minutes on two cores
+def test_distributed_dp_under_secagg_on_three_supernodes_is_the_embedded_run(federation, tmp_path):
+    """FedAvg with distributed Skellam DP under SecAgg+ on the three SuperNodes: each node's client
+    adds its noise share to its clipped, rotated, rounded update and masks that integer vector in
+    Z_{2^20}; the server unmasks the modular sum and decodes it. Seeded (the nodes are sent the
+    round's rotation seed and their clients' noise seeds), the global model after round 2 is within
+    1e-4 of the embedded distributed DP run's checkpoint, ε (at the worst case of t = 2 clients,
+    SecAgg+'s threshold and train.min_clients) is its, and so is the final accuracy within a point.
+    (Through the in-process messages the weights are the embedded run's to the bit; the nodes'
+    processes may round their training's last bits apart: 4.2e-7 observed.)"""
+    import fedlatent
+    from safetensors.torch import load_file
+
+    overrides = ["train.rounds=2", "privacy.clip_norm=1.0", "privacy.noise_multiplier=0.7", "privacy.distributed=skellam",
+                 "privacy.randomness=seeded", "train.min_clients=2"]  # bare strings: inside quotes
+    flwr_run(federation, tmp_path / "secure", "; ".join([*overrides, "privacy.secure_aggregation=secaggplus"]))
+    clear = fedlatent.run(fedlatent.load_config(ROOT / "configs" / "digits_fedavg.toml", [
+        "data.num_clients=3", "eval.personalized=never", *overrides]), tmp_path / "clear")
+    secure = json.loads((tmp_path / "secure" / "summary.json").read_text())
+    assert (secure["status"], secure["rounds_completed"]) == ("completed", 2)
+    ours, theirs = (load_file(str(tmp_path / run / "checkpoints" / "round00002" / "global.safetensors"))
+                    for run in ("clear", "secure"))
+    assert ours.keys() == theirs.keys()
+    diff = max(float((ours[k].double() - theirs[k].double()).abs().max()) for k in ours)
+    print(f"distributed DP on three SuperNodes: round 2's weights within {diff:.3g} of the embedded run's")
+    assert diff <= 1e-4
+    assert secure["privacy_epsilon"] == clear["privacy_epsilon"] > 0
+    assert secure["final"]["accuracy"] == pytest.approx(clear["final"]["accuracy"], abs=0.01)
+
+
 @pytest.mark.long  # three rounds, one waiting out flower.timeout: minutes on two cores
 def test_three_supernodes_run_and_one_killed_during_a_round_does_not_stop_the_run(federation, tmp_path):
     """One run on the three SuperNodes (one ``flwr run``: each starts app processes, a minute or more

@@ -334,7 +334,8 @@ class PrivacyConfig:
     distributed: str = _key("off", "distributed DP: 'skellam' = each client adds its share of Skellam noise to its "
                             "clipped, rotated, quantised update before it leaves (Agarwal, Kairouz and Liu 2021), "
                             "the server sums modulo 2**distributed_bits: noise_multiplier and clip_norm as for "
-                            "DP-FedAvg, epsilon for the fewest clients a round may aggregate (embedded backends)",
+                            "DP-FedAvg, epsilon for the fewest clients a round may aggregate (embedded backends; "
+                            "on Flower with secure_aggregation = 'secaggplus', which masks these vectors)",
                             choices=("off", "skellam"))
     distributed_bits: int = _key(20, "distributed DP: bits b of the modular sum (each message is b bits per "
                                  "coordinate)", low=8, high=48)
@@ -637,21 +638,18 @@ def _check_distributed(config: RunConfig) -> None:
     if not (p.noise_multiplier > 0 and math.isfinite(p.clip_norm)):
         raise ConfigError("privacy.distributed = 'skellam' needs privacy.noise_multiplier > 0 and a finite "
                           "privacy.clip_norm: its noise is noise_multiplier * clip_norm on the sum")
-    for key, on in (("target_quantile", p.adaptive), ("statistics_clip_norm", math.isfinite(p.statistics_clip_norm)),
-                    ("secure_aggregation", p.secure_aggregation != "off")):
+    for key, on in (("target_quantile", p.adaptive), ("statistics_clip_norm", math.isfinite(p.statistics_clip_norm))):
         if on:
             raise ConfigError(f"privacy.distributed = 'skellam' with privacy.{key} set: not built yet (the "
-                              "distributed noise covers the updates of the embedded backends alone)")
-    if p.randomness == "secret":
-        raise ConfigError("privacy.distributed = 'skellam' with privacy.randomness = 'secret': not built yet (its "
-                          "shares and rotations are drawn from the run's seed); use privacy.randomness = 'seeded'")
+                              "distributed noise covers the model updates alone)")
     d = config.diagnostics
     if d.clients or "alignment" in d.which:
         raise ConfigError("privacy.distributed = 'skellam' with diagnostics.clients or 'alignment': a client's message "
                           "is its noised vector, not an update the diagnostics could measure")
-    if config.backend == "flower":
-        raise ConfigError("privacy.distributed = 'skellam' runs on the embedded backends (simulation, vectorized); "
-                          "on Flower it waits for SecAgg+ to carry its vectors")
+    if config.backend == "flower" and p.secure_aggregation == "off":
+        raise ConfigError("privacy.distributed = 'skellam' on Flower needs privacy.secure_aggregation = 'secaggplus': "
+                          "without the masks the server reads each client's vector, whose own noise share (1/m of "
+                          "the noise's variance) is no guarantee against it")
 
 
 def _check_tracking(t: TrackingConfig) -> None:

@@ -29,7 +29,8 @@ Today's codecs are chains: the plain codec is no encode link and the weighted-me
 :class:`ClipCodec` the clip link (with adaptive clipping's server state); :class:`GaussianCodec` the
 clip link, the sum of updates, the Gaussian noise link and the fixed-denominator finisher; SecAgg+'s
 client codec its inner codec's links then the mask link, its server codec the unmasking combiner
-and the sample-mean finisher (:mod:`fedlatent.backends.flower.secagg_codec`).
+and the sample-mean finisher (:mod:`fedlatent.backends.flower.secagg_codec`; with distributed DP, the
+Skellam share then the integer mask, and the unmasked modular sum with the fixed denominator).
 
 A message stands for a *state*: the plain codec sends the client's weights w_k as they are, and a
 link that works on the update Δ_k = w_k − w̄ (w̄ the round's global state the client started from)
@@ -62,10 +63,11 @@ from fedlatent.federated.adaptive_clipping import CLIP_NORM, CODEC, AdaptiveClip
 from fedlatent.federated.codec_chain import (Chain, Combiner, EncodeContext, EncodeLink, Finisher, RoundContext,
                                              ServerStateLink, SumLink, UpdateSum, coded_keys)
 from fedlatent.federated.compression import compression_link
-from fedlatent.federated.distributed_dp import ModularSum, SkellamAccountant, SkellamShare, SkellamSpec
+from fedlatent.federated.distributed_dp import (ModularSum, NoiseSource, Rotation, SkellamAccountant, SkellamShare,
+                                               SkellamSpec, public_rotation)
 from fedlatent.methods.parts import Combine, Tensors, Upload
 from fedlatent.federated.randomness import Randomness, privacy_generator, standard_normal
-from fedlatent.seeding import PRIVACY_NOISE, PRIVACY_STATISTICS
+from fedlatent.seeding import DISTRIBUTED_NOISE, PRIVACY_NOISE, PRIVACY_STATISTICS
 
 
 
@@ -384,15 +386,17 @@ class GaussianCodec(ClipCodec):
 
 class DistributedCodec(UpdateCodec):
     """Distributed DP (:mod:`fedlatent.federated.distributed_dp`): the clip link and each client's
-    Skellam share on the client; the modular sum and the fixed denominator w̄ + S/m on the server; ε
-    from ``accountant`` for the worst case of survivors it was built for."""
+    Skellam share on the client (the round's signs from ``rotation``, its rounding and share from
+    ``noise``); the modular sum and the fixed denominator w̄ + S/m on the server; ε from ``accountant``
+    for the worst case of survivors it was built for."""
 
     name = "distributed-skellam"
 
-    def __init__(self, spec: SkellamSpec, accountant: SkellamAccountant) -> None:
-        self.spec, self.accountant = spec, accountant
-        self.modular = ModularSum(spec)
-        super().__init__(Chain([ClipLink(spec.clip_norm), SkellamShare(spec)], self.modular, [],
+    def __init__(self, spec: SkellamSpec, accountant: SkellamAccountant, rotation: Rotation,
+                 noise: NoiseSource) -> None:
+        self.spec, self.accountant, self.rotation = spec, accountant, rotation
+        self.modular = ModularSum(spec, rotation)
+        super().__init__(Chain([ClipLink(spec.clip_norm), SkellamShare(spec, rotation, noise)], self.modular, [],
                                FixedDenominator(spec.per_round)))
 
     def epsilon(self, rounds: int, releases: int = 0) -> float | None:
@@ -433,7 +437,10 @@ def server_codec(cfg: PrivacyConfig, seed: int | Randomness, num_clients: int, p
     client sampling of rate ``poisson_rate``, the :class:`PoissonAccountant` of ``privacy.accountant``),
     else :func:`build_codec`'s with the server's side of adaptive clipping when ``target_quantile`` > 0;
     distributed DP's :class:`DistributedCodec` when ``distributed`` asks for it, its ε for the worst
-    case of ``survivors`` clients in a round's sum (seeded draws: refused with secret randomness)."""
+    case of ``survivors`` clients in a round's sum, its public rotation from the run's seed and each
+    client's rounding and share from ``seed``'s stream ``DISTRIBUTED_NOISE`` (round, client): seeded,
+    or the server's secret key (the embedded backends' clients live in the server's process; a
+    Flower node draws its own, :mod:`fedlatent.backends.flower.distributed`)."""
     adaptive = AdaptiveClipping(cfg.clip_norm, cfg.target_quantile, cfg.clip_learning_rate, cfg.clip_count_noise,
                                 per_round, seed) if cfg.adaptive else None
     if cfg.noise_multiplier == 0:
@@ -441,9 +448,11 @@ def server_codec(cfg: PrivacyConfig, seed: int | Randomness, num_clients: int, p
             return build_codec(cfg, compression)
         return ClipCodec(cfg.clip_norm, adaptive=adaptive, statistics_clip_norm=cfg.statistics_clip_norm)
     if cfg.distributed == "skellam":
-        run_seed = seed.seed if isinstance(seed, Randomness) else seed  # seeded shares: validation refuses secret
-        spec = SkellamSpec(cfg.clip_norm, cfg.noise_multiplier, per_round, cfg.distributed_bits, run_seed)
-        return DistributedCodec(spec, SkellamAccountant(spec, max(1, survivors), cfg.delta))
+        randomness = seed if isinstance(seed, Randomness) else Randomness("seeded", seed)
+        spec = SkellamSpec(cfg.clip_norm, cfg.noise_multiplier, per_round, cfg.distributed_bits)
+        return DistributedCodec(spec, SkellamAccountant(spec, max(1, survivors), cfg.delta),
+                                public_rotation(randomness.seed),
+                                lambda rnd, client: randomness.generator(DISTRIBUTED_NOISE, rnd, client))
     statistics_sigma = cfg.statistics_sigma if math.isfinite(cfg.statistics_clip_norm) else 0.0
     randomness = seed if isinstance(seed, Randomness) else Randomness("seeded", seed)  # the selection the server knows
     accountant: Accountant | PoissonAccountant = \

@@ -109,6 +109,56 @@ def standard_normal(shape: tuple[int, ...] | torch.Size | int, source: Source,
     return values.to(dtype or torch.get_default_dtype())
 
 
+def uniform(n: int, source: Source) -> torch.Tensor:
+    """``n`` uniforms in [0, 1), float64, on the CPU from ``source``: ``torch.rand`` for a seeded
+    generator, the stream's 53-bit uniforms for a secret one."""
+    if isinstance(source, torch.Generator):
+        return torch.rand(n, generator=source, dtype=torch.float64)
+    return torch.from_numpy(source.uniform(n))
+
+
+def poisson(rate: float, n: int, source: Source) -> torch.Tensor:
+    """``n`` draws of Poisson(``rate``) (int64) from ``source``: ``torch.poisson`` for a seeded
+    generator, :func:`secure_poisson` for a secret stream."""
+    if isinstance(source, torch.Generator):
+        return torch.poisson(torch.full((n,), rate, dtype=torch.float64), generator=source).to(torch.int64)
+    return torch.from_numpy(secure_poisson(rate, n, source))
+
+
+def secure_poisson(rate: float, n: int, stream: SecretStream) -> np.ndarray:
+    """``n`` exact draws of Poisson(``rate``) (int64) from a secret stream's uniforms: for rate < 10
+    Knuth's multiplication method (the count of uniforms whose running product stays above e^−rate),
+    else Hörmann's transformed rejection PTRS (1993, "The transformed rejection method for generating
+    Poisson random variables"; numpy's own sampler for rate ≥ 10), each vectorised over the draws
+    still pending."""
+    out = np.zeros(n, dtype=np.int64)
+    pending = np.arange(n)
+    if rate < 10:
+        product, floor = np.ones(n), math.exp(-rate)
+        while pending.size:
+            product[pending] *= stream.uniform(pending.size)
+            alive = product[pending] > floor
+            out[pending[alive]] += 1
+            pending = pending[alive]
+        return out
+    slam, loglam = math.sqrt(rate), math.log(rate)
+    b = 0.931 + 2.53 * slam
+    a = -0.059 + 0.02483 * b
+    log_alpha, vr = math.log(1.1239 + 1.1328 / (b - 3.4)), 0.9277 - 3.6224 / (b - 2)
+    while pending.size:
+        u, v = stream.uniform(pending.size) - 0.5, stream.uniform(pending.size)
+        us = 0.5 - np.abs(u)
+        k = np.floor((2 * a / us + b) * u + rate + 0.43)
+        quick = (us >= 0.07) & (v <= vr)
+        possible = ~quick & (k >= 0) & ~((us < 0.013) & (v > us))
+        log_gamma = torch.lgamma(torch.from_numpy(np.maximum(k, 0) + 1)).numpy()
+        accepted = quick | (possible & (np.log(v) + log_alpha - np.log(a / (us * us) + b)
+                                        <= -rate + k * loglam - log_gamma))
+        out[pending[accepted]] = k[accepted].astype(np.int64)
+        pending = pending[~accepted]
+    return out
+
+
 @dataclass
 class Randomness:
     """A run's privacy randomness: ``mode`` ``"seeded"`` (from ``seed``) or ``"secret"`` (from ``key``,

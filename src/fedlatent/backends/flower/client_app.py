@@ -46,6 +46,7 @@ from torch import Tensor
 from flwr.app import ConfigRecord, Context, Error, Message, RecordDict
 from flwr.clientapp import ClientApp
 
+from fedlatent.backends.flower import distributed as flower_dp
 from fedlatent.backends.flower import messages as M
 from fedlatent.backends.flower import node_terms
 from fedlatent.backends.flower.diagnostics import GLOBAL_TEST
@@ -255,7 +256,8 @@ def train(msg: Message, context: Context) -> Message:
         codec = job.codec
         if secure:  # the update leaves masked: the party's stage 2 (its state kept whatever happens)
             masking = _masking(msg, context, job, task.client_id, "update", task.round)
-            codec = MaskingCodec(job.codec, masking, task.total_samples)
+            # under distributed DP, with the client's Skellam share first (backends.flower.distributed)
+            codec = MaskingCodec(job.codec, masking, task.total_samples, flower_dp.share(msg.content, cfg, task))
         try:
             upload, new_state = client_update(job.workspace, job.spec, task, job.clients[task.client_id].train,
                                               state, settings, cfg.seed)

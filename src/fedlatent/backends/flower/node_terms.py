@@ -9,9 +9,10 @@ Node-config keys (all optional; absent: no term):
   a SecAgg+ session record, is refused.
 - ``max-clip-norm = C``: client-level DP with the clients' clip norm at most C (the node clips with
   the configuration's clip norm, so a larger one, or none, is refused).
-- ``min-noise-multiplier = s``: the configuration's ``privacy.noise_multiplier`` at least s. The
-  noise is the server's (central DP): the node checks what the server declares, and cannot see
-  whether it adds it (docs/privacy.md, "Threat model").
+- ``min-noise-multiplier = s``: the configuration's ``privacy.noise_multiplier`` at least s. Under
+  central DP the noise is the server's: the node checks what the server declares, and cannot see
+  whether it adds it (docs/privacy.md, "Threat model"); under distributed DP with SecAgg+ the node
+  adds its clients' shares of it itself.
 - ``answer-census``, ``answer-tsne``, ``answer-diagnostics`` (default true): whether the node answers
   the data census (its clients' split sizes and label counts), t-SNE (its clients' features) and
   the client diagnostics (statistics of its clients' splits under the models sent).

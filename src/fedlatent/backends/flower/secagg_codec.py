@@ -14,6 +14,19 @@ census's, known to the server anyway. The calibration statistics travel the same
 mean of z zᵀ over every training sample: entries within [−1, 1] for normalised features) and
 CCVR's per-class sums (N_kc, Σ z, Σ zzᵀ over client k's samples of class c: each entry over T within
 n_k / T · max(1, ‖z‖²), the same range), and come back as their sums over the clients.
+
+Under distributed DP (``privacy.distributed = "skellam"``, :mod:`fedlatent.federated.distributed_dp`)
+the message before the mask is already one integer vector v_k of Z_{2^b}: the client's clipped,
+rotated, conditionally rounded update plus its Skellam share. It is masked as it is, in Z_{2^b}
+(:class:`IntegerMaskLink`: no pre-weighting, no second quantisation) — the SecAgg+ masks of Z_{2^64}
+reduced modulo 2^b, which divides 2^64: a uniform mask of Z_{2^64} is uniform in Z_{2^b} too, and
+every identity the protocol rests on (pairwise masks cancel, the server takes off the rest) holds
+after the reduction, a ring homomorphism. The server's unmasked sum reduced modulo 2^b is then
+Σ_k v_k mod 2^b, the very sum the embedded backends' modular combiner takes, and the distributed
+DP decoding and the fixed denominator m follow (:class:`UnmaskedModularSum`,
+:class:`~fedlatent.federated.codec.FixedDenominator`): clients weighted alike, as distributed DP's
+sensitivity bound needs, so that a seeded run's weights are the embedded run's. The fewest vectors
+such a sum may hold is the accountant's worst case (``survivors``): a sum of fewer stops the run.
 """
 from __future__ import annotations
 
@@ -25,8 +38,10 @@ import numpy as np
 import torch
 
 from fedlatent.backends.flower.secagg import Party, dequantize, quantize
-from fedlatent.federated.codec import UpdateCodec
+from fedlatent.errors import RunStopped
+from fedlatent.federated.codec import DistributedCodec, FixedDenominator, UpdateCodec
 from fedlatent.federated.codec_chain import Chain, Combiner, EncodeContext, EncodeLink, Finisher, RoundContext, UpdateSum
+from fedlatent.federated.distributed_dp import MESSAGE, ModularSum, SkellamAccountant, SkellamShare, unweighted
 from fedlatent.methods.parts import Tensors, Upload
 from fedlatent.seeding import SECAGG_STATISTICS, SECAGG_UPDATES, derive_seed
 
@@ -86,7 +101,11 @@ class Masking:
             quantized = quantize(values, self.bound, self.levels, self.rng)
         except ValueError as exc:
             raise ValueError(f"SecAgg+: {exc} (privacy.secagg_{self.kind}_range)") from None
-        return torch.from_numpy(self.party.mask(self.session, self.ciphertexts, quantized).view(np.int64))
+        return torch.from_numpy(self.masked(quantized).view(np.int64))
+
+    def masked(self, integers: np.ndarray) -> np.ndarray:
+        """``integers`` (uint64) with the party's masks added, in Z_{2^64}."""
+        return self.party.mask(self.session, self.ciphertexts, integers)
 
 
 class MaskLink(EncodeLink):
@@ -109,16 +128,35 @@ class MaskLink(EncodeLink):
         return {VECTOR: self.masking.vector(flatten(statistics, layout(statistics)) / self.total_samples)}
 
 
+class IntegerMaskLink(MaskLink):
+    """Under distributed DP, the chain's last client link: the Skellam share's vector of Z_{2^b}
+    (``modulus`` 2^b) masked as it is and reduced modulo 2^b (the module's docstring)."""
+
+    def __init__(self, masking: Masking, total_samples: int, modulus: int) -> None:
+        super().__init__(masking, total_samples)
+        self.modulus = modulus
+
+    def encode(self, message: Upload, ctx: EncodeContext) -> Upload:
+        vector = message.state[MESSAGE].numpy().astype(np.uint64)
+        masked = self.masking.masked(vector) & np.uint64(self.modulus - 1)
+        return dataclasses.replace(message, state={VECTOR: torch.from_numpy(masked.view(np.int64))})
+
+
 class MaskingCodec(UpdateCodec):
     """A client's side under SecAgg+: its ``inner`` codec's links (the clip where ``clip_norm`` asks),
     then the mask (:class:`MaskLink`); its calibration statistics as sums (CCVR's per-class sums,
-    not moments), clipped by the inner links where ``statistics_clip_norm`` asks, then masked."""
+    not moments), clipped by the inner links where ``statistics_clip_norm`` asks, then masked. Under
+    distributed DP the inner links, the client's Skellam ``share``, then the mask of its integer
+    vector (:class:`IntegerMaskLink`)."""
 
     name = "secaggplus"
 
-    def __init__(self, inner: UpdateCodec, masking: Masking, total_samples: int) -> None:
+    def __init__(self, inner: UpdateCodec, masking: Masking, total_samples: int,
+                 share: SkellamShare | None = None) -> None:
         self.inner, self.masking, self.total_samples = inner, masking, total_samples
-        super().__init__(Chain([*inner.chain.encoders, MaskLink(masking, total_samples)]))
+        last: list[EncodeLink] = [MaskLink(masking, total_samples)] if share is None else \
+            [share, IntegerMaskLink(masking, total_samples, share.spec.modulus)]
+        super().__init__(Chain([*inner.chain.encoders, *last]))
 
 
 @dataclass
@@ -150,6 +188,12 @@ class UnmaskedSum(Combiner):
     def summed(self, kind: str, clients: list[int] | None, vectors: list[torch.Tensor]) -> Tensors:
         """T · Σ_k x_k, by entry (float64), from the masked ``vectors`` of ``clients`` (None: of every
         client whose vector arrived, in id order)."""
+        total, u = self.unmasked(kind, clients, vectors)
+        return unflatten(dequantize(total, u.bound, self.levels) * u.scale, u.entries)
+
+    def unmasked(self, kind: str, clients: list[int] | None, vectors: list[torch.Tensor]) -> tuple[np.ndarray, Unmasking]:
+        """The sum of the masked ``vectors`` of ``clients`` with the masks taken off (uint64: the sum of
+        what they masked, in Z_{2^64}), and the session's :class:`Unmasking`."""
         unmask = self.pending.pop(kind, None)
         if unmask is None:
             raise ValueError(f"SecAgg+: asked to combine {kind}s that no session of the protocol can unmask")
@@ -157,8 +201,7 @@ class UnmaskedSum(Combiner):
         if len(u.clients) != len(vectors):
             raise ValueError(f"SecAgg+: asked to combine {len(vectors)} {kind}s, but the protocol unmasks the sum of "
                              f"clients {u.clients}")
-        total = np.sum([v.numpy().view(np.uint64) for v in vectors], axis=0, dtype=np.uint64) - u.mask
-        return unflatten(dequantize(total, u.bound, self.levels) * u.scale, u.entries)
+        return np.sum([v.numpy().view(np.uint64) for v in vectors], axis=0, dtype=np.uint64) - u.mask, u
 
     def combine(self, messages: list[Upload], keys: list[str] | None, weights: list[float] | None,
                 rc: RoundContext) -> UpdateSum:
@@ -173,6 +216,28 @@ class UnmaskedSum(Combiner):
         """Σ_k of the clients' statistics, from their masked vectors (in client-id order, as the
         protocol's clients are)."""
         return self.summed("statistics", None, [s[VECTOR] for s in statistics])
+
+
+class UnmaskedModularSum(UnmaskedSum):
+    """The server chain's combiner under SecAgg+ and distributed DP: the unmasked sum modulo 2^b, read
+    by the distributed DP decoding (``modular``'s: centred, times γ, rotated back); a sum of fewer
+    than ``survivors`` vectors (the accountant's worst case) stops the run."""
+
+    def __init__(self, levels: int, modular: ModularSum, survivors: int) -> None:
+        super().__init__(levels)
+        self.modular, self.survivors = modular, survivors
+
+    def combine(self, messages: list[Upload], keys: list[str] | None, weights: list[float] | None,
+                rc: RoundContext) -> UpdateSum:
+        unweighted(weights)
+        if len(messages) < self.survivors:
+            raise RunStopped(f"round {rc.rnd + 1}: distributed DP: {len(messages)} client(s) in the sum, fewer than the "
+                             f"{self.survivors} whose noise shares the reported epsilon counts on (max of "
+                             "train.min_clients and privacy.secagg_threshold)", rc.rnd)
+        total, _ = self.unmasked("update", [m.client_id for m in messages], [m.state[VECTOR] for m in messages])
+        modulus = np.uint64(self.modular.spec.modulus - 1)
+        return self.modular.decode(torch.from_numpy((total & modulus).view(np.int64)), keys, len(messages),
+                                   sum(m.num_samples for m in messages), rc)
 
 
 class SampleMean(Finisher):
@@ -199,12 +264,30 @@ class UnmaskingCodec(UpdateCodec):
 
     name = "secaggplus"
 
-    def __init__(self, levels: int) -> None:
-        self.unmask = UnmaskedSum(levels)
+    def __init__(self, levels: int, unmask: UnmaskedSum | None = None, finisher: Finisher | None = None) -> None:
+        self.unmask = unmask or UnmaskedSum(levels)
         self.levels, self.pending = levels, self.unmask.pending
-        super().__init__(Chain(combiner=self.unmask, finisher=SampleMean()))
+        super().__init__(Chain(combiner=self.unmask, finisher=finisher or SampleMean()))
 
     def expect(self, kind: str, unmask: Unmask) -> None:
         """The next ``kind`` ("update" or "statistics") of messages to combine is read with what
         ``unmask`` returns for their clients."""
         self.pending[kind] = unmask
+
+
+class DistributedUnmaskingCodec(UnmaskingCodec):
+    """The server's side under SecAgg+ and distributed DP: the unmasked modular sum
+    (:class:`UnmaskedModularSum`) and ``codec``'s fixed denominator w̄ + S/m; ε from the Skellam
+    accountant at ``survivors`` clients a round (the fewest the run lets a sum hold)."""
+
+    name = "secaggplus-distributed-skellam"
+
+    def __init__(self, levels: int, codec: DistributedCodec, survivors: int) -> None:
+        self.distributed, self.survivors = codec, survivors
+        self.accountant = SkellamAccountant(codec.spec, survivors, codec.accountant.delta)
+        super().__init__(levels, UnmaskedModularSum(levels, codec.modular, survivors),
+                         FixedDenominator(codec.spec.per_round))
+
+    def epsilon(self, rounds: int, releases: int = 0) -> float | None:
+        dimension = self.distributed.modular.dimension
+        return 0.0 if dimension is None else self.accountant.epsilon(rounds, dimension)

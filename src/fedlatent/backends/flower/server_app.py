@@ -29,6 +29,7 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
 from flwr.serverapp import Grid, ServerApp
 
+from fedlatent.backends.flower import distributed as flower_dp
 from fedlatent.backends.flower import messages as M
 from fedlatent.backends.flower.diagnostics import FlowerDiagnostics
 from fedlatent.backends.flower.node_terms import is_refusal
@@ -246,10 +247,11 @@ class ServerRun:
 
     def setup(self) -> None:
         """The model and the server, after the census (which tells the number of clients); under
-        secure aggregation the server's codec unmasks sums (:class:`.secagg_codec.UnmaskingCodec`)."""
+        secure aggregation the server's codec unmasks sums (:class:`.secagg_codec.UnmaskingCodec`; under
+        distributed DP, modular sums: :func:`.distributed.unmasking`)."""
         self.model, self.server = initial_server(self.config, self.federation, self.spec, self.num_clients)
         if self.secure:
-            self.server.codec = self.unmasking = UnmaskingCodec(self.config.privacy.secagg_quantization_range)
+            self.server.codec = self.unmasking = flower_dp.unmasking(self.server.codec, self.config)
         self.initial = {k: v.clone() for k, v in self.server.global_state.items()}
         self.client_states = [{} for _ in range(self.num_clients)]
 
@@ -328,6 +330,7 @@ class ServerRun:
             content = M.pack_tasks(node_tasks, {c: r for c, r in restore.items() if r is not None}, down, up)
             if session is not None:
                 session.attach(content, [t.client_id for t in node_tasks])
+                flower_dp.attach(content, self.unmasking, self.server.randomness, rnd, [t.client_id for t in node_tasks])
             sent.append((node, Message(content, dst_node_id=node, message_type="train")))
         new_states: dict[int, Tensors] = {}
         for node, reply in self.exchange(sent).items():

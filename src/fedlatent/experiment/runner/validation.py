@@ -246,9 +246,11 @@ def secure_refusal(config: RunConfig, spec: MethodSpec) -> str | None:
     clients: the backends are :func:`check_capabilities`'s); the server may read sums alone — the model
     update, FFC's statistics and CCVR's per-class sums, not a part's extras or its own weighted
     aggregation, the centralised calibration's features, nor the clients' own models the
-    diagnostics measure, nor the data set itself; and noise the server adds to a sum it sees is not combined with it yet."""
-    if config.privacy.noise_multiplier > 0:
-        return "not combined with privacy.noise_multiplier > 0 yet (the server would add the noise to a sum it sees)"
+    diagnostics measure, nor the data set itself; and noise the server adds to a sum it sees is not combined with it
+    (the clients' own shares are: ``privacy.distributed``)."""
+    if config.privacy.noise_multiplier > 0 and config.privacy.distributed == "off":
+        return ("not combined with central noise (privacy.noise_multiplier > 0: the server would add the noise to a sum "
+                "it sees); set privacy.distributed = 'skellam' for the clients' own noise shares")
     if config.flower.server_reads_data:
         return ("the server would open the data set itself (flower.server_reads_data = true: the pool's statistics, "
                 "a data set's own clients)")

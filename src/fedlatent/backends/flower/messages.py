@@ -30,10 +30,9 @@ def from_record(record: ArrayRecord) -> Tensors:
 def pack_tasks(tasks: list[ClientTask], restore: dict[int, Tensors], withheld: frozenset[str] = frozenset(),
                withheld_up: frozenset[str] = frozenset()) -> RecordDict:
     """One node's tasks of a round as one message's content (the node trains its clients in turn:
-    its Context is then updated by one message at a time; each task with its client's stream seed). The
-    global model and a payload shared by
-    all tasks travel once, without the ``withheld`` entries (those the node builds itself from the
-    run's seed), and the node is told which entries its uploads leave out (``withheld_up``);
+    its Context is then updated by one message at a time; each task with its client's stream seed).
+    The global model and a payload shared by all tasks travel once, without the ``withheld`` entries (those the node builds itself from the
+    initial model's seeds), and the node is told which entries its uploads leave out (``withheld_up``);
     ``restore`` holds client states the server kept (a resumed run hands them back to nodes that
     have none)."""
     shared = all(t.payload is tasks[0].payload for t in tasks)

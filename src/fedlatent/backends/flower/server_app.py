@@ -305,7 +305,7 @@ class ServerRun:
     def withheld(self) -> tuple[frozenset[str], frozenset[str]]:
         """What the ``train`` messages leave out: of the entries no client needs
         (:meth:`Server.untransmitted`: a fixed head, the clients' own layers) those still at their
-        initial values, which each node builds from the run's seed (an FFC-calibrated head
+        initial values, which each node builds from the initial model's seeds (an FFC-calibrated head
         travels); and what uploads leave out, filled from the sent global model on arrival (the
         aggregate keeps the global values of those entries): the same, but the clients' own layers
         travel when the diagnostics measure the uploads."""

@@ -230,3 +230,48 @@ def test_on_flower_a_node_receives_no_run_seed_and_cannot_compute_another_client
     assert {(rnd, cid) for rnd, cid, _ in drawn} == {(rnd, cid) for rnd in range(2) for cid in
                                                      json.loads((tmp_path / "run" / "metrics.jsonl").read_text()
                                                                 .splitlines()[rnd])["clients"]}
+
+
+def test_on_flower_a_resumed_secret_run_sends_the_stream_seeds_of_the_key_its_checkpoint_kept(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Keys B (a run never stopped), B (a run stopped after round 2), C (its resume, on fresh nodes):
+    the resumed ServerApp adopts B from its checkpoint before it sends a train message, so round 3's
+    batches are drawn from B's stream seeds and the final weights are the uninterrupted run's."""
+    import secrets as secrets_module
+
+    from fedlatent.federated import driver
+    from safetensors.torch import load_file
+
+    keys = iter([b"B" * 32, b"B" * 32, b"C" * 32])
+    monkeypatch.setattr(secrets_module, "token_bytes", lambda n: next(keys))
+    drawn: list[tuple[int, int, int]] = []
+    real_generator = round_module.client_generator
+
+    def recording(seed, task):
+        generator = real_generator(seed, task)
+        drawn.append((task.round, task.client_id, generator.initial_seed()))
+        return generator
+
+    monkeypatch.setattr(round_module, "client_generator", recording)
+    config = small_config(*FLOWER, 'privacy.randomness="secret"', "data.num_clients=3", "train.participation=1")
+    run_experiment(config, tmp_path / "whole", echo=None, grid=InProcessGrid(3))
+    whole = list(drawn)
+    real_round = driver.play_round
+
+    def crash(s, rnd):
+        if rnd == 2:
+            raise KeyboardInterrupt
+        return real_round(s, rnd)
+
+    monkeypatch.setattr(driver, "play_round", crash)
+    with pytest.raises(KeyboardInterrupt):
+        run_experiment(config, tmp_path / "cut", echo=None, grid=InProcessGrid(3))
+    monkeypatch.setattr(driver, "play_round", real_round)
+    drawn.clear()
+    run_experiment(config, tmp_path / "cut", resume=True, echo=None, grid=InProcessGrid(3))
+    assert drawn == [d for d in whole if d[0] == 2] and len(drawn) == 3
+    key_b = Randomness("secret", 0, b"B" * 32)
+    assert all(g == derive_seed(key_b.client_seed(cid), LOCAL_TRAINING, rnd, cid) for rnd, cid, g in whole)
+    a, b = (load_file(str(sorted((tmp_path / run / "checkpoints").iterdir())[-1] / "global.safetensors"))
+            for run in ("whole", "cut"))
+    assert all(torch.equal(a[k], b[k]) for k in a)

@@ -216,8 +216,9 @@ class ServerRun:
         run = node_view.run_record(self.config)
         for _, msg in messages:
             msg.content[node_view.RUN] = run
-            if self.server is not None:
-                msg.content[node_view.STREAMS] = node_view.streams_record(self.node_seeds(msg.metadata.dst_node_id))
+            seeds = self.node_seeds(msg.metadata.dst_node_id) if self.server is not None else {}
+            if seeds:  # a node the census gave no client is sent none
+                msg.content[node_view.STREAMS] = node_view.streams_record(seeds)
             if self.normalization is not None:
                 msg.content["normalization"] = M.to_record(self.normalization)
         replies = self.grid.send_and_receive([m for _, m in messages], timeout=self.config.flower.timeout)

@@ -179,12 +179,13 @@ def test_a_node_s_own_terms_refuse_clear_uploads_and_t_sne(federation, tmp_path)
     stopped and unregistered (the module's other runs see three nodes)."""
     before = {n["node-id"] for n in json.loads(federation.flwr("supernode", "list", "test", "--format", "json")
                                                .stdout)["nodes"]}
+    online = len(_online(federation))  # three, or two after the long test that kills a node
     pinned = federation.start_supernode(3, partition=0, terms="require-secagg=true answer-tsne=false")
     try:
         deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and len(_online(federation)) < 4:
+        while time.monotonic() < deadline and len(_online(federation)) <= online:
             time.sleep(1.0)
-        assert len(_online(federation)) >= 4, federation.logs()
+        assert len(_online(federation)) > online, federation.logs()
         refused(federation, tmp_path / "clear", "", "require-secagg = true")
         refused(federation, tmp_path / "tsne", 'privacy.secure_aggregation=secaggplus; diagnostics.which=["tsne"]',
                 "answer-tsne = false")

@@ -136,10 +136,21 @@ class LocalFederation:
     tls: dict[str, Path] = field(default_factory=dict)
     flwr_home: Path | None = None
     guarded: Path | None = None  # every process logs its reads under this path (tests/open_guard)
+    logs_messages: bool = False  # every ClientApp logs the messages it is handed (tests/open_guard)
 
     @property
     def guard_log(self) -> Path:
         return self.folder / "guard.log"
+
+    @property
+    def message_log(self) -> Path:
+        return self.folder / "messages.jsonl"
+
+    def received(self) -> list[dict]:
+        """The messages the nodes' ClientApps were handed (``logs_messages``), in order."""
+        import json
+        text = self.message_log.read_text() if self.message_log.exists() else ""
+        return [json.loads(line) for line in text.splitlines()]
 
     def guard_lines(self) -> list[tuple[str, str]]:
         """The open guard's log as (program, what) pairs: ``started``, or an event and its path."""
@@ -150,10 +161,12 @@ class LocalFederation:
         env = {**os.environ, **ENV, "FLWR_HOME": str(self.flwr_home),
                "PATH": os.pathsep.join([str(BIN), os.environ.get("PATH", "")])}
         src = str(Path(__file__).resolve().parents[1] / "src")
-        guard = str(OPEN_GUARD) if self.guarded is not None else ""
+        guard = str(OPEN_GUARD) if self.guarded is not None or self.logs_messages else ""
         env["PYTHONPATH"] = os.pathsep.join(p for p in (src, guard, os.environ.get("PYTHONPATH", "")) if p)
         if self.guarded is not None:
             env.update(FEDLATENT_GUARDED_ROOT=str(self.guarded), FEDLATENT_GUARD_LOG=str(self.guard_log))
+        if self.logs_messages:
+            env["FEDLATENT_MESSAGE_LOG"] = str(self.message_log)
         return env
 
     def start(self, name: str, args: list[str]) -> Proc:
@@ -188,16 +201,20 @@ class LocalFederation:
     def register(self, public_key: Path) -> subprocess.CompletedProcess:
         return self.flwr("supernode", "register", str(public_key), "test")
 
-    def start_supernode(self, index: int, *, register: bool = True, partitions: int | None = None) -> Proc:
+    def start_supernode(self, index: int, *, register: bool = True, partitions: int | None = None,
+                        partition: int | None = None, terms: str = "") -> Proc:
+        """SuperNode ``index``, serving partition-id ``partition`` (``index`` by default) of
+        ``partitions``; ``terms``: more node-config items (its own terms, ``node_terms``)."""
         private, public = write_node_keys(self.folder, f"node{index}")
         if register:
             done = self.register(public)
             assert done.returncode == 0, done.stdout + done.stderr
+        part = index if partition is None else partition
         node = self.start(f"supernode{index}", [
             str(BIN / "flower-supernode"), "--superlink", f"127.0.0.1:{self.port}",
             "--root-certificates", str(self.tls["ca"]), "--auth-supernode-private-key", str(private),
             "--port", str(free_port()), "--max-retries", "3",
-            "--node-config", f"partition-id={index} num-partitions={partitions or self.num_nodes}"])
+            "--node-config", f"partition-id={part} num-partitions={partitions or self.num_nodes} {terms}".strip()])
         self.nodes.append(node)
         return node
 

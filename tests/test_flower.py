@@ -291,16 +291,16 @@ def test_restored_client_states_go_only_to_the_node_serving_each_client():
 def test_task_and_outcome_records_round_trip():
     """Tasks and outcomes come back from their records as they left: values, dtypes, NaN metrics."""
     shared = {"scaffold.c.w": torch.ones(2, 3)}
-    tasks = [ClientTask(cid, 1, {"w": torch.randn(2, 3), "n": torch.tensor(7)}, shared, 0.05, 10, 1437)
+    tasks = [ClientTask(cid, 1, {"w": torch.randn(2, 3), "n": torch.tensor(7)}, shared, 0.05, 10, 1437, 900 + cid)
              for cid in (7, 3)]
     back = messages.unpack_tasks(messages.pack_tasks(tasks, {3: {"c": torch.zeros(2)}}))
     assert [t.client_id for t, _ in back] == [3, 7]
     (task, restore), (_, none) = back
-    assert (task.round, task.lr, task.num_clients, task.total_samples) == (1, 0.05, 10, 1437)
+    assert (task.round, task.lr, task.num_clients, task.total_samples, task.seed) == (1, 0.05, 10, 1437, 903)
     assert torch.equal(task.global_state["w"], tasks[0].global_state["w"]) and task.global_state["n"].dtype == torch.int64
     assert torch.equal(task.payload["scaffold.c.w"], shared["scaffold.c.w"])
     assert torch.equal(restore["c"], torch.zeros(2)) and none is None
-    own = [ClientTask(cid, 0, {"w": torch.zeros(1)}, {"p": torch.full((1,), float(cid))}, 0.1, 2, 20) for cid in (0, 1)]
+    own = [ClientTask(cid, 0, {"w": torch.zeros(1)}, {"p": torch.full((1,), float(cid))}, 0.1, 2, 20, 5) for cid in (0, 1)]
     assert [float(t.payload["p"]) for t, _ in messages.unpack_tasks(messages.pack_tasks(own, {}))] == [0.0, 1.0]
     upload = Upload(3, {"w": torch.randn(2)}, 144, 5, 0.05, 0.9, {"scaffold": {"dc": torch.ones(1)}},
                     {"train_loss": float("nan"), "steps": 5})
@@ -318,7 +318,7 @@ def test_withheld_entries_come_from_the_nodes_initial_model():
     """A ``train`` message without the withheld entries; the node completes the global model from
     its own initial one (in its key order), and its uploads leave out what the server asked."""
     glob = {"body": torch.randn(3), "head": torch.randn(2)}
-    task = ClientTask(0, 0, glob, {}, 0.1, 1, 10)
+    task = ClientTask(0, 0, glob, {}, 0.1, 1, 10, 5)
     content = messages.pack_tasks([task], {}, frozenset({"head"}), frozenset({"head"}))
     assert set(content["global"]) == {"body"} and messages.withheld(content) == ({"head"}, {"head"})
     initial = {"head": torch.zeros(2), "body": torch.ones(3)}

@@ -30,9 +30,11 @@ def test_flower_honours_what_was_only_a_rule() -> None:
 
 def test_sample_level_dp_sgd_on_flower_equals_the_simulation_backend(tmp_path, monkeypatch) -> None:
     """Each client's per-sample gradients clipped and noised on its node as on the embedded backend
-    (the noise drawn from the run's seed, round and client): the same weights every round, and the
-    same ε from the driver's accountant in every metrics line."""
-    extra = ["privacy.sample_clip_norm=0.5", "privacy.sample_noise_multiplier=1.0", 'privacy.batch_sampling="poisson"']
+    (the noise drawn from the run's seed, round and client: a seeded run, which on Flower "auto" is
+    not once noise is added): the same weights every round, and the same ε from the driver's
+    accountant in every metrics line."""
+    extra = ["privacy.sample_clip_norm=0.5", "privacy.sample_noise_multiplier=1.0", 'privacy.batch_sampling="poisson"',
+             'privacy.randomness="seeded"']
     embedded, flower, embedded_rounds, flower_rounds = run_both(tmp_path, monkeypatch, extra, grid=InProcessGrid(2))
     assert_parity(embedded, flower, embedded_rounds, flower_rounds)
     ours, theirs = (_lines(tmp_path / name / "metrics.jsonl") for name in ("embedded", "flower"))

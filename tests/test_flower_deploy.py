@@ -3,6 +3,7 @@
 README's recipe does (``tests/flower_procs.py`` starts and always kills them)."""
 from __future__ import annotations
 
+import ast
 import json
 import threading
 import time
@@ -21,10 +22,12 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def federation(tmp_path_factory):
     """A SuperLink and three registered SuperNodes (partition-id 0, 1, 2 of 3), each of their
-    processes logging its reads of the digits data set's file (the open guard)."""
+    processes logging its reads of the digits data set's file (the open guard) and each ClientApp
+    the messages it is handed."""
     import sklearn.datasets
     fed = LocalFederation(tmp_path_factory.mktemp("flower"), 3)
     fed.guarded = Path(sklearn.datasets.__file__).parent / "data" / "digits.csv.gz"
+    fed.logs_messages = True
     try:
         fed.start_superlink()
         for index in range(3):
@@ -52,17 +55,42 @@ def assert_only_the_clientapps_opened_the_data(fed: LocalFederation) -> None:
     assert [x for x in seen if x[0] != "flwr-serverapp" and x[1].startswith("open ")], seen[:5]
 
 
+RUN_SEED, DATA_SEED = 918273645, 4242  # distinctive, so that a message carrying either is found
+
+
+def assert_no_message_carries_the_run_seed(fed: LocalFederation) -> None:
+    """Every message the nodes' ClientApps were handed (the census, the train messages, the
+    evaluations): none holds the run seed, in its configuration's text, its numbers or its integer
+    arrays; each node was sent the stream seed of its own client and of no other."""
+    received = fed.received()
+    assert {"query.census", "train", "evaluate.test"} <= {m["type"] for m in received}, received[:3]
+    seeds: dict[str, set[int]] = {}
+    for m in received:
+        assert str(RUN_SEED) not in json.dumps(m["config"]) and RUN_SEED not in m["ints"], m["type"]
+        if "streams" in m["config"]:
+            streams = ast.literal_eval(m["config"]["streams"])
+            assert streams["clients"] == [int(m["node"])], m  # partition-id k of 3 serves client k alone
+            seeds.setdefault(m["node"], set()).update(streams["seeds"])
+    assert sorted(seeds) == ["0", "1", "2"] and all(len(s) == 1 for s in seeds.values())
+    for m in received:
+        others = set().union(*(s for node, s in seeds.items() if node != m["node"]))
+        assert not any(str(seed) in json.dumps(m["config"]) for seed in others), m["type"]
+
+
 def test_one_round_on_three_supernodes_completes_and_the_serverapp_never_opens_the_data(federation, tmp_path):
     """The README's deployment recipe at CI's budget: one round of FedAvg on the three SuperNodes,
     each node's client served and the global model evaluated on the nodes; the ServerApp's process
-    never opened the data set's file, the ClientApps' did."""
-    flwr_run(federation, tmp_path / "run", "train.rounds=1")
+    never opened the data set's file, the ClientApps' did. The run is secret: no message a node
+    received carries the run seed, nor another node's client's stream seed."""
+    flwr_run(federation, tmp_path / "run", f"train.rounds=1; seed={RUN_SEED}; data.seed={DATA_SEED}; "
+                                           "privacy.randomness=secret")
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert (summary["status"], summary["backend"], summary["rounds_completed"]) == ("completed", "flower", 1)
     assert 0.1 < summary["final"]["accuracy"] <= 1.0
     line = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[0])
     assert line["clients"] == [0, 1, 2] and not line.get("dropped")
     assert_only_the_clientapps_opened_the_data(federation)
+    assert_no_message_carries_the_run_seed(federation)
 
 
 @pytest.mark.long  # two rounds and the SecAgg+ stages: minutes on two cores
@@ -160,3 +188,44 @@ def test_a_supernode_with_an_unregistered_key_is_refused(federation):
     assert "Failed to activate SuperNode" in stranger.text()
     listed = federation.flwr("supernode", "list", "test", "--format", "json")
     assert listed.returncode == 0 and len(json.loads(listed.stdout)["nodes"]) <= 3, listed.stdout
+
+
+def refused(fed: LocalFederation, out: Path, overrides: str, term: str) -> None:
+    """``flwr run`` with ``overrides`` ends at the census, refused by the node naming ``term``: no
+    round trained, no summary written."""
+    done = fed.flwr("run", str(ROOT), "test", "--stream", "--run-config",
+                    f"overrides='data.num_clients=3; train.rounds=1; eval.personalized=never; {overrides}' "
+                    f'out="{out}"', timeout=900)  # single quotes: a TOML literal string, which may hold "
+    told = done.stdout + done.stderr + fed.logs()
+    assert f"node terms: {term}" in told, told[-6000:]
+    assert not (out / "summary.json").exists() or json.loads((out / "summary.json").read_text())["status"] != "completed"
+    assert not (out / "checkpoints").exists()
+
+
+def test_a_node_s_own_terms_refuse_clear_uploads_and_t_sne(federation, tmp_path):
+    """A fourth SuperNode serving client 0 beside node 0, its --node-config pinning it to secure
+    aggregation and not answering t-SNE: a ServerApp asking for clear uploads is refused at the
+    census naming require-secagg, a secure one asking for t-SNE naming answer-tsne; the node is then
+    stopped and unregistered (the module's other runs see three nodes)."""
+    before = {n["node-id"] for n in json.loads(federation.flwr("supernode", "list", "test", "--format", "json")
+                                               .stdout)["nodes"]}
+    online = len(_online(federation))  # three, or two after the long test that kills a node
+    pinned = federation.start_supernode(3, partition=0, terms="require-secagg=true answer-tsne=false")
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and len(_online(federation)) <= online:
+            time.sleep(1.0)
+        assert len(_online(federation)) > online, federation.logs()
+        refused(federation, tmp_path / "clear", "", "require-secagg = true")
+        refused(federation, tmp_path / "tsne", 'privacy.secure_aggregation=secaggplus; diagnostics.which=["tsne"]',
+                "answer-tsne = false")
+    finally:
+        pinned.kill()
+        for node in {n["node-id"] for n in json.loads(federation.flwr("supernode", "list", "test", "--format",
+                                                                      "json").stdout)["nodes"]} - before:
+            federation.flwr("supernode", "unregister", str(node), "test")
+
+
+def _online(fed: LocalFederation) -> list[dict]:
+    listed = json.loads(fed.flwr("supernode", "list", "test", "--format", "json").stdout)["nodes"]
+    return [n for n in listed if n["status"] == "online"]

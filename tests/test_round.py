@@ -35,7 +35,7 @@ def _by_hand(s, rnd: int, reverse: bool = False):
     for task in tasks:
         settings = local_settings(cfg.train, task.lr, cfg.train.local_epochs, fed.augment, fed.num_classes, s.device)
         upload, states[task.client_id] = client_update(s.workspace, s.spec, task, fed.clients[task.client_id].train,
-                                                       s.client_states[task.client_id], settings, cfg.seed)
+                                                       s.client_states[task.client_id], settings)
         outcomes.append(upload)
     result = close_round(s.server, cfg, rnd, tasks, outcomes[::-1] if reverse else outcomes)
     for upload in result.uploads:
@@ -83,7 +83,7 @@ def test_client_update_leaves_the_given_state_alone() -> None:
     assert state  # SCAFFOLD's c_i after the first round (every client of round 0 kept one)
     before = copy.deepcopy(state)
     settings = local_settings(cfg.train, task.lr, 1, fed.augment, fed.num_classes, s.device)
-    _, new = client_update(s.workspace, s.spec, task, fed.clients[cid].train, state, settings, cfg.seed)
+    _, new = client_update(s.workspace, s.spec, task, fed.clients[cid].train, state, settings)
     assert state.keys() == before.keys() and all(torch.equal(state[k], before[k]) for k in state)
     assert any(not torch.equal(new[k], state[k]) for k in state)
 

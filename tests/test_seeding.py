@@ -37,7 +37,7 @@ def test_derive_seeds_refuses_negative_values() -> None:
 
 def test_client_generators_are_each_clients_own_generator() -> None:
     ids = [0, 4, 17, 63]
-    tasks = [ClientTask(c, 5, {}, {}, 0.1, 64, 1000) for c in ids]
+    tasks = [ClientTask(c, 5, {}, {}, 0.1, 64, 1000, 11) for c in ids]
     together = client_generators(11, 5, ids)
     for task, generator in zip(tasks, together):
         assert torch.equal(torch.randperm(50, generator=generator),

@@ -760,13 +760,16 @@ LATER_KEYS: dict[tuple[str, str], Any] = {
 }
 
 
-def to_toml(config: RunConfig) -> str:
-    """Write the resolved configuration as TOML that :func:`load_config` reads back unchanged. A
+def to_toml(config: RunConfig, *, seed: bool = True) -> str:
+    """Write the resolved configuration as TOML that :func:`load_config` reads back unchanged
+    (``seed=False``: without the run seed, what a Flower SuperNode is sent). A
     ``[tracking]`` section left at its defaults (no tracker) is not written: it changes no number,
     and the run folders written before it existed stay resumable; nor is a ``[privacy]`` section at
     its defaults (the plain update codec: today's numbers, bit for bit), nor a key of :data:`LATER_KEYS`
     at its default."""
     data = to_dict(config)
+    if not seed:
+        del data["seed"]
     if config.tracking == TrackingConfig():
         del data["tracking"]
     if config.privacy == PrivacyConfig():

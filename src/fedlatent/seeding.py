@@ -33,6 +33,9 @@ ADAPTIVE_AGGREGATION = 25
 # distributed DP (federated.distributed_dp): the round's random rotation, shared by every client and
 # the server, and each client's conditional rounding and Skellam noise share; streams of their own
 DISTRIBUTED_ROTATION, DISTRIBUTED_NOISE = 26, 27
+# privacy.randomness = "secret": each client's stream seed, the seed its own draws derive from in place
+# of the run seed (federated.randomness.Randomness.client_seed): a stream of the server's secret key
+CLIENT_SEED = 28
 # eval.clients / eval.final_clients: the clients an evaluation samples (federated.sampled); a stream of
 # its own, so that sampling the evaluation changes no training draw
 EVALUATION_SAMPLE = 40
@@ -42,10 +45,17 @@ _MASK32 = 0xFFFFFFFF
 _INIT_A, _MULT_A, _INIT_B, _MULT_B = 0x43B0D7E5, 0x931E8875, 0x8B51F9DD, 0x58F38DED
 _MIX_L, _MIX_R, _XSHIFT, _POOL = 0xCA01F9DD, 0x4973F715, 16, 4
 Word = int | np.ndarray  # a uint32 word: one for every row (a Python int) or a column of them
+# the run seed of a configuration that holds none (what a Flower SuperNode is sent): any draw derived
+# from it is refused, rather than drawn from a default seed every party knows
+NO_SEED = -1
+_NO_SEED_ERROR = ("a draw derived from the run seed where the configuration holds none (a Flower SuperNode is "
+                  "never sent it: its clients' draws derive from the stream seeds the server sends them)")
 
 
 def derive_seed(*parts: int) -> int:
     """A 63-bit seed from integers, e.g. ``derive_seed(seed, LOCAL_TRAINING, round, client)``."""
+    if parts and parts[0] == NO_SEED:
+        raise ValueError(_NO_SEED_ERROR)
     return int(np.random.SeedSequence([int(p) for p in parts]).generate_state(2, np.uint64)[0] >> 1)
 
 
@@ -65,6 +75,8 @@ def derive_seeds(*prefix: int, last: Sequence[int]) -> list[int]:
     ``SeedSequence`` apiece costs ~15 µs, more than a digits client's local step: this runs the
     same hash (numpy's SeedSequence with its default pool of four words, then
     ``generate_state(2, uint64)[0] >> 1``) on uint32 columns, one row per value of ``last``."""
+    if prefix and prefix[0] == NO_SEED:
+        raise ValueError(_NO_SEED_ERROR)
     if not len(last):
         return []
     if any(int(c) < 0 for c in (*prefix, *last)):

@@ -3,11 +3,18 @@ folder (``tests/flower_procs.py``): where ``FEDLATENT_GUARDED_ROOT`` and ``FEDLA
 set, an audit hook appends to that log each path under the root that the process opens or lists,
 as ``<program> <event> <path>``, and the process's program once as ``<program> started`` — the
 program being ``flwr-serverapp``, ``flwr-clientapp``, … (``/proc/self/cmdline``), so that a test
-can tell the ServerApp's reads from the ClientApps'."""
+can tell the ServerApp's reads from the ClientApps'. Where ``FEDLATENT_MESSAGE_LOG`` is set, every
+message a ClientApp of the process is handed is appended to that log as one JSON line (:func:`_log_messages`):
+what a node receives, for a test to read."""
 from __future__ import annotations
 
+import importlib.abc
+import importlib.util
+import json
 import os
 import sys
+
+CLIENT_APP = "fedlatent.backends.flower.client_app"
 
 
 def _program() -> str:
@@ -35,5 +42,55 @@ def _install(root: str, log: str) -> None:
     sys.addaudithook(hook)
 
 
+def _received(message, context) -> dict:
+    """A message as a node receives it: its type, the node's partition-id, the text of every config
+    record (values as ``repr``: the TOML text, numbers, bytes) and every integer entry of its arrays."""
+    content = message.content
+    ints = sorted({int(v) for record in content.array_records.values() for array in record.values()
+                   if array.numpy().dtype.kind in "iub" for v in array.numpy().ravel().tolist()})
+    return {"node": str(context.node_config.get("partition-id")), "type": message.metadata.message_type,
+            "config": {name: repr(dict(record)) for name, record in content.config_records.items()}, "ints": ints}
+
+
+class _AfterImport(importlib.abc.MetaPathFinder):
+    """Runs ``then(module)`` once the module ``name`` has been executed (its first import)."""
+
+    def __init__(self, name: str, then) -> None:
+        self.name, self.then = name, then
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname != self.name:
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(fullname)
+        run = spec.loader.exec_module
+
+        def exec_module(module) -> None:
+            run(module)
+            self.then(module)
+
+        spec.loader.exec_module = exec_module
+        return spec
+
+
+def _log_messages(log: str) -> None:
+    """Wrap the ClientApp fedlatent's module defines so that each message it is handed (before its
+    handler runs) is appended to ``log``."""
+    def wrap(module) -> None:
+        cls = type(module.app)
+        call = cls.__call__
+
+        def logged(self, message, context):
+            with open(log, "a") as f:
+                f.write(json.dumps(_received(message, context)) + "\n")
+            return call(self, message, context)
+
+        cls.__call__ = logged
+
+    sys.meta_path.insert(0, _AfterImport(CLIENT_APP, wrap))
+
+
+if os.environ.get("FEDLATENT_MESSAGE_LOG"):
+    _log_messages(os.environ["FEDLATENT_MESSAGE_LOG"])
 if os.environ.get("FEDLATENT_GUARDED_ROOT") and os.environ.get("FEDLATENT_GUARD_LOG"):
     _install(os.path.abspath(os.environ["FEDLATENT_GUARDED_ROOT"]), os.environ["FEDLATENT_GUARD_LOG"])

@@ -35,7 +35,7 @@ from fedlatent.federated.failures import ClientFailure, error_detail
 from fedlatent.federated.personal import client_report, new_client_reports
 from fedlatent.federated.codec import server_codec
 from fedlatent.federated.round import (ClientTask, checked_all, client_generators, client_round, clients_per_round,
-                                       encoded, local_settings, round_lr)
+                                       encoded, local_settings, round_lr, stream_seed)
 from fedlatent.federated.round import sample_clients as sample_clients  # the embedded backend's sampling
 from fedlatent.federated.randomness import Randomness
 from fedlatent.federated.server import Server
@@ -106,8 +106,8 @@ class Setup:
         selected = [t.client_id for t in tasks]
         local = settings(self, tasks[0].lr, cfg.train.local_epochs, cfg.privacy)
         rcs = [client_round(t, self.client_states[t.client_id], self.train_sizes[t.client_id], self.workspace.model,
-                            local.momentum, cfg.seed) for t in tasks]
-        generators = client_generators(cfg.seed, tasks[0].round, selected)
+                            local.momentum) for t in tasks]
+        generators = client_generators([t.seed for t in tasks], tasks[0].round, selected)
         try:
             outcomes = self.trainer(self.workspace, tasks[0].global_state, [fed.clients[cid].train for cid in selected],
                                     self.spec, rcs, local, generators)
@@ -153,7 +153,7 @@ class Setup:
         rows = [client_report(self.workspace, self.spec, cid, fed.clients[cid], self.client_states[cid], state,
                               num_classes=fed.num_classes, batch_size=cfg.eval.batch_size,
                               device=self.device, settings=local,
-                              generator=torch.Generator().manual_seed(derive_seed(cfg.seed, FINETUNE, cid)))
+                              generator=torch.Generator().manual_seed(derive_seed(self.client_seed(cid), FINETUNE, cid)))
                 for cid in (range(len(fed.clients)) if clients is None else clients)]
         return [row for row in rows if row is not None]
 
@@ -166,14 +166,27 @@ class Setup:
             new = {ids[i]: new[ids[i]] for i in clients}
         return new_client_reports(self.workspace, self.spec, new, state,
                                   num_classes=self.federation.num_classes, batch_size=cfg.eval.batch_size,
-                                  device=self.device, settings=local, seed=cfg.seed, personal=personal)
+                                  device=self.device, settings=local, seeds={cid: self.client_seed(cid) for cid in new},
+                                  personal=personal)
+
+    def client_seed(self, cid: int) -> int:
+        """Client ``cid``'s stream seed (:func:`~fedlatent.federated.round.stream_seed`; a held-out one's too)."""
+        return stream_seed(self.server, self.config, cid)
 
 
-def make_model(config: RunConfig, federation: GlobalData, spec: MethodSpec) -> FedModel:
-    """The initial global model: seeded construction, then the method's head policy."""
-    torch.manual_seed(derive_seed(config.seed, MODEL_INIT))
+def init_seeds(seed: int) -> tuple[int, int]:
+    """The seeds of the initial model's construction and of its head, from the run ``seed``."""
+    return derive_seed(seed, MODEL_INIT), derive_seed(seed, HEAD_INIT)
+
+
+def make_model(config: RunConfig, federation: GlobalData, spec: MethodSpec,
+               seeds: tuple[int, int] | None = None) -> FedModel:
+    """The initial global model: seeded construction, then the method's head policy; ``seeds``: their
+    seeds (:func:`init_seeds`) where the configuration holds no run seed (a Flower SuperNode's)."""
+    model_seed, head_seed = init_seeds(config.seed) if seeds is None else seeds
+    torch.manual_seed(model_seed)
     model = build_model(config.model, federation.input_shape, federation.num_classes, federation.name)
-    apply_head(model, spec.head, torch.Generator().manual_seed(derive_seed(config.seed, HEAD_INIT)))
+    apply_head(model, spec.head, torch.Generator().manual_seed(head_seed))
     return model
 
 
@@ -241,7 +254,7 @@ def run(config: RunConfig, federation: Federation, spec: MethodSpec, out: Path, 
     ckpt = out / "checkpoints"
     start, before = driver.restore(s, ckpt, len(federation.clients), warn) if resume else (0, 0.0)
     if config.diagnostics.which:
-        s.diagnostics = Diagnostics(config, federation, out / "diagnostics.jsonl", s.device)
+        s.diagnostics = Diagnostics(config, federation, out / "diagnostics.jsonl", s.device, s.client_seed)
         s.diagnostics.start(start)
     metrics_path = out / "metrics.jsonl"
     write_atomically(metrics_path, "".join(line + "\n" for line in driver.metrics_upto(metrics_path, start)))

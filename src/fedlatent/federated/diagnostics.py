@@ -31,7 +31,7 @@ import json
 import math
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -149,7 +149,8 @@ def tsne_features(model: FedModel, state: Tensors, train: Split, cls: int, cap: 
 
 
 def tsne_seed(seed: int, cid: int) -> int:
-    """The seed of client ``cid``'s choice of t-SNE samples (the same every round)."""
+    """The seed of client ``cid``'s choice of t-SNE samples (the same every round), from its stream
+    seed ``seed`` (:meth:`~fedlatent.federated.randomness.Randomness.client_seed`)."""
     return derive_seed(seed, DIAGNOSTICS, _TSNE_SAMPLE, cid)
 
 
@@ -191,8 +192,10 @@ class Diagnostics:
     client halves run in this process on every holder's samples (the embedded backends)."""
 
     def __init__(self, config: RunConfig, federation: Federation, path: Path,
-                 device: torch.device = torch.device("cpu")) -> None:
+                 device: torch.device = torch.device("cpu"), client_seed: Callable[[int], int] | None = None) -> None:
         self.cfg, self.seed, self.rounds = config.diagnostics, config.seed, config.train.rounds
+        # each client's stream seed (its t-SNE sample's): the run seed unless the run's randomness is secret
+        self.client_seed = client_seed or (lambda cid: self.seed)
         self.federation, self.path, self.device = federation, path, device
         self.num_classes, self.batch_size = federation.num_classes, config.eval.batch_size
         self.which = set(self.cfg.which)
@@ -295,7 +298,7 @@ class Diagnostics:
             if len(features) == self.cfg.tsne_clients:
                 break
             z = tsne_features(model, local.get(cid, global_state), client.train, self.cfg.tsne_class,
-                              self.cfg.tsne_samples, tsne_seed(self.seed, cid), self.batch_size, self.device)
+                              self.cfg.tsne_samples, tsne_seed(self.client_seed(cid), cid), self.batch_size, self.device)
             if z is not None:
                 features[cid] = z
         return features

@@ -103,11 +103,12 @@ def client_report(ws: Workspace, spec: MethodSpec, client_id: int, client: Clien
 
 def new_client_reports(ws: Workspace, spec: MethodSpec, clients: dict[int, ClientData], global_state: Tensors, *,
                        num_classes: int, batch_size: int, device: torch.device, settings: LocalSettings,
-                       seed: int, personal: bool) -> tuple[dict[int, Tally], list[dict[str, Any]]]:
+                       seeds: dict[int, int], personal: bool) -> tuple[dict[int, Tally], list[dict[str, Any]]]:
     """The client half for clients that never trained (``data.holdout_clients``, by their ids):
     the global model's :class:`~fedlatent.federated.evaluation.Tally` on each one's test split and,
     with ``personal``, each one's report under the program's new-client rule (its training drawn from
-    ``derive_seed(seed, HOLDOUT, client)``); the model is left holding ``global_state``."""
+    ``derive_seed(seeds[client], HOLDOUT, client)``, ``seeds`` the clients' stream seeds); the model is
+    left holding ``global_state``."""
     tallies = {}
     ws.model.load_state_dict(global_state)
     for cid, client in clients.items():
@@ -117,7 +118,7 @@ def new_client_reports(ws: Workspace, spec: MethodSpec, clients: dict[int, Clien
     for cid, client in clients.items() if personal else ():
         row = client_report(ws, spec, cid, client, {}, global_state, num_classes=num_classes, batch_size=batch_size,
                             device=device, settings=settings,
-                            generator=torch.Generator().manual_seed(derive_seed(seed, HOLDOUT, cid)), new=True)
+                            generator=torch.Generator().manual_seed(derive_seed(seeds[cid], HOLDOUT, cid)), new=True)
         if row is not None:
             rows.append(row)
     ws.model.load_state_dict(global_state)

@@ -15,7 +15,14 @@ adaptive clipping's count noise, DP-SGD's per-step noise) and the clients each r
   counter), an extendable-output function used as a cryptographic generator (the construction
   SecAgg+'s masks use here, :func:`fedlatent.backends.flower.secagg.expand`). The key is server
   state (``Server.state[SECRET_KEY]``): a checkpoint keeps it so that a resumed run goes on with
-  the same streams, and it is never part of what a client is sent (the payload). DP-SGD's noise is
+  the same streams, and it is never part of what a client is sent (the payload). Each client's own
+  draws (its batches and augmentation, FedALA's sample, MMD-D's kernels, its fine-tuning, its t-SNE
+  sample, SecAgg+'s rounding) derive from its *stream seed* (:meth:`Randomness.client_seed`): the
+  run seed in a seeded run, so that every number is the seeded run's; in a secret run a 63-bit
+  stream of the key per client, which the server sends that client alone (on Flower, to the node
+  serving it), so that no other party can compute them. The run seed of a secret run is then
+  public (it fixes the data split and the initial model, which every node builds alike) and
+  nothing private derives from it. DP-SGD's noise is
   the client's own: each client's generator of a round is keyed by fresh OS entropy, never stored
   (a round is atomic: a resumed run replays it with new noise, none of the old having been released).
 
@@ -39,7 +46,7 @@ import numpy as np
 import torch
 
 from fedlatent.config import PrivacyConfig
-from fedlatent.seeding import CLIENT_SAMPLING, derive_seed
+from fedlatent.seeding import CLIENT_SAMPLING, CLIENT_SEED, derive_seed
 
 SEEDED, SECRET = "seeded", "secret"
 MODES = ("auto", SECRET, SEEDED)
@@ -189,6 +196,14 @@ class Randomness:
         if not self.secret:
             return torch.Generator().manual_seed(derive_seed(self.seed, stream, *indices))
         return SecretStream(self.key, stream, *indices)
+
+    def client_seed(self, cid: int) -> int:
+        """Client ``cid``'s stream seed, which its own draws derive from (``derive_seed(seed, PURPOSE,
+        round, cid, …)``): the run seed (seeded), or 63 bits of the key's stream
+        :data:`~fedlatent.seeding.CLIENT_SEED` at ``cid`` (secret), known to the server and that client alone."""
+        if not self.secret:
+            return self.seed
+        return int.from_bytes(SecretStream(self.key, CLIENT_SEED, cid).bytes(8), "little") >> 1
 
     def select(self, rnd: int, num_clients: int, count: int) -> list[int]:
         """``count`` distinct clients of ``num_clients`` for round ``rnd``, in id order: the seeded

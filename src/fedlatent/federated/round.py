@@ -19,7 +19,7 @@ store; a Flower backend calls them on either side of its messages.
 from __future__ import annotations
 
 import math
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Any, Callable, TypeVar
 
@@ -54,6 +54,7 @@ class ClientTask:
     lr: float
     num_clients: int
     total_samples: int       # Σ training samples over all clients, from the start-up census
+    seed: int                # the client's stream seed, which its own draws derive from (stream_seed)
 
 
 @dataclass
@@ -83,6 +84,13 @@ def clients_per_round(num_clients: int, participation: float) -> int:
     at 0.15 give 1 and at 0.35 give 3. The product is nudged up by 1e-9 before the floor, so that a
     float product just under a whole number (0.29 × 100 = 28.999…) counts as that number (29)."""
     return min(num_clients, max(1, math.floor(participation * num_clients + 1e-9)))
+
+
+def stream_seed(server: Server, config: RunConfig, cid: int) -> int:
+    """Client ``cid``'s stream seed (:meth:`~fedlatent.federated.randomness.Randomness.client_seed`):
+    the run seed in a seeded run (and for a server built without randomness), a secret of the
+    server's key in a secret one."""
+    return config.seed if server.randomness is None else server.randomness.client_seed(cid)
 
 
 def sample_clients(seed: int, rnd: int, num_clients: int, participation: float) -> list[int]:
@@ -151,7 +159,8 @@ def plan_round(server: Server, config: RunConfig, rnd: int, train_sizes: list[in
         if server.randomness is not None else sample_clients(config.seed, rnd, n, t.participation)
     payload = {k: v for part_payload in server.payload().values() for k, v in part_payload.items()}
     lr, total = round_lr(config.train, rnd), sum(train_sizes)
-    return [ClientTask(cid, rnd, server.global_state, payload, lr, len(train_sizes), total) for cid in selected]
+    return [ClientTask(cid, rnd, server.global_state, payload, lr, len(train_sizes), total,
+                       stream_seed(server, config, cid)) for cid in selected]
 
 
 def server_bound(server: Server, config: RunConfig, tasks: list[ClientTask],
@@ -210,12 +219,12 @@ def close_round(server: Server, config: RunConfig, rnd: int, tasks: list[ClientT
 
 
 # client half -------------------------------------------------------------------------------------
-def client_round(task: ClientTask, state: Tensors, num_samples: int, model: FedModel, momentum: float,
-                 seed: int) -> ClientRound:
+def client_round(task: ClientTask, state: Tensors, num_samples: int, model: FedModel, momentum: float) -> ClientRound:
     """The parts' view of ``task`` for a client with ``num_samples`` training samples, on a copy
-    of its ``state`` (parts replace entries, never mutate them: the caller's dict stays as it was)."""
+    of its ``state`` (parts replace entries, never mutate them: the caller's dict stays as it was);
+    the parts' draws derive from the task's stream seed."""
     return ClientRound(task.client_id, model, {}, dict(state), dict(task.payload), task.lr, num_samples,
-                       task.num_clients, task.total_samples, momentum, seed=seed, round=task.round)
+                       task.num_clients, task.total_samples, momentum, seed=task.seed, round=task.round)
 
 
 def calibration_due(spec: MethodSpec, rnd: int) -> bool:
@@ -230,19 +239,24 @@ def client_generator(seed: int, task: ClientTask) -> torch.Generator:
     return torch.Generator().manual_seed(derive_seed(seed, LOCAL_TRAINING, task.round, task.client_id))
 
 
-def client_generators(seed: int, rnd: int, client_ids: list[int]) -> list[torch.Generator]:
-    """:func:`client_generator` of each of ``client_ids`` in round ``rnd`` (0-based), their seeds
-    hashed together (:func:`~fedlatent.seeding.derive_seeds`)."""
-    return [torch.Generator().manual_seed(s) for s in derive_seeds(seed, LOCAL_TRAINING, rnd, last=client_ids)]
+def client_generators(seeds: int | Sequence[int], rnd: int, client_ids: list[int]) -> list[torch.Generator]:
+    """:func:`client_generator` of each of ``client_ids`` in round ``rnd`` (0-based) from ``seeds``
+    (one stream seed for all, as in a seeded run, or each client's own), their seeds hashed together
+    (:func:`~fedlatent.seeding.derive_seeds`) where they share the stream seed."""
+    each = [seeds] * len(client_ids) if isinstance(seeds, int) else list(seeds)
+    if len(set(each)) > 1:  # each client's own stream seed (a secret run): one hash apiece
+        return [torch.Generator().manual_seed(derive_seed(seed, LOCAL_TRAINING, rnd, cid))
+                for seed, cid in zip(each, client_ids, strict=True)]
+    return [torch.Generator().manual_seed(s) for s in derive_seeds(*each[:1], LOCAL_TRAINING, rnd, last=client_ids)]
 
 
 def client_update(ws: Workspace, spec: MethodSpec, task: ClientTask, data: Split, state: Tensors,
-                  settings: LocalSettings, seed: int) -> tuple[Upload, Tensors]:
+                  settings: LocalSettings) -> tuple[Upload, Tensors]:
     """The client half: train from the task's global weights on this client's ``data`` with its
-    ``state``; return the upload and the client's new state (``state`` is not mutated). Raises on
-    a client error."""
-    rc = client_round(task, state, len(data), ws.model, settings.momentum, seed)
-    upload = local_update(ws, task.global_state, data, spec, rc, settings, client_generator(seed, task))
+    ``state``, every draw from the task's stream seed; return the upload and the client's new state
+    (``state`` is not mutated). Raises on a client error."""
+    rc = client_round(task, state, len(data), ws.model, settings.momentum)
+    upload = local_update(ws, task.global_state, data, spec, rc, settings, client_generator(task.seed, task))
     return upload, rc.state
 
 

@@ -12,9 +12,9 @@ loss (cross-entropy, MSE) reads the batch; the parameter-only terms (FedProx's p
 FedDyn's linear term) carry no data and are added by the trainer after the noise.
 
 The noise of a step is drawn, one standard normal value per trainable weight entry, from a
-generator of its own per client and model (the local model, Ditto's personal one) seeded by
-(run seed, :data:`~fedlatent.seeding.SAMPLE_NOISE`, round, client, model) and read step after
-step: a client draws the same noise whether it trains alone or in a stack, and a run repeats to
+generator of its own per client and model (the local model, Ditto's personal one) seeded by (the
+client's stream seed — the run seed in a seeded run —, :data:`~fedlatent.seeding.SAMPLE_NOISE`,
+round, client, model) and read step after step: a client draws the same noise whether it trains alone or in a stack, and a run repeats to
 the bit. The generators live on the training device, so the noise is drawn there (a GPU's generator
 draws other numbers than the CPU's from the same seed: a run on a GPU repeats itself, not a CPU run).
 

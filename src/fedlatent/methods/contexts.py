@@ -80,7 +80,7 @@ class ClientRound:
     steps: int = 0
     extra_weight_decay: float = 0.0
     metrics: dict[str, float] = field(default_factory=dict)
-    seed: int = 0  # the run's seed, for parts that draw (derive_seed(seed, PURPOSE, client, …))
+    seed: int = 0  # the client's stream seed (the run seed when seeded): derive_seed(seed, PURPOSE, client, …)
     scratch: dict[str, Any] = field(default_factory=dict)
     round: int = 0  # the round (0-based), for draws seeded by it (sample-level DP-SGD's noise)
 

@@ -273,7 +273,7 @@ class MmdD(FeatureDrift):
     """d = MMD² under a deep kernel per client and layer (Liu et al. 2020), trained for test power.
 
     The kernel (φ: in → hidden → hidden → hidden → out_dim with Softplus, σ_φ, σ_q, ε) is seeded
-    from ``derive_seed(run seed, KERNEL_INIT, client, layer index)`` at a client's first round and kept in
+    from ``derive_seed(the client's stream seed, KERNEL_INIT, client, layer index)`` at a client's first round and kept in
     its state afterwards. Every ``kernel_every`` personal steps it is trained with AdamW
     (``kernel_lr``) for ``train_steps`` steps on the last ``kernel_batches`` batches to maximise
     MMD²_u/σ̂ (:func:`fedlatent.losses.mmd_d.train_deep_kernel`); the paper's alternatives are

@@ -1,7 +1,10 @@
 """The client half of fedlatent as a Flower ClientApp (Message API).
 
-Every message carries the run's resolved configuration (TOML text), so a SuperNode needs nothing
-but fedlatent and its data: it builds the model and its client's splits once per process (a
+Every message carries the run's resolved configuration (TOML text) without the run seed, the data
+seed written out and the initial model's seeds, and, once the server is set up, the stream seeds
+of the node's own clients alone (:mod:`.node_view`: every draw of a client derives from its stream
+seed, a secret of the server's key in a secret run), so a SuperNode needs nothing but fedlatent and
+its data: it builds the model and its client's splits once per process (a
 ClientApp may be a fresh object for every message) and keeps each client's state (SCAFFOLD c_i,
 Ditto's personal model, MOON's previous model, MMD kernels, …) in the node's ``Context.state`` as
 one ArrayRecord per client, where it survives between rounds. Which clients a node serves comes
@@ -36,7 +39,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import tomllib
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -48,13 +50,13 @@ from flwr.clientapp import ClientApp
 
 from fedlatent.backends.flower import distributed as flower_dp
 from fedlatent.backends.flower import messages as M
-from fedlatent.backends.flower import node_terms
+from fedlatent.backends.flower import node_terms, node_view
 from fedlatent.backends.flower.diagnostics import GLOBAL_TEST
 from fedlatent.backends.flower.secagg import Party
 from fedlatent.backends.flower.secagg_settings import Settings
 from fedlatent.backends.flower.secagg_codec import Masking, MaskingCodec, rounding
 from fedlatent.backends.simulation import make_model
-from fedlatent.config import RunConfig, from_dict
+from fedlatent.config import RunConfig
 from fedlatent.data import holdout
 from fedlatent.data.compact import Images
 from fedlatent.data.federation import build_federation, channel_census
@@ -127,8 +129,9 @@ def normalized(split: Split | None, mean: Tensor, std: Tensor) -> Split | None:
     return Split((split.x - mean) / std, split.y)
 
 
-def job_for(config_toml: str, node_config: dict[str, Any], normalization: Tensors | None = None) -> Job:
-    """The node's :class:`Job`: the configuration's method, data and models, built on first use and
+def job_for(run: ConfigRecord, node_config: dict[str, Any], normalization: Tensors | None = None) -> Job:
+    """The node's :class:`Job` of the ``run`` record (:func:`.node_view.run_record`): the
+    configuration's method, data and models, built on first use and
     kept for the process (the simulation engine's workers serve many nodes of one run), with the
     clients this node serves. A node's own file is standardised with the ``normalization`` the
     server pooled from the nodes' censuses (mean, std) once it sends them; raw before."""
@@ -136,10 +139,11 @@ def job_for(config_toml: str, node_config: dict[str, Any], normalization: Tensor
     if not data_path:
         normalization = None
     norm_key = b"".join(t.numpy().tobytes() for t in normalization.values()) if normalization else b""
-    key = hashlib.sha256(f"{config_toml}\0{data_path}\0".encode() + norm_key).hexdigest()
+    seeds = node_view.model_seeds(run)
+    key = hashlib.sha256(f"{run['config']}\0{seeds}\0{data_path}\0".encode() + norm_key).hexdigest()
     if key not in _BUILT:
         _BUILT.clear()  # one run at a time per process
-        config = from_dict(tomllib.loads(config_toml))
+        config = node_view.node_config(run)  # no run seed: the data seed is data.seed, the model's are ``seeds``
         if data_path:
             config = dataclasses.replace(config, data=dataclasses.replace(
                 config.data, dataset="arrays", path=data_path, partition="given"))
@@ -158,7 +162,7 @@ def job_for(config_toml: str, node_config: dict[str, Any], normalization: Tensor
             federation = dataclasses.replace(federation, clients=[
                 ClientData(*(normalized(s, mean, std) for s in (c.train, c.val, c.test))) for c in federation.clients])
         device = torch.device(config.train.device)
-        model = devices.prepare(make_model(config, federation, spec), device)
+        model = devices.prepare(make_model(config, federation, spec, seeds), device)
         ws = workspace_for(model, spec, config.train.compile)
         initial = state_to_cpu(model)
         frozen, local = untransmitted_keys(spec, [n for n, _ in model.named_parameters()], trainable_names(model),
@@ -178,14 +182,14 @@ def job_for(config_toml: str, node_config: dict[str, Any], normalization: Tensor
 
 def _job(msg: Message, context: Context) -> Job:
     norm = msg.content.array_records.get("normalization")
-    return job_for(str(msg.content["run"]["config"]), dict(context.node_config),
+    return job_for(msg.content[node_view.RUN], dict(context.node_config),
                    M.from_record(norm) if norm is not None else None)
 
 
 def _refused(msg: Message, context: Context) -> Message | None:
     """The node's error reply where the message, or the run it belongs to, asks for less than the
     node's own terms (:mod:`.node_terms`, from its ``--node-config``); None when they hold."""
-    config = from_dict(tomllib.loads(str(msg.content["run"]["config"])))
+    config = node_view.node_config(msg.content[node_view.RUN])
     reason = node_terms.refusal(dict(context.node_config), msg.metadata.message_type,
                                 "secagg" in msg.content.config_records, config)
     return None if reason is None else Message(Error(code=node_terms.REFUSED, reason=reason), reply_to=msg)
@@ -223,6 +227,7 @@ def census(msg: Message, context: Context) -> Message:
         "label_counts": [label_counts(c.train, job.federation.num_classes) for c in clients]}
     if not own_file:  # the partition's clients, those held out included (the server counts them out)
         values["num_clients"] = len(job.federation.clients) + len(job.federation.new_clients)
+        values["new_clients"] = list(job.new_clients)  # the held-out ones this node serves
     fed = job.federation
     values.update(num_classes=fed.num_classes, input_shape=list(fed.input_shape), global_test=held_test_size(job, own_file))
     content["census"] = M.pack_values(values)
@@ -255,12 +260,12 @@ def train(msg: Message, context: Context) -> Message:
                                   job.federation.num_classes, job.device, cfg.privacy)  # sample-level DP-SGD's too
         codec = job.codec
         if secure:  # the update leaves masked: the party's stage 2 (its state kept whatever happens)
-            masking = _masking(msg, context, job, task.client_id, "update", task.round)
+            masking = _masking(msg, context, job, task.client_id, "update", task.round, task.seed)
             # under distributed DP, with the client's Skellam share first (backends.flower.distributed)
             codec = MaskingCodec(job.codec, masking, task.total_samples, flower_dp.share(msg.content, cfg, task))
         try:
             upload, new_state = client_update(job.workspace, job.spec, task, job.clients[task.client_id].train,
-                                              state, settings, cfg.seed)
+                                              state, settings)
             [outcome] = encoded(codec, [checked(upload, new_state)], task, job.untransmitted,
                                  {task.client_id: new_state})
         except ConfigError as exc:  # the user's error: the server ends the run with it (exit 2)
@@ -279,17 +284,17 @@ def train(msg: Message, context: Context) -> Message:
     return Message(M.pack_outcomes(outcomes, withheld_up), reply_to=msg)
 
 
-def _masking(msg: Message, context: Context, job: Job, cid: int, kind: str, index: int) -> Masking:
+def _masking(msg: Message, context: Context, job: Job, cid: int, kind: str, index: int, seed: int) -> Masking:
     """Client ``cid``'s stage 2 of the session ``msg`` names: its party from the node's context, the
     shares its neighbours sent it (``forward.<cid>``), the quantisation of ``kind`` ("update",
-    "statistics"; ``index`` the round) drawn from the run's seed."""
+    "statistics"; ``index`` the round) drawn from the client's stream ``seed``."""
     session = str(msg.content["secagg"]["session"])
     forward = msg.content[f"forward.{cid}"]
     settings = Settings.of(job.config.privacy)
     bound = settings.update_range if kind == "update" else settings.statistics_range
     return Masking(kind, Party.from_record(context.state[f"{PARTY}{cid}"]), session,
                    dict(zip((int(c) for c in forward["srcs"]), forward["ctxts"])),
-                   bound, settings.levels, rounding(job.config.seed, kind, index, cid))
+                   bound, settings.levels, rounding(seed, kind, index, cid))
 
 
 @app.evaluate("validate")
@@ -353,7 +358,7 @@ def statistics(msg: Message, context: Context) -> Message:
             continue  # out of the session: nothing leaves in the clear
         codec = job.codec
         if secure is not None:  # masked, each divided by the clients' total training samples
-            masking = _masking(msg, context, job, cid, "statistics", 0)
+            masking = _masking(msg, context, job, cid, "statistics", 0, node_view.stream_seed(msg.content, cid))
             codec = MaskingCodec(job.codec, masking, int(secure["total_samples"]))
         try:
             stats = client_statistics(job.workspace.model, global_state, client.train, job.spec.calibration,
@@ -460,7 +465,7 @@ def tsne(msg: Message, context: Context) -> Message:
     content = RecordDict()
     for cid, client in job.clients.items():
         z = tsne_features(job.workspace.model, models.get(f"client{cid}", models["global"]), client.train,
-                          int(asked["class"]), int(asked["cap"]), tsne_seed(job.config.seed, cid),
+                          int(asked["class"]), int(asked["cap"]), tsne_seed(node_view.stream_seed(msg.content, cid), cid),
                           job.config.eval.batch_size, job.device)
         if z is not None:
             content[f"tsne.z.{cid}"] = M.to_record({"z": z})
@@ -495,7 +500,8 @@ def report(msg: Message, context: Context) -> Message:
         row = client_report(job.workspace, spec, cid, client, restore.get(cid, {}) if state is None else state,
                             global_state, num_classes=fed.num_classes, batch_size=cfg.eval.batch_size,
                             device=job.device, settings=settings,
-                            generator=torch.Generator().manual_seed(derive_seed(cfg.seed, FINETUNE, cid)))
+                            generator=torch.Generator().manual_seed(
+                                derive_seed(node_view.stream_seed(msg.content, cid), FINETUNE, cid)))
         if row is not None:
             rows.append(row)
     return Message(RecordDict({"rows": M.pack_values({"rows": rows})}), reply_to=msg)
@@ -512,7 +518,8 @@ def new(msg: Message, context: Context) -> Message:
                               fed.augment, fed.num_classes, job.device)
     tallies, rows = new_client_reports(job.workspace, spec, job.new_clients, M.from_record(msg.content["global"]),
                                        num_classes=fed.num_classes, batch_size=cfg.eval.batch_size, device=job.device,
-                                       settings=settings, seed=cfg.seed, personal=bool(msg.content["new"]["personal"]))
+                                       settings=settings, personal=bool(msg.content["new"]["personal"]),
+                                       seeds={cid: node_view.stream_seed(msg.content, cid) for cid in job.new_clients})
     content = M.pack_tallies({f"client.{cid}": t for cid, t in tallies.items()})
     content["rows"] = M.pack_values({"rows": rows})
     return Message(content, reply_to=msg)

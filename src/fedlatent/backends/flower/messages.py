@@ -30,9 +30,9 @@ def from_record(record: ArrayRecord) -> Tensors:
 def pack_tasks(tasks: list[ClientTask], restore: dict[int, Tensors], withheld: frozenset[str] = frozenset(),
                withheld_up: frozenset[str] = frozenset()) -> RecordDict:
     """One node's tasks of a round as one message's content (the node trains its clients in turn:
-    its Context is then updated by one message at a time). The global model and a payload shared by
-    all tasks travel once, without the ``withheld`` entries (those the node builds itself from the
-    run's seed), and the node is told which entries its uploads leave out (``withheld_up``);
+    its Context is then updated by one message at a time; each task with its client's stream seed).
+    The global model and a payload shared by all tasks travel once, without the ``withheld`` entries (those the node builds itself from the
+    initial model's seeds), and the node is told which entries its uploads leave out (``withheld_up``);
     ``restore`` holds client states the server kept (a resumed run hands them back to nodes that
     have none)."""
     shared = all(t.payload is tasks[0].payload for t in tasks)
@@ -43,7 +43,7 @@ def pack_tasks(tasks: list[ClientTask], restore: dict[int, Tensors], withheld: f
     for t in tasks:
         content[f"task.{t.client_id}"] = ConfigRecord({
             "client_id": t.client_id, "round": t.round, "lr": float(t.lr), "num_clients": t.num_clients,
-            "total_samples": t.total_samples})
+            "total_samples": t.total_samples, "seed": t.seed})
         if not shared:
             content[f"payload.{t.client_id}"] = to_record(t.payload)
         if t.client_id in restore:
@@ -69,7 +69,8 @@ def unpack_tasks(content: RecordDict, initial: Tensors | None = None) -> list[tu
         t = content[f"task.{cid}"]
         payload = shared if shared is not None else from_record(content[f"payload.{cid}"])
         task = ClientTask(client_id=cid, round=int(t["round"]), global_state=global_state, payload=payload,
-                          lr=float(t["lr"]), num_clients=int(t["num_clients"]), total_samples=int(t["total_samples"]))
+                          lr=float(t["lr"]), num_clients=int(t["num_clients"]), total_samples=int(t["total_samples"]),
+                          seed=int(t["seed"]))
         restore = content.get(f"restore.{cid}")
         out.append((task, from_record(restore) if restore is not None else None))
     return out

@@ -31,16 +31,17 @@ from flwr.serverapp import Grid, ServerApp
 
 from fedlatent.backends.flower import distributed as flower_dp
 from fedlatent.backends.flower import messages as M
+from fedlatent.backends.flower import node_view
 from fedlatent.backends.flower.diagnostics import FlowerDiagnostics
 from fedlatent.backends.flower.node_terms import is_refusal
 from fedlatent.backends.flower.secagg_settings import Settings
 from fedlatent.backends.flower.secagg_codec import VECTOR, Layout, Unmasking, UnmaskingCodec, layout
 from fedlatent.backends.flower.secagg_session import Session, open_session
-from fedlatent.federated.round import ClientTask
+from fedlatent.federated.round import ClientTask, stream_seed
 from fedlatent.backends.simulation import initial_server
 from fedlatent.federated import driver
 from fedlatent.federated.accounting import SampleAccountant
-from fedlatent.config import RunConfig, holdout_count, to_toml
+from fedlatent.config import RunConfig, holdout_count
 from fedlatent.data.federation import pooled_channel_stats
 from fedlatent.data.types import Outline, ServerView
 from fedlatent.errors import ConfigError, DataError
@@ -77,6 +78,11 @@ class Census:
     test_holders: list[int] = field(default_factory=list)  # nodes holding the global test split, in id order
     global_test_size: int = 0
     held_out: int = 0  # the partition's clients that never train (data.holdout_clients), numbered after these
+    new_node_of: dict[int, int] = field(default_factory=dict)  # which SuperNode serves each held-out client
+
+    def clients_of(self, node: int) -> list[int]:
+        """The clients ``node`` serves, training and held-out, in id order."""
+        return sorted(cid for cid, n in (*self.node_of.items(), *self.new_node_of.items()) if n == node)
 
     def view(self, data: ServerView) -> ServerView:
         """``data`` completed with what the census tells: the classes and input shape where the
@@ -121,9 +127,12 @@ class Tally:
     sizes: dict[int, int] = field(default_factory=dict)
     shapes: dict[int, tuple[int, tuple[int, ...]]] = field(default_factory=dict)
     tests: dict[int, int] = field(default_factory=dict)
+    new_node_of: dict[int, int] = field(default_factory=dict)  # held-out clients: the first node to claim each
 
     def add(self, node: int, content: RecordDict) -> None:
         values = M.unpack_values(content["census"])
+        for cid in values.get("new_clients", []):
+            self.new_node_of.setdefault(int(cid), node)
         if "num_clients" in values:
             self.sizes[node] = int(values["num_clients"])
         self.shapes[node] = int(values["num_classes"]), tuple(int(d) for d in values["input_shape"])
@@ -155,7 +164,8 @@ class Tally:
         classes = max([self.shapes[node][0] for node in nodes] + [len(row) for row in labels], default=0)
         return Census(node_of, train, val, test, {cid: c for cid, c in self.norms.items() if cid < n}, labels,
                       classes, self.shapes[nodes[0]][1] if nodes else (), holders,
-                      self.tests[holders[0]] if holders else 0, held_out)
+                      self.tests[holders[0]] if holders else 0, held_out,
+                      {cid: node for cid, node in self.new_node_of.items() if n <= cid < n + held_out})
 
 
 @dataclass
@@ -196,15 +206,20 @@ class ServerRun:
     def device(self) -> torch.device:
         return torch.device(self.config.train.device)
 
-    @property
-    def run_record(self) -> ConfigRecord:
-        return ConfigRecord({"config": to_toml(self.config)})
+    def node_seeds(self, node: int) -> dict[int, int]:
+        """The stream seeds of the clients ``node`` serves, and no other's (:mod:`.node_view`)."""
+        return {cid: stream_seed(self.server, self.config, cid) for cid in self.census.clients_of(node)}
 
     def exchange(self, messages: list[tuple[int, Message]]) -> dict[int, Message | None]:
         """Send each (key, message) and wait up to ``flower.timeout`` seconds; the reply per key
-        (None where none came)."""
+        (None where none came). Each message carries the run as a node is told it (no run seed) and,
+        once the server is set up, the stream seeds of its destination's clients alone (:mod:`.node_view`)."""
+        run = node_view.run_record(self.config)
         for _, msg in messages:
-            msg.content["run"] = self.run_record
+            msg.content[node_view.RUN] = run
+            seeds = self.node_seeds(msg.metadata.dst_node_id) if self.server is not None else {}
+            if seeds:  # a node the census gave no client is sent none
+                msg.content[node_view.STREAMS] = node_view.streams_record(seeds)
             if self.normalization is not None:
                 msg.content["normalization"] = M.to_record(self.normalization)
         replies = self.grid.send_and_receive([m for _, m in messages], timeout=self.config.flower.timeout)
@@ -293,7 +308,7 @@ class ServerRun:
     def withheld(self) -> tuple[frozenset[str], frozenset[str]]:
         """What the ``train`` messages leave out: of the entries no client needs
         (:meth:`Server.untransmitted`: a fixed head, the clients' own layers) those still at their
-        initial values, which each node builds from the run's seed (an FFC-calibrated head
+        initial values, which each node builds from the initial model's seeds (an FFC-calibrated head
         travels); and what uploads leave out, filled from the sent global model on arrival (the
         aggregate keeps the global values of those entries): the same, but the clients' own layers
         travel when the diagnostics measure the uploads."""

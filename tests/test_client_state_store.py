@@ -163,9 +163,12 @@ def test_a_scaffold_run_of_3000_clients_with_a_budget_killed_mid_round_resumes_i
     assert sum(bool(x) for x in b[2]) == 24  # every trained client's c_i, through the disk
 
 
-def test_a_ditto_run_with_a_budget_gives_the_numbers_of_the_run_without(tmp_path: Path) -> None:
-    ditto = [o for o in SCAFFOLD if not o.startswith(("algorithm", "data.num_clients", "train.participation"))] + \
-        ['algorithm.name="ditto"', "data.num_clients=200", "train.participation=0.05", "train.rounds=3"]
+@pytest.mark.parametrize("backend", ["simulation", "vectorized"])
+def test_a_ditto_run_with_a_budget_gives_the_numbers_of_the_run_without(backend: str, tmp_path: Path) -> None:
+    ditto = [o for o in SCAFFOLD if not o.startswith(("algorithm", "data.num_clients", "train.participation",
+                                                      "backend"))] + \
+        ['algorithm.name="ditto"', "data.num_clients=200", "train.participation=0.05", "train.rounds=3",
+         f'backend="{backend}"']
     plain = single.run(fedlatent.load_config(None, ditto), tmp_path / "plain", echo=None, figures=False)
     kept = single.run(fedlatent.load_config(None, [*ditto, 'train.client_state_memory="8KiB"']), tmp_path / "kept",
                       echo=None, figures=False)

@@ -6,7 +6,8 @@ metrics and checkpoints (at most one a second, see ``federated.state.Checkpoints
 run; between a round's halves this backend's trainer runs the selected clients' local updates
 (``federated.client``) in turn — or all at once (``federated.trainer``, the vectorized backend).
 It plays every client, so it keeps every client's state in its own store (``Setup.client_states``,
-checkpointed with the server's), which the server half never reads. Every random choice is derived
+checkpointed with the server's; with ``train.client_state_memory`` a
+:class:`~fedlatent.federated.client_states.ClientStates` within that budget), which the server half never reads. Every random choice is derived
 from (seed, round, client), never from a global RNG reseeded in the loop, so a run killed after
 round r and resumed gives exactly the numbers of the uninterrupted run. Clients that raise or
 diverge are handled by ``federated.failures``.

@@ -29,6 +29,11 @@ write's folder (no byte written; their checksums carried over), so that with 100
 cohort of 100 a checkpoint costs what the cohort's states cost; every folder still holds the full
 set, checksummed, and a removed older folder takes none of its files from a newer one.
 
+States in a :class:`~fedlatent.federated.client_states.ClientStates` store (a memory budget, most
+of them on disk) are checkpointed by :meth:`Checkpoints.save_stored`: files of :data:`STORE_SHARD`
+clients, a rewritten file's unchanged states taken from the previous write's file, so that a write
+holds one file's states in memory and never reads the store, which the next round changes meanwhile.
+
 A run's loop goes through :class:`Checkpoints`, which takes the first step every round and the
 second at most every :data:`CHECKPOINT_SECONDS` of wall time, after the last round, and on any
 way out of the loop that Python sees (a stop, an exception, Ctrl-C): only a hard kill loses

@@ -7,7 +7,9 @@ backend, SCAFFOLD (c_i: one float per weight) or Ditto (a personal model), an ML
 (60·h + h + 10·h + 10 floats a state: 568 KB at the default 2,000) for ``--rounds`` rounds, so that the
 states of the clients trained so far (cohort × rounds of them) outgrow the budget. The baseline of each
 row is the same run without a budget, measured in the same invocation: "× unbounded" divides the
-budget's seconds per round (the median of ``time_round_s``) by it.
+budget's seconds per round (the median of ``time_round_s``) by it; beside them FedAvg's run, which keeps
+no client state: its peak is what the data, the model and the cohort's training take, which a budget's
+run should exceed by the budget at most (and the states in use: a cohort's, a checkpoint's copies).
 
     python benchmarks/state_store.py --sizes 10000                       # a piece
     python benchmarks/state_store.py --sizes 100000 --budget 256MiB --json out.json
@@ -104,6 +106,10 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     with tempfile.TemporaryDirectory(prefix="state_store_") as tmp:
         for clients in (int(n) for n in args.sizes.split(",")):
+            alone = cell(Path(tmp), "fedavg", clients, "unbounded", args.rounds, args.hidden, args.set)
+            rows.append({**alone, "x_unbounded": 1.0})
+            print(f"fedavg   N={clients:>7,} (no state): {alone['s_per_round']:.3f} s/round, peak "
+                  f"{alone['peak_bytes'] / 2**30:.2f} GiB (the data, the model, the cohort's training)", flush=True)
             for method in args.methods.split(","):
                 base, kept = (cell(Path(tmp), method, clients, budget, args.rounds, args.hidden, args.set)
                               for budget in ("unbounded", args.budget))

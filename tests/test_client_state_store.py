@@ -193,3 +193,25 @@ def test_a_budget_below_one_clients_state_is_refused_and_the_default_is_left_out
     with pytest.raises(ConfigError, match=r"^train\.client_state_memory = '1KiB': 1,024 bytes is below one client's"):
         validate(config)
     assert "client_state_memory" not in to_toml(fedlatent.load_config(None, []))
+
+
+def test_a_run_started_without_a_budget_resumes_within_one_to_the_same_numbers(tmp_path: Path,
+                                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    small = [o for o in SCAFFOLD if not o.startswith(("data.num_clients", "train.participation"))] + \
+        ["data.num_clients=300", "train.participation=0.02"]
+    monkeypatch.setattr(state, "CHECKPOINT_SECONDS", 0.0)
+    whole = single.run(fedlatent.load_config(None, small), tmp_path / "whole", echo=None, figures=False)
+    real_round = simulation.run_round
+
+    def killed(s, rnd):
+        if rnd == 2:
+            raise KeyboardInterrupt
+        return real_round(s, rnd)
+
+    monkeypatch.setattr(simulation, "run_round", killed)
+    with pytest.raises(KeyboardInterrupt):
+        single.run(fedlatent.load_config(None, small), tmp_path / "cut", echo=None, figures=False)
+    monkeypatch.setattr(simulation, "run_round", real_round)
+    resumed = single.run(fedlatent.load_config(None, [*small, 'train.client_state_memory="5KiB"']), tmp_path / "cut",
+                         resume=True, echo=None, figures=False)
+    assert resumed["final"] == whole["final"]

@@ -215,7 +215,7 @@ class Checkpoints:
         if last or self.clock() - self.written_at >= self.interval:
             self.flush()
 
-    def save(self, *, global_state: Tensors, server_state: Tensors, client_states: list[Tensors],
+    def save(self, *, global_state: Tensors, server_state: Tensors, client_states: list[Tensors] | ClientStates,
              info: dict[str, Any], last: bool = False, changed: Iterable[int] | None = None) -> None:
         """Snapshot the state after round ``info['round']``; write it if it is due or ``last``.
         ``changed``: the clients whose states the round replaced (None: any may have): only theirs are
@@ -361,15 +361,12 @@ def load_checkpoint(root: Path, num_clients: int, warn=None, into: ClientStates 
             for shard in (name for name in names if name.startswith("clients")):
                 read: dict[int, Tensors] = {}
                 for key, value in load_file(str(folder / shard)).items():
-                    i, _, name = key.partition("/")
-                    (clients[int(i)] if into is None else read.setdefault(int(i), {}))[name] = value
-                for i, state in read.items():
-                    into[i] = state  # type: ignore[index]
-            if into is not None:
-                return (load_file(str(folder / "global.safetensors")), load_file(str(folder / "server.safetensors")),
-                        into, info)
+                    client, _, name = key.partition("/")
+                    (clients[int(client)] if into is None else read.setdefault(int(client), {}))[name] = value
+                for cid, state in read.items():
+                    into[cid] = state  # type: ignore[index]
             return (load_file(str(folder / "global.safetensors")), load_file(str(folder / "server.safetensors")),
-                    clients, info)
+                    clients if into is None else into, info)
         if warn is not None:
             warn(f"checkpoint {folder}: {problem}; trying the previous one")
     return None

@@ -12,7 +12,7 @@ no client state: its peak is what the data, the model and the cohort's training 
 run should exceed by the budget at most (and the states in use: a cohort's, a checkpoint's copies).
 
     python benchmarks/state_store.py --sizes 10000                       # a piece
-    python benchmarks/state_store.py --sizes 100000 --budget 256MiB --json out.json
+    python benchmarks/state_store.py --sizes 100000 --budget 256MiB,16MiB --json out.json
 
 "checkpoint written" is what the run's last checkpoint wrote of its client states' files (those not
 hard-linked from the write before) over the full set it holds; "states" the bytes of every client state
@@ -97,7 +97,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="10000", help="numbers of clients N, comma-separated")
     parser.add_argument("--methods", default="scaffold,ditto")
-    parser.add_argument("--budget", default="256MiB", help="train.client_state_memory of the budget's cells")
+    parser.add_argument("--budget", default="256MiB,16MiB",
+                        help="train.client_state_memory of the budget's cells, comma-separated")
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--hidden", type=int, default=2000, help="the MLP's hidden units (a state's size)")
     parser.add_argument("--set", action="append", default=[], help="an extra override for every cell")
@@ -111,9 +112,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"fedavg   N={clients:>7,} (no state): {alone['s_per_round']:.3f} s/round, peak "
                   f"{alone['peak_bytes'] / 2**30:.2f} GiB (the data, the model, the cohort's training)", flush=True)
             for method in args.methods.split(","):
-                base, kept = (cell(Path(tmp), method, clients, budget, args.rounds, args.hidden, args.set)
-                              for budget in ("unbounded", args.budget))
-                for row in (base, kept):
+                base, *kept = (cell(Path(tmp), method, clients, budget, args.rounds, args.hidden, args.set)
+                               for budget in ("unbounded", *args.budget.split(",")))
+                for row in (base, *kept):
                     row["x_unbounded"] = row["s_per_round"] / base["s_per_round"]
                     rows.append(row)
                     print(f"{method:8} N={clients:>7,} {row['budget']:>9}: {row['s_per_round']:.3f} s/round "

@@ -52,14 +52,12 @@ class _Column:
     def write(self, cid: int, value: torch.Tensor) -> None:
         if self.row == 0:
             return
-        data = value.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
-        os.pwrite(self.fd, data, cid * self.row)
+        os.pwrite(self.fd, value.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8).numpy(), cid * self.row)
 
     def read(self, cid: int) -> torch.Tensor:
         if self.row == 0:
             return torch.empty(self.shape, dtype=self.dtype, device=self.device)
         data = bytearray(os.pread(self.fd, self.row, cid * self.row))
-        data.extend(bytes(self.row - len(data)))  # a row past the file's end was never written: never read so
         value = torch.frombuffer(data, dtype=torch.uint8).view(self.dtype).reshape(self.shape)
         return value if self.device.type == "cpu" else value.to(self.device)
 
@@ -90,13 +88,14 @@ class ClientStates:
         return (self.stored(cid) for cid in range(self.count))
 
     def __getitem__(self, cid: int) -> Tensors:
-        """Client ``cid``'s state (``{}`` for one that never kept any), held in memory from now on."""
+        """Client ``cid``'s state, held in memory from now on (``{}`` for one that never kept any, not held)."""
         cid = self._index(cid)
         if cid in self.cache:
             self.cache.move_to_end(cid)
             return self.cache[cid]
         state = self._read(cid)
-        self._hold(cid, state)
+        if state:
+            self._hold(cid, state)
         return state
 
     def __setitem__(self, cid: int, state: Tensors) -> None:
@@ -104,9 +103,8 @@ class ClientStates:
         if cid in self.cache:
             self.held -= self.sizes.pop(cid)
             del self.cache[cid]
-        self._hold(cid, state)
         self.unsaved.add(cid)
-        self._spill()
+        self._hold(cid, state)
 
     def stored(self, cid: int) -> Tensors:
         """Client ``cid``'s state without holding it in memory (a checkpoint reading them all)."""

@@ -23,6 +23,7 @@ ASKING = {
     "diagnostics.trace_terms": ["diagnostics.trace_terms=true"],
     "privacy.secure_aggregation": ['privacy.secure_aggregation="secaggplus"', "data.num_clients=4"],
     "train.compile": ["train.compile=true"],
+    "train.client_state_memory": ['train.client_state_memory="64MiB"'],
 }
 
 

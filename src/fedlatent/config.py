@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import re
 import tomllib
 import typing
 from dataclasses import dataclass, field
@@ -165,6 +166,11 @@ class TrainConfig:
                                 "or 'drop' it from that round's aggregate", choices=("stop", "drop"))
     min_clients: int = _key(0, "fewest clients a round may aggregate after drops; below it the run "
                             "stops (0: a round that drops every client keeps the global model)", low=0)
+    client_state_memory: int | str = _key("unbounded", "memory the clients' own states (SCAFFOLD's c_i, Ditto's "
+                                          "personal model, ...) may take: bytes, or a number with a unit ('256MiB', "
+                                          "'2GB'); the least recently used are kept in files under the run folder "
+                                          "instead, the numbers unchanged; 'unbounded' = every state in memory; not on "
+                                          "backend = 'flower' (its nodes keep their clients' states)")
 
 
 @dataclass
@@ -402,6 +408,10 @@ def _coerce(key: str, value: Any, tp: Any, meta: dict) -> Any:
         if value == "auto":
             return value
         tp = tp.split(" | ")[0]
+    elif tp == "int | str":  # a number or a string the key's own check reads (a size with its unit)
+        if isinstance(value, bool) or not isinstance(value, (int, str)):
+            raise ConfigError(f"{key} = {value!r}: expected an integer or a string")
+        return value
     tp = {"int": int, "float": float, "str": str, "bool": bool, "list": list, "dict": dict}.get(tp, tp)
     ok = (isinstance(value, bool) if tp is bool else
           isinstance(value, int) and not isinstance(value, bool) if tp is int else
@@ -478,6 +488,27 @@ def from_dict(raw: dict) -> RunConfig:
     return config
 
 
+UNBOUNDED = "unbounded"  # train.client_state_memory's default: every client's state in memory
+_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
+          "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
+
+
+def memory_budget(value: int | str) -> int | None:
+    """``train.client_state_memory`` in bytes — an integer, or a number with a unit ("256MiB",
+    "2 GB", "1.5GiB") — or None for ``"unbounded"``; a one-line ConfigError for anything else."""
+    if value == UNBOUNDED:
+        return None
+    match = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)\s*", str(value))
+    unit = match.group(2).upper() if match else ""
+    if match is None or unit not in _UNITS:
+        raise ConfigError(f"train.client_state_memory = {value!r}: expected bytes (an integer, or a number with a "
+                          f"unit: KiB, MiB, GiB, KB, MB, GB) or {UNBOUNDED!r}")
+    number = int(float(match.group(1)) * _UNITS[unit])
+    if number <= 0:
+        raise ConfigError(f"train.client_state_memory = {value!r}: must be > 0 bytes (or {UNBOUNDED!r})")
+    return number
+
+
 _CHECKS: list[Callable[[RunConfig], None]] = []
 _DESCRIBERS: list[Callable[[], str]] = []
 
@@ -510,6 +541,7 @@ def _check_consistency(config: RunConfig) -> None:
     if not all(isinstance(h, int) and not isinstance(h, bool) and h > 0 for h in config.model.hidden) \
             or not config.model.hidden:
         raise ConfigError(f"model.hidden = {config.model.hidden!r}: expected a non-empty list of positive integers")
+    memory_budget(config.train.client_state_memory)
     m = config.train.lr_milestones
     if not all(isinstance(r, int) and not isinstance(r, bool) and r > 0 for r in m) or m != sorted(set(m)):
         raise ConfigError(f"train.lr_milestones = {m!r}: expected increasing positive round numbers")
@@ -756,7 +788,7 @@ def show_value(value: Any) -> str:
 LATER_KEYS: dict[tuple[str, str], Any] = {
     ("data", "holdout_clients"): 0, ("eval", "clients"): "auto", ("eval", "final_clients"): "auto",
     ("train", "client_sampling"): "fixed", ("privacy", "distributed"): "off", ("privacy", "randomness"): "auto",
-    ("privacy", "over_bound"): "clip", ("privacy", "accountant"): "rdp",
+    ("privacy", "over_bound"): "clip", ("privacy", "accountant"): "rdp", ("train", "client_state_memory"): UNBOUNDED,
 }
 
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fedlatent.backends import vectorized
-from fedlatent.config import RunConfig
+from fedlatent.config import UNBOUNDED, RunConfig
 from fedlatent.methods.parts import MethodSpec
 
 BACKENDS = ("simulation", "vectorized", "auto", "flower")
@@ -70,6 +70,10 @@ FEATURES: tuple[Feature, ...] = (
             _if(lambda c: c.train.compile, lambda c: True),
             ("simulation", "auto", "flower"),
             {"vectorized": "the vectorized backend trains in lockstep, which is not compiled (measured slower)"}),
+    Feature("client-state store", "train.client_state_memory",
+            lambda c: None if c.train.client_state_memory == UNBOUNDED else c.train.client_state_memory,
+            ("simulation", "vectorized", "auto"),
+            {"flower": "its nodes keep their clients' states (Flower's Context.state)"}),
     Feature("a study's runs trained in one stack", "stacked cells", None,
             ("simulation", "vectorized", "auto"),
             {"flower": "its clients train on its own nodes, not in a stack of runs"}),

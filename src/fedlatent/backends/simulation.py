@@ -6,7 +6,8 @@ metrics and checkpoints (at most one a second, see ``federated.state.Checkpoints
 run; between a round's halves this backend's trainer runs the selected clients' local updates
 (``federated.client``) in turn — or all at once (``federated.trainer``, the vectorized backend).
 It plays every client, so it keeps every client's state in its own store (``Setup.client_states``,
-checkpointed with the server's), which the server half never reads. Every random choice is derived
+checkpointed with the server's; with ``train.client_state_memory`` a
+:class:`~fedlatent.federated.client_states.ClientStates` within that budget), which the server half never reads. Every random choice is derived
 from (seed, round, client), never from a global RNG reseeded in the loop, so a run killed after
 round r and resumed gives exactly the numbers of the uninterrupted run. Clients that raise or
 diverge are handled by ``federated.failures``.
@@ -21,11 +22,12 @@ from typing import Any, Callable
 
 import torch
 
-from fedlatent.config import PrivacyConfig, RunConfig
+from fedlatent.config import PrivacyConfig, RunConfig, memory_budget
 from fedlatent.data.types import Federation, GlobalData, Split
 from fedlatent.errors import ConfigError
 from fedlatent.federated import calibrate, devices, driver
 from fedlatent.federated.accounting import SampleAccountant
+from fedlatent.federated.client_states import FOLDER as STORE_FOLDER, ClientStates
 from fedlatent.federated.client import LocalSettings, Workspace, state_to_cpu, workspace_for
 from fedlatent.federated.trainer import local_update
 from fedlatent.federated.diagnostics import Diagnostics
@@ -78,7 +80,7 @@ class Setup:
     spec: MethodSpec
     workspace: Workspace
     server: Server
-    client_states: list[Tensors]
+    client_states: list[Tensors] | ClientStates  # ClientStates: within train.client_state_memory
     device: torch.device
     trainer: Trainer = train_in_turn
     metrics: list[dict[str, Any]] = field(default_factory=list)
@@ -251,14 +253,21 @@ def run(config: RunConfig, federation: Federation, spec: MethodSpec, out: Path, 
     torch.set_num_threads(config.train.threads)
     s = setup(config, federation, spec, trainer)
     s.warn = warn
-    ckpt = out / "checkpoints"
-    start, before = driver.restore(s, ckpt, len(federation.clients), warn) if resume else (0, 0.0)
-    if config.diagnostics.which:
-        s.diagnostics = Diagnostics(config, federation, out / "diagnostics.jsonl", s.device, s.client_seed)
-        s.diagnostics.start(start)
-    metrics_path = out / "metrics.jsonl"
-    write_atomically(metrics_path, "".join(line + "\n" for line in driver.metrics_upto(metrics_path, start)))
-    final = driver.play_rounds(s, range(start, config.train.rounds), out, lambda rnd: run_round(s, rnd),
-                               lambda last: finish(s, last), since=clock - before, progress=progress,
-                               rounds_start=rounds_start)
+    budget = memory_budget(config.train.client_state_memory)
+    if budget is not None:  # the clients' states within the budget, the rest in files under the run folder
+        s.client_states = ClientStates(len(federation.clients), budget, out / STORE_FOLDER)
+    try:
+        ckpt = out / "checkpoints"
+        start, before = driver.restore(s, ckpt, len(federation.clients), warn) if resume else (0, 0.0)
+        if config.diagnostics.which:
+            s.diagnostics = Diagnostics(config, federation, out / "diagnostics.jsonl", s.device, s.client_seed)
+            s.diagnostics.start(start)
+        metrics_path = out / "metrics.jsonl"
+        write_atomically(metrics_path, "".join(line + "\n" for line in driver.metrics_upto(metrics_path, start)))
+        final = driver.play_rounds(s, range(start, config.train.rounds), out, lambda rnd: run_round(s, rnd),
+                                   lambda last: finish(s, last), since=clock - before, progress=progress,
+                                   rounds_start=rounds_start)
+    finally:
+        if isinstance(s.client_states, ClientStates):  # scratch: the checkpoints hold the states
+            s.client_states.close()
     return final, before + time.perf_counter() - clock

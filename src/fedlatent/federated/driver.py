@@ -26,6 +26,7 @@ from fedlatent.data.holdout import holdout_ids
 from fedlatent.data.types import GlobalData
 from fedlatent.federated.accounting import SampleAccountant
 from fedlatent.federated.calibrate import apply_statistics, head_keys
+from fedlatent.federated.client_states import ClientStates
 from fedlatent.federated import sampled
 from fedlatent.federated.trainer.schedule import trained_samples
 from fedlatent.federated.failures import ClientFailure
@@ -48,7 +49,7 @@ class Run(Protocol):
     config: RunConfig
     spec: MethodSpec
     server: Server
-    client_states: list[Tensors]
+    client_states: list[Tensors] | ClientStates  # a store within a budget (train.client_state_memory) or a list
     diagnostics: Any  # ``federated.diagnostics.Diagnostics`` or Flower's, or None
     tells_each_drop: bool  # a warning line for each client the failure policy leaves out, as it happens
     sample_accountant: SampleAccountant | None  # sample-level DP-SGD's accountant, when its steps are noised
@@ -329,7 +330,8 @@ def restore(s: Run, ckpt: Path, num_clients: int, warn: Callable[[str], None]) -
     as the uninterrupted run."""
     if not has_checkpoint(ckpt):
         return 0, 0.0
-    loaded = load_checkpoint(ckpt, num_clients, warn)
+    loaded = load_checkpoint(ckpt, num_clients, warn,
+                             into=s.client_states if isinstance(s.client_states, ClientStates) else None)
     if loaded is None:
         warn(f"--resume: no intact checkpoint under {ckpt}; starting again from the initial state (round 0)")
         return 0, 0.0

@@ -29,6 +29,11 @@ write's folder (no byte written; their checksums carried over), so that with 100
 cohort of 100 a checkpoint costs what the cohort's states cost; every folder still holds the full
 set, checksummed, and a removed older folder takes none of its files from a newer one.
 
+States in a :class:`~fedlatent.federated.client_states.ClientStates` store (a memory budget, most
+of them on disk) are checkpointed by :meth:`Checkpoints.save_stored`: files of :data:`STORE_SHARD`
+clients, a rewritten file's unchanged states taken from the previous write's file, so that a write
+holds one file's states in memory and never reads the store, which the next round changes meanwhile.
+
 A run's loop goes through :class:`Checkpoints`, which takes the first step every round and the
 second at most every :data:`CHECKPOINT_SECONDS` of wall time, after the last round, and on any
 way out of the loop that Python sees (a stop, an exception, Ctrl-C): only a hard kill loses
@@ -42,17 +47,19 @@ import os
 import shutil
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Iterator
 
 from safetensors.torch import load_file, save
 
 from fedlatent.federated.background import BackgroundWriter
+from fedlatent.federated.client_states import ClientStates
 from fedlatent.methods.parts import Tensors
 
 MANIFEST = "manifest.json"
 KEEP = 2  # sealed rounds kept: the newest may be damaged on disk, the one before is the fallback
 CHECKPOINT_SECONDS = 1.0  # the most wall time between two checkpoint writes while a run trains
 SHARD = 1000  # clients per file of client states: a checkpoint rewrites only the files whose clients changed
+STORE_SHARD = 100  # the same for states in a ClientStates store (its runs are those of many clients)
 
 
 def sha256(path: Path) -> str:
@@ -87,8 +94,8 @@ def shard_name(shard: int) -> str:
     return "clients.safetensors" if shard == 0 else f"clients.{shard}.safetensors"
 
 
-def shard_count(num_clients: int) -> int:
-    return max(1, -(-num_clients // SHARD))
+def shard_count(num_clients: int, shard: int = SHARD) -> int:
+    return max(1, -(-num_clients // shard))
 
 
 def encode_checkpoint(*, global_state: Tensors, server_state: Tensors, client_states: list[Tensors],
@@ -114,8 +121,9 @@ def write_file(path: Path, data: bytes) -> None:
     path.write_bytes(data)
 
 
-def write_sealed(root: Path, rnd: int, files: dict[str, bytes], kept: dict[str, tuple[Path, str]] | None = None) -> Path:
-    """Write ``files`` into round ``rnd``'s folder, hard-link the ``kept`` ones (name → an earlier
+def write_sealed(root: Path, rnd: int, files: dict[str, bytes] | Iterable[tuple[str, bytes]],
+                 kept: dict[str, tuple[Path, str]] | None = None) -> Path:
+    """Write ``files`` (name → bytes, or (name, bytes) pairs made one at a time) into round ``rnd``'s folder, hard-link the ``kept`` ones (name → an earlier
     checkpoint's unchanged file and its checksum: no byte written) and seal it with their checksums
     (taken from the bytes written); then remove the folders of later rounds (left by a damaged
     newest checkpoint) and all but the :data:`KEEP` newest sealed ones."""
@@ -123,14 +131,15 @@ def write_sealed(root: Path, rnd: int, files: dict[str, bytes], kept: dict[str, 
     if folder.exists():
         _remove(folder)
     folder.mkdir(parents=True)
-    for name, data in files.items():
+    sums = {}
+    for name, data in files.items() if isinstance(files, dict) else files:
         write_file(folder / name, data)
+        sums[name] = hashlib.sha256(data).hexdigest()
     for name, (source, _) in (kept or {}).items():
         try:
             os.link(source, folder / name)
         except OSError:  # a file system without hard links: copied
             shutil.copyfile(source, folder / name)
-    sums = {name: hashlib.sha256(data).hexdigest() for name, data in files.items()}
     sums.update({name: digest for name, (_, digest) in (kept or {}).items()})
     checksums = {name: sums[name] for name in sorted(sums, key=_file_order)}
     write_atomically(folder / MANIFEST, json.dumps({"round": rnd, "sha256": checksums}, indent=1))
@@ -179,13 +188,44 @@ class Checkpoints:
         self.copies: list[Tensors] | None = None  # the last snapshot's client states (never changed in place)
         self.dirty: set[int] | None = None  # the clients changed since the last write (None: every one)
         self.written: int | None = None  # the round of the last write handed to the writer
+        self.changes: dict[int, Tensors] | None = None  # a store's states changed since the last write (copies)
 
-    def save(self, *, global_state: Tensors, server_state: Tensors, client_states: list[Tensors],
+    def save_stored(self, *, global_state: Tensors, server_state: Tensors, client_states: ClientStates,
+                    info: dict[str, Any], last: bool = False, changed: Iterable[int] | None = None) -> None:
+        """:meth:`save` of states held in a :class:`ClientStates` store (most of them on disk): the
+        snapshot copies the ``changed`` clients' states alone (a round's cohort; required), and a
+        write takes every other state from the previous write's files — those of the clients it
+        changes rewritten, of :data:`STORE_SHARD` clients each, the others hard-linked — so that it
+        never reads the store, which the next round changes meanwhile, and holds one file's states
+        at a time. The first write of a process (no previous write: a fresh or resumed run) reads
+        every state from the store, in this thread, before the next round starts."""
+        if changed is None:
+            raise ValueError("states in a ClientStates store are checkpointed with the clients each round changed")
+        snapshot = {"global_state": _copy(global_state), "server_state": _copy(server_state), "info": dict(info)}
+        count = len(client_states)
+        if self.written is None:  # nothing was handed to the writer yet: no write to wait for
+            write_sealed(self.root, info["round"], _stored_files(
+                snapshot, range(shard_count(count, STORE_SHARD)),
+                lambda k: ((i, client_states.stored(i)) for i in _shard_clients(k, count))))
+            self.written_at, self.written, self.changes = self.clock(), info["round"], {}
+            return
+        for cid in changed:
+            self.changes[cid] = _copy(client_states.stored(cid))  # type: ignore[index]
+        self.pending = (info["round"], {**snapshot, "count": count})
+        if last or self.clock() - self.written_at >= self.interval:
+            self.flush()
+
+    def save(self, *, global_state: Tensors, server_state: Tensors, client_states: list[Tensors] | ClientStates,
              info: dict[str, Any], last: bool = False, changed: Iterable[int] | None = None) -> None:
         """Snapshot the state after round ``info['round']``; write it if it is due or ``last``.
         ``changed``: the clients whose states the round replaced (None: any may have): only theirs are
         copied again, the others' copies shared with the previous snapshot (a round costs what its
-        cohort costs, not what the federation's states do)."""
+        cohort costs, not what the federation's states do). States in a :class:`ClientStates` store:
+        see :meth:`save_stored`."""
+        if isinstance(client_states, ClientStates):
+            self.save_stored(global_state=global_state, server_state=server_state, client_states=client_states,
+                             info=info, last=last, changed=changed)
+            return
         if changed is None or self.copies is None or len(self.copies) != len(client_states):
             copies = [_copy(c) for c in client_states]
             self.dirty = None
@@ -203,7 +243,11 @@ class Checkpoints:
 
     def flush(self) -> None:
         """Hand the pending snapshot, if any, to the writer (which encodes it: the copy is its own)."""
-        if self.pending is not None:
+        if self.pending is not None and self.changes is not None:
+            (rnd, snapshot), self.pending = self.pending, None
+            self.writer.submit(_write_changes, self.root, rnd, snapshot, self.changes, self.written)
+            self.written_at, self.written, self.changes = self.clock(), rnd, {}
+        elif self.pending is not None:
             (rnd, snapshot), self.pending = self.pending, None
             shards = None if self.dirty is None or self.written is None else {cid // SHARD for cid in self.dirty}
             self.writer.submit(_write_snapshot, self.root, rnd, snapshot, shards, self.written)
@@ -249,6 +293,41 @@ def _write_snapshot(root: Path, rnd: int, snapshot: dict[str, Any], shards: set[
         write_sealed(root, rnd, files)
 
 
+def _stored_files(snapshot: dict[str, Any], shards: Iterable[int],
+                  states: Callable[[int], Iterable[tuple[int, Tensors]]]) -> Iterator[tuple[str, bytes]]:
+    """A checkpoint's files, made one at a time, of a store's clients: of their states' files
+    (:data:`STORE_SHARD` clients each) only ``shards``, file k's (client, state) pairs ``states(k)``."""
+    yield "global.safetensors", _safetensors(snapshot["global_state"])
+    yield "server.safetensors", _safetensors(snapshot["server_state"])
+    for k in shards:
+        yield shard_name(k), _safetensors({f"{i}/{n}": v for i, state in states(k) for n, v in state.items()})
+    yield "state.json", json.dumps(snapshot["info"], indent=1).encode()
+
+
+def _shard_clients(k: int, count: int) -> range:
+    return range(k * STORE_SHARD, min((k + 1) * STORE_SHARD, count))
+
+
+def _write_changes(root: Path, rnd: int, snapshot: dict[str, Any], changes: dict[int, Tensors], previous: int) -> None:
+    """Write a store's snapshot: the client-state files holding ``changes`` (the states changed since
+    round ``previous``'s write, this writer's last, sealed before this job runs) rewritten from that
+    write's file and those changes, the others hard-linked from it."""
+    folder, count = root / f"round{previous:05d}", snapshot["count"]
+    sums = json.loads((folder / MANIFEST).read_text())["sha256"]
+    shards = sorted({cid // STORE_SHARD for cid in changes})
+    kept = {shard_name(k): (folder / shard_name(k), sums[shard_name(k)])
+            for k in sorted(set(range(shard_count(count, STORE_SHARD))) - set(shards))}
+
+    def states(k: int) -> Iterator[tuple[int, Tensors]]:
+        earlier: dict[int, Tensors] = {}
+        for key, value in load_file(str(folder / shard_name(k))).items():
+            client, _, name = key.partition("/")
+            earlier.setdefault(int(client), {})[name] = value
+        return ((i, changes[i] if i in changes else earlier.get(i, {})) for i in _shard_clients(k, count))
+
+    write_sealed(root, rnd, _stored_files(snapshot, shards, states), kept)
+
+
 def verify(folder: Path) -> str | None:
     """Why ``folder`` is not a usable checkpoint (one phrase), or None when it is intact."""
     try:
@@ -268,22 +347,26 @@ def verify(folder: Path) -> str | None:
     return None
 
 
-def load_checkpoint(root: Path, num_clients: int,
-                    warn=None) -> tuple[Tensors, Tensors, list[Tensors], dict[str, Any]] | None:
+def load_checkpoint(root: Path, num_clients: int, warn=None, into: ClientStates | None = None
+                    ) -> tuple[Tensors, Tensors, list[Tensors] | ClientStates, dict[str, Any]] | None:
     """Read the newest intact checkpoint under ``root`` (None when there is none). Each newer
-    folder skipped is reported to ``warn`` in one line."""
+    folder skipped is reported to ``warn`` in one line. ``into``: a store the client states are
+    put in (one file's at a time, the store spilling them as its budget says), returned as they."""
     for folder in round_folders(root):
         problem = verify(folder)
         if problem is None:
             info = json.loads((folder / "state.json").read_text())
-            clients: list[Tensors] = [{} for _ in range(num_clients)]
+            clients: list[Tensors] = [{} for _ in range(num_clients)] if into is None else []
             names = json.loads((folder / MANIFEST).read_text())["sha256"]
             for shard in (name for name in names if name.startswith("clients")):
+                read: dict[int, Tensors] = {}
                 for key, value in load_file(str(folder / shard)).items():
-                    i, _, name = key.partition("/")
-                    clients[int(i)][name] = value
+                    client, _, name = key.partition("/")
+                    (clients[int(client)] if into is None else read.setdefault(int(client), {}))[name] = value
+                for cid, state in read.items():
+                    into[cid] = state  # type: ignore[index]
             return (load_file(str(folder / "global.safetensors")), load_file(str(folder / "server.safetensors")),
-                    clients, info)
+                    clients if into is None else into, info)
         if warn is not None:
             warn(f"checkpoint {folder}: {problem}; trying the previous one")
     return None

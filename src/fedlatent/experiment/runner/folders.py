@@ -80,11 +80,13 @@ def differences(started: str, now: str) -> list[str]:
 def check_same_config(config: RunConfig, config_toml: Path) -> int | None:
     """Refuse to resume the run whose ``config.toml`` this is with another configuration: one
     line naming every key that differs, with both values. One difference is allowed: a larger
-    ``train.rounds``, which extends the run (returned: the rounds it was started with; else None)."""
+    ``train.rounds``, which extends the run (returned: the rounds it was started with; else None);
+    and ``train.client_state_memory`` may change, which changes no number (a run killed for its
+    memory resumes within a budget)."""
     resume = TERMS.get().resume
     try:
         text = config_toml.read_text()
-        changed = differences(text, to_toml(config))
+        changed = [c for c in differences(text, to_toml(config)) if not c.startswith("train.client_state_memory ")]
         started = flatten(tomllib.loads(text)).get("train.rounds")
     except tomllib.TOMLDecodeError as err:
         raise ConfigError(f"{resume}: {config_toml} is not valid TOML ({err})") from None

@@ -31,13 +31,14 @@ import torch
 from fedlatent.backends import capabilities
 from fedlatent.backends.flower.secagg_settings import Settings
 from fedlatent.calibration.registry import with_sums
-from fedlatent.config import DataConfig, PrivacyConfig, RunConfig, holdout_count
+from fedlatent.config import DataConfig, PrivacyConfig, RunConfig, holdout_count, memory_budget
 from fedlatent.data.federation import outline
 from fedlatent.data.holdout import holdout_ids
 from fedlatent.data.registry import DATASETS
 from fedlatent.data.types import Federation, Outline, ServerView
 from fedlatent.errors import ConfigError
 from fedlatent.experiment.runner import tracking
+from fedlatent.experiment.runner.state_size import one_state_bytes
 from fedlatent.federated import accounting, compiled, devices, precision
 from fedlatent.federated.round import sample_clients
 from fedlatent.federated.sampled import check as check_evaluation_sample
@@ -375,6 +376,9 @@ def check_model_fit(config: RunConfig, spec: MethodSpec, input_shape: tuple[int,
         model = build_model(dataclasses.replace(config.model, weights=""), input_shape, num_classes,
                             config.data.dataset)
     check_model(spec, model)
+    budget = memory_budget(config.train.client_state_memory)
+    if budget is not None and config.backend in capabilities.IN_PROCESS:
+        check_state_budget(config, spec, budget, input_shape, num_classes)
     if math.isfinite(config.privacy.sample_clip_norm):
         reason = batch_norm_refusal(config, model, "its batch statistics mix a batch's samples")
         if reason:
@@ -386,3 +390,14 @@ def check_model_fit(config: RunConfig, spec: MethodSpec, input_shape: tuple[int,
         if reason:
             raise ConfigError(f"privacy.noise_multiplier = {config.privacy.noise_multiplier}: {reason}, or keep "
                               "BatchNorm on the clients (algorithm.name = 'fedbn')")
+
+
+def check_state_budget(config: RunConfig, spec: MethodSpec, budget: int, input_shape: tuple[int, ...],
+                       num_classes: int) -> None:
+    """A state budget (``train.client_state_memory``) that holds one client's state at least, measured
+    (:func:`~fedlatent.experiment.runner.state_size.one_state_bytes`): the store keeps the states in
+    use however many bytes they take, so a budget below one would be no budget."""
+    one = one_state_bytes(config, spec, input_shape, num_classes)
+    if budget < one:
+        raise ConfigError(f"train.client_state_memory = {config.train.client_state_memory!r}: {budget:,} bytes is "
+                          f"below one client's state ({one:,} bytes for {spec.name} on model '{config.model.arch}')")

@@ -1,7 +1,7 @@
 """Clients built when read (``data.clients.Clients``) are, to the byte, the clients the eager build of
 the commit before made: every split's samples and labels, their dtypes and order, the global test
 split and the partition table, for pools (iid, Dirichlet with held-out clients, shards, a
-standardised pool) and for data sets with their own clients (Synthetic, an .npz of client arrays)."""
+standardised pool, every sample partitioned) and for data sets with their own clients (Synthetic, an .npz of client arrays)."""
 from __future__ import annotations
 
 import json
@@ -33,6 +33,7 @@ CASES = {
                           "data.holdout_clients=2"],
     "shards": [*digits, 'data.partition="shards"', "data.classes_per_client=3", "data.normalize=false"],
     "train_per_class": [*digits, "data.train_per_class=30", "data.test_per_class=10"],
+    "merge_test": [*digits, "data.merge_test=true"],  # every sample standardises
     "synthetic": ['data.dataset="synthetic"', 'data.partition="given"', "data.num_clients=5",
                   "data.samples_per_client=50", "data.holdout_clients=1"],
     "arrays": ['data.dataset="arrays"', 'data.partition="given"', f'data.path="{out / "clients.npz"}"'],
@@ -67,4 +68,4 @@ def test_clients_built_when_read_are_the_eager_builds_to_the_byte(tmp_path: Path
     assert old.keys() == new.keys()
     for name in old:
         assert new[name] == old[name], name
-    assert len(new["dirichlet_holdout"]["new"]) == 2 and new["synthetic"]["of_clients"]
+    assert len(new["dirichlet_holdout"]["new"]) == 2 and new["synthetic"]["of_clients"] and new["merge_test"]["of_clients"]

@@ -280,7 +280,8 @@ def _standardiser(cfg: DataConfig, x: np.ndarray, train_idx: np.ndarray
         stats = uint8_channel_stats([x if len(train_idx) == len(x) else x[train_idx]]) if cfg.normalize else None
         mean, std = (stats[0].reshape(-1, 1, 1), stats[1].reshape(-1, 1, 1)) if stats else (0.0, 1.0)
         return (lambda a, b: _split(a, b, stats)), mean, std
-    mean, std = _channel_stats(x[train_idx]) if cfg.normalize else (0.0, 1.0)
+    whole = len(train_idx) == len(x) and x.flags.c_contiguous and bool((train_idx == np.arange(len(x))).all())
+    mean, std = _channel_stats(x if whole else x[train_idx]) if cfg.normalize else (0.0, 1.0)  # every sample: no copy
     return (lambda a, b: _split((a - mean) / std, b)), mean, std
 
 
@@ -298,8 +299,8 @@ def _from_pool(cfg: DataConfig, pool: Pool, seed: int) -> Federation:
     new = set(holdout.partition_ids(cfg, len(parts), seed))  # data.holdout_clients: their samples standardise nothing
     split, mean, std = _standardiser(cfg, x, train_idx if not new else np.concatenate(
         [train_idx[part] for i, part in enumerate(parts) if i not in new]))
-    domain_tests = PARTITIONS.get(cfg.partition).traits.get("needs_groups") and held_out is not None
-    domains = np.unique(groups) if domain_tests and groups is not None else None
+    by_domain = PARTITIONS.get(cfg.partition).traits.get("needs_groups") and held_out is not None and groups is not None
+    domains = np.unique(groups) if by_domain else None  # a domain's client tested on its held-out samples
 
     def cut(i: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Client ``i``'s (train, val, test) sample indices."""

@@ -3,7 +3,8 @@ folder (``tests/flower_procs.py``): where ``FEDLATENT_GUARDED_ROOT`` and ``FEDLA
 set, an audit hook appends to that log each path under the root that the process opens or lists,
 as ``<program> <event> <path>``, and the process's program once as ``<program> started`` — the
 program being ``flwr-serverapp``, ``flwr-clientapp``, … (``/proc/self/cmdline``), so that a test
-can tell the ServerApp's reads from the ClientApps'."""
+can tell the ServerApp's reads from the ClientApps'. Each client a process builds is logged too, as
+``<program> built <process id> <partition id>`` (fedlatent's audit event ``fedlatent.client_built``)."""
 from __future__ import annotations
 
 import os
@@ -26,6 +27,10 @@ def _install(root: str, log: str) -> None:
         f.write(f"{program} started\n")
 
     def hook(event: str, args: tuple) -> None:
+        if event == "fedlatent.client_built":  # a client's splits built (fedlatent.data.clients), by partition id
+            with open(log, "a") as f:
+                f.write(f"{program} built {os.getpid()} {args[0]}\n")
+            return
         if event in ("open", "os.listdir", "os.scandir") and args and isinstance(args[0], (str, os.PathLike)):
             path = os.path.abspath(os.fspath(args[0]))
             if path.startswith(root) and not path.startswith(log):

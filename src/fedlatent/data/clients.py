@@ -12,6 +12,7 @@ let go once its reader is done. The clients' sample counts are known without bui
 """
 from __future__ import annotations
 
+import sys
 import threading
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping, Sequence
@@ -37,13 +38,13 @@ def nbytes(client: ClientData) -> int:
 
 
 class _Cache:
-    """Built clients by partition id, least recently read first out beyond ``budget`` bytes;
-    ``built`` counts the builds (a node's test counts that it builds its own clients alone)."""
+    """Built clients by partition id, least recently read first out beyond ``budget`` bytes. Each
+    build raises the audit event ``fedlatent.client_built`` with the partition id (``sys.audit``:
+    what a deployment's test hooks to see that a node's process builds its own clients alone)."""
 
     def __init__(self, make: Callable[[int], ClientData], budget: int = CACHE_BYTES) -> None:
         self.make, self.budget, self.held = make, budget, 0
         self.kept: OrderedDict[int, tuple[ClientData, int]] = OrderedDict()
-        self.built: list[int] = []
         self.lock = threading.Lock()  # a Flower simulation's nodes may share a process's threads
 
     def get(self, pid: int) -> ClientData:
@@ -51,10 +52,10 @@ class _Cache:
             if pid in self.kept:
                 self.kept.move_to_end(pid)
                 return self.kept[pid][0]
+        sys.audit("fedlatent.client_built", pid)
         client = self.make(pid)
         size = nbytes(client)
         with self.lock:
-            self.built.append(pid)
             if pid not in self.kept and size <= self.budget:
                 self.kept[pid] = (client, size)
                 self.held += size
@@ -82,7 +83,7 @@ class Clients(Sequence[ClientData]):
     def __len__(self) -> int:
         return len(self.ids)
 
-    def __getitem__(self, index):  # type: ignore[override]
+    def __getitem__(self, index):
         if isinstance(index, slice):
             return self.subset(np.arange(len(self))[index])
         i = int(index)
@@ -145,12 +146,12 @@ class JoinedTests(Split):
             self._joined = Split.concat(tests)
         return self._joined
 
-    @property  # type: ignore[override]
-    def x(self) -> torch.Tensor | Images:
+    @property
+    def x(self) -> torch.Tensor | Images:  # type: ignore[override]
         return self._join().x
 
-    @property  # type: ignore[override]
-    def y(self) -> torch.Tensor:
+    @property
+    def y(self) -> torch.Tensor:  # type: ignore[override]
         return self._join().y
 
 

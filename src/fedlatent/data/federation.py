@@ -110,11 +110,12 @@ def _client_sizes(cfg: DataConfig, labels: Labels, held_out: np.ndarray | None, 
         assert labels.groups is not None
         domains = np.unique(labels.groups)
     for i, part in enumerate(parts):
-        val, test = (int(round(f * len(part))) for f in (cfg.val_fraction, cfg.local_test_fraction))
-        if not test and domains is not None:
+        val, local = (int(round(f * len(part))) for f in (cfg.val_fraction, cfg.local_test_fraction))
+        test = local
+        if not local and domains is not None:  # samples held out of the pool, not cut from the part
             assert labels.groups is not None and held_out is not None
             test = int((labels.groups[held_out] == domains[i]).sum())
-        sizes[i] = (len(part) - val - test, val, test)
+        sizes[i] = (len(part) - val - local, val, test)
     return sizes
 
 

@@ -51,6 +51,18 @@ REPRESENTATIVE_PRESETS = ("fedavg", "scaffold", "fedproto", "spherefed", "ditto_
                           "fedala", "perfedavg", "pfedme")
 
 
+def in_float64(federation):
+    """``federation`` with its clients' and global test split's inputs in float64, the clients held
+    in a list (a float64 reference run; the clients built when read are float32)."""
+    import dataclasses
+    from fedlatent.data.types import ClientData, Split
+
+    def double(split):
+        return None if split is None else Split(split.x.double(), split.y)
+    return dataclasses.replace(federation, test=double(federation.test), clients=[
+        ClientData(*(double(getattr(c, name)) for name in ("train", "val", "test"))) for c in federation.clients])
+
+
 def in_ci_or_long(names, keep=REPRESENTATIVE_PRESETS) -> list:
     """``names`` as pytest parameters, those outside ``keep`` marked ``long``."""
     return [name if name in keep else pytest.param(name, marks=pytest.mark.long) for name in names]

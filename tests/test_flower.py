@@ -587,6 +587,44 @@ def test_the_server_side_never_builds_a_clients_data(tmp_path, monkeypatch):
         assert (tmp_path / "flower" / name).read_text() == (tmp_path / "embedded" / name).read_text()
 
 
+@pytest.mark.parametrize("data", [["data.local_test_fraction=0.2"],  # a pool, its global test split held out
+                                  ['data.dataset="synthetic"', 'data.partition="given"', "data.samples_per_client=40"]])
+def test_a_node_builds_and_reads_its_own_clients_alone(data, tmp_path, monkeypatch):
+    """Every client a node builds or reads, through a whole run with held-out clients (the
+    federation's clients are built when read: data.clients.Clients), is one it serves: the nodes'
+    clients partition the federation, and no node's message handling touches another's — where the
+    global test split is the clients' tests together (Synthetic) too: each node tallies its own."""
+    from fedlatent.data import clients as clients_module
+    grid = InProcessGrid(2)
+    app, serving = grid.app, []
+
+    def node(msg, context):
+        serving.append(int(context.node_config["partition-id"]))
+        try:
+            return app(msg, context)
+        finally:
+            serving.pop()
+
+    grid.app = node
+    read: dict[int, set[int]] = {0: set(), 1: set()}
+    real = clients_module._Cache.get
+
+    def counted(self, pid):
+        assert serving, "a client built outside a node's message handling"
+        read[serving[-1]].add(pid)
+        return real(self, pid)
+
+    monkeypatch.setattr(clients_module._Cache, "get", counted)
+    monkeypatch.setattr(client_app, "_BUILT", {})  # no job kept from an earlier test
+    extra = ["data.num_clients=6", "data.holdout_clients=2", *data]
+    summary = run_experiment(config("flower", extra), tmp_path / "flower", echo=None, grid=grid)
+    assert summary["status"] == "completed"
+    held = summary["final"]["new_client_partition_ids"]
+    ids = [pid for pid in range(6) if pid not in held] + held  # run ids 0..5 in partition ids
+    served = {k: {ids[cid] for cid in range(6) if cid % 2 == k} for k in (0, 1)}
+    assert read == served
+
+
 class OpenGuard:
     """Every path under ``root`` opened or listed (audit events ``open``, ``os.listdir``,
     ``os.scandir``) by the server's side of an in-process Flower run, and by its nodes: an event

@@ -77,6 +77,19 @@ def assert_no_message_carries_the_run_seed(fed: LocalFederation) -> None:
         assert not any(str(seed) in json.dumps(m["config"]) for seed in others), m["type"]
 
 
+def assert_each_process_built_one_nodes_clients(fed: LocalFederation) -> None:
+    """The open guard's log of built clients: the ServerApp's process built none, and each
+    ClientApp's process only clients of the one node it serves (partition ids of one residue mod 3:
+    here its one client), never the whole federation."""
+    built: dict[str, set[int]] = {}
+    for program, what in fed.guard_lines():
+        if what.startswith("built "):
+            _, pid, cid = what.split()
+            assert program != "flwr-serverapp", "the ServerApp's process built a client"
+            built.setdefault(pid, set()).add(int(cid))
+    assert built and all(len({cid % 3 for cid in cids}) == 1 for cids in built.values()), built
+
+
 def test_one_round_on_three_supernodes_completes_and_the_serverapp_never_opens_the_data(federation, tmp_path):
     """The README's deployment recipe at CI's budget: one round of FedAvg on the three SuperNodes,
     each node's client served and the global model evaluated on the nodes; the ServerApp's process
@@ -91,6 +104,7 @@ def test_one_round_on_three_supernodes_completes_and_the_serverapp_never_opens_t
     assert line["clients"] == [0, 1, 2] and not line.get("dropped")
     assert_only_the_clientapps_opened_the_data(federation)
     assert_no_message_carries_the_run_seed(federation)
+    assert_each_process_built_one_nodes_clients(federation)
 
 
 @pytest.mark.long  # two rounds and the SecAgg+ stages: minutes on two cores

@@ -82,7 +82,7 @@ def test_the_draw_is_a_function_of_the_seed_and_leaves_the_partition_as_it_was()
     assert sorted(fed.new_clients) == [4, 5] and len(fed.clients) == 4  # numbered after the clients that train
     kept = [c for i, c in enumerate(full.clients) if i not in ids]  # the others, in partition order
     for split in ("train", "val", "test"):
-        for a, b in zip(fed.clients + [fed.new_clients[i] for i in (4, 5)], kept + [full.clients[i] for i in ids]):
+        for a, b in zip(list(fed.clients) + [fed.new_clients[i] for i in (4, 5)], kept + [full.clients[i] for i in ids]):
             x, y = getattr(a, split), getattr(b, split)
             assert (x is None) == (y is None) and (x is None or (torch.equal(x.x, y.x) and torch.equal(x.y, y.y)))
     assert torch.equal(fed.test.x, full.test.x)
@@ -105,7 +105,7 @@ def test_the_standardisation_reads_the_training_clients_samples_alone(monkeypatc
     monkeypatch.setattr(fed_module, "_standardiser", standardise)
     monkeypatch.setattr(fed_module.P, "split_fractions", fractions)
     config = digits()
-    build_federation(config.data, config.data_seed)
+    list(build_federation(config.data, config.data_seed).clients)  # each client's indices cut as it is built
     new = holdout.holdout_ids(config, 6)
     [used], clients = seen["standardised"], seen["clients"]
     assert len(clients) == 6 and len(new) == 2
@@ -113,7 +113,7 @@ def test_the_standardisation_reads_the_training_clients_samples_alone(monkeypatc
     assert not set(used.tolist()) & set(np.concatenate([clients[i] for i in new]).tolist())
     seen["standardised"], seen["clients"] = [], []
     plain = digits("data.holdout_clients=0")
-    build_federation(plain.data, plain.data_seed)
+    list(build_federation(plain.data, plain.data_seed).clients)
     assert np.array_equal(seen["standardised"][0], np.sort(np.concatenate(seen["clients"])))
 
 

@@ -27,16 +27,14 @@ from fedlatent.federated.trainer import lockstep_update
 from fedlatent.methods import resolve
 from fedlatent.methods.coefficients import RowCoefficients, method_shape
 
+from tests.conftest import in_float64
 from tests.methods.test_ditto import small_config
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def _setup(config, trainer):
-    fed = build_federation(config.data, config.data_seed)
-    for split in [fed.test, *(getattr(c, name) for c in fed.clients for name in ("train", "val", "test"))]:
-        if split is not None:
-            split.x = split.x.double()
+    fed = in_float64(build_federation(config.data, config.data_seed))
     return simulation.setup(config, fed, resolve(config.algorithm, config.terms), trainer)
 
 

@@ -22,6 +22,7 @@ from fedlatent.federated.trainer import lockstep_update, unsupported
 from fedlatent.methods import PARTS, PRESETS, ditto, resolve
 from tests.conftest import REPRESENTATIVE_PRESETS
 
+from tests.conftest import in_float64
 from tests.methods.test_ditto import small_config
 
 
@@ -30,9 +31,7 @@ def _rounds(config, trainer, float64: bool = False):
     (the default dtype set while the model is built and trained)."""
     fed = build_federation(config.data, config.data_seed)
     if float64:
-        for split in [fed.test, *(getattr(c, name) for c in fed.clients for name in ("train", "val", "test"))]:
-            if split is not None:
-                split.x = split.x.double()
+        fed = in_float64(fed)
     before = torch.get_default_dtype()
     torch.set_default_dtype(torch.float64 if float64 else before)
     try:

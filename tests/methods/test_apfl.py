@@ -20,6 +20,7 @@ from fedlatent.methods import resolve
 from fedlatent.methods.apfl import ALPHA, ApflProgram
 from fedlatent.seeding import LOCAL_TRAINING, derive_seed
 from tests.methods.resume import resumed_equals_uninterrupted
+from tests.conftest import in_float64
 from tests.methods.test_ditto import small_config
 
 TRAINERS = {"simulation": simulation.train_in_turn, "vectorized": lockstep_update}
@@ -34,9 +35,7 @@ def _rounds(config, trainer, float64: bool = False):
     try:
         fed = build_federation(config.data, config.data_seed)
         if float64:
-            for split in [fed.test, *(getattr(c, name) for c in fed.clients for name in ("train", "val", "test"))]:
-                if split is not None:
-                    split.x = split.x.double()
+            fed = in_float64(fed)
         s = simulation.setup(config, fed, resolve(config.algorithm, config.terms), trainer)
         initial = {k: v.clone() for k, v in s.server.global_state.items()}
         lines = [simulation.run_round(s, rnd) for rnd in range(config.train.rounds)]

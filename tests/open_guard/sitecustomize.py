@@ -5,7 +5,8 @@ as ``<program> <event> <path>``, and the process's program once as ``<program> s
 program being ``flwr-serverapp``, ``flwr-clientapp``, … (``/proc/self/cmdline``), so that a test
 can tell the ServerApp's reads from the ClientApps'. Where ``FEDLATENT_MESSAGE_LOG`` is set, every
 message a ClientApp of the process is handed is appended to that log as one JSON line (:func:`_log_messages`):
-what a node receives, for a test to read."""
+what a node receives, for a test to read. Each client a process builds is logged too, as
+``<program> built <process id> <partition id>`` (fedlatent's audit event ``fedlatent.client_built``)."""
 from __future__ import annotations
 
 import importlib.abc
@@ -33,6 +34,10 @@ def _install(root: str, log: str) -> None:
         f.write(f"{program} started\n")
 
     def hook(event: str, args: tuple) -> None:
+        if event == "fedlatent.client_built":  # a client's splits built (fedlatent.data.clients), by partition id
+            with open(log, "a") as f:
+                f.write(f"{program} built {os.getpid()} {args[0]}\n")
+            return
         if event in ("open", "os.listdir", "os.scandir") and args and isinstance(args[0], (str, os.PathLike)):
             path = os.path.abspath(os.fspath(args[0]))
             if path.startswith(root) and not path.startswith(log):

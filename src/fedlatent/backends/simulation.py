@@ -23,6 +23,7 @@ from typing import Any, Callable
 import torch
 
 from fedlatent.config import PrivacyConfig, RunConfig, memory_budget
+from fedlatent.data.clients import sizes_of
 from fedlatent.data.types import Federation, GlobalData, Split
 from fedlatent.errors import ConfigError
 from fedlatent.federated import calibrate, devices, driver
@@ -91,7 +92,7 @@ class Setup:
     tells_each_drop = False  # the run's end counts the dropped clients in one line
 
     def __post_init__(self) -> None:
-        self.train_sizes = [len(c.train) for c in self.federation.clients]
+        self.train_sizes = [int(n) for n in sizes_of(self.federation.clients)[:, 0]]  # no client built
         self.sample_accountant = driver.sample_accountant(self.config, self.train_sizes, self.server.randomness)
 
     # the clients as the run driver (federated.driver) asks for them: all in this process
@@ -198,7 +199,7 @@ def setup(config: RunConfig, federation: Federation, spec: MethodSpec, trainer: 
     device = torch.device(config.train.device)
     model, server = initial_server(config, federation, spec, len(federation.clients))
     ws = workspace_for(model, spec, config.train.compile)
-    return Setup(config, federation, spec, ws, server, [{} for _ in federation.clients], device, trainer)
+    return Setup(config, federation, spec, ws, server, [{} for _ in range(len(federation.clients))], device, trainer)
 
 
 def initial_server(config: RunConfig, federation: GlobalData, spec: MethodSpec,

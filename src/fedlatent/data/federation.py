@@ -18,6 +18,7 @@ from fedlatent.data import holdout
 from fedlatent.data import partition as P
 from fedlatent.data.augment import Augmentation
 from fedlatent.data.cache import lines_held
+from fedlatent.data.clients import Clients, JoinedTests, sizes_of, train_labels
 from fedlatent.data.compact import Images, uint8_channel_stats
 from fedlatent.data.registry import DATASETS, PARTITIONS, check
 from fedlatent.data.sources import GivenClients, Labels, Pool
@@ -90,26 +91,32 @@ def outline(cfg: DataConfig, seed: int, read: dict[Any, Pool | GivenClients | La
             read[key] = source
     if isinstance(source, GivenClients):
         fed = _federation(cfg, source, seed)
-        return Outline(fed.num_classes, fed.input_shape, len(fed.clients),
-                       tuple((len(c.train), len(c.test) if c.test is not None else 0) for c in fed.clients))
+        sizes = sizes_of(fed.clients)
+        return Outline(fed.num_classes, fed.input_shape, len(fed.clients), tuple((int(a), int(c)) for a, _, c in sizes))
     labels = source if isinstance(source, Labels) else source.labels()
     train_idx, _, held_out, parts = _plan(cfg, merged_labels(labels) if cfg.merge_test else labels, seed)
-    return Outline(labels.num_classes, labels.input_shape, len(parts), _client_sizes(cfg, labels, held_out, parts))
+    sizes = _client_sizes(cfg, labels, held_out, parts)
+    return Outline(labels.num_classes, labels.input_shape, len(parts), tuple((int(a), int(c)) for a, _, c in sizes))
 
 
 def _client_sizes(cfg: DataConfig, labels: Labels, held_out: np.ndarray | None, parts: list[np.ndarray]
-                  ) -> tuple[tuple[int, int], ...]:
-    """Each client's (training, test) sample counts as :func:`_from_pool` splits its part
-    (:func:`fedlatent.data.partition.split_fractions`: ``round(f·n)`` to each fraction), a domain's
-    held-out test where a partition by domains leaves the client none of its own."""
-    sizes = []
+                  ) -> np.ndarray:
+    """Each client's (training, validation, test) sample counts as :func:`_from_pool` splits its
+    part (:func:`fedlatent.data.partition.split_fractions`: ``round(f·n)`` to each fraction), a
+    domain's held-out test where a partition by domains leaves the client none of its own."""
+    sizes = np.zeros((len(parts), 3), dtype=np.int64)
+    domains = None
+    if PARTITIONS.get(cfg.partition).traits.get("needs_groups") and held_out is not None:
+        assert labels.groups is not None
+        domains = np.unique(labels.groups)
     for i, part in enumerate(parts):
-        val, test = (int(round(f * len(part))) for f in (cfg.val_fraction, cfg.local_test_fraction))
-        if not test and PARTITIONS.get(cfg.partition).traits.get("needs_groups") and held_out is not None:
-            assert labels.groups is not None
-            test = int((labels.groups[held_out] == np.unique(labels.groups)[i]).sum())
-        sizes.append((len(part) - val - test, test))
-    return tuple(sizes)
+        val, local = (int(round(f * len(part))) for f in (cfg.val_fraction, cfg.local_test_fraction))
+        test = local
+        if not local and domains is not None:  # samples held out of the pool, not cut from the part
+            assert labels.groups is not None and held_out is not None
+            test = int((labels.groups[held_out] == domains[i]).sum())
+        sizes[i] = (len(part) - val - local, val, test)
+    return sizes
 
 
 def _source_key(cfg: DataConfig, seed: int) -> tuple[Any, ...]:
@@ -162,19 +169,25 @@ def _split(x: np.ndarray, y: np.ndarray, stats: tuple[np.ndarray, np.ndarray] | 
 
 
 def _from_given(cfg: DataConfig, source: GivenClients) -> Federation:
+    """A data set's own clients, each client's splits built from its arrays when it is read."""
     crop = {"train": source.train_crop}
-    clients = [ClientData(*(None if c[s] is None else _split(*c[s], source.stats, crop.get(s))
+
+    def client(i: int) -> ClientData:
+        c = source.clients[i]
+        return ClientData(*(None if c[s] is None else _split(*c[s], source.stats, crop.get(s))
                             for s in ("train", "val", "test")))
-               for c in source.clients]
-    tests = [c.test for c in clients if c.test is not None]
-    test = Split.concat(tests) if tests else None
-    shape = tuple(clients[0].train.x.shape[1:])
+
+    sizes = source.split_sizes()
+    clients = Clients(client, sizes)
+    stored = source.sample_shape()
+    shape = stored if source.train_crop is None else (*stored[:-2], source.train_crop, source.train_crop)
     augment: Augmentation | bool = False
     if cfg.augment_policy != "none":
         mean, std = (source.stats[0].reshape(-1, 1, 1), source.stats[1].reshape(-1, 1, 1)) if source.stats else (0.0, 1.0)
         augment = Augmentation(mean=mean, std=std, transform=cfg.augment_policy, size=shape[-1])
-    return Federation(clients, test, source.num_classes, shape, name=cfg.dataset, augment=augment,
-                      test_of_clients=test is not None)
+    tested = bool((sizes[:, 2] >= 0).any())
+    return Federation(clients, JoinedTests(clients) if tested else None, source.num_classes, shape, name=cfg.dataset,
+                      augment=augment, test_of_clients=tested)
 
 
 def _strata(labels: Labels) -> np.ndarray:
@@ -268,33 +281,46 @@ def _standardiser(cfg: DataConfig, x: np.ndarray, train_idx: np.ndarray
         stats = uint8_channel_stats([x if len(train_idx) == len(x) else x[train_idx]]) if cfg.normalize else None
         mean, std = (stats[0].reshape(-1, 1, 1), stats[1].reshape(-1, 1, 1)) if stats else (0.0, 1.0)
         return (lambda a, b: _split(a, b, stats)), mean, std
-    mean, std = _channel_stats(x[train_idx]) if cfg.normalize else (0.0, 1.0)
+    whole = len(train_idx) == len(x) and x.flags.c_contiguous and bool((train_idx == np.arange(len(x))).all())
+    mean, std = _channel_stats(x if whole else x[train_idx]) if cfg.normalize else (0.0, 1.0)  # every sample: no copy
     return (lambda a, b: _split((a - mean) / std, b)), mean, std
 
 
 def _from_pool(cfg: DataConfig, pool: Pool, seed: int) -> Federation:
+    """A pool's federation in one pass: the samples chosen and partitioned as indices (:func:`_plan`),
+    the held-out clients (``data.holdout_clients``) set apart from the standardisation's samples,
+    the statistics of the training clients' samples, and each client's splits cut from its indices
+    and standardised when it is read (:class:`~fedlatent.data.clients.Clients`)."""
     if cfg.merge_test:
         pool = merged(pool)
     x, y, groups = pool.x, pool.y, pool.groups
-    train_idx, test_rows, held_out, parts = _plan(cfg, pool.labels(), seed)
+    labels = pool.labels()
+    train_idx, test_rows, held_out, parts = _plan(cfg, labels, seed)
     test_xy = _test_split(pool, test_rows, held_out)
-    partition = PARTITIONS.get(cfg.partition)
-    new = holdout.partition_ids(cfg, len(parts), seed)  # data.holdout_clients: their samples standardise nothing
+    new = set(holdout.partition_ids(cfg, len(parts), seed))  # data.holdout_clients: their samples standardise nothing
     split, mean, std = _standardiser(cfg, x, train_idx if not new else np.concatenate(
         [train_idx[part] for i, part in enumerate(parts) if i not in new]))
-    clients = []
-    for i, part in enumerate(parts):
-        idx = train_idx[part]
-        train, val, local_test = P.split_fractions(idx, (cfg.val_fraction, cfg.local_test_fraction),
+    by_domain = PARTITIONS.get(cfg.partition).traits.get("needs_groups") and held_out is not None and groups is not None
+    domains = np.unique(groups) if by_domain else None  # a domain's client tested on its held-out samples
+
+    def cut(i: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Client ``i``'s (train, val, test) sample indices."""
+        train, val, local_test = P.split_fractions(train_idx[parts[i]], (cfg.val_fraction, cfg.local_test_fraction),
                                                    seed=seed * 7919 + i)
-        test = split(x[local_test], y[local_test]) if len(local_test) else None
-        if partition.traits.get("needs_groups") and held_out is not None and test is None:
-            assert groups is not None
-            own = held_out[groups[held_out] == np.unique(groups)[i]]  # this domain's held-out test
-            test = split(x[own], y[own])
-        clients.append(ClientData(split(x[train], y[train]), split(x[val], y[val]) if len(val) else None, test))
-    global_test = split(*test_xy) if test_xy is not None else \
-        Split.concat([c.test for c in clients if c.test is not None])
+        if domains is not None and not len(local_test):
+            assert groups is not None and held_out is not None
+            local_test = held_out[groups[held_out] == domains[i]]  # this domain's held-out test
+        return train, val, local_test
+
+    def client(i: int) -> ClientData:
+        train, val, test = cut(i)
+        return ClientData(split(x[train], y[train]), split(x[val], y[val]) if len(val) else None,
+                          split(x[test], y[test]) if len(test) else None)
+
+    sizes = _client_sizes(cfg, labels, held_out, parts)
+    sizes[:, 1:][sizes[:, 1:] == 0] = -1  # a client without validation or test samples has no such split
+    clients = Clients(client, sizes, labels=lambda i: y[cut(i)[0]])
+    global_test = split(*test_xy) if test_xy is not None else JoinedTests(clients)
     return Federation(clients, global_test, pool.num_classes, tuple(x.shape[1:]),
                       name=cfg.dataset, augment=Augmentation(cfg.augment, cfg.autoaugment, mean, std),
                       test_of_clients=test_xy is None)
@@ -329,6 +355,8 @@ def pooled_channel_stats(census: list[tuple[np.ndarray, np.ndarray, int]]) -> tu
 
 
 def counts_table(federation: Federation) -> np.ndarray:
-    """Training samples per client × class."""
-    return np.stack([np.bincount(c.train.y.numpy(), minlength=federation.num_classes)
-                     for c in federation.clients])
+    """Training samples per client × class, from each client's labels (one client at a time, its
+    samples not built where the partition's indices tell its labels)."""
+    clients = federation.clients
+    return np.stack([np.bincount(train_labels(clients, i), minlength=federation.num_classes)
+                     for i in range(len(clients))])

@@ -20,6 +20,7 @@ import dataclasses
 import numpy as np
 
 from fedlatent.config import DataConfig, RunConfig, holdout_count
+from fedlatent.data.clients import Clients, Numbered, sizes_of
 from fedlatent.data.types import Federation
 from fedlatent.errors import ConfigError
 from fedlatent.seeding import HOLDOUT, derive_seed
@@ -48,17 +49,23 @@ def holdout_ids(config: RunConfig, num_clients: int) -> list[int]:
 def split(federation: Federation, ids: list[int]) -> Federation:
     """``federation`` whose clients ``ids`` (partition ids, in order) are moved to ``new_clients``,
     numbered after the clients left to train; each must have a test split, which is what it is
-    evaluated on."""
+    evaluated on. Clients built when read (:class:`~fedlatent.data.clients.Clients`) stay unbuilt:
+    the two are views of the same partition."""
     if not ids:
         return federation
-    untested = [cid for cid in ids if federation.clients[cid].test is None or not len(federation.clients[cid].test)]
+    sizes = sizes_of(federation.clients)
+    untested = [cid for cid in ids if not sizes[cid][2]]
     if untested:
         raise ConfigError(f"data.holdout_clients: held-out client(s) {untested} have no test split to be evaluated on; "
                           "set data.local_test_fraction > 0")
     chosen = set(ids)
-    kept = [c for i, c in enumerate(federation.clients) if i not in chosen]
-    return dataclasses.replace(federation, clients=kept,
-                               new_clients={len(kept) + j: federation.clients[cid] for j, cid in enumerate(ids)})
+    kept_ids = [i for i in range(len(federation.clients)) if i not in chosen]
+    clients = federation.clients
+    if isinstance(clients, Clients):
+        return dataclasses.replace(federation, clients=clients.subset(kept_ids),
+                                   new_clients=Numbered(clients.subset(ids), len(kept_ids)))
+    return dataclasses.replace(federation, clients=[clients[i] for i in kept_ids],
+                               new_clients={len(kept_ids) + j: clients[cid] for j, cid in enumerate(ids)})
 
 
 def for_run(config: RunConfig, federation: Federation) -> Federation:

@@ -7,8 +7,10 @@ trains or knows about clients' models.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import os
 
@@ -55,12 +57,49 @@ class GivenClients:
     val/test entries may be None. uint8 image arrays stay compact until the batch, standardised
     with ``stats`` = per-channel (mean, std) in [0, 1] units (None: kept in [0, 1]). With
     ``train_crop``, training images are stored larger (a margin for a training augmentation's
-    random crop) and read as their centre train_crop × train_crop unless augmented."""
+    random crop) and read as their centre train_crop × train_crop unless augmented. ``clients`` may
+    be :class:`Generated` (each client made when read), with ``sizes`` (per client its (train, val,
+    test) counts, −1 for a split it lacks) and ``input_shape`` saying what it holds without making
+    any; else they are read from the arrays."""
 
-    clients: list[dict[str, tuple[np.ndarray, np.ndarray] | None]]
+    clients: Sequence[dict[str, tuple[np.ndarray, np.ndarray] | None]]
     num_classes: int
     stats: tuple[np.ndarray, np.ndarray] | None = None
     train_crop: int | None = None
+    sizes: np.ndarray | None = None
+    input_shape: tuple[int, ...] | None = None
+
+    def split_sizes(self) -> np.ndarray:
+        """Per client its (train, val, test) sample counts, −1 for a split it does not have."""
+        if self.sizes is not None:
+            return self.sizes
+        return np.array([[-1 if c[s] is None else len(c[s][1]) for s in ("train", "val", "test")] for c in self.clients],
+                        dtype=np.int64).reshape(-1, 3)
+
+    def sample_shape(self) -> tuple[int, ...]:
+        """One sample's shape as stored (a training crop's margin included)."""
+        return self.input_shape if self.input_shape is not None else tuple(self.clients[0]["train"][0].shape[1:])
+
+
+Client = dict[str, tuple[np.ndarray, np.ndarray] | None]
+
+
+class Generated(Sequence[Client]):
+    """``count`` clients of a data set that generates them (Synthetic), client ``i`` made by
+    ``make(i)`` when it is read: nothing is held for a client no round reads."""
+
+    def __init__(self, count: int, make: Callable[[int], Client]) -> None:
+        self.count, self.make = count, make
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __getitem__(self, i):  # type: ignore[override]
+        if isinstance(i, slice):
+            return [self.make(j) for j in range(self.count)[i]]
+        if not -self.count <= i < self.count:
+            raise IndexError(f"client {i} of {self.count}")
+        return self.make(i % self.count)
 
 
 def read_client_arrays(path: str | Path) -> GivenClients:

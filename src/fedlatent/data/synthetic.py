@@ -39,3 +39,10 @@ def synthetic_federation(num_clients: int, alpha: float, beta: float, samples_pe
     streams = np.random.SeedSequence(seed).spawn(num_clients)
     return [synthetic_client(np.random.default_rng(s), alpha, beta, samples_per_client, model=model)
             for s in streams]
+
+
+def client_stream(seed: int, i: int) -> np.random.Generator:
+    """Client ``i``'s stream of :func:`synthetic_federation`, made alone: the ``i``-th child that
+    ``SeedSequence(seed).spawn`` makes (its spawn key ``(i,)``), so one client is generated
+    without the others."""
+    return np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(i,)))

@@ -1,6 +1,7 @@
 """Plain containers for data: what readers return and what a federation is made of."""
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -70,15 +71,17 @@ class ClientData:
 class Federation:
     """Everything a run trains and evaluates on: the clients that train and, with
     ``data.holdout_clients``, the ``new_clients`` that never do (numbered after them), evaluated
-    as clients the federation has not seen (:mod:`fedlatent.data.holdout`)."""
+    as clients the federation has not seen (:mod:`fedlatent.data.holdout`). ``clients`` is a
+    sequence (a list, or :class:`fedlatent.data.clients.Clients`, which builds a client when it is
+    read) and ``new_clients`` a mapping (a dict, or :class:`fedlatent.data.clients.Numbered`)."""
 
-    clients: list[ClientData]
+    clients: Sequence[ClientData]
     test: Split | None
     num_classes: int
     input_shape: tuple[int, ...]
     name: str = ""
     augment: Augmentation | bool = False   # truthy when training batches are augmented
-    new_clients: dict[int, ClientData] = field(default_factory=dict)
+    new_clients: Mapping[int, ClientData] = field(default_factory=dict)
     test_of_clients: bool = False  # the global test split is the clients' test splits together (in client order)
 
     @property

@@ -223,9 +223,9 @@ class Diagnostics:
         """The FedUV supplement's data figures: label counts and per-client mean-input histograms,
         in one pass over each training set (this process holds them all; the client halves that
         Flower's nodes run give the same record: tests/test_diagnostics_halves.py)."""
-        trains = [c.train for c in self.federation.clients]
-        pooled = dg.mean_value_histograms((t.x[:] for t in trains), self.cfg.histogram_bins)  # one set at a time
-        return data_record([label_counts(t, self.federation.num_classes) for t in trains],
+        clients = self.federation.clients  # read one client at a time (built when read: clients.Clients)
+        pooled = dg.mean_value_histograms((c.train.x[:] for c in clients), self.cfg.histogram_bins)
+        return data_record([label_counts(c.train, self.federation.num_classes) for c in clients],
                            np.asarray(pooled["edges"]), pooled["counts"])
 
     def record(self, rnd: int, model: FedModel, global_state: Tensors, uploads: list[Upload]) -> None:

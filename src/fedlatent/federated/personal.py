@@ -11,7 +11,7 @@ same way on the global model and on their program's new-client rule (:func:`new_
 """
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -101,7 +101,7 @@ def client_report(ws: Workspace, spec: MethodSpec, client_id: int, client: Clien
     return row
 
 
-def new_client_reports(ws: Workspace, spec: MethodSpec, clients: dict[int, ClientData], global_state: Tensors, *,
+def new_client_reports(ws: Workspace, spec: MethodSpec, clients: Mapping[int, ClientData], global_state: Tensors, *,
                        num_classes: int, batch_size: int, device: torch.device, settings: LocalSettings,
                        seeds: dict[int, int], personal: bool) -> tuple[dict[int, Tally], list[dict[str, Any]]]:
     """The client half for clients that never trained (``data.holdout_clients``, by their ids):

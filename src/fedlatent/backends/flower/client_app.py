@@ -313,9 +313,11 @@ def validate(msg: Message, context: Context) -> Message:
 
 def held_test_size(job: Job, own_file: bool) -> int:
     """The samples of the run's global test split this node holds (it builds the configured data set:
-    all of them; with its own file: none)."""
+    all of them; with its own file: none; none either where the global test split is the clients'
+    tests together, ``test_of_clients``: each node tallies its own clients' tests, and builds no
+    other client's)."""
     test = job.federation.test
-    return 0 if own_file or test is None else len(test)
+    return 0 if own_file or test is None or job.federation.test_of_clients else len(test)
 
 
 @app.evaluate("test")

@@ -381,10 +381,12 @@ class ServerRun:
 
     def validation(self, state: Tensors, clients: list[int] | None = None) -> dict[int, float]:
         """The clients' validation accuracies of the global ``state``, by client id (none without a
-        validation split); ``clients``: an evaluation's sample, those ids kept."""
+        validation split); ``clients``: an evaluation's sample, those ids kept, asked of the nodes
+        serving them alone (a cross-device run's round messages its sample, not every node)."""
         values: dict[int, float] = {}
+        nodes = None if clients is None else sorted({self.census.node_of[c] for c in clients if c in self.census.node_of})
         if any(self.census.val_sizes):
-            for reply in self.broadcast("evaluate.validate", {"global": M.to_record(state)}).values():
+            for reply in self.broadcast("evaluate.validate", {"global": M.to_record(state)}, nodes=nodes).values():
                 values.update({int(k): v for k, v in M.unpack_values(reply.content["values"]).items()})
         return values if clients is None else {cid: values[cid] for cid in clients if cid in values}
 

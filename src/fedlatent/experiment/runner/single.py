@@ -83,8 +83,11 @@ def prepare(config: RunConfig) -> tuple[Federation | ServerView, MethodSpec]:
     global model) or, with ``flower.server_reads_data``, read from the data set
     (:func:`~fedlatent.data.federation.server_view`) — and check what needs it
     (:func:`~fedlatent.experiment.runner.validation.check_fit`): what ``fedlatent check`` checks; then
-    the clients held out (``data.holdout_clients``) set apart (:func:`fedlatent.data.holdout.for_run`). What
-    a Flower server learns only from its census is checked then (:func:`_run_in`)."""
+    the clients held out (``data.holdout_clients``) set apart (:func:`fedlatent.data.holdout.for_run`). The
+    federation is built in one pass and builds no client's splits (they are built when a round reads
+    them: :mod:`fedlatent.data.clients`); the checks and the hold-out read the clients' sample counts,
+    and the held-out clients are a view of the same partition. What a Flower server learns only from
+    its census is checked then (:func:`_run_in`)."""
     spec = validate(config)
     if config.backend != "flower":
         data: Federation | ServerView = build_federation(config.data, config.data_seed)

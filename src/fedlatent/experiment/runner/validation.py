@@ -32,6 +32,7 @@ from fedlatent.backends import capabilities
 from fedlatent.backends.flower.secagg_settings import Settings
 from fedlatent.calibration.registry import with_sums
 from fedlatent.config import DataConfig, PrivacyConfig, RunConfig, holdout_count, memory_budget
+from fedlatent.data.clients import sizes_of
 from fedlatent.data.federation import outline
 from fedlatent.data.holdout import holdout_ids
 from fedlatent.data.registry import DATASETS
@@ -343,7 +344,7 @@ def check_client_sizes(config: RunConfig, data: Federation | ServerView | Outlin
     training client under ``train.drop_last`` at least one full batch (with none it trains on
     nothing, and round 1 has no loss to report)."""
     if isinstance(data, Federation):
-        sizes = [(len(c.train), len(c.test) if c.test is not None else 0) for c in data.clients]
+        sizes = [(int(a), int(c)) for a, _, c in sizes_of(data.clients)]  # read without building a client
     else:
         sizes = list(getattr(data, "client_sizes", ()))
     if not sizes:  # a Flower server's view: the nodes' census tells

@@ -41,8 +41,9 @@ def one_state_bytes(config: RunConfig, spec: MethodSpec, input_shape: tuple[int,
         ws = workspace_for(model, spec)
         for rnd in range(ROUNDS):
             payload = {k: v for part in server.payload().values() for k, v in part.items()}
-            task = ClientTask(0, rnd, server.global_state, payload, round_lr(train, rnd), ROUNDS, ROUNDS * SAMPLES)
+            task = ClientTask(0, rnd, server.global_state, payload, round_lr(train, rnd), ROUNDS, ROUNDS * SAMPLES,
+                              cfg.seed)
             settings = local_settings(train, task.lr, 1, False, max(num_classes, 1), torch.device("cpu"), cfg.privacy)
-            upload, state = client_update(ws, spec, task, data, state, settings, cfg.seed)
+            upload, state = client_update(ws, spec, task, data, state, settings)
             encoded(server.codec, [upload], task, server.untransmitted(), {0: state})
     return state_bytes(state)

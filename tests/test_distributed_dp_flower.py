@@ -78,7 +78,7 @@ def secure_round(cfg, randomness: Randomness, reference: dict, states: list[dict
     for c in alive:
         masking = Masking("update", parties[c], "s", {src: out[c] for src, out in sent.items() if c in out}, 1.0,
                           2 ** 40, np.random.default_rng(0))
-        task = ClientTask(c, rnd, reference, {}, 0.1, len(ids), 10 * len(ids))
+        task = ClientTask(c, rnd, reference, {}, 0.1, len(ids), 10 * len(ids), randomness.client_seed(c))
         codec = MaskingCodec(build_codec(cfg.privacy), masking, task.total_samples, flower_dp.share(content, cfg, task))
         messages.append(codec.encode(Upload(c, states[c], 10, 1, 0.1, 0.0), reference, set(), {}, None, rnd))
     dropped = sorted(set(ids) - set(alive))
@@ -176,7 +176,7 @@ def test_secret_shares_differ_from_run_to_run_and_no_seed_of_them_is_sent() -> N
     cfg, seeded = _config(4, 1.0, 1.0, "secret"), _config(4, 1.0, 1.0, "seeded")
     reference = {"w": torch.zeros(40)}
     state = {"w": torch.full((40,), 0.05)}
-    task = ClientTask(1, 0, reference, {}, 0.1, 4, 40)
+    task = ClientTask(1, 0, reference, {}, 0.1, 4, 40, seeded.seed)  # the stream seed: the codec draws none from it
 
     def draws(c):
         secret = c.privacy.randomness == "secret"

@@ -52,7 +52,8 @@ class _Column:
     def write(self, cid: int, value: torch.Tensor) -> None:
         if self.row == 0:
             return
-        os.pwrite(self.fd, value.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8).numpy(), cid * self.row)
+        os.pwrite(self.fd, value.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8).numpy().data,
+                  cid * self.row)
 
     def read(self, cid: int) -> torch.Tensor:
         if self.row == 0:

@@ -194,6 +194,18 @@ def test_partition_prints_the_table_and_writes_the_plot(digits_config: Path, tmp
     assert matplotlib.image.imread(png).ndim == 3
 
 
+def test_partition_shows_the_held_out_clients_in_their_rows(digits_config: Path, capsys) -> None:
+    """``fedlatent partition`` prints the whole partition, the clients ``data.holdout_clients`` holds
+    out in their rows (where a run's ``new_client_partition_ids`` point), even without their test splits."""
+    tables = []
+    for held in ("0", "2"):
+        assert main(["partition", str(digits_config), "--set", "data.num_clients=6", "--set",
+                     f"data.holdout_clients={held}", "--full"]) == 0
+        tables.append(capsys.readouterr().out)
+    rows = [line.split()[0] for line in tables[1].splitlines() if line.split() and line.split()[0].isdigit()]
+    assert tables[1] == tables[0] and rows == [str(c) for c in range(6)]
+
+
 def test_argument_errors_exit_2(capsys) -> None:
     with pytest.raises(SystemExit) as info:
         main(["fly"])

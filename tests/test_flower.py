@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 from pathlib import Path
 
 import numpy as np
@@ -354,6 +355,27 @@ def test_a_node_serves_its_own_arrays_file(tmp_path, monkeypatch):
                              grid=InProcessGrid(2, {2: {"data-path": str(own)}}))
     assert summary["status"] == "completed"
     assert sizes[1] == 30 and sizes[0] > 500  # client 1 from the file, client 0 from digits
+
+
+@pytest.mark.parametrize("case", ["no test split", "own file"])
+def test_a_nodes_held_out_clients_are_refused_as_the_embedded_checks_refuse_them(case, tmp_path, monkeypatch):
+    """A node's build sets the held-out clients apart (the server opens no data): one without a test
+    split is refused there with the embedded run's line, and a node with its own file, which does
+    not build the configured data set, refuses holding clients out of it before building anything."""
+    monkeypatch.setattr(client_app, "_BUILT", {})  # no job kept from an earlier test
+    own = tmp_path / "mine.npz"
+    np.savez(own, client0_train_x=np.zeros((30, 1, 8, 8), dtype=np.float32), client0_train_y=np.zeros(30, np.int64))
+    extra, nodes, says = {"no test split": (["data.num_clients=6", "data.holdout_clients=2"], {},
+                                            r"^data.holdout_clients: held-out client\(s\) \[\d+, \d+\] have no test split"),
+                          "own file": (["data.num_clients=4", "data.holdout_clients=1", "data.local_test_fraction=0.2"],
+                                       {2: {"data-path": str(own)}}, "its own data-path does not build")}[case]
+    with pytest.raises(ConfigError, match=says):
+        run_experiment(config("flower", ["train.rounds=1", *extra]), tmp_path / "run", echo=None,
+                       grid=InProcessGrid(2, nodes))
+    if case == "no test split":  # the embedded run's line
+        with pytest.raises(ConfigError) as embedded:
+            fedlatent.run(config("simulation", ["train.rounds=1", *extra]), tmp_path / "embedded")
+        assert re.match(says, str(embedded.value))
 
 
 def test_auto_never_picks_flower(tmp_path):

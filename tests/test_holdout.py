@@ -76,16 +76,19 @@ def test_the_draw_is_a_function_of_the_seed_and_leaves_the_partition_as_it_was()
     assert holdout.holdout_ids(config, 6) == holdout.held_out(6, 2, seed=derive_seed(4, HOLDOUT))
     assert holdout.holdout_ids(dataclasses.replace(config, seed=5), 6) != holdout.holdout_ids(config, 6) or \
         holdout.holdout_ids(dataclasses.replace(config, seed=6), 6) != holdout.holdout_ids(config, 6)
-    full = build_federation(config.data, config.data_seed)
     ids = holdout.holdout_ids(config, 6)
     fed, _ = single.prepare(config)
     assert sorted(fed.new_clients) == [4, 5] and len(fed.clients) == 4  # numbered after the clients that train
+    assert fed.held_out == tuple(ids) and fed.partition_size == 6
+    raw = dataclasses.replace(config.data, normalize=False)  # the samples as partitioned, whatever standardises them
+    held, full = (build_federation(d, config.data_seed) for d in (raw, dataclasses.replace(raw, holdout_clients=0)))
     kept = [c for i, c in enumerate(full.clients) if i not in ids]  # the others, in partition order
     for split in ("train", "val", "test"):
-        for a, b in zip(list(fed.clients) + [fed.new_clients[i] for i in (4, 5)], kept + [full.clients[i] for i in ids]):
+        for a, b in zip(list(held.clients) + [held.new_clients[i] for i in (4, 5)], kept + [full.clients[i] for i in ids]):
             x, y = getattr(a, split), getattr(b, split)
             assert (x is None) == (y is None) and (x is None or (torch.equal(x.x, y.x) and torch.equal(x.y, y.y)))
-    assert torch.equal(fed.test.x, full.test.x)
+    assert torch.equal(held.test.x, full.test.x)
+    assert torch.equal(fed.test.x, build_federation(config.data, config.data_seed).test.x)
 
 
 def test_the_standardisation_reads_the_training_clients_samples_alone(monkeypatch) -> None:
@@ -105,8 +108,10 @@ def test_the_standardisation_reads_the_training_clients_samples_alone(monkeypatc
     monkeypatch.setattr(fed_module, "_standardiser", standardise)
     monkeypatch.setattr(fed_module.P, "split_fractions", fractions)
     config = digits()
-    list(build_federation(config.data, config.data_seed).clients)  # each client's indices cut as it is built
-    new = holdout.holdout_ids(config, 6)
+    fed = build_federation(config.data, config.data_seed)
+    new, kept = list(fed.held_out), holdout.kept(6, fed.held_out)
+    for pid in range(6):  # each client's indices cut as it is built, in partition order
+        fed.clients[kept.index(pid)] if pid in kept else fed.new_clients[4 + new.index(pid)]
     [used], clients = seen["standardised"], seen["clients"]
     assert len(clients) == 6 and len(new) == 2
     assert np.array_equal(used, np.sort(np.concatenate([c for i, c in enumerate(clients) if i not in new])))
@@ -115,6 +120,76 @@ def test_the_standardisation_reads_the_training_clients_samples_alone(monkeypatc
     plain = digits("data.holdout_clients=0")
     list(build_federation(plain.data, plain.data_seed).clients)
     assert np.array_equal(seen["standardised"][0], np.sort(np.concatenate(seen["clients"])))
+
+
+def _counted_draws(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Every held-out draw (:func:`holdout.held_out`) from now on: how many clients it drew from."""
+    draws: list[int] = []
+    draw = holdout.held_out
+    monkeypatch.setattr(holdout, "held_out", lambda n, count, *, seed: draws.append(n) or draw(n, count, seed=seed))
+    return draws
+
+
+@pytest.mark.parametrize("source", ["pool", "given"])
+def test_the_held_out_clients_are_drawn_once_where_the_federation_is_built(source: str, monkeypatch) -> None:
+    """A run's preparation (the build, its checks, the hold-out) draws the held-out clients once, in
+    the build, for a pool as for a data set with its own clients; ``fedlatent check``'s outline once too."""
+    config = digits() if source == "pool" else synthetic({"name": "fedavg"})
+    n = int(config.data.num_clients)
+    draws = _counted_draws(monkeypatch)
+    fed, _ = single.prepare(config)
+    assert draws == [n] and fed.held_out == tuple(holdout.held_out(n, len(fed.new_clients), seed=derive_seed(
+        config.data_seed, HOLDOUT)))
+    del draws[:]
+    built = build_federation(config.data, config.data_seed)  # alone: already split
+    assert draws == [n] and len(built.clients) == n - len(built.new_clients) and built.held_out == fed.held_out
+    assert sorted(built.new_clients) == list(range(len(built.clients), n))
+    del draws[:]
+    from fedlatent.experiment.runner.validation import validate_data
+    validate_data(config, resolve(config.algorithm, config.terms))
+    assert draws == [n]
+
+
+def _by_hand(clients) -> tuple[np.ndarray, np.ndarray]:
+    """Per-feature (per channel, in [0, 1] units for compact images) mean and std in float64 of every
+    sample of ``clients``: their training, validation and test splits (each client's part of the pool)."""
+    from fedlatent.data.compact import Images
+    parts = [s.x.data.numpy() / 255.0 if isinstance(s.x, Images) else s.x.numpy().astype(np.float64)
+             for c in clients for s in (c.train, c.val, c.test) if s is not None]
+    x = np.concatenate(parts)
+    axes = (0, 2, 3) if x.ndim == 4 else (0,)
+    return x.mean(axis=axes), np.maximum(x.std(axis=axes), 1e-6)
+
+
+def test_the_build_alone_standardises_with_the_training_clients_statistics(tmp_path: Path) -> None:
+    """``build_federation`` returns the split federation, standardised with the mean and std of the
+    training clients' samples (a float64 reference by hand over their raw samples), not the partition's:
+    flat features (digits) and compact uint8 images (an image folder)."""
+    from tests.data.test_image_folder import _random_tree
+    from fedlatent.data.compact import Images
+    _random_tree(tmp_path, {"train": {"a": 14, "b": 14}})
+    images = fedlatent.load_config(None, [
+        "data.dataset='image_folder'", f"data.root='{tmp_path}'", "data.num_clients=4", "model.arch='cnn'",
+        "data.test_fraction=0.25", "data.local_test_fraction=0.3", "data.holdout_clients=1"])
+    for config in (digits(), images):
+        fed = build_federation(config.data, config.data_seed)
+        raw = build_federation(dataclasses.replace(config.data, normalize=False), config.data_seed)
+        assert fed.held_out == raw.held_out and len(fed.new_clients) == holdout_count(
+            config.data.holdout_clients, int(config.data.num_clients)) and len(fed.clients) == len(raw.clients)
+        mean, std = _by_hand(raw.clients)
+        everyone = _by_hand([*raw.clients, *raw.new_clients.values()])
+        assert not np.allclose(everyone[0], mean, rtol=1e-3, atol=0)  # the held-out samples would move it
+        got_mean, got_std = (np.asarray(v, dtype=np.float64).reshape(-1) for v in (fed.augment.mean, fed.augment.std))
+        np.testing.assert_allclose(got_mean, mean, rtol=1e-6, atol=1e-7)
+        np.testing.assert_allclose(got_std, std, rtol=1e-6, atol=1e-7)
+        for a, b in zip([*fed.clients, *fed.new_clients.values()], [*raw.clients, *raw.new_clients.values()]):
+            x = a.train.x
+            if isinstance(x, Images):  # compact images: the raw pixels, standardised per batch by these statistics
+                assert torch.equal(x.data, b.train.x.data)
+                np.testing.assert_array_equal(x.mean.numpy().reshape(-1), got_mean.astype(np.float32))
+            else:
+                expected = (b.train.x.numpy() - got_mean.astype(np.float32)) / got_std.astype(np.float32)
+                np.testing.assert_array_equal(x.numpy(), expected)
 
 
 @pytest.mark.parametrize("value, clients, count", [(0.25, 8, 2), (0.3, 10, 3), (0.05, 10, 1), (3.0, 10, 3),
@@ -193,17 +268,17 @@ def test_new_client_accuracy_is_the_final_global_model_on_their_test_splits(tmp_
     ids = holdout.holdout_ids(config, 6)
     assert final["new_clients"] == [4, 5] and final["new_client_partition_ids"] == ids
     assert "new_client_personal_mean" not in final
-    full = build_federation(config.data, config.data_seed)
+    fed = build_federation(config.data, config.data_seed)
     spec = resolve(config.algorithm, config.terms)
-    model = simulation.make_model(config, full, spec)
+    model = simulation.make_model(config, fed, spec)
     loaded = load_checkpoint(tmp_path / "run" / "checkpoints", 4)
     assert loaded is not None
     model.load_state_dict(loaded[0])
     model.eval()
     correct = total = 0
     with torch.no_grad():
-        for cid in ids:
-            test = full.clients[cid].test
+        for j in range(len(ids)):
+            test = fed.new_clients[4 + j].test
             correct += int((model(test.x).logits.argmax(1) == test.y).sum())
             total += len(test)
     assert final["new_client_accuracy"] == correct / total

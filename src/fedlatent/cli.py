@@ -155,11 +155,12 @@ def _check(args: argparse.Namespace) -> None:
 def _partition(args: argparse.Namespace) -> None:
     from fedlatent.analysis.plots import partition_heatmap
     from fedlatent.analysis.tables import partition_overview, partition_table
+    import dataclasses
     from fedlatent.config import load_config
     from fedlatent.data.federation import build_federation, counts_table
     config = load_config(args.config, args.overrides)
-    federation = build_federation(config.data, config.data_seed)
-    counts = counts_table(federation)
+    whole = dataclasses.replace(config.data, holdout_clients=0.0)  # the partition's rows, held-out clients' included
+    counts = counts_table(build_federation(whole, config.data_seed))
     print(partition_table(counts) if args.full else partition_overview(counts, full="add --full"))
     if args.plot:
         print(f"saved {partition_heatmap(counts, Path(args.plot))}")

@@ -1,6 +1,7 @@
 """The Flower server's view of the data (``federation.server_view``): the global test split, classes,
 input shape and augmentation of :func:`build_federation`, without partitioning a pool or splitting
-its clients; the number of clients where the configuration fixes it."""
+its clients (unless clients are held out: the statistics are then the training clients'); the number
+of clients where the configuration fixes it."""
 from __future__ import annotations
 
 import dataclasses
@@ -21,7 +22,8 @@ DIGITS = {"dirichlet": ["data.partition='dirichlet'", "data.alpha=0.3", "data.nu
           "not_normalized": ["data.normalize=false", "data.num_clients=3"],
           "synthetic": ["data.dataset='synthetic'", "data.partition='given'", "data.num_clients=3",
                         "data.samples_per_client=60"],
-          "merge_test": ["data.merge_test=true", "data.local_test_fraction=0.2", "data.num_clients=4"]}
+          "merge_test": ["data.merge_test=true", "data.local_test_fraction=0.2", "data.num_clients=4"],
+          "holdout": ["data.num_clients=6", "data.local_test_fraction=0.2", "data.holdout_clients=2"]}
 
 
 def assert_same_split(a: Split | None, b: Split | None) -> None:
@@ -50,7 +52,7 @@ def checked_view(overrides: list[str]) -> F.ServerView:
             np.testing.assert_array_equal(getattr(view.augment, f.name), getattr(fed.augment, f.name))
     else:
         assert view.augment == fed.augment
-    assert view.num_clients in (None, len(fed.clients))
+    assert view.num_clients in (None, fed.partition_size)
     return view
 
 

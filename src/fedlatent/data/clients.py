@@ -155,11 +155,15 @@ class JoinedTests(Split):
         return self._join().y
 
 
-def sizes_of(clients: Sequence[ClientData]) -> np.ndarray:
-    """(train, val, test) sample counts of ``clients``, read from :class:`Clients` without building
-    them, else from each client."""
+def sizes_of(clients: Sequence[ClientData] | Mapping[int, ClientData]) -> np.ndarray:
+    """(train, val, test) sample counts of ``clients`` (a mapping's: in its order), read from
+    :class:`Clients` and :class:`Numbered` without building them, else from each client."""
+    if isinstance(clients, Numbered):
+        clients = clients.clients
     if isinstance(clients, Clients):
         return clients.sizes()
+    if isinstance(clients, Mapping):
+        clients = list(clients.values())
     return np.array([[len(s) if s is not None else 0 for s in (c.train, c.val, c.test)] for c in clients],
                     dtype=np.int64).reshape(-1, 3)
 

@@ -1,4 +1,8 @@
-"""From a data configuration to a :class:`Federation`: load, hold out, partition, split, normalise.
+"""From a data configuration to a :class:`Federation`, in one pass: the source loaded, its samples
+chosen and partitioned as indices, the clients that never train (``data.holdout_clients``) drawn and
+set apart there (:mod:`fedlatent.data.holdout`), the standardisation's statistics computed from the
+training clients' samples, and each client's splits built when a round reads them
+(:mod:`fedlatent.data.clients`). :func:`build_federation` returns it as the run trains on it.
 
 Normalisation uses per-channel statistics pooled over every client's training data (what the
 published pipelines do with the pooled training set). In one process they are computed here from
@@ -18,7 +22,7 @@ from fedlatent.data import holdout
 from fedlatent.data import partition as P
 from fedlatent.data.augment import Augmentation
 from fedlatent.data.cache import lines_held
-from fedlatent.data.clients import Clients, JoinedTests, sizes_of, train_labels
+from fedlatent.data.clients import Clients, JoinedTests, train_labels
 from fedlatent.data.compact import Images, uint8_channel_stats
 from fedlatent.data.registry import DATASETS, PARTITIONS, check
 from fedlatent.data.sources import GivenClients, Labels, Pool
@@ -28,8 +32,9 @@ from fedlatent.errors import DataError
 
 @lines_held()  # the decoded-image cache's line once the federation is made (an error stays one line)
 def build_federation(cfg: DataConfig, seed: int) -> Federation:
-    """The federation a run trains on; every random choice flows from ``seed`` (the data seed).
-    Names and keys are checked before anything is loaded."""
+    """The federation a run trains on, its held-out clients (``data.holdout_clients``) set apart
+    (:attr:`Federation.new_clients`, drawn once here for every source); every random choice flows
+    from ``seed`` (the data seed). Names and keys are checked before anything is loaded."""
     check(cfg)
     return _federation(cfg, _load(cfg, seed), seed)
 
@@ -40,14 +45,15 @@ def server_view(cfg: DataConfig, seed: int) -> ServerView:
     split (standardised with the statistics of the pool's training samples), the classes, the
     input shape, the augmentation, and the number of clients where the configuration fixes it.
     A pool is neither partitioned nor split into clients. Where the global test split is the
-    clients' local test splits together (``data.merge_test``, a data set with its own clients),
-    the federation is built and its clients dropped."""
+    clients' local test splits together (``data.merge_test``, a data set with its own clients), or
+    the statistics are those of the clients left to train (``data.holdout_clients``: the partition
+    tells which samples they hold), the federation is built and its clients dropped."""
     check(cfg)
     source = _load(cfg, seed)
     assert not isinstance(source, Labels)  # loaded without labels_only
-    if isinstance(source, GivenClients) or cfg.merge_test:
+    if isinstance(source, GivenClients) or cfg.merge_test or cfg.holdout_clients:
         fed = _federation(cfg, source, seed)
-        return ServerView(fed.test, fed.num_classes, fed.input_shape, fed.name, fed.augment, len(fed.clients))
+        return ServerView(fed.test, fed.num_classes, fed.input_shape, fed.name, fed.augment, fed.partition_size)
     train_idx, test_rows, held_out = _selection(cfg, source.labels(), seed)
     test = _test_split(source, test_rows, held_out)
     assert test is not None  # without data.merge_test the global test split is the pool's own
@@ -75,11 +81,12 @@ def declared_view(cfg: DataConfig) -> ServerView:
 
 @lines_held()
 def outline(cfg: DataConfig, seed: int, read: dict[Any, Pool | GivenClients | Labels] | None = None) -> Outline:
-    """What :func:`build_federation` would make — classes, input shape, clients — after every check
-    it makes, reading no more of the data than those checks need: a data set's ``labels`` trait
-    where it declares one (an image tree's listing, not its decoded images), else its loader's
-    output (scikit-learn's digits, an .npz, the decoded-image cache); a pool's partition is made
-    from its labels (:func:`_plan`, as the run makes it). What ``fedlatent check`` knows of the data.
+    """What :func:`build_federation` would make — classes, input shape, the partition's clients and
+    those it holds out — after every check it makes, reading no more of the data than those checks
+    need: a data set's ``labels`` trait where it declares one (an image tree's listing, not its
+    decoded images), else its loader's output (scikit-learn's digits, an .npz, the decoded-image
+    cache); a pool's partition is made from its labels (:func:`_plan`, as the run makes it) and its
+    held-out clients drawn as :func:`_from_pool` draws them. What ``fedlatent check`` knows of the data.
     ``read``: what earlier calls read, kept by what the data set reads (a study's cells that share
     their data read it once)."""
     check(cfg)
@@ -91,12 +98,15 @@ def outline(cfg: DataConfig, seed: int, read: dict[Any, Pool | GivenClients | La
             read[key] = source
     if isinstance(source, GivenClients):
         fed = _federation(cfg, source, seed)
-        sizes = sizes_of(fed.clients)
-        return Outline(fed.num_classes, fed.input_shape, len(fed.clients), tuple((int(a), int(c)) for a, _, c in sizes))
+        sizes = np.maximum(source.split_sizes(), 0)  # the partition's, the held-out clients in their rows
+        return Outline(fed.num_classes, fed.input_shape, fed.partition_size,
+                       tuple((int(a), int(c)) for a, _, c in sizes), fed.held_out)
     labels = source if isinstance(source, Labels) else source.labels()
     train_idx, _, held_out, parts = _plan(cfg, merged_labels(labels) if cfg.merge_test else labels, seed)
     sizes = _client_sizes(cfg, labels, held_out, parts)
-    return Outline(labels.num_classes, labels.input_shape, len(parts), tuple((int(a), int(c)) for a, _, c in sizes))
+    new = holdout.partition_ids(cfg, len(parts), seed)
+    return Outline(labels.num_classes, labels.input_shape, len(parts), tuple((int(a), int(c)) for a, _, c in sizes),
+                   tuple(new))
 
 
 def _client_sizes(cfg: DataConfig, labels: Labels, held_out: np.ndarray | None, parts: list[np.ndarray]
@@ -143,7 +153,7 @@ def _federation(cfg: DataConfig, source: Pool | GivenClients | Labels, seed: int
     if isinstance(source, GivenClients):
         if cfg.merge_test:
             raise DataError(f"data.merge_test: data set '{cfg.dataset}' comes with its own clients and their splits")
-        return _from_given(cfg, source)
+        return _from_given(cfg, source, seed)
     return _from_pool(cfg, source, seed)
 
 
@@ -168,8 +178,10 @@ def _split(x: np.ndarray, y: np.ndarray, stats: tuple[np.ndarray, np.ndarray] | 
     return Split(data, torch.from_numpy(np.ascontiguousarray(y)))
 
 
-def _from_given(cfg: DataConfig, source: GivenClients) -> Federation:
-    """A data set's own clients, each client's splits built from its arrays when it is read."""
+def _from_given(cfg: DataConfig, source: GivenClients, seed: int) -> Federation:
+    """A data set's own clients, each client's splits built from its arrays when it is read, the
+    held-out ones (``data.holdout_clients``) set apart (:func:`fedlatent.data.holdout.split`; their
+    inputs' statistics, where the data set has them, are its loader's)."""
     crop = {"train": source.train_crop}
 
     def client(i: int) -> ClientData:
@@ -186,8 +198,9 @@ def _from_given(cfg: DataConfig, source: GivenClients) -> Federation:
         mean, std = (source.stats[0].reshape(-1, 1, 1), source.stats[1].reshape(-1, 1, 1)) if source.stats else (0.0, 1.0)
         augment = Augmentation(mean=mean, std=std, transform=cfg.augment_policy, size=shape[-1])
     tested = bool((sizes[:, 2] >= 0).any())
-    return Federation(clients, JoinedTests(clients) if tested else None, source.num_classes, shape, name=cfg.dataset,
-                      augment=augment, test_of_clients=tested)
+    whole = Federation(clients, JoinedTests(clients) if tested else None, source.num_classes, shape, name=cfg.dataset,
+                       augment=augment, test_of_clients=tested)
+    return holdout.split(whole, holdout.partition_ids(cfg, len(clients), seed))
 
 
 def _strata(labels: Labels) -> np.ndarray:
@@ -288,18 +301,19 @@ def _standardiser(cfg: DataConfig, x: np.ndarray, train_idx: np.ndarray
 
 def _from_pool(cfg: DataConfig, pool: Pool, seed: int) -> Federation:
     """A pool's federation in one pass: the samples chosen and partitioned as indices (:func:`_plan`),
-    the held-out clients (``data.holdout_clients``) set apart from the standardisation's samples,
-    the statistics of the training clients' samples, and each client's splits cut from its indices
-    and standardised when it is read (:class:`~fedlatent.data.clients.Clients`)."""
+    the held-out clients (``data.holdout_clients``) drawn, the statistics of the training clients'
+    samples alone, each client's splits cut from its indices and standardised when it is read
+    (:class:`~fedlatent.data.clients.Clients`), and the held-out clients set apart
+    (:func:`fedlatent.data.holdout.split`, by the same draw)."""
     if cfg.merge_test:
         pool = merged(pool)
     x, y, groups = pool.x, pool.y, pool.groups
     labels = pool.labels()
     train_idx, test_rows, held_out, parts = _plan(cfg, labels, seed)
     test_xy = _test_split(pool, test_rows, held_out)
-    new = set(holdout.partition_ids(cfg, len(parts), seed))  # data.holdout_clients: their samples standardise nothing
+    new = holdout.partition_ids(cfg, len(parts), seed)  # data.holdout_clients: their samples standardise nothing
     split, mean, std = _standardiser(cfg, x, train_idx if not new else np.concatenate(
-        [train_idx[part] for i, part in enumerate(parts) if i not in new]))
+        [train_idx[parts[i]] for i in holdout.kept(len(parts), new)]))
     by_domain = PARTITIONS.get(cfg.partition).traits.get("needs_groups") and held_out is not None and groups is not None
     domains = np.unique(groups) if by_domain else None  # a domain's client tested on its held-out samples
 
@@ -321,9 +335,10 @@ def _from_pool(cfg: DataConfig, pool: Pool, seed: int) -> Federation:
     sizes[:, 1:][sizes[:, 1:] == 0] = -1  # a client without validation or test samples has no such split
     clients = Clients(client, sizes, labels=lambda i: y[cut(i)[0]])
     global_test = split(*test_xy) if test_xy is not None else JoinedTests(clients)
-    return Federation(clients, global_test, pool.num_classes, tuple(x.shape[1:]),
-                      name=cfg.dataset, augment=Augmentation(cfg.augment, cfg.autoaugment, mean, std),
-                      test_of_clients=test_xy is None)
+    whole = Federation(clients, global_test, pool.num_classes, tuple(x.shape[1:]),
+                       name=cfg.dataset, augment=Augmentation(cfg.augment, cfg.autoaugment, mean, std),
+                       test_of_clients=test_xy is None)
+    return holdout.split(whole, new)
 
 
 def _channel_stats(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -1,14 +1,22 @@
-"""Clients that never train (``data.holdout_clients``): which ones, and the federation without them.
+"""Clients that never train (``data.holdout_clients``): which ones, and how they are set apart.
 
 A run with clients held out trains on the others and evaluates the held-out ones as new clients
 (PFLlib's "new clients"; Marfoq et al. 2022's unseen clients): the global model and the method's
 rule for a client it has never seen, on their test splits. Which clients are held out is a seeded
 draw from the data seed (the run's unless ``data.seed`` is set; stream :data:`~fedlatent.seeding.HOLDOUT`),
-made after the partition, so that the partition itself and every other draw stay as they are; the
-inputs' standardisation is computed from the training clients' samples alone. The clients that train keep their
-partition order and are numbered 0 … n − h − 1 in the run (metrics, states, checkpoints); the
-held-out ones follow, n − h … n − 1 in partition order (:attr:`~fedlatent.data.types.Federation.new_clients`;
-``summary.json``'s ``final.new_clients``, and their partition ids ``final.new_client_partition_ids``).
+made after the partition, so that the partition itself and every other draw stay as they are. The
+draw is made once, where the federation is built (:func:`fedlatent.data.federation.build_federation`,
+every source), which standardises the inputs with the training clients' samples alone and returns
+the federation already :func:`split`; what ``fedlatent check`` reads of the data
+(:func:`fedlatent.data.federation.outline`) draws them as the build does. A held-out client without
+a test split is refused by the checks of the data (:func:`check_tested`), after those of the
+clients' number, so that a run and its check refuse alike. The clients that
+train keep their partition order and are numbered 0 … n − h − 1 in the run (metrics, states,
+checkpoints); the held-out ones follow, n − h … n − 1 in partition order
+(:attr:`~fedlatent.data.types.Federation.new_clients`, their partition ids
+:attr:`~fedlatent.data.types.Federation.held_out`; ``summary.json``'s ``final.new_clients``, and
+``final.new_client_partition_ids``, which a Flower server, holding no federation, draws again:
+:func:`holdout_ids`).
 
 >>> held_out(10, 3, seed=0)
 [5, 6, 9]
@@ -16,6 +24,7 @@ held-out ones follow, n − h … n − 1 in partition order (:attr:`~fedlatent.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -46,28 +55,39 @@ def holdout_ids(config: RunConfig, num_clients: int) -> list[int]:
     return partition_ids(config.data, num_clients, config.data_seed)
 
 
-def split(federation: Federation, ids: list[int]) -> Federation:
-    """``federation`` whose clients ``ids`` (partition ids, in order) are moved to ``new_clients``,
-    numbered after the clients left to train; each must have a test split, which is what it is
-    evaluated on. Clients built when read (:class:`~fedlatent.data.clients.Clients`) stay unbuilt:
-    the two are views of the same partition."""
-    if not ids:
-        return federation
-    sizes = sizes_of(federation.clients)
-    untested = [cid for cid in ids if not sizes[cid][2]]
+def kept(num_clients: int, ids: Sequence[int]) -> list[int]:
+    """The partition ids of the clients left to train when ``ids`` of ``num_clients`` are held out, in order."""
+    chosen = set(ids)
+    return [i for i in range(num_clients) if i not in chosen]
+
+
+def check_tested(ids: Sequence[int], test_sizes: Sequence[int] | np.ndarray) -> None:
+    """Refuse held-out clients ``ids`` (partition ids) without a test split, the one thing they are
+    evaluated on; ``test_sizes``: their test samples, one per id."""
+    untested = [int(cid) for cid, n in zip(ids, test_sizes) if not n]
     if untested:
         raise ConfigError(f"data.holdout_clients: held-out client(s) {untested} have no test split to be evaluated on; "
                           "set data.local_test_fraction > 0")
-    chosen = set(ids)
-    kept_ids = [i for i in range(len(federation.clients)) if i not in chosen]
+
+
+def check_federation(federation: Federation) -> None:
+    """:func:`check_tested` on a federation's held-out clients (their sizes read without building them)."""
+    check_tested(federation.held_out, sizes_of(federation.new_clients)[:, 2])
+
+
+def split(federation: Federation, ids: list[int]) -> Federation:
+    """``federation`` (the whole partition) whose clients ``ids`` (partition ids, in order) are moved
+    to ``new_clients``, numbered after the clients left to train (:attr:`Federation.held_out`: ``ids``).
+    Each must have a test split, the one thing it is evaluated on: refused where the run checks its
+    data (:func:`check_federation`, after the checks of the clients' number). Clients built when read
+    (:class:`~fedlatent.data.clients.Clients`) stay unbuilt: the two are views of the same partition."""
+    if not ids:
+        return federation
+    kept_ids = kept(len(federation.clients), ids)
     clients = federation.clients
     if isinstance(clients, Clients):
         return dataclasses.replace(federation, clients=clients.subset(kept_ids),
-                                   new_clients=Numbered(clients.subset(ids), len(kept_ids)))
+                                   new_clients=Numbered(clients.subset(ids), len(kept_ids)), held_out=tuple(ids))
     return dataclasses.replace(federation, clients=[clients[i] for i in kept_ids],
-                               new_clients={len(kept_ids) + j: clients[cid] for j, cid in enumerate(ids)})
-
-
-def for_run(config: RunConfig, federation: Federation) -> Federation:
-    """The federation ``config``'s run trains on: :func:`split` by :func:`holdout_ids`."""
-    return split(federation, holdout_ids(config, len(federation.clients)))
+                               new_clients={len(kept_ids) + j: clients[cid] for j, cid in enumerate(ids)},
+                               held_out=tuple(ids))

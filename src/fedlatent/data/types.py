@@ -71,9 +71,11 @@ class ClientData:
 class Federation:
     """Everything a run trains and evaluates on: the clients that train and, with
     ``data.holdout_clients``, the ``new_clients`` that never do (numbered after them), evaluated
-    as clients the federation has not seen (:mod:`fedlatent.data.holdout`). ``clients`` is a
-    sequence (a list, or :class:`fedlatent.data.clients.Clients`, which builds a client when it is
-    read) and ``new_clients`` a mapping (a dict, or :class:`fedlatent.data.clients.Numbered`)."""
+    as clients the federation has not seen (:mod:`fedlatent.data.holdout`; set apart where the
+    federation is built), and ``held_out``: where those sit in the partition (their partition ids,
+    in order). ``clients`` is a sequence (a list, or :class:`fedlatent.data.clients.Clients`, which
+    builds a client when it is read) and ``new_clients`` a mapping (a dict, or
+    :class:`fedlatent.data.clients.Numbered`)."""
 
     clients: Sequence[ClientData]
     test: Split | None
@@ -83,6 +85,12 @@ class Federation:
     augment: Augmentation | bool = False   # truthy when training batches are augmented
     new_clients: Mapping[int, ClientData] = field(default_factory=dict)
     test_of_clients: bool = False  # the global test split is the clients' test splits together (in client order)
+    held_out: tuple[int, ...] = ()  # the partition ids of new_clients, in their order
+
+    @property
+    def partition_size(self) -> int:
+        """The clients of the partition: those that train and those held out."""
+        return len(self.clients) + len(self.new_clients)
 
     @property
     def num_clients(self) -> int:
@@ -120,10 +128,13 @@ class ServerView:
 @dataclass
 class Outline:
     """What a federation will be, known without building it (:func:`fedlatent.data.federation.outline`):
-    the classes, the input shape (None where only decoding the samples tells it) and the clients, with
-    each client's (training, test) sample counts where the partition tells them (``()`` where not)."""
+    the classes, the input shape (None where only decoding the samples tells it) and the partition's
+    clients, those held out (``data.holdout_clients``) included, with each client's (training, test)
+    sample counts where the partition tells them (``()`` where not) and the partition ids of those
+    held out."""
 
     num_classes: int
     input_shape: tuple[int, ...] | None
     num_clients: int
     client_sizes: tuple[tuple[int, int], ...] = ()
+    held_out: tuple[int, ...] = ()

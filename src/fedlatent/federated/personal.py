@@ -112,7 +112,7 @@ def new_client_reports(ws: Workspace, spec: MethodSpec, clients: Mapping[int, Cl
     tallies = {}
     ws.model.load_state_dict(global_state)
     for cid, client in clients.items():
-        assert client.test is not None  # data.holdout.split holds out clients with a test split only
+        assert client.test is not None  # a held-out client without one is refused (data.holdout.check_tested)
         tallies[cid] = tally(ws.model, client.test, num_classes, batch_size, device)
     rows = []
     for cid, client in clients.items() if personal else ():

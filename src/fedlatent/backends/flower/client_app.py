@@ -151,12 +151,11 @@ def job_for(run: ConfigRecord, node_config: dict[str, Any], normalization: Tenso
         spec = resolve(config.algorithm, config.terms)
         spec.count_flops = "flops" in config.diagnostics.which  # counted by the client, summed by the server
         spec.trace = config.diagnostics.trace_terms  # each step's terms, in the upload (the server writes them)
-        federation = build_federation(config.data, config.data_seed)
-        if config.data.holdout_clients:  # the clients that never train, set apart as on the embedded backends
-            if data_path:
-                raise ConfigError("data.holdout_clients: held out of the configured data set, which a SuperNode with "
-                                  "its own data-path does not build")
-            federation = holdout.for_run(config, federation)
+        if config.data.holdout_clients and data_path:
+            raise ConfigError("data.holdout_clients: held out of the configured data set, which a SuperNode with "
+                              "its own data-path does not build")
+        federation = build_federation(config.data, config.data_seed)  # the clients that never train set apart
+        holdout.check_federation(federation)  # each with a test split, as the embedded backends' checks refuse
         if normalization:
             mean, std = normalization["mean"], normalization["std"]
             federation = dataclasses.replace(federation, clients=[

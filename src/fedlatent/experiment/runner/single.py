@@ -24,7 +24,6 @@ from fedlatent.analysis.tables import partition_overview, partition_table
 from fedlatent.backends import auto, capabilities, simulation, vectorized
 from fedlatent.backends.simulation import Trainer
 from fedlatent.config import RunConfig, to_toml
-from fedlatent.data import holdout
 from fedlatent.data.federation import build_federation, counts_table, declared_view, server_view
 from fedlatent.data.registry import DATASETS
 from fedlatent.data.types import Federation, ServerView
@@ -82,12 +81,12 @@ def prepare(config: RunConfig) -> tuple[Federation | ServerView, MethodSpec]:
     (:func:`~fedlatent.data.federation.declared_view`; the nodes build their clients and evaluate the
     global model) or, with ``flower.server_reads_data``, read from the data set
     (:func:`~fedlatent.data.federation.server_view`) — and check what needs it
-    (:func:`~fedlatent.experiment.runner.validation.check_fit`): what ``fedlatent check`` checks; then
-    the clients held out (``data.holdout_clients``) set apart (:func:`fedlatent.data.holdout.for_run`). The
-    federation is built in one pass and builds no client's splits (they are built when a round reads
-    them: :mod:`fedlatent.data.clients`); the checks and the hold-out read the clients' sample counts,
-    and the held-out clients are a view of the same partition. What a Flower server learns only from
-    its census is checked then (:func:`_run_in`)."""
+    (:func:`~fedlatent.experiment.runner.validation.check_fit`): what ``fedlatent check`` checks. The
+    federation is built in one pass, its held-out clients (``data.holdout_clients``) set apart there
+    (a view of the same partition, :mod:`fedlatent.data.holdout`), and builds no client's splits
+    (they are built when a round reads them: :mod:`fedlatent.data.clients`); the checks read the
+    clients' sample counts. What a Flower server learns only from its census is checked then
+    (:func:`_run_in`)."""
     spec = validate(config)
     if config.backend != "flower":
         data: Federation | ServerView = build_federation(config.data, config.data_seed)
@@ -96,8 +95,6 @@ def prepare(config: RunConfig) -> tuple[Federation | ServerView, MethodSpec]:
     else:  # the server opens no data: the rest of check_fit follows the nodes' census (_run_in)
         data = declared_view(config.data)
     check_fit(config, spec, data)
-    if isinstance(data, Federation):  # the clients that never train (data.holdout_clients) set apart
-        data = holdout.for_run(config, data)
     return data, spec
 
 

@@ -16,8 +16,8 @@ still before the run's folder exists.
 
 What needs the data: the data set's files and their layout, the partition (more clients, classes
 or samples than the data hold: :func:`fedlatent.data.federation.outline` makes the partition from
-the labels as the run does), the model's keys where the data set declares no shape, the clients a
-round samples against ``train.min_clients``.
+the labels as the run does, and draws the held-out clients as the run's build does), the
+model's keys where the data set declares no shape, the clients a round samples against ``train.min_clients``.
 """
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ from fedlatent.calibration.registry import with_sums
 from fedlatent.config import DataConfig, PrivacyConfig, RunConfig, holdout_count, memory_budget
 from fedlatent.data.clients import sizes_of
 from fedlatent.data.federation import outline
-from fedlatent.data.holdout import holdout_ids
+from fedlatent.data import holdout
 from fedlatent.data.registry import DATASETS
 from fedlatent.data.types import Federation, Outline, ServerView
 from fedlatent.errors import ConfigError
@@ -319,12 +319,13 @@ def check_fit(config: RunConfig, spec: MethodSpec, data: Federation | ServerView
     """What the data decide of a run: the model's keys where the data set declares no shape
     (:func:`check_model_fit`), the clients held out (``data.holdout_clients``) against the
     partition's, the clients a round samples of those left (where their number is known before a
-    Flower census) against ``train.min_clients``. A run checks its built federation, ``check`` its outline."""
+    Flower census) against ``train.min_clients``. A run checks its built federation (its held-out
+    clients set apart already: :func:`fedlatent.data.federation.build_federation`), ``check`` its outline."""
     if declared_shape(config.data) is None and data.input_shape:  # (): a Flower server's view before its census
         check_model_fit(config, spec, data.input_shape, data.num_classes)
-    if data.num_clients is not None:
+    if data.num_clients is not None:  # a federation's: those that train; a view's or outline's: the partition's
         training = data.num_clients
-        if config.data.holdout_clients:  # the clients left to train (at least one) are those sampled
+        if config.data.holdout_clients and not isinstance(data, Federation):  # those left to train are sampled
             training -= holdout_count(config.data.holdout_clients, data.num_clients)
         check_evaluation_sample(config, training)  # eval.clients, eval.final_clients: no more than there are
         sampled = len(sample_clients(config.seed, 0, training, config.train.participation))
@@ -342,21 +343,21 @@ def check_client_sizes(config: RunConfig, data: Federation | ServerView | Outlin
     """What each client's sample counts decide, where they are known before training: a held-out
     client needs a test split (it is evaluated on nothing else: ``data.local_test_fraction``), and a
     training client under ``train.drop_last`` at least one full batch (with none it trains on
-    nothing, and round 1 has no loss to report)."""
-    if isinstance(data, Federation):
-        sizes = [(int(a), int(c)) for a, _, c in sizes_of(data.clients)]  # read without building a client
-    else:
-        sizes = list(getattr(data, "client_sizes", ()))
-    if not sizes:  # a Flower server's view: the nodes' census tells
-        return
-    new = set(holdout_ids(config, len(sizes))) if config.data.holdout_clients else set()
-    untested = sorted(cid for cid in new if not sizes[cid][1])
-    if untested:
-        raise ConfigError(f"data.holdout_clients: held-out client(s) {untested} have no test split to be evaluated "
-                          "on; set data.local_test_fraction > 0")
+    nothing, and round 1 has no loss to report); clients named by their partition ids. A built
+    federation's held-out clients are set apart already (its ``held_out``), an outline's named."""
+    if isinstance(data, Federation):  # read without building a client
+        holdout.check_federation(data)
+        named = [(int(n), cid) for n, cid in zip(sizes_of(data.clients)[:, 0],
+                                                 holdout.kept(data.partition_size, data.held_out))]
+    else:  # a Flower server's view has no sizes: the nodes' census tells
+        sizes, new = getattr(data, "client_sizes", ()), getattr(data, "held_out", ())
+        if sizes:
+            holdout.check_tested(new, [sizes[cid][1] for cid in new])
+        held = set(new)
+        named = [(n, cid) for cid, (n, _) in enumerate(sizes) if cid not in held]
+    smallest = min(named, default=None)
     train = config.train
-    smallest = min((n, cid) for cid, (n, _) in enumerate(sizes) if cid not in new)
-    if train.drop_last and smallest[0] < train.batch_size:
+    if smallest is not None and train.drop_last and smallest[0] < train.batch_size:
         raise ConfigError(f"train.batch_size = {train.batch_size} with train.drop_last = true: client {smallest[1]} "
                           f"has {smallest[0]} training samples, not one full batch, so it would train on nothing; "
                           "lower train.batch_size or set train.drop_last = false")

@@ -133,6 +133,18 @@ def test_a_sampled_evaluation_changes_no_training_number_and_the_final_is_every_
     assert asked["personalized_accuracy_se"] >= 0 and "personalized_accuracy_se" not in full["final"]
 
 
+def test_a_final_sample_of_held_out_clients_names_their_partition_ids(tmp_path: Path) -> None:
+    """``final.new_client_partition_ids`` under ``eval.final_clients``: the sampled held-out clients' own
+    partition ids (the build's draw over the whole partition, then the sample's positions in it)."""
+    config = synthetic(40, "data.holdout_clients=20", "eval.final_clients=5", "eval.personalized='never'")
+    final = single.run(config, tmp_path / "run", echo=None, figures=False)["final"]
+    fed, _ = single.prepare(config)
+    which = sampled.final_clients(config, 20, held_out=True)
+    assert which is not None and len(which) == 5
+    assert final["new_clients"] == [20 + i for i in which]
+    assert final["new_client_partition_ids"] == [fed.held_out[i] for i in which]
+
+
 @pytest.mark.parametrize("key, value, message", [
     ("eval.clients", "0", "eval.clients = 0: must be >= 1"),
     ("eval.clients", "31", "eval.clients = 31: above the 30 clients that train"),

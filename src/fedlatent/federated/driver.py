@@ -264,11 +264,21 @@ def finish(s: Run, last: dict[str, Any] | None = None) -> dict[str, Any]:
             if which is not None:  # a sample of the clients: its mean's standard error
                 final["personalized_accuracy_se"] = sampled.mean_se([r["accuracy"] for r in rows], len(s.train_sizes))
     new = evaluate_new(s, state)
-    if new:  # where they sit in the partition (fedlatent partition's rows)
-        new["new_client_partition_ids"] = holdout_ids(s.config, len(s.train_sizes) + len(new["new_clients"]))
+    if new:  # where the evaluated ones sit in the partition (fedlatent partition's rows)
+        new["new_client_partition_ids"] = new_partition_ids(s.config, len(s.train_sizes))
     final.update(new)
     s.model.load_state_dict(state)
     return final
+
+
+def new_partition_ids(config: RunConfig, training: int) -> list[int]:
+    """The partition ids of the held-out clients the final evaluation takes (all of them, or those
+    ``eval.final_clients`` samples, in their order), ``training`` clients left to train: drawn over
+    the whole partition, as the build drew them."""
+    count = holdout_count(config.data.holdout_clients, int(config.data.num_clients))
+    ids = holdout_ids(config, training + count)
+    which = sampled.final_clients(config, count, held_out=True)
+    return ids if which is None else [ids[i] for i in which]
 
 
 def _evaluation(line: dict[str, Any]) -> dict[str, float]:

@@ -59,6 +59,26 @@ def test_a_leaf_run(tmp_path: Path) -> None:
     assert [sum(row) for row in counts] == [30, 24, 18]
 
 
+def test_a_fixed_client_count_other_than_the_users_exits_2_before_the_run_folder(tmp_path: Path, capsys) -> None:
+    """LEAF's 3 users are the clients: with a client held out, ``data.num_clients = 5`` is refused (not
+    ignored: the held-out clients count from it), ``= 3`` holds one out of the three."""
+    root = leaf_folder(tmp_path / "femnist")
+    config = tmp_path / "c.toml"
+    config.write_text(f'[data]\ndataset = "leaf"\npath = "{root}"\npartition = "given"\nclasses = 5\n'
+                      "[model]\nhidden = [8]\n[train]\nrounds = 1\nthreads = 1\n")
+    out = tmp_path / "run"
+    code = main(["run", str(config), "--no-progress", "--no-figures", "--out", str(out), "--set", "data.num_clients=5",
+                 "--set", "data.holdout_clients=1"])
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and lines == ["fedlatent: error: data.num_clients = 5: data set 'leaf' brings 3 clients of its "
+                                   "own, and data.holdout_clients counts from it; set data.num_clients = 3"]
+    assert not out.exists()
+    assert main(["run", str(config), "--no-progress", "--no-figures", "--out", str(out), "--set", "data.num_clients=3",
+                 "--set", "data.holdout_clients=1"]) == 0
+    final = json.loads((out / "summary.json").read_text())["final"]
+    assert final["new_clients"] == [2] and len(final["new_client_partition_ids"]) == 1
+
+
 def test_a_csv_of_sample_to_client_partitions_a_pool(tmp_path: Path) -> None:
     base = ['data.dataset="digits"', "model.hidden=[8]", "train.rounds=1", "train.threads=1"]
     whole = build_federation(fedlatent.load_config(None, [*base, "data.num_clients=1"]).data, 0)

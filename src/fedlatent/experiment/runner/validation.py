@@ -323,6 +323,7 @@ def check_fit(config: RunConfig, spec: MethodSpec, data: Federation | ServerView
     clients set apart already: :func:`fedlatent.data.federation.build_federation`), ``check`` its outline."""
     if declared_shape(config.data) is None and data.input_shape:  # (): a Flower server's view before its census
         check_model_fit(config, spec, data.input_shape, data.num_classes)
+    check_own_count(config, data)
     if data.num_clients is not None:  # a federation's: those that train; a view's or outline's: the partition's
         training = data.num_clients
         if config.data.holdout_clients and not isinstance(data, Federation):  # those left to train are sampled
@@ -337,6 +338,20 @@ def check_fit(config: RunConfig, spec: MethodSpec, data: Federation | ServerView
             raise ConfigError(f"privacy.secure_aggregation with the {sampled} clients sampled per round: {reason} "
                               "(privacy.secagg_threshold, privacy.secagg_num_shares)")
     check_client_sizes(config, data)
+
+
+def check_own_count(config: RunConfig, data: Federation | ServerView | Outline) -> None:
+    """A data set that brings its own clients (LEAF's users, an arrays file's, a clinical site's) has
+    as many as it brings, whatever ``data.num_clients`` says — except that clients held out
+    (``data.holdout_clients``, which needs it fixed) are counted from it: there a count that differs
+    is refused, not ignored."""
+    fixed = config.data.num_clients
+    if not config.data.holdout_clients or not DATASETS.get(config.data.dataset).traits.get("own_clients"):
+        return
+    count = data.partition_size if isinstance(data, Federation) else data.num_clients
+    if count is not None and count != int(fixed):
+        raise ConfigError(f"data.num_clients = {fixed}: data set '{config.data.dataset}' brings {count} clients of its "
+                          f"own, and data.holdout_clients counts from it; set data.num_clients = {count}")
 
 
 def check_client_sizes(config: RunConfig, data: Federation | ServerView | Outline) -> None:

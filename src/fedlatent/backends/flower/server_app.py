@@ -45,7 +45,7 @@ from fedlatent.config import RunConfig, holdout_count
 from fedlatent.data.federation import pooled_channel_stats
 from fedlatent.data.types import Outline, ServerView
 from fedlatent.errors import ConfigError, DataError
-from fedlatent.federated import evaluation
+from fedlatent.federated import evaluation, sampled
 from fedlatent.federated.calibrate import summed_statistics
 from fedlatent.federated.failures import ClientFailure, RunStopped
 from fedlatent.federated.server import Server
@@ -79,10 +79,16 @@ class Census:
     global_test_size: int = 0
     held_out: int = 0  # the partition's clients that never train (data.holdout_clients), numbered after these
     new_node_of: dict[int, int] = field(default_factory=dict)  # which SuperNode serves each held-out client
+    _served: dict[int, list[int]] | None = field(default=None, init=False, repr=False, compare=False)
 
     def clients_of(self, node: int) -> list[int]:
-        """The clients ``node`` serves, training and held-out, in id order."""
-        return sorted(cid for cid, n in (*self.node_of.items(), *self.new_node_of.items()) if n == node)
+        """The clients ``node`` serves, training and held-out, in id order (indexed once: every message
+        to a node asks, and a scan of the federation per message would make a round cost the federation)."""
+        if self._served is None:
+            self._served = {}
+            for cid, n in sorted((*self.node_of.items(), *self.new_node_of.items())):
+                self._served.setdefault(n, []).append(cid)
+        return list(self._served.get(node, []))
 
     def view(self, data: ServerView) -> ServerView:
         """``data`` completed with what the census tells: the classes and input shape where the
@@ -395,24 +401,32 @@ class ServerRun:
         """The held-out clients (``data.holdout_clients``) on the global ``state``, evaluated by the nodes
         that serve them (``evaluate.new``): their tallies by client id and, with ``personal``, their
         report rows under the program's new-client rule; ``clients``: only those at these positions
-        among the held-out clients (a sampled evaluation: the nodes evaluate all, the server keeps these)."""
+        among the held-out clients (a sampled evaluation: only their nodes are asked, each for those)."""
         if not self.census.held_out:
             return {}, []
+        first = len(self.census.train_sizes)
+        ids = list(range(first, first + self.census.held_out)) if clients is None else [first + i for i in clients]
+        records = {"global": M.to_record(state), "new": ConfigRecord({"personal": personal})}
+        if clients is None:
+            replies = self.broadcast("evaluate.new", records)
+        else:
+            by_node: dict[int, list[int]] = {}
+            for cid in ids:
+                if cid in self.census.new_node_of:
+                    by_node.setdefault(self.census.new_node_of[cid], []).append(cid)
+            replies = self.broadcast("evaluate.new", records, {node: {"clients": ConfigRecord({"ids": cids})}
+                                                               for node, cids in by_node.items()}, nodes=sorted(by_node))
         tallies: dict[int, evaluation.Tally] = {}
         rows: list[dict[str, Any]] = []
-        for reply in self.broadcast("evaluate.new", {"global": M.to_record(state),
-                                                     "new": ConfigRecord({"personal": personal})}).values():
+        for reply in replies.values():
             tallies.update({int(k.removeprefix("client.")): t for k, t in M.unpack_tallies(reply.content).items()})
             rows += M.unpack_values(reply.content["rows"])["rows"]
-        first = len(self.census.train_sizes)
-        missing = sorted(set(range(first, first + self.census.held_out)) - set(tallies))
+        missing = sorted(set(ids) - set(tallies))
         if missing:
             self.warn(f"new clients {missing}: no SuperNode evaluated them")
-        if clients is not None:
-            kept = {first + i for i in clients}
-            tallies = {cid: t for cid, t in tallies.items() if cid in kept}
-            rows = [row for row in rows if row["client"] in kept]
-        return dict(sorted(tallies.items())), rows
+        kept = set(ids)  # a node asked for all its held-out clients may serve more than the sample
+        return dict(sorted((cid, t) for cid, t in tallies.items() if cid in kept)), \
+            [row for row in rows if row["client"] in kept]
 
     def broadcast(self, message_type: str, records: dict[str, Any],
                   own: dict[int, dict[str, Any]] | None = None, nodes: list[int] | None = None) -> dict[int, Message]:
@@ -430,16 +444,27 @@ class ServerRun:
         holds it (``flower.server_reads_data``), else added up from the nodes' tallies (``evaluate.test``)
         — shares of it, one per node holding it (a share whose node does not reply asked once more of
         those that did), or without such a node each client's test split — in order, so that the
-        scores are the server's own evaluation's, to the bit. ``clients`` (an evaluation's sample) is
-        not taken: the nodes' test splits are evaluated in full."""
+        scores are the server's own evaluation's, to the bit. ``clients`` (an evaluation's sample)
+        is taken where the global test split is the clients' test splits together (no node holds a
+        share of it): only the nodes serving sampled clients are asked, each for those clients'
+        tallies, and the scores come with the ratio estimate's ``accuracy_se`` as on the embedded
+        backend; a global test split of its own is evaluated in full."""
         fed, batch = self.federation, self.config.eval.batch_size
         if fed.test is not None:
             return evaluation.evaluate(self.model, fed.test, fed.num_classes, batch, self.device)
         record = {"global": M.to_record(state)}
         holders = self.census.test_holders
         if not holders:  # the clients' test splits together are the global one (nodes with their own files)
-            wanted = [f"client.{cid}" for cid, n in enumerate(self.census.test_sizes) if n]
-            got = self.tallies(record, {node: {} for node in sorted(set(self.census.node_of.values()))})
+            ids = [cid for cid in (range(self.num_clients) if clients is None else clients) if self.census.test_sizes[cid]]
+            wanted = [f"client.{cid}" for cid in ids]
+            if clients is None:
+                own: dict[int, dict[str, Any]] = {node: {} for node in sorted(set(self.census.node_of.values()))}
+            else:  # the sampled clients' nodes alone, each told which of its clients to tally
+                by_node: dict[int, list[int]] = {}
+                for cid in ids:
+                    by_node.setdefault(self.census.node_of[cid], []).append(cid)
+                own = {node: {"clients": ConfigRecord({"ids": cids})} for node, cids in by_node.items()}
+            got = self.tallies(record, own)
         else:
             wanted = [f"shard.{i}" for i in range(len(holders))]
             got = self.tallies(record, {node: {"shard": _shards([i], len(holders))} for i, node in enumerate(holders)})
@@ -452,7 +477,13 @@ class ServerRun:
         if missing:
             self.warn(f"evaluation of the global model without {', '.join(missing)} (no SuperNode evaluated them)")
         present = [got[name] for name in wanted if name in got]
-        return evaluation.scores(present) if present else {}
+        if not present:
+            return {}
+        out = evaluation.scores(present)
+        if clients is not None and not holders:  # a sample of the clients' test splits: the ratio estimate's SE
+            out["accuracy_se"] = sampled.ratio_se([int(t.correct.sum()) for t in present],
+                                                  [int(t.count.sum()) for t in present], self.num_clients)
+        return out
 
     def tallies(self, records: dict[str, Any], own: dict[int, dict[str, Any]]) -> dict[str, evaluation.Tally]:
         """``evaluate.test`` to the nodes of ``own`` (each with its own records): their tallies by name."""
@@ -498,13 +529,22 @@ class ServerRun:
 
     def reports(self, state: Tensors, clients: list[int] | None = None) -> list[dict[str, Any]]:
         """The personalised report the clients compute from the final global ``state`` (with their
-        checkpointed states after a resume); ``clients``: an evaluation's sample, those ids kept."""
+        checkpointed states after a resume); ``clients``: an evaluation's sample, asked of the nodes
+        serving them alone, each for those clients' rows."""
         if not any(self.census.test_sizes):
             return []
+        restored = self.restored_states()
+        if clients is None:
+            replies = self.broadcast("evaluate.report", {"global": M.to_record(state)}, restored)
+        else:
+            by_node: dict[int, list[int]] = {}
+            for cid in clients:
+                by_node.setdefault(self.census.node_of[cid], []).append(cid)
+            own = {node: {**restored.get(node, {}), "clients": ConfigRecord({"ids": cids})} for node, cids in by_node.items()}
+            replies = self.broadcast("evaluate.report", {"global": M.to_record(state)}, own, nodes=sorted(by_node))
         keep = None if clients is None else set(clients)
-        return [row for reply in self.broadcast("evaluate.report", {"global": M.to_record(state)},
-                                                self.restored_states()).values()
-                for row in M.unpack_values(reply.content["rows"])["rows"] if keep is None or row["client"] in keep]
+        return [row for reply in replies.values() for row in M.unpack_values(reply.content["rows"])["rows"]
+                if keep is None or row["client"] in keep]
 
 
 def _shards(indices: list[int], count: int) -> ConfigRecord:

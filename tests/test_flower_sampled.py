@@ -66,3 +66,19 @@ def test_a_sampled_evaluation_on_flower_is_the_embedded_one_from_the_sampled_nod
     for kind in ("evaluate.test", "evaluate.validate", "evaluate.new"):
         assert grid.sent.count(kind) == 4 + 4 + 5, kind  # rounds 1 and 2, then the final evaluation
     assert grid.sent.count("evaluate.report") == 5
+
+
+def test_the_simulation_engines_grid_polls_less_often_when_many_replies_are_outstanding():
+    """Flower's in-memory grid checks every outstanding message at each poll: 0.1 s between polls
+    (Flower's default) up to 1,000 messages, 0.1 ms a message above, at most 1 s; another grid is
+    left as it is."""
+    from flwr.superlink.grid import InMemoryGrid
+
+    from fedlatent.backends.flower import server_app
+    grid = InMemoryGrid.__new__(InMemoryGrid)  # its link state is not needed to pace it
+    for outstanding, interval in ((1, 0.1), (1000, 0.1), (5000, 0.5), (10_000, 1.0), (100_000, 1.0)):
+        server_app.pace(grid, outstanding)
+        assert grid.pull_interval == pytest.approx(interval), outstanding
+    other = InProcessGrid(1)
+    server_app.pace(other, 10_000)
+    assert not hasattr(other, "pull_interval")

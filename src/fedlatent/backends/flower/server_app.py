@@ -28,6 +28,7 @@ import numpy as np
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
 from flwr.serverapp import Grid, ServerApp
+from flwr.superlink.grid import InMemoryGrid
 
 from fedlatent.backends.flower import distributed as flower_dp
 from fedlatent.backends.flower import messages as M
@@ -55,6 +56,16 @@ from fedlatent.models import FedModel
 from fedlatent.seeding import SECAGG_GRAPH, derive_seed
 
 CENSUS_WAIT_S = 120.0  # how long the census waits for SuperNodes to serve every client
+POLL_S = 1e-4  # the simulation engine's grid: seconds between its polls for replies per message outstanding
+
+
+def pace(grid: Grid, outstanding: int) -> None:
+    """On the simulation engine's grid, poll for replies every ``POLL_S`` seconds per message
+    ``outstanding`` (0.1 s, Flower's interval, up to 1 s): each poll checks every outstanding message
+    under the engine's lock, so a census of 10,000 nodes polled at 0.1 s spent ~40% of the
+    driver's time polling (Flower 1.41), time taken from delivering messages and from the ClientApps."""
+    if isinstance(grid, InMemoryGrid):
+        grid.pull_interval = min(1.0, max(0.1, POLL_S * outstanding))
 
 
 def _warn(message: str) -> None:
@@ -228,6 +239,7 @@ class ServerRun:
                 msg.content[node_view.STREAMS] = node_view.streams_record(seeds)
             if self.normalization is not None:
                 msg.content["normalization"] = M.to_record(self.normalization)
+        pace(self.grid, len(messages))
         replies = self.grid.send_and_receive([m for _, m in messages], timeout=self.config.flower.timeout)
         by_id = {msg.metadata.message_id: key for key, msg in messages}
         out: dict[int, Message | None] = {key: None for key, _ in messages}

@@ -422,12 +422,8 @@ class ServerRun:
         if clients is None:
             replies = self.broadcast("evaluate.new", records)
         else:
-            by_node: dict[int, list[int]] = {}
-            for cid in ids:
-                if cid in self.census.new_node_of:
-                    by_node.setdefault(self.census.new_node_of[cid], []).append(cid)
-            replies = self.broadcast("evaluate.new", records, {node: {"clients": ConfigRecord({"ids": cids})}
-                                                               for node, cids in by_node.items()}, nodes=sorted(by_node))
+            asked = _asked(ids, self.census.new_node_of)
+            replies = self.broadcast("evaluate.new", records, asked, nodes=sorted(asked))
         tallies: dict[int, evaluation.Tally] = {}
         rows: list[dict[str, Any]] = []
         for reply in replies.values():
@@ -436,9 +432,7 @@ class ServerRun:
         missing = sorted(set(ids) - set(tallies))
         if missing:
             self.warn(f"new clients {missing}: no SuperNode evaluated them")
-        kept = set(ids)  # a node asked for all its held-out clients may serve more than the sample
-        return dict(sorted((cid, t) for cid, t in tallies.items() if cid in kept)), \
-            [row for row in rows if row["client"] in kept]
+        return dict(sorted(tallies.items())), rows
 
     def broadcast(self, message_type: str, records: dict[str, Any],
                   own: dict[int, dict[str, Any]] | None = None, nodes: list[int] | None = None) -> dict[int, Message]:
@@ -472,10 +466,7 @@ class ServerRun:
             if clients is None:
                 own: dict[int, dict[str, Any]] = {node: {} for node in sorted(set(self.census.node_of.values()))}
             else:  # the sampled clients' nodes alone, each told which of its clients to tally
-                by_node: dict[int, list[int]] = {}
-                for cid in ids:
-                    by_node.setdefault(self.census.node_of[cid], []).append(cid)
-                own = {node: {"clients": ConfigRecord({"ids": cids})} for node, cids in by_node.items()}
+                own = _asked(ids, self.census.node_of)
             got = self.tallies(record, own)
         else:
             wanted = [f"shard.{i}" for i in range(len(holders))]
@@ -549,14 +540,19 @@ class ServerRun:
         if clients is None:
             replies = self.broadcast("evaluate.report", {"global": M.to_record(state)}, restored)
         else:
-            by_node: dict[int, list[int]] = {}
-            for cid in clients:
-                by_node.setdefault(self.census.node_of[cid], []).append(cid)
-            own = {node: {**restored.get(node, {}), "clients": ConfigRecord({"ids": cids})} for node, cids in by_node.items()}
-            replies = self.broadcast("evaluate.report", {"global": M.to_record(state)}, own, nodes=sorted(by_node))
-        keep = None if clients is None else set(clients)
-        return [row for reply in replies.values() for row in M.unpack_values(reply.content["rows"])["rows"]
-                if keep is None or row["client"] in keep]
+            own = {node: {**restored.get(node, {}), **asked} for node, asked in _asked(clients, self.census.node_of).items()}
+            replies = self.broadcast("evaluate.report", {"global": M.to_record(state)}, own, nodes=sorted(own))
+        return [row for reply in replies.values() for row in M.unpack_values(reply.content["rows"])["rows"]]
+
+
+def _asked(clients: list[int], node_of: dict[int, int]) -> dict[int, dict[str, ConfigRecord]]:
+    """By node, the ``clients`` record telling it which of its clients a sampled evaluation asks of it
+    (those of ``clients`` it serves: ``node_of``), for the nodes serving any of them alone."""
+    by_node: dict[int, list[int]] = {}
+    for cid in clients:
+        if cid in node_of:
+            by_node.setdefault(node_of[cid], []).append(cid)
+    return {node: {"clients": ConfigRecord({"ids": cids})} for node, cids in by_node.items()}
 
 
 def _shards(indices: list[int], count: int) -> ConfigRecord:

@@ -5,13 +5,14 @@ own process: Synthetic(0.5, 0.5) with 50 samples a client (``scale.py``'s cell),
 as many SuperNodes, 100 clients a round, FedAvg, one torch thread a ClientApp, Ray given
 ``--cpus`` CPUs. Each SuperNode builds its own client alone when first asked (a node's process
 holds the federation's outline, not its clients: ``data.clients.Clients``); the server holds no
-client's data. Measured: the run's wall seconds, its set-up (the census of every node included)
-and rounds, the driver's peak resident memory (``ru_maxrss``: the ServerApp and the engine) and the
+client's data. Measured: the run's wall seconds, its set-up (the census of every node included;
+the census's own seconds beside it) and rounds, the driver's peak resident memory (``ru_maxrss``: the ServerApp and the engine) and the
 peak of the resident memory of the driver and all its descendants together (Ray's raylet, GCS and
 workers; sampled every 0.5 s from /proc, shared pages counted once per process).
 
     python benchmarks/flower_scale.py --clients 1000
-    python benchmarks/flower_scale.py --clients 10000 --rounds 3 --json out.json
+    python benchmarks/flower_scale.py --clients 10000 --rounds 3 --set eval.clients=100 --json out.json
+    python benchmarks/flower_scale.py --clients 1000 --client-cpus 0.5     # 4 ClientApps at once on 2 CPUs
 """
 from __future__ import annotations
 
@@ -27,7 +28,21 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from scale import CHILD, CONFIG  # noqa: E402  (the scale cell's configuration and child)
+from scale import CONFIG  # noqa: E402  (the scale cell's configuration)
+
+# one run, in a fresh interpreter: the census's seconds (ServerRun.take_census timed) and its peak
+# resident memory (bytes) printed last
+CHILD = ("import resource, sys, time\n"
+         "from fedlatent.backends.flower import server_app\n"
+         "take = server_app.ServerRun.take_census\n"
+         "def timed(self):\n"
+         "    started = time.perf_counter(); census = take(self)\n"
+         "    print('CENSUS', time.perf_counter() - started, flush=True); return census\n"
+         "server_app.ServerRun.take_census = timed\n"
+         "from fedlatent.cli import main\n"
+         "code = main(sys.argv[1:])\n"
+         "print('PEAK', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)\n"
+         "sys.exit(code)\n")
 
 
 def tree_rss(root: int) -> int:
@@ -51,14 +66,17 @@ def tree_rss(root: int) -> int:
     return sum(rss.get(pid, 0) for pid in inside)
 
 
-def run(clients: int, rounds: int, cohort: int, cpus: int, extra: list[str]) -> dict:
-    """One Flower simulation run of ``clients`` virtual clients: its times and peak memory."""
+def run(clients: int, rounds: int, cohort: int, cpus: int, extra: list[str], client_cpus: float = 1.0,
+        supernodes: int = 0) -> dict:
+    """One Flower simulation run of ``clients`` virtual clients on ``supernodes`` SuperNodes (0: one
+    a client), each ClientApp given ``client_cpus`` of Ray's ``cpus``: its times and peak memory."""
     with tempfile.TemporaryDirectory(prefix="fedlatent-flower-scale-") as tmp:
         config = Path(tmp) / "scale.toml"
         config.write_text(CONFIG)
         out = Path(tmp) / "run"
         sets = ['backend="flower"', f"data.num_clients={clients}", f"train.participation={cohort / clients!r}",
-                f"train.rounds={rounds}", f"flower.cpus={cpus}", "flower.client_cpus=1", *extra]
+                f"train.rounds={rounds}", f"flower.cpus={cpus}", f"flower.client_cpus={client_cpus!r}",
+                f"flower.supernodes={supernodes}", *extra]
         argv = [sys.executable, "-c", CHILD, "run", str(config), "--out", str(out), "--no-figures", "--no-progress",
                 *[a for s in sets for a in ("--set", s)]]
         env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "FLWR_TELEMETRY_ENABLED": "0"}
@@ -79,10 +97,12 @@ def run(clients: int, rounds: int, cohort: int, cpus: int, extra: list[str]) -> 
             raise SystemExit(f"N={clients}: exit {child.returncode}\n{stderr[-3000:]}")
         summary = json.loads((out / "summary.json").read_text())
         rounds_s = [json.loads(line)["time_round_s"] for line in (out / "metrics.jsonl").read_text().splitlines()]
-        return {"clients": clients, "supernodes": clients, "cohort": cohort, "cpus": cpus, "wall_s": wall,
-                "setup_s": summary["setup_seconds"], "train_s": summary["train_seconds"], "rounds_s": rounds_s,
-                "round_s": statistics.median(rounds_s), "driver_peak_bytes": int(stdout.strip().splitlines()[-1].split()[1]),
-                "tree_peak_bytes": peak[0], "accuracy": summary["final"].get("accuracy")}
+        printed = dict(line.split(maxsplit=1) for line in stdout.splitlines() if line.startswith(("CENSUS ", "PEAK ")))
+        return {"clients": clients, "supernodes": supernodes or clients, "client_cpus": client_cpus, "cohort": cohort,
+                "cpus": cpus, "wall_s": wall, "setup_s": summary["setup_seconds"], "census_s": float(printed["CENSUS"]),
+                "train_s": summary["train_seconds"], "rounds_s": rounds_s, "round_s": statistics.median(rounds_s),
+                "driver_peak_bytes": int(printed["PEAK"]), "tree_peak_bytes": peak[0],
+                "accuracy": summary["final"].get("accuracy"), "accuracy_se": summary["final"].get("accuracy_se")}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -91,14 +111,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--cohort", type=int, default=100)
     parser.add_argument("--cpus", type=int, default=2, help="CPUs given to Ray (flower.cpus)")
+    parser.add_argument("--client-cpus", type=float, default=1.0, help="CPUs reserved per ClientApp (flower.client_cpus)")
+    parser.add_argument("--supernodes", type=int, default=0, help="SuperNodes (flower.supernodes; 0: one a client)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="an extra override")
     parser.add_argument("--json", metavar="PATH")
     args = parser.parse_args(argv)
     rows = []
     for n in (int(c) for c in args.clients.split(",")):
-        row = run(n, args.rounds, args.cohort, args.cpus, args.set)
+        row = run(n, args.rounds, args.cohort, args.cpus, args.set, args.client_cpus, args.supernodes)
         rows.append(row)
-        print(f"flower N={n:>7,d}  {row['round_s']:7.2f} s/round  set-up {row['setup_s']:7.1f} s  "
+        print(f"flower N={n:>7,d} on {row['supernodes']:,d} SuperNodes, {args.client_cpus:g} CPU a ClientApp  "
+              f"{row['round_s']:7.2f} s/round  set-up {row['setup_s']:7.1f} s (census {row['census_s']:7.1f} s)  "
               f"train {row['train_s']:7.1f} s  whole {row['wall_s']:7.1f} s  driver peak "
               f"{row['driver_peak_bytes'] / 2 ** 30:5.2f} GiB  all processes {row['tree_peak_bytes'] / 2 ** 30:5.2f} GiB",
               flush=True)

@@ -333,8 +333,23 @@ def test_withheld_entries_come_from_the_nodes_initial_model():
 def test_served_clients_follow_the_partition_id():
     assert client_app.served({"partition-id": 1, "num-partitions": 3}, 10) == [1, 4, 7]
     assert client_app.served({"partition-id": 4, "num-partitions": 10}, 10) == [4]
+    assert client_app.served({"partition-id": 3, "num-partitions": 3}, 10) == []  # beyond the partitions: none
     with pytest.raises(ValueError, match="partition-id"):
         client_app.served({}, 10)
+
+
+def test_a_run_record_is_parsed_once_and_a_nodes_clients_indexed_once():
+    """Every message carries the run record: a node parses its text once (the same configuration
+    back for the same text, a new one for another); the server's census answers which clients a node
+    serves, training and held-out, in id order, from an index rather than a scan per message."""
+    from fedlatent.backends.flower import node_view
+    record = node_view.run_record(config("flower"))
+    first = node_view.node_config(record)
+    assert node_view.node_config(record) is first
+    other = node_view.node_config(node_view.run_record(config("flower", ["train.lr=0.2"])))
+    assert other is not first and other.train.lr == 0.2 and first.train.lr != 0.2
+    census = server_app.Census({0: 7, 1: 8, 2: 7}, [5, 5, 5], [0, 0, 0], [0, 0, 0], new_node_of={3: 8})
+    assert [census.clients_of(node) for node in (7, 8, 9)] == [[0, 2], [1, 3], []]
 
 
 def test_a_node_serves_its_own_arrays_file(tmp_path, monkeypatch):

@@ -105,7 +105,7 @@ def served(node_config: dict[str, Any], num_clients: int) -> list[int]:
                          "(start it with --node-config 'partition-id=K num-partitions=P')")
     k = int(node_config["partition-id"])
     p = int(node_config.get("num-partitions", num_clients))
-    return [cid for cid in range(num_clients) if cid % p == k]
+    return list(range(k, num_clients, p)) if 0 <= k < p else []  # not a scan of the federation per message
 
 
 _BUILT: dict[str, Job] = {}
@@ -323,8 +323,9 @@ def held_test_size(job: Job, own_file: bool) -> int:
 def test(msg: Message, context: Context) -> Message:
     """The global model's :class:`~fedlatent.federated.evaluation.Tally` on this node's shares of
     the global test split (``shard``: their indices of ``count`` contiguous shares, by batches of
-    ``eval.batch_size``), or without ``shard`` on each served client's test split, for the server to
-    add up (:meth:`.server_app.ServerRun.test`)."""
+    ``eval.batch_size``), or without ``shard`` on each served client's test split (those of
+    ``clients`` alone when the server sends it: a sampled evaluation), for the server to add up
+    (:meth:`.server_app.ServerRun.test`)."""
     job = _job(msg, context)
     model, fed, batch = job.workspace.model, job.federation, job.config.eval.batch_size
     model.load_state_dict(M.from_record(msg.content["global"]))
@@ -336,7 +337,9 @@ def test(msg: Message, context: Context) -> Message:
             rows = evaluation.shard(len(fed.test), batch, int(index), int(shard["count"]))
             tallies[f"shard.{index}"] = evaluation.tally(model, fed.test, fed.num_classes, batch, job.device, rows)
     else:
-        for cid, client in job.clients.items():
+        asked = msg.content.config_records.get("clients")  # a sampled evaluation's clients of this node
+        chosen = job.clients if asked is None else {int(c): job.clients[int(c)] for c in asked["ids"]}
+        for cid, client in chosen.items():
             if client.test is not None and len(client.test):
                 tallies[f"client.{cid}"] = evaluation.tally(model, client.test, fed.num_classes, batch, job.device)
     return Message(M.pack_tallies(tallies), reply_to=msg)
@@ -486,8 +489,9 @@ def data(msg: Message, context: Context) -> Message:
 
 @app.evaluate("report")
 def report(msg: Message, context: Context) -> Message:
-    """The personalised report rows of the served clients with a test split: the model each client
-    would use (personal, own layers, fine-tuned or global), its accuracy and the majority baseline."""
+    """The personalised report rows of the served clients with a test split (those of ``clients``
+    alone when the server sends it: a sampled evaluation): the model each client would use
+    (personal, own layers, fine-tuned or global), its accuracy and the majority baseline."""
     job = _job(msg, context)
     cfg, spec, fed = job.config, job.spec, job.federation
     global_state = M.from_record(msg.content["global"])
@@ -495,8 +499,10 @@ def report(msg: Message, context: Context) -> Message:
                for name in msg.content.array_records if name.startswith(STATE)}
     settings = local_settings(cfg.train, round_lr(cfg.train, cfg.train.rounds - 1), spec.personalization.epochs,
                               fed.augment, fed.num_classes, job.device)
+    asked = msg.content.config_records.get("clients")  # a sampled evaluation's clients of this node
+    chosen = job.clients if asked is None else {int(c): job.clients[int(c)] for c in asked["ids"]}
     rows = []
-    for cid, client in job.clients.items():
+    for cid, client in chosen.items():
         state = _state(context, cid)
         row = client_report(job.workspace, spec, cid, client, restore.get(cid, {}) if state is None else state,
                             global_state, num_classes=fed.num_classes, batch_size=cfg.eval.batch_size,
@@ -512,15 +518,18 @@ def report(msg: Message, context: Context) -> Message:
 def new(msg: Message, context: Context) -> Message:
     """The held-out clients this node serves (``data.holdout_clients``), as on the embedded backends
     (:func:`~fedlatent.federated.personal.new_client_reports`): the global model's tally on each
-    one's test split and, when ``personal``, its report under the program's new-client rule."""
+    one's test split and, when ``personal``, its report under the program's new-client rule (those
+    of ``clients`` alone when the server sends it: a sampled evaluation)."""
     job = _job(msg, context)
     cfg, spec, fed = job.config, job.spec, job.federation
     settings = local_settings(cfg.train, round_lr(cfg.train, cfg.train.rounds - 1), spec.personalization.epochs,
                               fed.augment, fed.num_classes, job.device)
-    tallies, rows = new_client_reports(job.workspace, spec, job.new_clients, M.from_record(msg.content["global"]),
+    asked = msg.content.config_records.get("clients")  # a sampled evaluation's held-out clients of this node
+    chosen = job.new_clients if asked is None else {int(c): job.new_clients[int(c)] for c in asked["ids"]}
+    tallies, rows = new_client_reports(job.workspace, spec, chosen, M.from_record(msg.content["global"]),
                                        num_classes=fed.num_classes, batch_size=cfg.eval.batch_size, device=job.device,
                                        settings=settings, personal=bool(msg.content["new"]["personal"]),
-                                       seeds={cid: node_view.stream_seed(msg.content, cid) for cid in job.new_clients})
+                                       seeds={cid: node_view.stream_seed(msg.content, cid) for cid in chosen})
     content = M.pack_tallies({f"client.{cid}": t for cid, t in tallies.items()})
     content["rows"] = M.pack_values({"rows": rows})
     return Message(content, reply_to=msg)

@@ -48,10 +48,19 @@ def run_record(config: RunConfig) -> ConfigRecord:
     return ConfigRecord({"config": to_toml(node, seed=False), "model_seed": model_seed, "head_seed": head_seed})
 
 
+_PARSED: dict[str, RunConfig] = {}  # the last run record's configuration, by its text (one run at a time)
+
+
 def node_config(record: ConfigRecord) -> RunConfig:
     """The configuration of a run record, its run seed :data:`~fedlatent.seeding.NO_SEED` (whatever
-    the text says: a node never draws from a run seed)."""
-    return dataclasses.replace(from_dict(tomllib.loads(str(record["config"]))), seed=NO_SEED)
+    the text says: a node never draws from a run seed). Parsed once per process and text: every
+    message carries the record, and its parse (~5 ms) was most of a node's own work per message;
+    the configuration is shared, not to be changed in place."""
+    text = str(record["config"])
+    if text not in _PARSED:
+        _PARSED.clear()
+        _PARSED[text] = dataclasses.replace(from_dict(tomllib.loads(text)), seed=NO_SEED)
+    return _PARSED[text]
 
 
 def model_seeds(record: ConfigRecord) -> tuple[int, int]:

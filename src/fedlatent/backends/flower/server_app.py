@@ -28,6 +28,7 @@ import numpy as np
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
 from flwr.serverapp import Grid, ServerApp
+from flwr.superlink.grid import InMemoryGrid
 
 from fedlatent.backends.flower import distributed as flower_dp
 from fedlatent.backends.flower import messages as M
@@ -45,7 +46,7 @@ from fedlatent.config import RunConfig, holdout_count
 from fedlatent.data.federation import pooled_channel_stats
 from fedlatent.data.types import Outline, ServerView
 from fedlatent.errors import ConfigError, DataError
-from fedlatent.federated import evaluation
+from fedlatent.federated import evaluation, sampled
 from fedlatent.federated.calibrate import summed_statistics
 from fedlatent.federated.failures import ClientFailure, RunStopped
 from fedlatent.federated.server import Server
@@ -55,6 +56,16 @@ from fedlatent.models import FedModel
 from fedlatent.seeding import SECAGG_GRAPH, derive_seed
 
 CENSUS_WAIT_S = 120.0  # how long the census waits for SuperNodes to serve every client
+POLL_S = 1e-4  # the simulation engine's grid: seconds between its polls for replies per message outstanding
+
+
+def pace(grid: Grid, outstanding: int) -> None:
+    """On the simulation engine's grid, poll for replies every ``POLL_S`` seconds per message
+    ``outstanding`` (0.1 s, Flower's interval, up to 1 s): each poll checks every outstanding message
+    under the engine's lock, so a census of 10,000 nodes polled at 0.1 s spent ~40% of the
+    driver's time polling (Flower 1.41), time taken from delivering messages and from the ClientApps."""
+    if isinstance(grid, InMemoryGrid):
+        grid.pull_interval = min(1.0, max(0.1, POLL_S * outstanding))
 
 
 def _warn(message: str) -> None:
@@ -79,10 +90,16 @@ class Census:
     global_test_size: int = 0
     held_out: int = 0  # the partition's clients that never train (data.holdout_clients), numbered after these
     new_node_of: dict[int, int] = field(default_factory=dict)  # which SuperNode serves each held-out client
+    _served: dict[int, list[int]] | None = field(default=None, init=False, repr=False, compare=False)
 
     def clients_of(self, node: int) -> list[int]:
-        """The clients ``node`` serves, training and held-out, in id order."""
-        return sorted(cid for cid, n in (*self.node_of.items(), *self.new_node_of.items()) if n == node)
+        """The clients ``node`` serves, training and held-out, in id order (indexed once: every message
+        to a node asks, and a scan of the federation per message would make a round cost the federation)."""
+        if self._served is None:
+            self._served = {}
+            for cid, n in sorted((*self.node_of.items(), *self.new_node_of.items())):
+                self._served.setdefault(n, []).append(cid)
+        return list(self._served.get(node, []))
 
     def view(self, data: ServerView) -> ServerView:
         """``data`` completed with what the census tells: the classes and input shape where the
@@ -222,6 +239,7 @@ class ServerRun:
                 msg.content[node_view.STREAMS] = node_view.streams_record(seeds)
             if self.normalization is not None:
                 msg.content["normalization"] = M.to_record(self.normalization)
+        pace(self.grid, len(messages))
         replies = self.grid.send_and_receive([m for _, m in messages], timeout=self.config.flower.timeout)
         by_id = {msg.metadata.message_id: key for key, msg in messages}
         out: dict[int, Message | None] = {key: None for key, _ in messages}
@@ -395,23 +413,25 @@ class ServerRun:
         """The held-out clients (``data.holdout_clients``) on the global ``state``, evaluated by the nodes
         that serve them (``evaluate.new``): their tallies by client id and, with ``personal``, their
         report rows under the program's new-client rule; ``clients``: only those at these positions
-        among the held-out clients (a sampled evaluation: the nodes evaluate all, the server keeps these)."""
+        among the held-out clients (a sampled evaluation: only their nodes are asked, each for those)."""
         if not self.census.held_out:
             return {}, []
+        first = len(self.census.train_sizes)
+        ids = list(range(first, first + self.census.held_out)) if clients is None else [first + i for i in clients]
+        records = {"global": M.to_record(state), "new": ConfigRecord({"personal": personal})}
+        if clients is None:
+            replies = self.broadcast("evaluate.new", records)
+        else:
+            asked = _asked(ids, self.census.new_node_of)
+            replies = self.broadcast("evaluate.new", records, asked, nodes=sorted(asked))
         tallies: dict[int, evaluation.Tally] = {}
         rows: list[dict[str, Any]] = []
-        for reply in self.broadcast("evaluate.new", {"global": M.to_record(state),
-                                                     "new": ConfigRecord({"personal": personal})}).values():
+        for reply in replies.values():
             tallies.update({int(k.removeprefix("client.")): t for k, t in M.unpack_tallies(reply.content).items()})
             rows += M.unpack_values(reply.content["rows"])["rows"]
-        first = len(self.census.train_sizes)
-        missing = sorted(set(range(first, first + self.census.held_out)) - set(tallies))
+        missing = sorted(set(ids) - set(tallies))
         if missing:
             self.warn(f"new clients {missing}: no SuperNode evaluated them")
-        if clients is not None:
-            kept = {first + i for i in clients}
-            tallies = {cid: t for cid, t in tallies.items() if cid in kept}
-            rows = [row for row in rows if row["client"] in kept]
         return dict(sorted(tallies.items())), rows
 
     def broadcast(self, message_type: str, records: dict[str, Any],
@@ -430,16 +450,24 @@ class ServerRun:
         holds it (``flower.server_reads_data``), else added up from the nodes' tallies (``evaluate.test``)
         — shares of it, one per node holding it (a share whose node does not reply asked once more of
         those that did), or without such a node each client's test split — in order, so that the
-        scores are the server's own evaluation's, to the bit. ``clients`` (an evaluation's sample) is
-        not taken: the nodes' test splits are evaluated in full."""
+        scores are the server's own evaluation's, to the bit. ``clients`` (an evaluation's sample)
+        is taken where the global test split is the clients' test splits together (no node holds a
+        share of it): only the nodes serving sampled clients are asked, each for those clients'
+        tallies, and the scores come with the ratio estimate's ``accuracy_se`` as on the embedded
+        backend; a global test split of its own is evaluated in full."""
         fed, batch = self.federation, self.config.eval.batch_size
         if fed.test is not None:
             return evaluation.evaluate(self.model, fed.test, fed.num_classes, batch, self.device)
         record = {"global": M.to_record(state)}
         holders = self.census.test_holders
         if not holders:  # the clients' test splits together are the global one (nodes with their own files)
-            wanted = [f"client.{cid}" for cid, n in enumerate(self.census.test_sizes) if n]
-            got = self.tallies(record, {node: {} for node in sorted(set(self.census.node_of.values()))})
+            ids = [cid for cid in (range(self.num_clients) if clients is None else clients) if self.census.test_sizes[cid]]
+            wanted = [f"client.{cid}" for cid in ids]
+            if clients is None:
+                own: dict[int, dict[str, Any]] = {node: {} for node in sorted(set(self.census.node_of.values()))}
+            else:  # the sampled clients' nodes alone, each told which of its clients to tally
+                own = _asked(ids, self.census.node_of)
+            got = self.tallies(record, own)
         else:
             wanted = [f"shard.{i}" for i in range(len(holders))]
             got = self.tallies(record, {node: {"shard": _shards([i], len(holders))} for i, node in enumerate(holders)})
@@ -452,7 +480,13 @@ class ServerRun:
         if missing:
             self.warn(f"evaluation of the global model without {', '.join(missing)} (no SuperNode evaluated them)")
         present = [got[name] for name in wanted if name in got]
-        return evaluation.scores(present) if present else {}
+        if not present:
+            return {}
+        out = evaluation.scores(present)
+        if clients is not None and not holders:  # a sample of the clients' test splits: the ratio estimate's SE
+            out["accuracy_se"] = sampled.ratio_se([int(t.correct.sum()) for t in present],
+                                                  [int(t.count.sum()) for t in present], self.num_clients)
+        return out
 
     def tallies(self, records: dict[str, Any], own: dict[int, dict[str, Any]]) -> dict[str, evaluation.Tally]:
         """``evaluate.test`` to the nodes of ``own`` (each with its own records): their tallies by name."""
@@ -498,13 +532,27 @@ class ServerRun:
 
     def reports(self, state: Tensors, clients: list[int] | None = None) -> list[dict[str, Any]]:
         """The personalised report the clients compute from the final global ``state`` (with their
-        checkpointed states after a resume); ``clients``: an evaluation's sample, those ids kept."""
+        checkpointed states after a resume); ``clients``: an evaluation's sample, asked of the nodes
+        serving them alone, each for those clients' rows."""
         if not any(self.census.test_sizes):
             return []
-        keep = None if clients is None else set(clients)
-        return [row for reply in self.broadcast("evaluate.report", {"global": M.to_record(state)},
-                                                self.restored_states()).values()
-                for row in M.unpack_values(reply.content["rows"])["rows"] if keep is None or row["client"] in keep]
+        restored = self.restored_states()
+        if clients is None:
+            replies = self.broadcast("evaluate.report", {"global": M.to_record(state)}, restored)
+        else:
+            own = {node: {**restored.get(node, {}), **asked} for node, asked in _asked(clients, self.census.node_of).items()}
+            replies = self.broadcast("evaluate.report", {"global": M.to_record(state)}, own, nodes=sorted(own))
+        return [row for reply in replies.values() for row in M.unpack_values(reply.content["rows"])["rows"]]
+
+
+def _asked(clients: list[int], node_of: dict[int, int]) -> dict[int, dict[str, ConfigRecord]]:
+    """By node, the ``clients`` record telling it which of its clients a sampled evaluation asks of it
+    (those of ``clients`` it serves: ``node_of``), for the nodes serving any of them alone."""
+    by_node: dict[int, list[int]] = {}
+    for cid in clients:
+        if cid in node_of:
+            by_node.setdefault(node_of[cid], []).append(cid)
+    return {node: {"clients": ConfigRecord({"ids": cids})} for node, cids in by_node.items()}
 
 
 def _shards(indices: list[int], count: int) -> ConfigRecord:

@@ -18,7 +18,10 @@ def batch(n: int = 8, shape: tuple[int, int, int] = (3, 32, 32), classes: int = 
 
 
 def assert_one_step_learns(model: FedModel, lr: float = 0.01) -> None:
-    """One SGD step on a fixed batch changes every trainable tensor and lowers the loss on it."""
+    """One SGD step on a fixed batch reaches every trainable tensor (each gets a gradient), changes
+    every one whose gradient is not float32 noise, and lowers the loss on it. A convolution's bias
+    right before BatchNorm has a gradient of 0 in exact arithmetic (the normalisation removes it):
+    its ~1e-8 of rounding, times the learning rate, is below its ulp on some hosts' kernels."""
     x, y = batch(classes=model.num_classes)
     model.train()
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
@@ -29,8 +32,10 @@ def assert_one_step_learns(model: FedModel, lr: float = 0.01) -> None:
             p -= lr * p.grad
     after = nn.functional.cross_entropy(model(x).logits, y)
     assert after.item() < loss.item()
-    changed = [n for n, p in model.named_parameters() if not torch.equal(p, before[n])]
-    assert changed == list(before)
+    grads = {n: p.grad for n, p in model.named_parameters()}
+    assert [n for n, g in grads.items() if g is None] == []
+    moved = [n for n, p in model.named_parameters() if not torch.equal(p, before[n])]
+    assert [n for n, g in grads.items() if g.abs().max() > 1e-6 and n not in moved] == []
 
 
 def assert_vmap_matches_single(make: Callable[[], FedModel], taps: tuple[str, ...]) -> None:

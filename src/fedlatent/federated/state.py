@@ -158,6 +158,10 @@ def _bytes(value: torch.Tensor) -> bytes:
     return value.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
 
 
+def _stored_bytes(store: ClientStates, cid: int) -> Iterator[bytes]:
+    return (_bytes(v) for v in store.stored(cid).values())
+
+
 def _row(cid: int, state: Tensors) -> Row:
     """Client ``cid``'s ``state`` (in memory) as a segment's row."""
     entries = [(name, _dtype_name(v.dtype), list(v.shape), v.nbytes) for name, v in state.items()]
@@ -351,13 +355,13 @@ class Checkpoints:
         snapshot = {"global_state": _copy(global_state), "server_state": _copy(server_state), "info": dict(info)}
         if self.written is None:  # nothing was handed to the writer yet: no write to wait for
             files: list[str] = []
-            sizes = {}
+            sizes: dict[int, int] = {}
 
             def rows() -> Iterator[Row]:
-                for cid, entries in enumerate(client_states.described(i) for i in range(len(client_states))):
-                    if entries:
+                for cid in range(len(client_states)):
+                    if entries := [(n, _dtype_name(d), shape, size) for n, d, shape, size in client_states.described(cid)]:
                         sizes[cid] = sum(e[3] for e in entries)
-                        yield cid, entries, lambda cid=cid: (_bytes(v) for v in client_states.stored(cid).values())
+                        yield cid, entries, functools.partial(_stored_bytes, client_states, cid)
 
             write_sealed(self.root, info["round"], _files(snapshot, _written(_segment(info["round"], rows(), base=True), files)))
             self.segments.base(files, sizes)
@@ -444,7 +448,7 @@ def _write_snapshot(root: Path, rnd: int, snapshot: dict[str, Any], dirty: set[i
     files, hard-linked; without, or when it compacts, the full set as one segment."""
     clients = snapshot["client_states"]
     kept = None if dirty is None or previous is None else _kept(root, previous, segments)
-    changes = {} if kept is None else {c: clients[c] for c in sorted(dirty) if clients[c] or c in segments.live}
+    changes = {c: clients[c] for c in sorted(dirty or ()) if clients[c] or c in segments.live} if kept is not None else {}
     if kept is None or segments.compacts(_sizes(changes)):
         files = encode_checkpoint(**snapshot)
         segments.base([name for name in files if is_client_file(name)],
@@ -477,8 +481,8 @@ def _live_rows(folder: Path, files: list[str], changes: dict[int, Tensors]) -> I
         held: dict[int, list[tuple[str, str, list[int], list[int]]]] = {}
         for key, entry in header.items():
             if key != "__metadata__":
-                cid, _, tensor = key.partition("/")
-                held.setdefault(int(cid), []).append((tensor, entry["dtype"], entry["shape"], entry["data_offsets"]))
+                client, _, tensor = key.partition("/")
+                held.setdefault(int(client), []).append((tensor, entry["dtype"], entry["shape"], entry["data_offsets"]))
         for cid in _empty(header):
             latest.pop(cid, None)
         latest.update({cid: (folder / name, start, entries) for cid, entries in held.items()})
@@ -495,8 +499,7 @@ def _live_rows(folder: Path, files: list[str], changes: dict[int, Tensors]) -> I
                 yield _row(cid, changes[cid])
         else:
             path, start, entries = latest[cid]
-            yield (cid, [(n, d, s, e - b) for n, d, s, (b, e) in entries],
-                   lambda path=path, start=start, entries=entries: read(path, start, entries))
+            yield cid, [(n, d, s, e - b) for n, d, s, (b, e) in entries], functools.partial(read, path, start, entries)
 
 
 def _write_changes(root: Path, rnd: int, snapshot: dict[str, Any], changes: dict[int, Tensors], previous: int,
@@ -507,7 +510,7 @@ def _write_changes(root: Path, rnd: int, snapshot: dict[str, Any], changes: dict
     folder = root / f"round{previous:05d}"
     sums = json.loads((folder / MANIFEST).read_text())["sha256"]
     changes = {cid: s for cid, s in changes.items() if s or cid in segments.live}
-    sizes, files = _sizes(changes), []
+    sizes, files = _sizes(changes), list[str]()
     if segments.compacts(sizes):
         live = {**segments.live, **{cid: size for cid, size in sizes.items() if size is not None}}
         live = {cid: size for cid, size in live.items() if sizes.get(cid, 0) is not None}

@@ -3,6 +3,7 @@ as they were. The commit's ``src`` is taken out of this repository's history (``
 script runs under each tree in its own process, writing its runs under the folder it is given."""
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -11,6 +12,9 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
+
+from fedlatent.federated.state import client_tensors, is_client_file
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -64,7 +68,8 @@ RELEASED_BEFORE = ("client_train_loss",)
 
 def record(run: Path) -> tuple[list[dict], dict, dict]:
     """A run's metrics lines and final evaluation without their clocks (and the keys above), and its
-    last checkpoint's digests."""
+    last checkpoint's digests: of its files, the client states' set as one (``clients``: the same
+    states whichever layout of files holds them, an older version's shards or segments)."""
     lines = []
     for text in (run / "metrics.jsonl").read_text().splitlines():
         line = {k: v for k, v in json.loads(text).items()
@@ -73,5 +78,10 @@ def record(run: Path) -> tuple[list[dict], dict, dict]:
     final = json.loads((run / "summary.json").read_text())["final"]
     latest = json.loads((run / "checkpoints" / "latest.json").read_text())["folder"]
     digests = json.loads((run / "checkpoints" / latest / "manifest.json").read_text())["sha256"]
+    states, clients = client_tensors(run / "checkpoints" / latest), hashlib.sha256()
+    for key in sorted(states):
+        clients.update(f"{key} {states[key].dtype} {list(states[key].shape)}".encode())
+        clients.update(states[key].contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
     return lines, {k: v for k, v in final.items() if "seconds" not in k}, \
-        {k: v for k, v in digests.items() if k != "state.json"}  # state.json holds the clock
+        {**{k: v for k, v in digests.items() if k != "state.json" and not is_client_file(k)},  # state.json: the clock
+         "clients": clients.hexdigest()}

@@ -111,11 +111,11 @@ def test_a_write_compacts_when_the_superseded_states_outweigh_the_live_ones(tmp_
             def seen(rnd: int = rnd, live: dict = live) -> None:  # in the writer, right after round rnd's write
                 folder = tmp_path / f"round{rnd:05d}"
                 kept.append((rnd, state.client_files(folder), _new(folder, tmp_path / f"round{rnd - 1:05d}")))
+                assert len(state.round_folders(tmp_path)) == state.KEEP  # the older ones removed
                 if rnd == 7:
                     assert (folder / state.segment_name(7)).stat().st_size == segment_bytes(
                         live, folder / state.segment_name(7))  # the live set, whole
             ckpt.writer.submit(seen)
-            assert len(state.round_folders(tmp_path)) <= state.KEEP
     files = {rnd: (names, new) for rnd, names, new in kept}
     assert len(files[6][0]) == 6  # 5 rounds: 10 states superseded, not more than the 10 live ones
     assert files[7] == ([state.segment_name(7)], {state.segment_name(7)})  # the 6th would make 12: the live set rewritten, one base

@@ -65,7 +65,7 @@ import os
 import shutil
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator, TypeVar
 
 import torch
 from safetensors.torch import load_file, save
@@ -82,6 +82,7 @@ SEGMENTS = 1000  # the most segments in a folder: the next write compacts (a res
 
 Entry = tuple[str, str, list[int], int]  # a tensor of a client's state: its name, dtype (safetensors'), shape, bytes
 Row = tuple[int, list[Entry], Callable[[], Iterable[bytes]]]  # a client, its state's tensors, their bytes in order
+Data = TypeVar("Data")  # a file's content: its bytes, or their pieces
 
 
 def sha256(path: Path) -> str:
@@ -136,11 +137,17 @@ def encode_checkpoint(*, global_state: Tensors, server_state: Tensors, client_st
     """The files of a checkpoint, serialized now: name -> content; of the client states one segment
     (round ``info['round']``'s): every client's state (None: a base), or only the ``changed`` ones'
     (none when there are none)."""
+    return dict(_encoded({"global_state": global_state, "server_state": server_state, "info": info},
+                         client_states, changed))
+
+
+def _encoded(snapshot: dict[str, Any], client_states: list[Tensors], changed: Iterable[int] | None
+             ) -> Iterator[tuple[str, bytes]]:
+    """:func:`encode_checkpoint`'s files made one at a time (one file's bytes in memory)."""
     clients = range(len(client_states)) if changed is None else sorted(set(changed))
     rows = (_row(cid, client_states[cid]) for cid in clients if changed is not None or client_states[cid])
-    return {name: data if isinstance(data, bytes) else b"".join(data)
-            for name, data in _files({"global_state": global_state, "server_state": server_state, "info": info},
-                                     _segment(info["round"], rows, base=changed is None))}
+    for name, data in _files(snapshot, _segment(snapshot["info"]["round"], rows, base=changed is None)):
+        yield name, data if isinstance(data, bytes) else b"".join(data)
 
 
 def _safetensors(tensors: Tensors) -> bytes:
@@ -310,14 +317,6 @@ def _sizes(changes: dict[int, Tensors]) -> dict[int, int | None]:
     return {cid: state_bytes(s) if s else None for cid, s in changes.items()}
 
 
-def _written(segment: Iterable[tuple[str, Iterator[bytes]]], names: list[str]
-             ) -> Iterator[tuple[str, Iterator[bytes]]]:
-    """``segment``'s files, their names kept in ``names`` as they are made."""
-    for name, data in segment:
-        names.append(name)
-        yield name, data
-
-
 class Checkpoints:
     """A run loop's checkpoints under ``root``: :meth:`save` snapshots the state after every round
     (a copy of its tensors: the run changes them in place in the next round) and hands the
@@ -363,7 +362,8 @@ class Checkpoints:
                         sizes[cid] = sum(e[3] for e in entries)
                         yield cid, entries, functools.partial(_stored_bytes, client_states, cid)
 
-            write_sealed(self.root, info["round"], _files(snapshot, _written(_segment(info["round"], rows(), base=True), files)))
+            segment = _segment(info["round"], rows(), base=True)
+            write_sealed(self.root, info["round"], _listed(_files(snapshot, segment), files))
             self.segments.base(files, sizes)
             self.written_at, self.written, self.changes = self.clock(), info["round"], {}
             return
@@ -445,19 +445,25 @@ def _write_snapshot(root: Path, rnd: int, snapshot: dict[str, Any], dirty: set[i
                     previous: int | None, segments: Segments) -> None:
     """Write a snapshot: with ``dirty`` (the clients changed since round ``previous``'s write, this
     writer's last, sealed before this job runs), a segment of their states added to that write's
-    files, hard-linked; without, or when it compacts, the full set as one segment."""
-    clients = snapshot["client_states"]
+    files, hard-linked; without, or when it compacts, the full set as one segment (one file's bytes
+    in memory at a time)."""
+    clients, files = snapshot["client_states"], list[str]()
     kept = None if dirty is None or previous is None else _kept(root, previous, segments)
     changes = {c: clients[c] for c in sorted(dirty or ()) if clients[c] or c in segments.live} if kept is not None else {}
     if kept is None or segments.compacts(_sizes(changes)):
-        files = encode_checkpoint(**snapshot)
-        segments.base([name for name in files if is_client_file(name)],
-                      {cid: state_bytes(s) for cid, s in enumerate(clients) if s})
-        write_sealed(root, rnd, files)
+        write_sealed(root, rnd, _listed(_encoded(snapshot, clients, None), files))
+        segments.base(files, {cid: state_bytes(s) for cid, s in enumerate(clients) if s})
     else:
-        files = encode_checkpoint(**snapshot, changed=changes)
-        segments.add([name for name in files if is_client_file(name)], _sizes(changes))
-        write_sealed(root, rnd, files, kept)
+        write_sealed(root, rnd, _listed(_encoded(snapshot, clients, changes), files), kept)
+        segments.add(files, _sizes(changes))
+
+
+def _listed(files: Iterable[tuple[str, Data]], names: list[str]) -> Iterator[tuple[str, Data]]:
+    """``files``, the names of those of client states kept in ``names`` as they are made."""
+    for name, data in files:
+        if is_client_file(name):
+            names.append(name)
+        yield name, data
 
 
 def _header(path: Path) -> tuple[dict[str, Any], int]:
@@ -512,15 +518,14 @@ def _write_changes(root: Path, rnd: int, snapshot: dict[str, Any], changes: dict
     changes = {cid: s for cid, s in changes.items() if s or cid in segments.live}
     sizes, files = _sizes(changes), list[str]()
     if segments.compacts(sizes):
+        rows = _live_rows(folder, segments.files, changes)
+        write_sealed(root, rnd, _listed(_files(snapshot, _segment(rnd, rows, base=True)), files))
         live = {**segments.live, **{cid: size for cid, size in sizes.items() if size is not None}}
-        live = {cid: size for cid, size in live.items() if sizes.get(cid, 0) is not None}
-        write_sealed(root, rnd, _files(snapshot, _written(_segment(rnd, _live_rows(folder, segments.files, changes), base=True),
-                                                          files)))
-        segments.base(files, live)
+        segments.base(files, {cid: size for cid, size in live.items() if sizes.get(cid, 0) is not None})
     else:
         kept = {name: (folder / name, sums[name]) for name in segments.files}
-        write_sealed(root, rnd, _files(snapshot, _written(_segment(rnd, (_row(c, s) for c, s in sorted(changes.items()))),
-                                                          files)), kept)
+        rows = (_row(cid, state) for cid, state in sorted(changes.items()))
+        write_sealed(root, rnd, _listed(_files(snapshot, _segment(rnd, rows)), files), kept)
         segments.add(files, sizes)
 
 

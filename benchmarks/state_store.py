@@ -15,7 +15,9 @@ run should exceed by the budget at most (and the states in use: a cohort's, a ch
     python benchmarks/state_store.py --sizes 100000 --budget 256MiB,16MiB --json out.json
 
 "checkpoint written" is what the run's last checkpoint wrote of its client states' files (those not
-hard-linked from the write before) over the full set it holds; "states" the bytes of every client state
+hard-linked from the write before: the segment of the states changed since the write before, or the
+whole live set when it compacted) over the full set it holds; "largest write" the most any of the
+run's checkpoints wrote (a compaction), "written in all" the sum over every checkpoint the run took; "states" the bytes of every client state
 of the last checkpoint. Peak memory is the child's ``ru_maxrss`` (the data included: 100,000 clients of
 50 samples of 60 floats are 1.2 GB).
 """
@@ -31,33 +33,22 @@ import tempfile
 import time
 from pathlib import Path
 
-COHORT = 100
-CONFIG = """seed = 0
-[data]
-dataset = "synthetic"
-partition = "given"
-num_clients = 100
-samples_per_client = 50
-synthetic_alpha = 0.5
-synthetic_beta = 0.5
-[model]
-arch = "mlp"
-hidden = [20]
-[train]
-rounds = 3
-threads = 1
-[eval]
-every = 1000
-final_clients = 100
-[algorithm]
-name = "fedavg"
-"""
+from scale import CHILD as SCALE_CHILD  # one run in a fresh interpreter, its peak printed last
+from scale import COHORT
+from scale import CONFIG as SCALE_CONFIG
 
-# one run, in a fresh interpreter; its peak resident memory printed last (bytes)
-CHILD = ("import resource, sys; from fedlatent.cli import main\n"
-         "code = main(sys.argv[1:])\n"
-         "print('PEAK', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)\n"
-         "sys.exit(code)\n")
+# scale.py's cells (the data, the model, one thread, the cohort), evaluated at the end alone
+CONFIG = SCALE_CONFIG.replace("[algorithm]", "[eval]\nevery = 1000\nfinal_clients = 100\n[algorithm]")
+# scale.py's run, the bytes of client-state files each checkpoint wrote counted (their sum, the most, how many)
+CHILD = ("import collections; from fedlatent.federated import state\n"
+         "wrote, real = collections.Counter(), state.write_file\n"
+         "def counted(path, data):\n"
+         "    real(path, data)\n"
+         "    if state.is_client_file(path.name):\n"
+         "        wrote[path.parent.name] += path.stat().st_size\n"
+         "state.write_file = counted\n"
+         + SCALE_CHILD.replace("code = main(sys.argv[1:])\n", "code = main(sys.argv[1:])\n"
+                               "print('WROTE', sum(wrote.values()), max(wrote.values(), default=0), len(wrote))\n"))
 
 
 def checkpoint_bytes(folder: Path) -> tuple[int, int]:
@@ -85,12 +76,15 @@ def cell(folder: Path, method: str, clients: int, budget: str, rounds: int, hidd
     wall = time.perf_counter() - started
     if done.returncode != 0:
         raise SystemExit(f"{method} N={clients} budget {budget}: exit {done.returncode}\n{done.stderr[-2000:]}")
-    peak = int(done.stdout.strip().splitlines()[-1].split()[1])
+    *_, wrote, peak_line = done.stdout.strip().splitlines()
+    peak = int(peak_line.split()[1])
+    all_written, largest, writes = map(int, wrote.split()[1:])
     lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     written, total = checkpoint_bytes(out / "checkpoints")
     return {"method": method, "clients": clients, "budget": budget, "rounds": rounds, "hidden": hidden,
             "s_per_round": statistics.median(line["time_round_s"] for line in lines), "wall_s": wall,
-            "peak_bytes": peak, "checkpoint_written": written, "states_bytes": total}
+            "peak_bytes": peak, "checkpoint_written": written, "states_bytes": total,
+            "written_all": all_written, "largest_write": largest, "writes": writes}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -120,7 +114,9 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"{method:8} N={clients:>7,} {row['budget']:>9}: {row['s_per_round']:.3f} s/round "
                           f"({row['x_unbounded']:.2f}x), peak {row['peak_bytes'] / 2**30:.2f} GiB, whole run "
                           f"{row['wall_s']:.0f} s, checkpoint wrote {row['checkpoint_written'] / 2**20:.1f} of "
-                          f"{row['states_bytes'] / 2**20:.1f} MiB of states", flush=True)
+                          f"{row['states_bytes'] / 2**20:.1f} MiB of states; {row['writes']} checkpoints wrote "
+                          f"{row['written_all'] / 2**20:.1f} MiB in all, the largest "
+                          f"{row['largest_write'] / 2**20:.1f} MiB", flush=True)
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))
     return 0

@@ -3,6 +3,7 @@ as they were. The commit's ``src`` is taken out of this repository's history (``
 script runs under each tree in its own process, writing its runs under the folder it is given."""
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -11,6 +12,9 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
+
+from fedlatent.federated.state import client_tensors, is_client_file
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -64,14 +68,25 @@ RELEASED_BEFORE = ("client_train_loss",)
 
 def record(run: Path) -> tuple[list[dict], dict, dict]:
     """A run's metrics lines and final evaluation without their clocks (and the keys above), and its
-    last checkpoint's digests."""
+    last checkpoint's digests (:func:`checkpoint_digests`)."""
     lines = []
     for text in (run / "metrics.jsonl").read_text().splitlines():
         line = {k: v for k, v in json.loads(text).items()
                 if not (k.startswith("time_") or "seconds" in k or k in RELEASED_BEFORE)}
         lines.append({k: v for k, v in line.items() if not (k in ADDED_IF_ZERO and v == 0)})
     final = json.loads((run / "summary.json").read_text())["final"]
+    return lines, {k: v for k, v in final.items() if "seconds" not in k}, checkpoint_digests(run)
+
+
+def checkpoint_digests(run: Path) -> dict[str, str]:
+    """The digests of a run's last checkpoint's files but state.json (its clock), the client states'
+    set as one (``clients``: the same states whichever layout of files holds them, an earlier
+    version's shards or segments)."""
     latest = json.loads((run / "checkpoints" / "latest.json").read_text())["folder"]
     digests = json.loads((run / "checkpoints" / latest / "manifest.json").read_text())["sha256"]
-    return lines, {k: v for k, v in final.items() if "seconds" not in k}, \
-        {k: v for k, v in digests.items() if k != "state.json"}  # state.json holds the clock
+    states, clients = client_tensors(run / "checkpoints" / latest), hashlib.sha256()
+    for key in sorted(states):
+        clients.update(f"{key} {states[key].dtype} {list(states[key].shape)}".encode())
+        clients.update(states[key].contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+    return {**{k: v for k, v in digests.items() if k != "state.json" and not is_client_file(k)},
+            "clients": clients.hexdigest()}

@@ -63,19 +63,19 @@ def test_the_checkpoint_is_the_state_at_the_call(tmp_path: Path) -> None:
             gate.set()
         folder = root / "round00001"
         assert torch.equal(load_file(str(folder / "global.safetensors"))["w"], torch.arange(6.0).reshape(2, 3) + 1)
-        assert torch.equal(load_file(str(folder / "clients.safetensors"))["0/c"], torch.ones(2))
+        assert torch.equal(checkpoint_store.client_tensors(folder)["0/c"], torch.ones(2))
 
 
 def test_a_damaged_newest_background_checkpoint_falls_back(tmp_path: Path) -> None:
     with Checkpoints(tmp_path, interval=0.0) as checkpoints:
         for rnd in (1, 2):
             checkpoints.save(**_state(rnd))
-    newest = tmp_path / "round00002" / "clients.safetensors"
+    newest = tmp_path / "round00002" / checkpoint_store.segment_name(2)  # its own segment, the full set
     newest.write_bytes(newest.read_bytes()[:-1] + b"!")
     warnings: list[str] = []
     *_, info = checkpoint_store.load_checkpoint(tmp_path, 3, warnings.append)
     assert info["round"] == 1
-    assert len(warnings) == 1 and "clients.safetensors does not match its checksum" in warnings[0]
+    assert len(warnings) == 1 and f"{checkpoint_store.segment_name(2)} does not match its checksum" in warnings[0]
 
 
 def test_writer_runs_jobs_in_order_and_close_waits() -> None:

@@ -13,6 +13,7 @@ from fedlatent.backends import simulation
 from fedlatent.experiment.runner import single
 from fedlatent.federated import state
 from fedlatent.federated.state import Checkpoints, load_checkpoint
+from safetensors.torch import save
 
 
 def test_only_the_changed_states_are_copied_and_the_files_are_the_full_copys(tmp_path: Path) -> None:
@@ -31,53 +32,143 @@ def test_only_the_changed_states_are_copied_and_the_files_are_the_full_copys(tmp
     a, b = load_checkpoint(tmp_path / "every", 6), load_checkpoint(tmp_path / "only", 6)
     assert a is not None and b is not None and a[3] == b[3]
     assert all(torch.equal(x["c"], y["c"]) and torch.equal(x["c"], s["c"]) for x, y, s in zip(a[2], b[2], states))
-    digests = [(tmp_path / side / "round00003" / "clients.safetensors").read_bytes() for side in ("every", "only")]
-    assert digests[0] == digests[1]
+    sets = [state.client_tensors(tmp_path / side / "round00003") for side in ("every", "only")]
+    assert sets[0].keys() == sets[1].keys() and all(torch.equal(sets[0][k], sets[1][k]) for k in sets[0])
 
 
-# the client states' files: only the changed ones written -----------------------------------------------------
+# the client states' segments: only the changed states written ---------------------------------------------
 
 def _states(n: int) -> list[dict[str, torch.Tensor]]:
     return [{"c": torch.full((4,), float(i))} for i in range(n)]
 
 
-def test_a_checkpoint_writes_only_the_shards_whose_clients_changed(tmp_path: Path) -> None:
-    n = 2 * state.SHARD + 500  # three files of client states
+COMMON = {"global_state": {"w": torch.ones(2)}, "server_state": {}}
+
+
+def _info(rnd: int) -> dict:
+    return {"round": rnd, "elapsed_s": 0.0}
+
+
+def _new(folder: Path, before: Path) -> set[str]:
+    """The folder's files of client states its own write wrote (not hard-linked from ``before``)."""
+    linked = {(before / name).stat().st_ino for name in state.client_files(before)}
+    return {name for name in state.client_files(folder) if (folder / name).stat().st_ino not in linked}
+
+
+def segment_bytes(states: dict[int, dict[str, torch.Tensor]], path: Path) -> int:
+    """What a segment of exactly ``states`` takes: its header (of those clients' keys, ``{}`` ones
+    listed as empty) and their tensors' bytes."""
+    header, start = state._header(path)
+    assert {k for k in header if k != "__metadata__"} == {f"{c}/{n}" for c, s in states.items() for n in s}
+    assert state._empty(header) == sorted(c for c, s in states.items() if not s)
+    return start + sum(v.nbytes for s in states.values() for v in s.values())
+
+
+def test_a_checkpoint_writes_one_segment_of_exactly_the_changed_states(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(state, "KEEP", 3)  # the three folders kept, to compare their files
+    n = 2500
     states = _states(n)
-    common = {"global_state": {"w": torch.ones(2)}, "server_state": {}}
     with Checkpoints(tmp_path, interval=0.0) as ckpt:
-        ckpt.save(**common, client_states=states, info={"round": 1, "elapsed_s": 0.0}, changed=None)
-    first = tmp_path / "round00001"
-    assert {p.name for p in first.glob("clients*")} == {state.shard_name(k) for k in range(3)}
-    trained = [state.SHARD + 7, state.SHARD + 400]  # both in the second file
-    with Checkpoints(tmp_path, interval=0.0) as ckpt:
-        ckpt.save(**common, client_states=states, info={"round": 1, "elapsed_s": 0.0}, changed=None)
-        for cid in trained:
-            states[cid] = {"c": states[cid]["c"] * -1}
-        ckpt.save(**common, client_states=states, info={"round": 2, "elapsed_s": 0.0}, changed=trained)
-    second = tmp_path / "round00002"
-    assert state.verify(second) is None
-    new = {p.name for p in second.glob("clients*") if p.stat().st_nlink == 1}
-    linked = {p.name: p.stat().st_ino for p in second.glob("clients*") if p.stat().st_nlink > 1}
-    assert new == {state.shard_name(1)}  # the only file of client states written (bytes counted below)
-    assert linked == {state.shard_name(k): (first / state.shard_name(k)).stat().st_ino for k in (0, 2)}
-    written = sum((second / name).stat().st_size for name in new)
-    assert written < 0.45 * sum(p.stat().st_size for p in second.glob("clients*"))  # 1,000 of the 2,500 states
+        ckpt.save(**COMMON, client_states=states, info=_info(1), changed=None)
+        trained = [7, 1400, 2499]
+        states[7] = {"c": states[7]["c"] * -1}
+        states[1400] = {}  # a state become empty: listed as such, so that the earlier one is superseded
+        states[2499] = {"other": torch.ones(3, dtype=torch.float64)}  # a state of other keys
+        ckpt.save(**COMMON, client_states=states, info=_info(2), changed=trained)
+        ckpt.save(**COMMON, client_states=states, info=_info(3), changed=[5])  # 5's state the same object
+    first, second, third = tmp_path / "round00001", tmp_path / "round00002", tmp_path / "round00003"
+    assert state.verify(second) is None and state.client_files(second) == [state.segment_name(1), state.segment_name(2)]
+    assert _new(second, first) == {state.segment_name(2)}  # the base linked, no byte of it written
+    written = (second / state.segment_name(2)).stat().st_size
+    assert written == segment_bytes({c: states[c] for c in trained}, second / state.segment_name(2))  # bytes counted
+    assert written < 0.01 * (second / state.segment_name(1)).stat().st_size
+    assert state.client_files(third)[-1] == state.segment_name(3) and _new(third, second) == {state.segment_name(3)}
     loaded = load_checkpoint(tmp_path, n)
-    assert loaded is not None and all(torch.equal(a["c"], b["c"]) for a, b in zip(loaded[2], states))
-    names = json.loads((second / state.MANIFEST).read_text())["sha256"]
-    assert list(names) == ["global.safetensors", "server.safetensors", *[state.shard_name(k) for k in range(3)],
-                           "state.json"]
+    assert loaded is not None and loaded[2][1400] == {} and list(loaded[2][2499]) == ["other"]
+    assert all(a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a) for a, b in zip(loaded[2], states))
+    names = json.loads((third / state.MANIFEST).read_text())["sha256"]
+    assert list(names) == ["global.safetensors", "server.safetensors", *state.client_files(third), "state.json"]
+    with Checkpoints(tmp_path / "quiet", interval=0.0) as ckpt:  # a write that changed no state adds no segment
+        ckpt.save(**COMMON, client_states=states, info=_info(1), changed=None)
+        ckpt.save(**COMMON, client_states=states, info=_info(2), changed=[])
+    assert _new(tmp_path / "quiet" / "round00002", tmp_path / "quiet" / "round00001") == set()
 
 
-def test_a_damaged_linked_shard_is_found_by_its_checksum(tmp_path: Path) -> None:
-    states = _states(state.SHARD + 10)
-    common = {"global_state": {"w": torch.ones(2)}, "server_state": {}}
+def test_a_write_compacts_when_the_superseded_states_outweigh_the_live_ones(tmp_path: Path,
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    states = _states(10)
+    kept = []
     with Checkpoints(tmp_path, interval=0.0) as ckpt:
-        ckpt.save(**common, client_states=states, info={"round": 1, "elapsed_s": 0.0})
-        ckpt.save(**common, client_states=states, info={"round": 2, "elapsed_s": 0.0}, changed=[])
-    (tmp_path / "round00002" / state.shard_name(1)).write_bytes(b"torn")  # the same inode as round 1's
+        ckpt.save(**COMMON, client_states=states, info=_info(1), changed=None)
+        for rnd in range(2, 9):  # two of ten states of one size replaced a round
+            trained = [rnd % 10, (rnd + 5) % 10]
+            for cid in trained:
+                states[cid] = {"c": states[cid]["c"] + rnd}
+            ckpt.save(**COMMON, client_states=states, info=_info(rnd), changed=trained)
+            live = {cid: s for cid, s in enumerate(states)}
+
+            def seen(rnd: int = rnd, live: dict = live) -> None:  # in the writer, right after round rnd's write
+                folder = tmp_path / f"round{rnd:05d}"
+                kept.append((rnd, state.client_files(folder), _new(folder, tmp_path / f"round{rnd - 1:05d}")))
+                assert len(state.round_folders(tmp_path)) == state.KEEP  # the older ones removed
+                if rnd == 7:
+                    assert (folder / state.segment_name(7)).stat().st_size == segment_bytes(
+                        live, folder / state.segment_name(7))  # the live set, whole
+            ckpt.writer.submit(seen)
+    files = {rnd: (names, new) for rnd, names, new in kept}
+    assert len(files[6][0]) == 6  # 5 rounds: 10 states superseded, not more than the 10 live ones
+    assert files[7] == ([state.segment_name(7)], {state.segment_name(7)})  # the 6th would make 12: the live set rewritten, one base
+    assert files[8] == ([state.segment_name(7), state.segment_name(8)], {state.segment_name(8)})
+    loaded = load_checkpoint(tmp_path, 10)
+    assert loaded is not None and all(torch.equal(a["c"], b["c"]) for a, b in zip(loaded[2], states))
+    monkeypatch.setattr(state, "SEGMENTS", 3)  # the bound on segments compacts too
+    with Checkpoints(tmp_path / "bound", interval=0.0) as ckpt:
+        ckpt.save(**COMMON, client_states=_states(100), info=_info(1), changed=None)
+        for rnd in (2, 3, 4):
+            ckpt.save(**COMMON, client_states=_states(100), info=_info(rnd), changed=[rnd])
+    assert state.client_files(tmp_path / "bound" / "round00004") == [state.segment_name(4)]
+    assert state.client_files(tmp_path / "bound" / "round00003") == [state.segment_name(r) for r in (1, 2, 3)]
+
+
+def test_a_damaged_or_missing_segment_is_found_and_the_previous_folder_read(tmp_path: Path) -> None:
+    states = _states(30)
+    with Checkpoints(tmp_path, interval=0.0) as ckpt:
+        ckpt.save(**COMMON, client_states=states, info=_info(1))
+        states[3] = {"c": torch.zeros(4)}
+        ckpt.save(**COMMON, client_states=states, info=_info(2), changed=[3])
+    second = tmp_path / "round00002"
+    (second / state.segment_name(2)).write_bytes(b"torn")  # round 2's own segment
+    warnings: list[str] = []
+    loaded = load_checkpoint(tmp_path, 30, warnings.append)
+    assert loaded is not None and loaded[3]["round"] == 1 and torch.equal(loaded[2][3]["c"], torch.full((4,), 3.0))
+    assert len(warnings) == 1 and f"{state.segment_name(2)} does not match its checksum" in warnings[0]
+    (second / state.segment_name(1)).unlink()  # a linked one gone: round 1's copy is still whole
+    assert state.verify(second) == f"{state.segment_name(1)} is missing" and state.verify(tmp_path / "round00001") is None
+
+
+def test_a_damaged_linked_segment_is_found_by_its_checksum(tmp_path: Path) -> None:
+    states = _states(1010)
+    with Checkpoints(tmp_path, interval=0.0) as ckpt:
+        ckpt.save(**COMMON, client_states=states, info=_info(1))
+        ckpt.save(**COMMON, client_states=states, info=_info(2), changed=[])
+    (tmp_path / "round00002" / state.segment_name(1)).write_bytes(b"torn")  # the same inode as round 1's
     assert "does not match its checksum" in str(state.verify(tmp_path / "round00002"))
+
+
+def test_a_folder_of_an_older_version_shard_files_reads_back(tmp_path: Path) -> None:
+    states = _states(1500)
+    states[4] = {}
+    folder = tmp_path / "round00003"
+    files = {"global.safetensors": save({"w": torch.ones(2)}), "server.safetensors": save({}),
+             "clients.safetensors": save({f"{i}/{n}": v for i in range(1000) for n, v in states[i].items()}),
+             "clients.1.safetensors": save({f"{i}/{n}": v for i in range(1000, 1500) for n, v in states[i].items()}),
+             "state.json": json.dumps(_info(3)).encode()}
+    state.write_sealed(tmp_path, 3, files)
+    assert state.verify(folder) is None and state.client_files(folder) == ["clients.safetensors", "clients.1.safetensors"]
+    loaded = load_checkpoint(tmp_path, 1500)
+    assert loaded is not None and loaded[3]["round"] == 3
+    assert all(a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a) for a, b in zip(loaded[2], states))
 
 
 SCAFFOLD = ["seed=3", 'data.dataset="synthetic"', 'data.partition="given"', "data.num_clients=2100",

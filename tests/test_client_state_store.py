@@ -1,6 +1,6 @@
 """The clients' states within a memory budget (``federated.client_states``, ``train.client_state_memory``):
 the values read back are the bytes written, the memory held stays within the budget, a checkpoint
-writes only the files whose clients changed and never loads the whole set, and a run with a budget —
+writes a segment of the changed states alone (or compacts from its files) and never loads the whole set, and a run with a budget —
 killed mid-round and resumed, or not — gives the numbers of the run without one, bit for bit."""
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from fedlatent.experiment.runner.state_size import one_state_bytes
 from fedlatent.experiment.runner.validation import validate
 from fedlatent.federated import state
 from fedlatent.federated.client_states import FOLDER, ClientStates, state_bytes
-from fedlatent.federated.state import STORE_SHARD, Checkpoints, load_checkpoint, shard_name
+from fedlatent.federated.state import Checkpoints, load_checkpoint
 from fedlatent.methods import resolve
 
 
@@ -83,42 +83,73 @@ def _common(rnd: int) -> dict:
     return {"global_state": {"w": torch.ones(2) * rnd}, "server_state": {}, "info": {"round": rnd, "elapsed_s": 0.0}}
 
 
-def test_a_checkpoint_of_a_store_writes_only_the_files_of_the_clients_changed_and_loads_back(
+def _new(folder: Path, before: Path) -> set[str]:
+    """The folder's files of client states its own write wrote (not hard-linked from ``before``)."""
+    linked = {(before / name).stat().st_ino for name in state.client_files(before)}
+    return {name for name in state.client_files(folder) if (folder / name).stat().st_ino not in linked}
+
+
+def _segments(folder: Path) -> list[int]:
+    """The rounds whose segments ``folder`` holds, in its log's order."""
+    return sorted({state._client_order(name)[0] for name in state.client_files(folder)})
+
+
+def _clients(folder: Path, names: set[str]) -> tuple[set[int], int]:
+    """The clients the files ``names`` hold (listed empty ones included), and the bytes the files take."""
+    held, size = set(), 0
+    for name in names:
+        header, _ = state._header(folder / name)
+        held |= {int(k.partition("/")[0]) for k in header if k != "__metadata__"} | set(state._empty(header))
+        size += (folder / name).stat().st_size
+    return held, size
+
+
+def test_a_checkpoint_of_a_store_writes_a_segment_of_the_changed_states_and_compacts_from_the_files(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(state, "KEEP", 3)  # the three folders kept, to compare their files
-    n = 10 * STORE_SHARD + 30  # eleven files of client states
+    monkeypatch.setattr(state, "KEEP", 20)  # every folder kept, to compare their files
+    monkeypatch.setattr(state, "PART", 400)  # segments of several files
+    n = 1030
     one = state_bytes(_state(0))
     store = ClientStates(n, 20 * one, tmp_path / "store")
-    plain = [_state(i) for i in range(n)]
+    plain = [_state(i) if i % 3 else {} for i in range(n)]  # a third of the clients hold no state: 686 do
     for i in range(n):
         store[i] = plain[i]
     root = tmp_path / "checkpoints"
+    # states of one size: 3 superseded by round 4, 690 by round 5 (of 1,030 live), 1,390 by round 6 (of 1,029)
+    rounds = {2: [103, 499, 1029], 3: [3], 4: [1], 5: list(range(n)), 6: list(range(700)), 7: [5, 1000]}
+    sizes = {}  # each round's changed states' bytes
     with Checkpoints(root, interval=0.0) as ckpt:
-        ckpt.save(**_common(1), client_states=store, changed=range(n))  # the first write: every file, from the store
-        for rnd, trained in ((2, [STORE_SHARD + 3, 4 * STORE_SHARD + 99]), (3, [n - 1])):
+        ckpt.save(**_common(1), client_states=store, changed=range(n))  # the first write: the full set, from the store
+        for rnd, trained in rounds.items():
             for cid in trained:
-                plain[cid] = {"c": torch.full((3,), float(cid * rnd))}
+                plain[cid] = {} if (cid, rnd) in ((499, 2), (600, 6)) else _state(cid + 7 * rnd)
                 store[cid] = plain[cid]
+            sizes[rnd] = sum(state_bytes(plain[cid]) for cid in trained)
             ckpt.save(**_common(rnd), client_states=store, changed=trained)
-    first, second, third = root / "round00001", root / "round00002", root / "round00003"
-    assert all(state.verify(folder) is None for folder in (first, second, third))
-
-    def written(folder: Path, before: Path) -> set[str]:  # its files not linked from the write before
-        return {p.name for p in folder.glob("clients*") if p.stat().st_ino != (before / p.name).stat().st_ino}
-
-    assert written(second, first) == {shard_name(1), shard_name(4)}  # two files of the eleven
-    sizes = {p.name: p.stat().st_size for p in second.glob("clients*")}
-    assert sum(sizes[name] for name in written(second, first)) < 0.2 * sum(sizes.values())  # bytes counted
-    assert written(third, second) == {shard_name(10)}
+    folders = {rnd: root / f"round{rnd:05d}" for rnd in range(1, 8)}
+    assert all(state.verify(folder) is None for folder in folders.values())
+    assert _segments(folders[1]) == [1] and len(state.client_files(folders[1])) == 2  # 686 states, files of 400
+    for rnd in (2, 3, 4, 5, 7):  # one segment of exactly the round's states, the earlier ones linked
+        assert _segments(folders[rnd]) == ([*range(1, rnd + 1)] if rnd < 7 else [6, 7])
+        new = _new(folders[rnd], folders[rnd - 1])
+        assert {state._client_order(name)[0] for name in new} == {rnd}
+        held, size = _clients(folders[rnd], new)
+        headers = sum(state._header(folders[rnd] / name)[1] for name in new)
+        assert held == set(rounds[rnd]) and size == headers + sizes[rnd]
+    assert state._empty(state._header(folders[2] / state.segment_name(2))[0]) == [499]  # its state became empty
+    # round 6 compacts: the live set (330 states read from round 5's files, 700 from the round) as one base
+    assert _segments(folders[6]) == [6] and len(new := _new(folders[6], folders[5])) == 3
+    held, size = _clients(folders[6], new)
+    assert held == {c for c in range(n) if plain[c]} and len(held) == 1029
+    assert size == sum(state._header(folders[6] / name)[1] for name in new) + sum(map(state_bytes, plain))
     loaded = load_checkpoint(root, n)
     assert loaded is not None and all(_same(dict(sorted(a.items())), dict(sorted(b.items())))
                                       for a, b in zip(loaded[2], plain))
     again = load_checkpoint(root, n, into=ClientStates(n, 5 * one, tmp_path / "again"))
     assert again is not None and isinstance(again[2], ClientStates) and again[2].held <= 5 * one
     assert all(_same(a, b) for a, b in zip(again[2], loaded[2]))
-    names = json.loads((third / state.MANIFEST).read_text())["sha256"]
-    assert list(names) == ["global.safetensors", "server.safetensors", *[shard_name(k) for k in range(11)],
-                           "state.json"]
+    names = json.loads((folders[7] / state.MANIFEST).read_text())["sha256"]
+    assert list(names) == ["global.safetensors", "server.safetensors", *state.client_files(folders[7]), "state.json"]
     store.close()
 
 
@@ -148,8 +179,8 @@ def test_a_scaffold_run_of_3000_clients_with_a_budget_killed_mid_round_resumes_i
         single.run(config, tmp_path / "cut", echo=None, figures=False)
     assert max(seen) <= memory_budget("16KiB")
     second = tmp_path / "cut" / "checkpoints" / "round00002"
-    new = {p.name for p in second.glob("clients*") if p.stat().st_nlink == 1}
-    assert 1 <= len(new) <= 6 and len(list(second.glob("clients*"))) == 3000 // STORE_SHARD  # round 2's 6 clients
+    names = state.client_files(second)  # the first write's full set, round 2's 6 clients' states
+    assert names == [state.segment_name(1), state.segment_name(2)] and (second / names[0]).stat().st_nlink == 2
     monkeypatch.setattr(simulation, "run_round", real_round)
     resumed = single.run(config, tmp_path / "cut", resume=True, echo=None, figures=False)
     assert resumed["final"] == whole["final"]

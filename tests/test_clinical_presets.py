@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file
 
 import fedlatent
 from fedlatent import load_config
 from fedlatent.data.federation import build_federation, counts_table
 from fedlatent.experiment.studies.reproduce import load_spec
+from fedlatent.federated.state import client_tensors
 from tests.data.clinical_files import write_isic, write_rxrx1
 from tests.models.test_weights import _published
 
@@ -142,7 +142,7 @@ def test_isic_preset_on_vectorized_matches_simulation(tmp_path: Path, optimizer:
         lines[backend] = [json.loads(line) for line in (tmp_path / backend / "metrics.jsonl").read_text().splitlines()]
         finals[backend] = summary["final"]
         folder = json.loads((tmp_path / backend / "checkpoints" / "latest.json").read_text())["folder"]
-        states[backend] = load_file(str(tmp_path / backend / "checkpoints" / folder / "clients.safetensors"))
+        states[backend] = client_tensors(tmp_path / backend / "checkpoints" / folder)
     for ref, got in zip(lines["simulation"], lines["vectorized"]):
         for key in ("train_loss", "personal_loss", "term_cosine"):
             assert got[key] == pytest.approx(ref[key], rel=1e-3, abs=1e-5), key

@@ -340,7 +340,8 @@ def test_no_intact_checkpoint_at_all_starts_again(reference: Path, tmp_path: Pat
     out = tmp_path / "run"
     assert _run(out) == 0
     for folder in checkpoint_store.round_folders(out / "checkpoints"):
-        (folder / "clients.safetensors").write_bytes(b"")
+        for name in checkpoint_store.client_files(folder):
+            (folder / name).write_bytes(b"")
     _killed_before_its_summary(out)
     capsys.readouterr()
     assert _run(out, "--resume") == 0

@@ -36,7 +36,7 @@ from fedlatent.methods.parts import MethodSpec
 from fedlatent.methods.program import PROGRAMS, ClientProgram
 from fedlatent.models import build_model
 from fedlatent.seeding import HOLDOUT, derive_seed
-from tests.code_before import runs_before_and_now
+from tests.code_before import checkpoint_digests, runs_before_and_now
 
 ROOT = Path(__file__).resolve().parents[1]
 DIGITS = ROOT / "configs" / "digits_fedavg.toml"
@@ -219,9 +219,7 @@ def _record(run_dir: Path) -> tuple[list[dict], dict]:
     """A run's metrics lines without clocks and new-client figures, and its last checkpoint's digests."""
     lines = [{k: v for k, v in json.loads(line).items() if not k.startswith(("time_", "new_client"))}
              for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    latest = json.loads((run_dir / "checkpoints" / "latest.json").read_text())["folder"]
-    digests = json.loads((run_dir / "checkpoints" / latest / "manifest.json").read_text())["sha256"]
-    return lines, {k: v for k, v in digests.items() if k != "state.json"}
+    return lines, checkpoint_digests(run_dir)
 
 
 @pytest.mark.parametrize("backend", ["simulation", "vectorized"])

@@ -20,7 +20,7 @@ from fedlatent.data.federation import build_federation
 from fedlatent.experiment.runner import single
 from fedlatent.federated import driver, sampled
 from fedlatent.methods import resolve
-from tests.code_before import runs_before_and_now
+from tests.code_before import checkpoint_digests, runs_before_and_now
 
 BEFORE = "a32049f"  # main before eval.clients
 
@@ -193,9 +193,7 @@ def _folder(run_dir: Path) -> tuple[list[dict], dict, str, str]:
     lines = [{k: v for k, v in json.loads(line).items() if not k.startswith("time_")}
              for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     final = {k: v for k, v in json.loads((run_dir / "summary.json").read_text())["final"].items() if "seconds" not in k}
-    latest = json.loads((run_dir / "checkpoints" / "latest.json").read_text())["folder"]
-    digests = json.loads((run_dir / "checkpoints" / latest / "manifest.json").read_text())["sha256"]
-    return lines, {"final": final, **{k: v for k, v in digests.items() if k != "state.json"}}, \
+    return lines, {"final": final, **checkpoint_digests(run_dir)}, \
         (run_dir / "config.toml").read_text(), (run_dir / "partition.json").read_text()
 
 

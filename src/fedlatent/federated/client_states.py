@@ -112,6 +112,14 @@ class ClientStates:
         cid = self._index(cid)
         return self.cache[cid] if cid in self.cache else self._read(cid)
 
+    def described(self, cid: int) -> list[tuple[str, torch.dtype, list[int], int]]:
+        """Client ``cid``'s state's tensors, in its order — name, dtype, shape, bytes — read from
+        nothing (a checkpoint's header, made before the states' bytes are read)."""
+        cid = self._index(cid)
+        if cid in self.cache:
+            return [(k, v.dtype, list(v.shape), v.nbytes) for k, v in self.cache[cid].items()]
+        return [(c.key, c.dtype, list(c.shape), c.row) for c in (self.columns[i] for i in self.layouts[cid])]
+
     def close(self) -> None:
         """Close the files and remove the folder (the checkpoints hold the states)."""
         for column in self.columns:
